@@ -1,0 +1,28 @@
+GO      ?= go
+BIN     := bin/baton
+PKGS    := ./...
+PORT    ?= 8000
+
+.PHONY: build run test test-go test-openai bench lint fuzz clean
+
+build:
+	$(GO) build -o $(BIN) ./cmd/baton
+
+run: build
+	@echo "try: curl -s http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":\"stories260K\",\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":64}'"
+	./$(BIN) serve --role standalone --host 127.0.0.1 --port $(PORT) --kv-poison
+
+test: build
+	$(GO) vet $(PKGS)
+	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 2x ./internal/kernels/... ./internal/model/...
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+
+clean:
+	rm -rf bin

@@ -1,0 +1,232 @@
+// Package kernels is the one place that touches numbers in bulk. The model
+// is written once against Backend; cpu and (later) cuda implement it, and
+// ref is the plain-Go definition every implementation is tested against.
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// DType is the storage type of a weight matrix.
+type DType int
+
+// Weight storage types.
+const (
+	F32 DType = iota
+	F16
+	Q8_0 // blocks of 32: an f16 scale then 32 int8
+	BF16
+)
+
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "f32"
+	case F16:
+		return "f16"
+	case Q8_0:
+		return "q8_0"
+	case BF16:
+		return "bf16"
+	}
+	return fmt.Sprintf("dtype(%d)", int(d))
+}
+
+// RowBytes is the storage size of one row of n elements.
+func (d DType) RowBytes(n int) int {
+	switch d {
+	case F32:
+		return 4 * n
+	case F16, BF16:
+		return 2 * n
+	case Q8_0:
+		return n / 32 * 34
+	}
+	panic("kernels: unknown dtype")
+}
+
+// Matrix is a weight matrix of Rows rows, each Cols elements long, stored
+// row-major. A GGUF tensor of shape [in, out] is a Matrix with Rows=out and
+// Cols=in, so a product out = x·Wᵀ reads whole rows.
+type Matrix struct {
+	DType      DType
+	Rows, Cols int
+	Data       []byte
+}
+
+// Validate checks that Data is exactly the size the shape needs.
+func (m *Matrix) Validate() error {
+	if m.Rows <= 0 || m.Cols <= 0 {
+		return fmt.Errorf("kernels: bad matrix shape %dx%d", m.Rows, m.Cols)
+	}
+	if m.DType == Q8_0 && m.Cols%32 != 0 {
+		return fmt.Errorf("kernels: q8_0 matrix with %d columns (not a multiple of 32)", m.Cols)
+	}
+	if want := m.DType.RowBytes(m.Cols) * m.Rows; len(m.Data) != want {
+		return fmt.Errorf("kernels: %s matrix %dx%d needs %d bytes, has %d", m.DType, m.Rows, m.Cols, want, len(m.Data))
+	}
+	return nil
+}
+
+// Row dequantises row r into dst (len Cols).
+func (m *Matrix) Row(r int, dst []float32) {
+	rb := m.DType.RowBytes(m.Cols)
+	b := m.Data[r*rb : (r+1)*rb]
+	switch m.DType {
+	case F32:
+		for i := range dst[:m.Cols] {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+	case F16:
+		for i := range dst[:m.Cols] {
+			dst[i] = F16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
+		}
+	case BF16:
+		for i := range dst[:m.Cols] {
+			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)
+		}
+	case Q8_0:
+		for blk := 0; blk < m.Cols/32; blk++ {
+			q := b[blk*34:]
+			d := F16ToF32(binary.LittleEndian.Uint16(q))
+			for j := 0; j < 32; j++ {
+				dst[blk*32+j] = d * float32(int8(q[2+j]))
+			}
+		}
+	}
+}
+
+// F16ToF32 converts an IEEE half to float32.
+func F16ToF32(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	man := uint32(h) & 0x3ff
+	switch {
+	case exp == 0 && man == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal
+		e := uint32(127 - 15 + 1)
+		for man&0x400 == 0 {
+			man <<= 1
+			e--
+		}
+		man &= 0x3ff
+		return math.Float32frombits(sign | e<<23 | man<<13)
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0xff<<23 | man<<13)
+	}
+	return math.Float32frombits(sign | (exp+127-15)<<23 | man<<13)
+}
+
+// F32ToF16 converts float32 to IEEE half, rounding to nearest even.
+func F32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23) & 0xff
+	man := b & 0x7fffff
+	if exp == 0xff {
+		if man != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		if e < -10 {
+			return sign
+		}
+		man |= 0x800000
+		shift := uint32(14 - e)
+		half := uint32(1) << (shift - 1)
+		r := man >> shift
+		rem := man & (1<<shift - 1)
+		if rem > half || (rem == half && r&1 == 1) {
+			r++
+		}
+		return sign | uint16(r)
+	}
+	r := uint32(e)<<10 | man>>13
+	rem := man & 0x1fff
+	if rem > 0x1000 || (rem == 0x1000 && r&1 == 1) {
+		r++
+	}
+	return sign | uint16(r)
+}
+
+// PagedKV describes KV pool memory. Page p holds, for every layer l, a K
+// block then a V block, each [PageSize][KVHeads][HeadDim] float32; so one
+// page is one contiguous range (what a transfer moves), and a token's K for
+// one layer is one contiguous row of KVHeads*HeadDim.
+type PagedKV struct {
+	Data                               []float32
+	PageSize, Layers, KVHeads, HeadDim int
+}
+
+// RowFloats is KVHeads*HeadDim: one token's K (or V) for one layer.
+func (kv PagedKV) RowFloats() int { return kv.KVHeads * kv.HeadDim }
+
+// PageFloats is the size of one page in float32s.
+func (kv PagedKV) PageFloats() int { return kv.Layers * 2 * kv.PageSize * kv.RowFloats() }
+
+// KOffset is the index in Data of the K row of (page, layer, slot-in-page).
+func (kv PagedKV) KOffset(page, layer, slot int) int {
+	return page*kv.PageFloats() + (layer*2*kv.PageSize+slot)*kv.RowFloats()
+}
+
+// VOffset is the index in Data of the V row of (page, layer, slot-in-page).
+func (kv PagedKV) VOffset(page, layer, slot int) int {
+	return page*kv.PageFloats() + ((layer*2+1)*kv.PageSize+slot)*kv.RowFloats()
+}
+
+// AttnSeq is one sequence of an attention call. Its query rows are
+// q[QStart : QStart+QLen] (rows of Heads*HeadDim); they sit at positions
+// KVLen-QLen .. KVLen-1, and row i attends causally to positions
+// 0 .. KVLen-QLen+i, read through Pages (position p lives in page
+// Pages[p/PageSize], slot p%PageSize). A decode step is QLen 1; a prefill
+// chunk is QLen = chunk length, with earlier chunks already in the pages.
+type AttnSeq struct {
+	Pages        []int32
+	QStart, QLen int
+	KVLen        int
+}
+
+// RoPE describes rotary position embedding.
+type RoPE struct {
+	Dim   int     // rotated dimensions per head (<= HeadDim), even
+	Theta float32 // base
+	NeoX  bool    // pairs (i, i+Dim/2) instead of adjacent (2i, 2i+1)
+	// PosScale multiplies positions (linear scaling: 1/factor); 0 means 1.
+	PosScale float32
+	// Factors, when set (len Dim/2), divides each pair's frequency (llama3-style).
+	Factors []float32
+}
+
+// Backend runs the bulk operations of a forward pass. Activations are
+// row-major float32 slices; n is the number of rows (tokens).
+type Backend interface {
+	Name() string
+	// MatMul: out[n, w.Rows] = x[n, w.Cols] · wᵀ.
+	MatMul(out, x []float32, n int, w *Matrix)
+	// RMSNorm normalises each row of length len(weight): out = x/rms(x)*weight.
+	RMSNorm(out, x, weight []float32, n int, eps float32)
+	// ApplyRoPE rotates x in place: len(positions) rows of heads*headDim.
+	ApplyRoPE(x []float32, positions []int32, heads, headDim int, r RoPE)
+	// SwiGLU: out[i] = silu(gate[i]) * up[i].
+	SwiGLU(out, gate, up []float32)
+	// Add: out[i] = a[i] + b[i].
+	Add(out, a, b []float32)
+	// Embed copies (dequantised) rows ids of table into out.
+	Embed(out []float32, table *Matrix, ids []int32)
+	// StoreKV writes rows of k and v (RowFloats each) into the pool at
+	// slots (slot = page*PageSize + offset) of the given layer.
+	StoreKV(kv PagedKV, layer int, slots []int32, k, v []float32)
+	// Attention computes softmax(q·kᵀ·scale)·v per sequence and head, with
+	// grouped-query heads (query head h reads KV head h/(heads/KVHeads)).
+	// out has the shape of q.
+	Attention(out, q []float32, kv PagedKV, layer int, seqs []AttnSeq, heads int, scale float32)
+}
