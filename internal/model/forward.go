@@ -1,0 +1,150 @@
+package model
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/batonlm/baton/internal/kernels"
+)
+
+// Model is a loaded model bound to a backend. Forward is not safe for
+// concurrent use: one scheduler loop owns it.
+type Model struct {
+	Config  Config
+	Weights *Weights
+	be      kernels.Backend
+	s       scratch
+	closer  func() error
+}
+
+// New binds weights to a backend.
+func New(c Config, w *Weights, be kernels.Backend) *Model {
+	return &Model{Config: c, Weights: w, be: be}
+}
+
+// Backend is the kernel backend the model runs on.
+func (m *Model) Backend() kernels.Backend { return m.be }
+
+// Close releases what the weights were loaded from (a file mapping).
+func (m *Model) Close() error {
+	if m.closer != nil {
+		return m.closer()
+	}
+	return nil
+}
+
+// Batch is one forward step over several sequences. Token i of the batch has
+// position Positions[i] and its K/V go to pool slot Slots[i]; Seqs say which
+// rows belong to which sequence (see kernels.AttnSeq).
+type Batch struct {
+	Tokens    []int32
+	Positions []int32
+	Slots     []int32
+	Seqs      []kernels.AttnSeq
+}
+
+// Validate checks the batch is self-consistent before any kernel runs, so a
+// scheduler bug shows as an error rather than as a read out of bounds.
+func (b *Batch) Validate(c *Config, kv kernels.PagedKV) error {
+	n := len(b.Tokens)
+	if n == 0 || len(b.Positions) != n || len(b.Slots) != n || len(b.Seqs) == 0 {
+		return fmt.Errorf("model: malformed batch (%d tokens, %d positions, %d slots, %d seqs)", n, len(b.Positions), len(b.Slots), len(b.Seqs))
+	}
+	for _, t := range b.Tokens {
+		if t < 0 || int(t) >= c.Vocab {
+			return fmt.Errorf("model: token %d outside vocabulary of %d", t, c.Vocab)
+		}
+	}
+	total := kv.PageSize * (len(kv.Data) / max(1, kv.PageFloats()))
+	for _, s := range b.Slots {
+		if s < 0 || int(s) >= total {
+			return fmt.Errorf("model: slot %d outside the pool", s)
+		}
+	}
+	rows := 0
+	for _, s := range b.Seqs {
+		if s.QStart != rows || s.QLen <= 0 || s.KVLen < s.QLen || (s.KVLen+kv.PageSize-1)/kv.PageSize > len(s.Pages) {
+			return fmt.Errorf("model: malformed sequence %+v", s)
+		}
+		rows += s.QLen
+	}
+	if rows != n {
+		return fmt.Errorf("model: sequences cover %d rows of %d", rows, n)
+	}
+	return nil
+}
+
+type scratch struct {
+	x, h, q, k, v, attn, o, gate, up, last, logits []float32
+}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// Forward runs the batch and returns the logits of the last row of each
+// sequence, [len(Seqs)][Vocab], valid until the next call.
+func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
+	c := &m.Config
+	if err := b.Validate(c, kv); err != nil {
+		return nil, err
+	}
+	be, w, s := m.be, m.Weights, &m.s
+	n := len(b.Tokens)
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	s.x, s.h = grow(s.x, n*c.Dim), grow(s.h, n*c.Dim)
+	s.q, s.attn = grow(s.q, n*qd), grow(s.attn, n*qd)
+	s.k, s.v = grow(s.k, n*kvd), grow(s.v, n*kvd)
+	s.o = grow(s.o, n*c.Dim)
+	s.gate, s.up = grow(s.gate, n*c.FF), grow(s.up, n*c.FF)
+
+	be.Embed(s.x, w.Embed, b.Tokens)
+	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
+	for l := range w.Layers {
+		ly := &w.Layers[l]
+		be.RMSNorm(s.h, s.x, ly.AttnNorm, n, c.NormEps)
+		be.MatMul(s.q, s.h, n, ly.Q)
+		be.MatMul(s.k, s.h, n, ly.K)
+		be.MatMul(s.v, s.h, n, ly.V)
+		if ly.QBias != nil {
+			addBias(s.q, ly.QBias)
+			addBias(s.k, ly.KBias)
+			addBias(s.v, ly.VBias)
+		}
+		be.ApplyRoPE(s.q, b.Positions, c.Heads, c.HeadDim, c.RoPE)
+		be.ApplyRoPE(s.k, b.Positions, c.KVHeads, c.HeadDim, c.RoPE)
+		be.StoreKV(kv, l, b.Slots, s.k, s.v)
+		be.Attention(s.attn, s.q, kv, l, b.Seqs, c.Heads, scale)
+		be.MatMul(s.o, s.attn, n, ly.O)
+		be.Add(s.x, s.x, s.o)
+		be.RMSNorm(s.h, s.x, ly.FFNNorm, n, c.NormEps)
+		be.MatMul(s.gate, s.h, n, ly.Gate)
+		be.MatMul(s.up, s.h, n, ly.Up)
+		be.SwiGLU(s.gate, s.gate, s.up)
+		be.MatMul(s.o, s.gate, n, ly.Down)
+		be.Add(s.x, s.x, s.o)
+	}
+	ns := len(b.Seqs)
+	s.last = grow(s.last, ns*c.Dim)
+	for i, sq := range b.Seqs {
+		r := sq.QStart + sq.QLen - 1
+		copy(s.last[i*c.Dim:(i+1)*c.Dim], s.x[r*c.Dim:(r+1)*c.Dim])
+	}
+	s.h = grow(s.h, max(n, ns)*c.Dim)
+	be.RMSNorm(s.h[:ns*c.Dim], s.last, w.OutNorm, ns, c.NormEps)
+	s.logits = grow(s.logits, ns*c.Vocab)
+	be.MatMul(s.logits, s.h[:ns*c.Dim], ns, w.Output)
+	return s.logits, nil
+}
+
+func addBias(x, bias []float32) {
+	for i := 0; i < len(x); i += len(bias) {
+		row := x[i : i+len(bias)]
+		for j, b := range bias {
+			row[j] += b
+		}
+	}
+}

@@ -1,0 +1,287 @@
+package model
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"sync"
+
+	"github.com/batonlm/baton/internal/gguf"
+	"github.com/batonlm/baton/internal/kernels"
+)
+
+// Layer holds one transformer block's weights.
+type Layer struct {
+	AttnNorm            []float32
+	Q, K, V, O          *kernels.Matrix
+	QBias, KBias, VBias []float32
+	FFNNorm             []float32
+	Gate, Up, Down      *kernels.Matrix
+}
+
+// Weights holds every tensor of a model. Matrices may point into a memory
+// mapped file; norms and biases are small and kept as float32 copies.
+type Weights struct {
+	Embed   *kernels.Matrix
+	OutNorm []float32
+	Output  *kernels.Matrix
+	Layers  []Layer
+}
+
+// Params counts the parameters.
+func (w *Weights) Params() int64 {
+	n := int64(0)
+	mat := func(m *kernels.Matrix) {
+		if m != nil {
+			n += int64(m.Rows) * int64(m.Cols)
+		}
+	}
+	mat(w.Embed)
+	if w.Output != w.Embed {
+		mat(w.Output)
+	}
+	n += int64(len(w.OutNorm))
+	for _, l := range w.Layers {
+		for _, m := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down} {
+			mat(m)
+		}
+		n += int64(len(l.AttnNorm) + len(l.FFNNorm) + len(l.QBias) + len(l.KBias) + len(l.VBias))
+	}
+	return n
+}
+
+// DType is the dtype of the bulk of the weights (the attention Q matrix).
+func (w *Weights) DType() kernels.DType { return w.Layers[0].Q.DType }
+
+func dtypeOf(t gguf.Type) (kernels.DType, error) {
+	switch t {
+	case gguf.TypeF32:
+		return kernels.F32, nil
+	case gguf.TypeF16:
+		return kernels.F16, nil
+	case gguf.TypeQ8_0:
+		return kernels.Q8_0, nil
+	case gguf.TypeBF16:
+		return kernels.BF16, nil
+	}
+	return 0, fmt.Errorf("tensor type %s is not supported (F32, F16, BF16 and Q8_0 are)", t)
+}
+
+type ggufLoader struct {
+	f        *gguf.File
+	progress func(done, total int)
+	done     int
+}
+
+func (l *ggufLoader) matrix(name string, rows, cols int) (*kernels.Matrix, error) {
+	ti, data, err := l.f.Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	l.tick()
+	if len(ti.Dims) != 2 || ti.Dims[0] != int64(cols) || ti.Dims[1] != int64(rows) {
+		return nil, fmt.Errorf("model: tensor %s has shape %v, want [%d %d]", name, ti.Dims, cols, rows)
+	}
+	dt, err := dtypeOf(ti.Type)
+	if err != nil {
+		return nil, fmt.Errorf("model: %s: %w", name, err)
+	}
+	m := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: data}
+	return m, m.Validate()
+}
+
+func (l *ggufLoader) vector(name string, n int) ([]float32, error) {
+	ti, data, err := l.f.Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	l.tick()
+	if ti.Elements() != int64(n) {
+		return nil, fmt.Errorf("model: tensor %s has %d elements, want %d", name, ti.Elements(), n)
+	}
+	dt, err := dtypeOf(ti.Type)
+	if err != nil {
+		return nil, fmt.Errorf("model: %s: %w", name, err)
+	}
+	m := &kernels.Matrix{DType: dt, Rows: 1, Cols: n, Data: data}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	out := make([]float32, n)
+	m.Row(0, out)
+	return out, nil
+}
+
+func (l *ggufLoader) tick() {
+	l.done++
+	if l.progress != nil {
+		l.progress(l.done, len(l.f.Tensors))
+	}
+}
+
+// WeightsFromGGUF maps a GGUF file's tensors into Weights without copying matrices.
+// progress, when set, is called after each tensor.
+func WeightsFromGGUF(f *gguf.File, c *Config, progress func(done, total int)) (*Weights, error) {
+	l := &ggufLoader{f: f, progress: progress}
+	w := &Weights{}
+	var err error
+	if w.Embed, err = l.matrix("token_embd.weight", c.Vocab, c.Dim); err != nil {
+		return nil, err
+	}
+	if w.OutNorm, err = l.vector("output_norm.weight", c.Dim); err != nil {
+		return nil, err
+	}
+	if f.HasTensor("output.weight") {
+		if w.Output, err = l.matrix("output.weight", c.Vocab, c.Dim); err != nil {
+			return nil, err
+		}
+	} else {
+		w.Output = w.Embed // tied embeddings
+	}
+	if f.HasTensor("rope_freqs.weight") {
+		if c.RoPE.Factors, err = l.vector("rope_freqs.weight", c.RoPE.Dim/2); err != nil {
+			return nil, err
+		}
+	}
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	for i := 0; i < c.Layers; i++ {
+		p := fmt.Sprintf("blk.%d.", i)
+		var ly Layer
+		steps := []func() error{
+			func() (e error) { ly.AttnNorm, e = l.vector(p+"attn_norm.weight", c.Dim); return },
+			func() (e error) { ly.Q, e = l.matrix(p+"attn_q.weight", qd, c.Dim); return },
+			func() (e error) { ly.K, e = l.matrix(p+"attn_k.weight", kvd, c.Dim); return },
+			func() (e error) { ly.V, e = l.matrix(p+"attn_v.weight", kvd, c.Dim); return },
+			func() (e error) { ly.O, e = l.matrix(p+"attn_output.weight", c.Dim, qd); return },
+			func() (e error) { ly.FFNNorm, e = l.vector(p+"ffn_norm.weight", c.Dim); return },
+			func() (e error) { ly.Gate, e = l.matrix(p+"ffn_gate.weight", c.FF, c.Dim); return },
+			func() (e error) { ly.Up, e = l.matrix(p+"ffn_up.weight", c.FF, c.Dim); return },
+			func() (e error) { ly.Down, e = l.matrix(p+"ffn_down.weight", c.Dim, c.FF); return },
+		}
+		if c.QKVBias {
+			steps = append(steps,
+				func() (e error) { ly.QBias, e = l.vector(p+"attn_q.bias", qd); return },
+				func() (e error) { ly.KBias, e = l.vector(p+"attn_k.bias", kvd); return },
+				func() (e error) { ly.VBias, e = l.vector(p+"attn_v.bias", kvd); return })
+		}
+		for _, s := range steps {
+			if err := s(); err != nil {
+				return nil, err
+			}
+		}
+		w.Layers = append(w.Layers, ly)
+	}
+	return w, nil
+}
+
+// DummyWeights makes deterministic pseudo-random weights of shape c in
+// dtype dt: the same config always gives the same weights, so benchmarks
+// and tests are repeatable without a checkpoint.
+func DummyWeights(c *Config, dt kernels.DType) (*Weights, error) {
+	if dt == kernels.Q8_0 && (c.Dim%32 != 0 || c.FF%32 != 0 || (c.Heads*c.HeadDim)%32 != 0) {
+		return nil, fmt.Errorf("model: q8_0 dummy weights need dimensions that are multiples of 32")
+	}
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	w := &Weights{OutNorm: ones(c.Dim)}
+	type job struct {
+		dst        **kernels.Matrix
+		name       string
+		rows, cols int
+	}
+	jobs := []job{{&w.Embed, "token_embd", c.Vocab, c.Dim}, {&w.Output, "output", c.Vocab, c.Dim}}
+	w.Layers = make([]Layer, c.Layers)
+	for i := range w.Layers {
+		ly := &w.Layers[i]
+		ly.AttnNorm, ly.FFNNorm = ones(c.Dim), ones(c.Dim)
+		if c.QKVBias {
+			ly.QBias, ly.KBias, ly.VBias = make([]float32, qd), make([]float32, kvd), make([]float32, kvd)
+		}
+		p := fmt.Sprintf("blk.%d.", i)
+		jobs = append(jobs, job{&ly.Q, p + "q", qd, c.Dim}, job{&ly.K, p + "k", kvd, c.Dim}, job{&ly.V, p + "v", kvd, c.Dim},
+			job{&ly.O, p + "o", c.Dim, qd}, job{&ly.Gate, p + "gate", c.FF, c.Dim}, job{&ly.Up, p + "up", c.FF, c.Dim},
+			job{&ly.Down, p + "down", c.Dim, c.FF})
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for _, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			*j.dst = dummyMatrix(j.name, j.rows, j.cols, dt)
+		}()
+	}
+	wg.Wait()
+	return w, nil
+}
+
+func ones(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = 1
+	}
+	return v
+}
+
+// dummyMatrix fills a matrix with uniform values in ±1/sqrt(cols), which keeps
+// activations of a deep random network in a sane range.
+func dummyMatrix(name string, rows, cols int, dt kernels.DType) *kernels.Matrix {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	state := h.Sum64() | 1
+	next := func() float32 { // xorshift64*: fast and deterministic
+		state ^= state >> 12
+		state ^= state << 25
+		state ^= state >> 27
+		return float32((state*2685821657736338717)>>40)/float32(1<<24)*2 - 1
+	}
+	amp := float32(1 / math.Sqrt(float64(cols)))
+	m := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
+	row := make([]float32, cols)
+	rb := dt.RowBytes(cols)
+	for r := 0; r < rows; r++ {
+		for i := range row {
+			row[i] = next() * amp
+		}
+		EncodeRow(m.Data[r*rb:(r+1)*rb], row, dt)
+	}
+	return m
+}
+
+// EncodeRow stores float32 values in dtype dt (the inverse of Matrix.Row,
+// up to rounding). len(dst) must be dt.RowBytes(len(row)).
+func EncodeRow(dst []byte, row []float32, dt kernels.DType) {
+	switch dt {
+	case kernels.F32:
+		for i, v := range row {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+	case kernels.F16:
+		for i, v := range row {
+			binary.LittleEndian.PutUint16(dst[2*i:], kernels.F32ToF16(v))
+		}
+	case kernels.BF16:
+		for i, v := range row {
+			binary.LittleEndian.PutUint16(dst[2*i:], uint16(math.Float32bits(v)>>16))
+		}
+	case kernels.Q8_0:
+		for b := 0; b < len(row)/32; b++ {
+			blk := row[b*32 : b*32+32]
+			var amax float32
+			for _, v := range blk {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			d := amax / 127
+			out := dst[b*34:]
+			binary.LittleEndian.PutUint16(out, kernels.F32ToF16(d))
+			inv := float32(0)
+			if d != 0 {
+				inv = 1 / d
+			}
+			for j, v := range blk {
+				out[2+j] = byte(int8(math.Round(float64(v * inv))))
+			}
+		}
+	}
+}
