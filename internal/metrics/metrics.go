@@ -1,0 +1,72 @@
+// Package metrics defines baton's Prometheus metrics. The names are part of
+// the operator contract (dashboards and alerts use them) and do not change.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Set is one process's metrics, registered on its own registry so that
+// several servers in one test binary do not collide.
+type Set struct {
+	Registry *prometheus.Registry
+	Role     string
+
+	KVPagesTotal       prometheus.Gauge
+	KVPagesFree        prometheus.Gauge
+	KVPagesQuarantined prometheus.Gauge
+	Requests           *prometheus.CounterVec // role, outcome
+	Rejected           *prometheus.CounterVec // role, reason
+	Running            prometheus.Gauge
+	Queued             prometheus.Gauge
+	TTFT               prometheus.Histogram
+	ITL                prometheus.Histogram
+	E2E                prometheus.Histogram
+	PromptTokens       prometheus.Counter
+	GenerationTokens   prometheus.Counter
+	ReadGateFailures   prometheus.Counter
+}
+
+var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+
+// New makes and registers the metrics of one role.
+func New(role string) *Set {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	c := prometheus.Labels{"role": role}
+	s := &Set{
+		Registry:           r,
+		Role:               role,
+		KVPagesTotal:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_total", Help: "Pages in the KV pool.", ConstLabels: c}),
+		KVPagesFree:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_free", Help: "Free pages in the KV pool.", ConstLabels: c}),
+		KVPagesQuarantined: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_quarantined", Help: "Pages whose request ended but whose writer has not confirmed it is drained.", ConstLabels: c}),
+		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_total", Help: "Requests by outcome."}, []string{"role", "outcome"}),
+		Rejected:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_rejected_total", Help: "Requests rejected at the door, by reason."}, []string{"role", "reason"}),
+		Running:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_num_running_reqs", Help: "Requests in the running batch.", ConstLabels: c}),
+		Queued:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_num_queue_reqs", Help: "Requests waiting for admission.", ConstLabels: c}),
+		TTFT:               prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_time_to_first_token_seconds", Help: "Time from arrival to the first generated token.", Buckets: latencyBuckets, ConstLabels: c}),
+		ITL:                prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_inter_token_latency_seconds", Help: "Time between consecutive generated tokens.", Buckets: latencyBuckets, ConstLabels: c}),
+		E2E:                prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_e2e_request_latency_seconds", Help: "Time from arrival to the last token.", Buckets: latencyBuckets, ConstLabels: c}),
+		PromptTokens:       prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_prompt_tokens_total", Help: "Prompt tokens prefilled.", ConstLabels: c}),
+		GenerationTokens:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_generation_tokens_total", Help: "Tokens generated.", ConstLabels: c}),
+		ReadGateFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_gate_failures_total", Help: "Batch entries refused because a page was not the request's own or not written.", ConstLabels: c}),
+	}
+	r.MustRegister(s.KVPagesTotal, s.KVPagesFree, s.KVPagesQuarantined, s.Requests, s.Rejected, s.Running, s.Queued,
+		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures)
+	return s
+}
+
+// Outcome counts one finished request.
+func (s *Set) Outcome(outcome string) { s.Requests.WithLabelValues(s.Role, outcome).Inc() }
+
+// Reject counts one rejected request.
+func (s *Set) Reject(reason string) { s.Rejected.WithLabelValues(s.Role, reason).Inc() }
+
+// Handler serves the registry in the Prometheus text format.
+func (s *Set) Handler() http.Handler {
+	return promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{Registry: s.Registry})
+}

@@ -1,0 +1,442 @@
+// Package scheduler runs requests through their lifecycle: admission with a
+// capacity gate, continuous batching, chunked prefill, and release of pages.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/model"
+)
+
+// Config bounds what the engine takes on.
+type Config struct {
+	// ContextLength is the effective maximum sequence length: the model's
+	// context lowered to what the pool can hold.
+	ContextLength int
+	// MaxRunning caps the requests in the running batch.
+	MaxRunning int
+	// ChunkSize caps the prompt tokens prefilled in one step.
+	ChunkSize int
+	// MaxQueue caps requests waiting for admission; more are refused with 503.
+	MaxQueue int
+	// IsEOG says whether a token ends generation (EOS, EOT).
+	IsEOG func(int32) bool
+}
+
+// RejectError is a refusal at the door: the request allocated nothing.
+type RejectError struct {
+	Status     int    // 400 for a request that can never run, 503 when full
+	Reason     string // metric label
+	Message    string
+	RetryAfter int // seconds, for 503
+}
+
+func (e *RejectError) Error() string { return e.Message }
+
+// Engine is the standalone scheduler: one loop owns the model and the pool.
+type Engine struct {
+	model *model.Model
+	pool  *kvpool.Pool
+	cfg   Config
+	m     *metrics.Set
+
+	mu       sync.Mutex
+	inbox    []*Request
+	wake     chan struct{}
+	nextRoom uint64
+	queued   int // requests submitted but not yet admitted (inbox + waiting)
+
+	waiting []*Request // FIFO; preempted requests go back to the front
+	running []*Request
+	sampler model.Sampler
+}
+
+// NewEngine makes an engine; Run drives it.
+func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *Engine {
+	if cfg.ChunkSize <= 0 {
+		cfg.ChunkSize = 512
+	}
+	if cfg.MaxRunning <= 0 {
+		cfg.MaxRunning = 64
+	}
+	if cfg.MaxQueue <= 0 {
+		cfg.MaxQueue = 1024
+	}
+	if cfg.IsEOG == nil {
+		cfg.IsEOG = func(int32) bool { return false }
+	}
+	ms.KVPagesTotal.Set(float64(pool.NumPages()))
+	ms.KVPagesFree.Set(float64(pool.Free()))
+	return &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1)}
+}
+
+// Pool is the engine's KV pool.
+func (e *Engine) Pool() *kvpool.Pool { return e.pool }
+
+// Config is the engine's effective configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Submit checks a request at the door. A refused request moves to Rejected
+// and allocates nothing; an accepted one waits for admission.
+func (e *Engine) Submit(r *Request) error {
+	if rej := e.door(r); rej != nil {
+		if err := r.life.To(StateRejected, rej.Message); err != nil {
+			return err
+		}
+		e.m.Reject(rej.Reason)
+		e.m.Outcome("rejected")
+		return rej
+	}
+	e.mu.Lock()
+	if e.queued >= e.cfg.MaxQueue {
+		e.mu.Unlock()
+		rej := &RejectError{Status: 503, Reason: "queue_full", Message: "server is at capacity; retry later", RetryAfter: 1}
+		if err := r.life.To(StateRejected, rej.Message); err != nil {
+			return err
+		}
+		e.m.Reject(rej.Reason)
+		e.m.Outcome("rejected")
+		return rej
+	}
+	e.nextRoom++
+	r.room = e.nextRoom
+	e.queued++
+	e.inbox = append(e.inbox, r)
+	e.mu.Unlock()
+	e.poke()
+	return nil
+}
+
+func (e *Engine) door(r *Request) *RejectError {
+	n, ctx := len(r.Prompt), e.cfg.ContextLength
+	vocab := e.model.Config.Vocab
+	switch {
+	case n == 0:
+		return &RejectError{Status: 400, Reason: "empty_prompt", Message: "the prompt is empty"}
+	case n >= ctx:
+		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
+			"this model's maximum context length is %d tokens; the prompt has %d tokens, leaving no room to generate", ctx, n)}
+	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx:
+		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
+			"this model's maximum context length is %d tokens; you requested %d tokens (%d in the prompt, %d for the completion)",
+			ctx, n+r.Params.MaxTokens, n, r.Params.MaxTokens)}
+	}
+	for _, t := range r.Prompt {
+		if t < 0 || int(t) >= vocab {
+			return &RejectError{Status: 400, Reason: "bad_token", Message: fmt.Sprintf("token id %d is outside the vocabulary (0..%d)", t, vocab-1)}
+		}
+	}
+	return nil
+}
+
+func (e *Engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run is the scheduler loop; it returns when ctx ends, aborting what is left.
+func (e *Engine) Run(ctx context.Context) {
+	for {
+		e.takeInbox()
+		e.handleFlags()
+		e.admit()
+		if len(e.running) == 0 {
+			select {
+			case <-ctx.Done():
+				e.shutdown()
+				return
+			case <-e.wake:
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			e.shutdown()
+			return
+		}
+		e.step()
+	}
+}
+
+func (e *Engine) takeInbox() {
+	e.mu.Lock()
+	in := e.inbox
+	e.inbox = nil
+	e.mu.Unlock()
+	e.waiting = append(e.waiting, in...)
+	e.gauges()
+}
+
+func (e *Engine) gauges() {
+	e.m.Running.Set(float64(len(e.running)))
+	e.m.Queued.Set(float64(len(e.waiting)))
+	st := e.pool.Stats()
+	e.m.KVPagesFree.Set(float64(st.Free))
+	e.m.KVPagesQuarantined.Set(float64(st.Quarantined))
+}
+
+// handleFlags acts on Cancel and Stop from readers, between steps.
+func (e *Engine) handleFlags() {
+	keep := e.waiting[:0]
+	for _, r := range e.waiting {
+		cancel, stop := r.flags()
+		if cancel || stop {
+			e.dequeued()
+			e.abort(r, "client cancelled")
+			continue
+		}
+		keep = append(keep, r)
+	}
+	e.waiting = keep
+	run := e.running[:0]
+	for _, r := range e.running {
+		cancel, stop := r.flags()
+		switch {
+		case cancel:
+			e.abort(r, "client cancelled")
+		case stop && r.life.State() == StateDecoding:
+			e.finish(r, FinishStop)
+		default:
+			run = append(run, r)
+		}
+	}
+	e.running = run
+}
+
+func (e *Engine) dequeued() {
+	e.mu.Lock()
+	e.queued--
+	e.mu.Unlock()
+}
+
+// admit moves waiting requests into the running batch while their whole
+// sequence (prompt plus the tokens they may generate) fits in free pages.
+// Reserving it all up front means a running request never waits for a page
+// and never has to be evicted. FIFO: a large request at the head is not
+// overtaken, so it cannot starve.
+func (e *Engine) admit() {
+	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxRunning {
+		r := e.waiting[0]
+		need := e.pool.PagesFor(e.maxSeqLen(r))
+		if need > e.pool.Free() {
+			break
+		}
+		a, err := e.pool.Alloc(r.room, need)
+		if err != nil {
+			break
+		}
+		e.waiting = e.waiting[1:]
+		e.dequeued()
+		if err := r.life.To(StateAdmitted, ""); err != nil {
+			_ = e.pool.Release(a.Owner, a.Pages)
+			e.fail(r, err)
+			continue
+		}
+		r.owner, r.pages, r.computed = a.Owner, a.Pages, 0
+		r.seq = append([]int32(nil), r.Prompt...)
+		seed := rand.Uint64()
+		if r.Params.Seed != nil {
+			seed = *r.Params.Seed
+		}
+		r.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+		e.running = append(e.running, r)
+	}
+	e.gauges()
+}
+
+// maxSeqLen is the longest r can grow: its prompt plus max_tokens, or the
+// context length when max_tokens was not given.
+func (e *Engine) maxSeqLen(r *Request) int {
+	if r.Params.MaxTokens > 0 {
+		return min(len(r.Prompt)+r.Params.MaxTokens, e.cfg.ContextLength)
+	}
+	return e.cfg.ContextLength
+}
+
+// step runs one forward pass over the running batch: one token for each
+// decoding request and prompt chunks for prefilling ones, within ChunkSize.
+func (e *Engine) step() {
+	ps := e.pool.PageSize()
+	budget := e.cfg.ChunkSize
+	b := &model.Batch{}
+	var members []*Request
+	for i := 0; i < len(e.running); i++ {
+		r := e.running[i]
+		todo := len(r.seq) - r.computed
+		if todo > 1 { // prefill
+			if budget <= 0 {
+				continue
+			}
+			todo = min(todo, budget)
+			budget -= todo
+		}
+		end := r.computed + todo
+		// The read gate: every position this step attends over, beyond the
+		// ones it writes itself, must be in pages tagged as this request's own
+		// and already written.
+		if err := e.pool.CheckReadable(r.owner, r.pages, r.computed); err != nil {
+			e.m.ReadGateFailures.Inc()
+			e.running = append(e.running[:i], e.running[i+1:]...)
+			i--
+			e.fail(r, fmt.Errorf("KV read gate refused the batch: %w", err))
+			continue
+		}
+		if r.computed == 0 {
+			_ = r.life.To(StatePrefilling, "")
+		}
+		q0 := len(b.Tokens)
+		for p := r.computed; p < end; p++ {
+			b.Tokens = append(b.Tokens, r.seq[p])
+			b.Positions = append(b.Positions, int32(p))
+			b.Slots = append(b.Slots, r.pages[p/ps]*int32(ps)+int32(p%ps))
+		}
+		b.Seqs = append(b.Seqs, kernels.AttnSeq{Pages: r.pages, QStart: q0, QLen: todo, KVLen: end})
+		members = append(members, r)
+	}
+	if len(members) == 0 {
+		return
+	}
+	logits, err := e.model.Forward(b, e.pool.KV())
+	if err != nil {
+		for _, r := range members {
+			e.remove(r)
+			e.fail(r, err)
+		}
+		return
+	}
+	vocab := e.model.Config.Vocab
+	for i, r := range members {
+		s := b.Seqs[i]
+		if err := e.pool.MarkPositions(r.owner, r.pages, s.KVLen); err != nil {
+			e.remove(r)
+			e.fail(r, err)
+			continue
+		}
+		if r.generated == 0 {
+			e.m.PromptTokens.Add(float64(s.QLen))
+		}
+		r.computed = s.KVLen
+		if r.computed < len(r.seq) {
+			continue // more prompt to prefill
+		}
+		tok := e.sampler.Sample(logits[i*vocab:(i+1)*vocab], r.Params.Sampling, r.rng)
+		e.deliver(r, tok)
+	}
+	e.gauges()
+}
+
+func (e *Engine) remove(r *Request) {
+	for i, x := range e.running {
+		if x == r {
+			e.running = append(e.running[:i], e.running[i+1:]...)
+			return
+		}
+	}
+}
+
+func (e *Engine) deliver(r *Request, tok model.Sampled) {
+	now := time.Now()
+	if r.generated == 0 {
+		_ = r.life.To(StateDecoding, "")
+		e.m.TTFT.Observe(now.Sub(r.arrived).Seconds())
+	} else {
+		e.m.ITL.Observe(now.Sub(r.lastToken).Seconds())
+	}
+	r.lastToken = now
+	r.generated++
+	r.seq = append(r.seq, tok.ID)
+	e.m.GenerationTokens.Inc()
+	finish := ""
+	switch {
+	case !r.Params.IgnoreEOS && e.cfg.IsEOG(tok.ID):
+		finish = FinishStop
+	case containsToken(r.Params.StopTokenIDs, tok.ID):
+		finish = FinishStop
+	case r.Params.MaxTokens > 0 && r.generated >= r.Params.MaxTokens:
+		finish = FinishLength
+	case len(r.seq) >= e.cfg.ContextLength:
+		finish = FinishLength
+	}
+	r.emit(Event{Token: &tok})
+	if finish != "" {
+		e.remove(r)
+		e.finish(r, finish)
+	}
+}
+
+func containsToken(ids []int32, id int32) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// finish ends a request normally and releases its pages.
+func (e *Engine) finish(r *Request, reason string) {
+	if err := r.life.To(StateFinished, reason); err != nil {
+		e.fail(r, err)
+		return
+	}
+	e.release(r)
+	e.m.Outcome("finished")
+	e.m.E2E.Observe(time.Since(r.arrived).Seconds())
+	r.emit(Event{Finish: reason})
+}
+
+// abort ends a live request early: Aborting, release, Aborted.
+func (e *Engine) abort(r *Request, why string) {
+	if err := r.life.To(StateAborting, why); err == nil {
+		e.release(r)
+		_ = r.life.To(StateAborted, why)
+	}
+	e.m.Outcome("aborted")
+	r.emit(Event{Finish: FinishAbort, Err: errors.New(why)})
+}
+
+// fail aborts a request because of an error the client must see (5xx).
+func (e *Engine) fail(r *Request, err error) {
+	if r.life.Live() {
+		if e2 := r.life.To(StateAborting, err.Error()); e2 == nil {
+			e.release(r)
+			_ = r.life.To(StateAborted, err.Error())
+		}
+	}
+	e.m.Outcome("error")
+	r.emit(Event{Finish: FinishError, Err: err})
+}
+
+func (e *Engine) release(r *Request) {
+	if r.pages == nil {
+		return
+	}
+	if err := e.pool.Release(r.owner, r.pages); err != nil {
+		// A failed release is a bookkeeping bug; the pool counts it and
+		// keeps the pages rather than freeing them twice.
+		e.m.ReadGateFailures.Inc()
+	}
+	r.pages = nil
+	e.gauges()
+}
+
+func (e *Engine) shutdown() {
+	e.takeInbox()
+	for _, r := range e.waiting {
+		e.abort(r, "server shutting down")
+	}
+	for _, r := range e.running {
+		e.abort(r, "server shutting down")
+	}
+	e.waiting, e.running = nil, nil
+	e.gauges()
+}

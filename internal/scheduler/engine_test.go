@@ -1,0 +1,216 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/batonlm/baton/internal/kernels/ref"
+	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/model"
+)
+
+type reference struct {
+	PromptIDs    []int32 `json:"prompt_token_ids"`
+	GeneratedIDs []int32 `json:"generated_token_ids"`
+	Top5         [][]struct {
+		ID      int32   `json:"id"`
+		Logprob float64 `json:"logprob"`
+	} `json:"top5_logprobs_per_position"`
+}
+
+func loadRef(t *testing.T) reference {
+	b, err := os.ReadFile("../../testdata/stories260K-greedy-once-upon-a-time.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r reference
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func newEngine(t *testing.T, pageSize, pages, chunk int) (*Engine, context.CancelFunc) {
+	t.Helper()
+	l, err := model.Load(model.LoadOptions{}, ref.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.Model.Config
+	pool, err := kvpool.New(kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 }}, metrics.New("standalone"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return e, cancel
+}
+
+func collect(t *testing.T, r *Request) ([]model.Sampled, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var toks []model.Sampled
+	for {
+		ev, ok := r.Next(ctx)
+		if !ok {
+			t.Fatal("timed out waiting for events")
+		}
+		if ev.Token != nil {
+			toks = append(toks, *ev.Token)
+		}
+		if ev.Finish != "" {
+			if ev.Err != nil {
+				t.Fatalf("request failed: %v", ev.Err)
+			}
+			return toks, ev.Finish
+		}
+	}
+}
+
+// The greedy reference must come out token for token, with logprobs within
+// 1e-3, whatever the batching: 8 concurrent requests, 2-token prefill chunks,
+// page sizes 1, 16 and 64. Every page must be back in the pool afterwards.
+func TestEngineGreedyReferenceUnderBatching(t *testing.T) {
+	want := loadRef(t)
+	for _, tc := range []struct{ page, pages, chunk int }{{16, 300, 512}, {1, 4096, 2}, {64, 80, 2}} {
+		e, _ := newEngine(t, tc.page, tc.pages, tc.chunk)
+		var wg sync.WaitGroup
+		for i := 0; i < 8; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := NewRequest("r", want.PromptIDs, Params{MaxTokens: len(want.GeneratedIDs), Sampling: model.Sampling{TopLogprobs: 5}})
+				if err := e.Submit(r); err != nil {
+					t.Error(err)
+					return
+				}
+				toks, fin := collect(t, r)
+				if fin != FinishLength || len(toks) != len(want.GeneratedIDs) {
+					t.Errorf("page %d: finish %q after %d tokens", tc.page, fin, len(toks))
+					return
+				}
+				for j, tk := range toks {
+					if tk.ID != want.GeneratedIDs[j] {
+						t.Errorf("page %d chunk %d: token %d = %d, want %d", tc.page, tc.chunk, j, tk.ID, want.GeneratedIDs[j])
+						return
+					}
+					for k, w := range want.Top5[j] {
+						if tk.Top[k].ID != w.ID || math.Abs(float64(tk.Top[k].Logprob)-w.Logprob) > 1e-3 {
+							t.Errorf("position %d alt %d: %+v, want %+v", j, k, tk.Top[k], w)
+							return
+						}
+					}
+				}
+				if r.State() != StateFinished {
+					t.Errorf("state %s, want Finished", r.State())
+				}
+			}()
+		}
+		wg.Wait()
+		waitFree(t, e)
+	}
+}
+
+func waitFree(t *testing.T, e *Engine) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.Pool().Free() != e.Pool().NumPages() {
+		if time.Now().After(deadline) {
+			t.Fatalf("pages leaked: %d of %d free; stats %+v", e.Pool().Free(), e.Pool().NumPages(), e.Pool().Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := e.Pool().Stats(); st.ReleaseErrors != 0 {
+		t.Fatalf("release errors: %+v", st)
+	}
+}
+
+func TestEngineRejectsAtTheDoorAllocatingNothing(t *testing.T) {
+	e, _ := newEngine(t, 16, 8, 64) // 128 tokens of pool, context 512
+	for _, tc := range []struct {
+		prompt []int32
+		max    int
+	}{
+		{nil, 4},
+		{make([]int32, 512), 0},
+		{[]int32{1, 2, 3}, 510},
+		{[]int32{1, 9999}, 4},
+	} {
+		r := NewRequest("x", tc.prompt, Params{MaxTokens: tc.max})
+		err := e.Submit(r)
+		rej, ok := err.(*RejectError)
+		if !ok || rej.Status != 400 {
+			t.Fatalf("prompt %d max %d: got %v, want a 400 reject", len(tc.prompt), tc.max, err)
+		}
+		if r.State() != StateRejected {
+			t.Fatalf("state %s, want Rejected", r.State())
+		}
+	}
+	if st := e.Pool().Stats(); st.Allocations != 0 {
+		t.Fatalf("a rejected request allocated: %+v", st)
+	}
+}
+
+// A request that fits only later waits in the queue instead of failing.
+func TestEngineQueuesWhatFitsLater(t *testing.T) {
+	want := loadRef(t)
+	e, _ := newEngine(t, 16, 4, 64) // room for exactly one 64-token sequence
+	var reqs []*Request
+	for i := 0; i < 3; i++ {
+		r := NewRequest("q", want.PromptIDs, Params{MaxTokens: 40})
+		if err := e.Submit(r); err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+	}
+	for _, r := range reqs {
+		toks, _ := collect(t, r)
+		for j := range toks {
+			if toks[j].ID != want.GeneratedIDs[j] {
+				t.Fatalf("token %d differs", j)
+			}
+		}
+	}
+	waitFree(t, e)
+}
+
+func TestEngineCancelFreesPages(t *testing.T) {
+	want := loadRef(t)
+	e, _ := newEngine(t, 16, 64, 64)
+	r := NewRequest("c", want.PromptIDs, Params{})
+	if err := e.Submit(r); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ev, ok := r.Next(ctx); !ok || ev.Token == nil {
+		t.Fatal("no first token")
+	}
+	r.Cancel()
+	for {
+		ev, ok := r.Next(ctx)
+		if !ok {
+			t.Fatal("no finish after cancel")
+		}
+		if ev.Finish != "" {
+			if ev.Finish != FinishAbort {
+				t.Fatalf("finish %q, want abort", ev.Finish)
+			}
+			break
+		}
+	}
+	if r.State() != StateAborted {
+		t.Fatalf("state %s", r.State())
+	}
+	waitFree(t, e)
+}
