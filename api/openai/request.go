@@ -1,0 +1,724 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// Limits as in OpenAI's API reference, so that what OpenAI rejects is
+// rejected here too and client code tested against one works on the other.
+const (
+	MaxStop               = 4  // stop strings per request
+	MaxCompletionLogprobs = 5  // legacy completions "logprobs"
+	MaxChatTopLogprobs    = 20 // chat "top_logprobs"
+)
+
+const (
+	// maxTokensLimit keeps token counts inside int32 so that prompt length
+	// plus max_tokens cannot overflow anywhere downstream.
+	maxTokensLimit     = math.MaxInt32
+	defaultTemperature = 1.0 // OpenAI's default
+	defaultTopP        = 1.0
+	maxTemperature     = 2.0
+)
+
+// Chat roles accepted in messages.
+const (
+	RoleSystem    = "system"
+	RoleUser      = "user"
+	RoleAssistant = "assistant"
+	RoleDeveloper = "developer"
+	RoleTool      = "tool"
+)
+
+// Sampling is the normalised generation control of a request: defaults
+// filled in, aliases resolved and every value range-checked, so that the
+// engine never has to look at the request's JSON.
+type Sampling struct {
+	// MaxTokens is the completion-token limit; 0 means the client gave none
+	// and the server's own limit (context length) applies.
+	MaxTokens   int
+	Temperature float64 // 0..2, default 1; 0 means greedy
+	TopP        float64 // (0,1], default 1
+	TopK        int     // 0 = off, else >= 1 (the wire's -1 is mapped to 0)
+	MinP        float64 // 0..1, 0 = off
+	Seed        *int64  // nil = not seeded
+	Stop        []string
+	// StopTokenIDs end generation when sampled (vLLM/SGLang extension);
+	// range-checked against int32 only: the vocabulary size is the server's.
+	StopTokenIDs []int32
+	// Logprobs asks for the sampled token's logprob; TopLogprobs for that many
+	// alternatives as well (completions: 0..5, chat: 0..20).
+	Logprobs    bool
+	TopLogprobs int
+	IgnoreEOS   bool // keep generating past end-of-sequence (extension)
+}
+
+// Greedy reports whether sampling reduces to argmax, so an engine can skip
+// the random draw and return reproducible output.
+func (s Sampling) Greedy() bool { return s.Temperature == 0 || s.TopK == 1 }
+
+// CompletionRequest is a validated POST /v1/completions body.
+type CompletionRequest struct {
+	Model string
+	// Exactly one of Prompt and PromptTokenIDs is set: the wire's prompt may
+	// be text or pre-tokenised ids, and ids skip the tokenizer.
+	Prompt         string
+	PromptTokenIDs []int32
+	Stream         bool
+	// IncludeUsage asks for a final stream chunk carrying usage (only ever
+	// true when Stream is).
+	IncludeUsage bool
+	Sampling     Sampling
+}
+
+// Message is one chat message with its content flattened to text.
+type Message struct {
+	Role    string
+	Content string
+	Name    string // optional participant name; some chat templates use it
+}
+
+// ChatRequest is a validated POST /v1/chat/completions body.
+type ChatRequest struct {
+	Model        string
+	Messages     []Message
+	Stream       bool
+	IncludeUsage bool
+	Sampling     Sampling
+}
+
+// ParseCompletionRequest decodes and validates a /v1/completions body. Every
+// failure is a 400 whose Param names the field at fault; unknown fields are
+// ignored because clients commonly send extensions meant for other servers.
+//
+// Unsupported features whose silent omission would change the result (n or
+// best_of other than 1, echo, suffix, non-zero penalties, logit_bias) are
+// rejected rather than ignored.
+func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
+	f, e := decodeObject(body)
+	if e != nil {
+		return nil, e
+	}
+	r := &CompletionRequest{}
+	if r.Model, e = f.model(); e != nil {
+		return nil, e
+	}
+	if r.Prompt, r.PromptTokenIDs, e = f.prompt(); e != nil {
+		return nil, e
+	}
+	if r.Stream, r.IncludeUsage, e = f.stream(); e != nil {
+		return nil, e
+	}
+	if r.Sampling, e = f.sampling(); e != nil {
+		return nil, e
+	}
+	if e = f.onlyOne("best_of"); e != nil {
+		return nil, e
+	}
+	if echo, _, e := f.bool("echo"); e != nil {
+		return nil, e
+	} else if echo {
+		return nil, BadRequest("echo is not supported", "echo")
+	}
+	if suffix, _, e := f.string("suffix"); e != nil {
+		return nil, e
+	} else if suffix != "" {
+		return nil, BadRequest("suffix is not supported", "suffix")
+	}
+	// Legacy logprobs: an integer count, where 0 still means "the sampled
+	// token's logprob", so presence rather than value turns it on.
+	if n, ok, e := f.int("logprobs", 0, MaxCompletionLogprobs); e != nil {
+		return nil, e
+	} else if ok {
+		r.Sampling.Logprobs, r.Sampling.TopLogprobs = true, int(n)
+	}
+	return r, nil
+}
+
+// ParseChatRequest decodes and validates a /v1/chat/completions body, with
+// the same error conventions as ParseCompletionRequest. Content given as an
+// array of parts is flattened by concatenating its text parts, with no
+// separator; any other part type (images, audio, files) is a 400. Tools,
+// functions and a response_format other than text are rejected too: a client
+// relying on them could not parse free text.
+func ParseChatRequest(body []byte) (*ChatRequest, *Error) {
+	f, e := decodeObject(body)
+	if e != nil {
+		return nil, e
+	}
+	r := &ChatRequest{}
+	if r.Model, e = f.model(); e != nil {
+		return nil, e
+	}
+	if r.Messages, e = f.messages(); e != nil {
+		return nil, e
+	}
+	if r.Stream, r.IncludeUsage, e = f.stream(); e != nil {
+		return nil, e
+	}
+	if r.Sampling, e = f.sampling(); e != nil {
+		return nil, e
+	}
+	// max_completion_tokens replaced max_tokens in OpenAI's chat API; newer
+	// clients send only it, older ones only max_tokens, so the new name wins.
+	if n, ok, e := f.int("max_completion_tokens", 1, maxTokensLimit); e != nil {
+		return nil, e
+	} else if ok {
+		r.Sampling.MaxTokens = int(n)
+	}
+	lp, _, e := f.bool("logprobs")
+	if e != nil {
+		return nil, e
+	}
+	top, _, e := f.int("top_logprobs", 0, MaxChatTopLogprobs)
+	if e != nil {
+		return nil, e
+	}
+	if top > 0 && !lp {
+		return nil, BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
+	}
+	r.Sampling.Logprobs, r.Sampling.TopLogprobs = lp, int(top)
+	if e = f.noTools(); e != nil {
+		return nil, e
+	}
+	return r, nil
+}
+
+// fields is a request body's top-level object. Looking keys up exactly,
+// rather than through encoding/json's case-insensitive struct matching,
+// keeps "Max_Tokens" from being taken for max_tokens.
+type fields map[string]json.RawMessage
+
+func decodeObject(body []byte) (fields, *Error) {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return nil, BadRequest("request body is empty; expected a JSON object", "")
+	}
+	var f fields
+	if err := json.Unmarshal(body, &f); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, BadRequest("request body must be a JSON object", "")
+		}
+		return nil, BadRequest("request body is not valid JSON: "+err.Error(), "")
+	}
+	if f == nil { // the body was the literal null
+		return nil, BadRequest("request body must be a JSON object", "")
+	}
+	return f, nil
+}
+
+// get returns a field's raw value; JSON null counts as absent because many
+// clients serialise unset options as null.
+func (f fields) get(name string) (json.RawMessage, bool) {
+	return present(f[name])
+}
+
+func present(raw json.RawMessage) (json.RawMessage, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, false
+	}
+	return raw, true
+}
+
+func isNumber(raw json.RawMessage) bool {
+	return len(raw) > 0 && (raw[0] == '-' || (raw[0] >= '0' && raw[0] <= '9'))
+}
+
+// parseInt accepts integral JSON numbers, including forms like 16.0 or 1e3
+// that Python and JavaScript clients produce for whole numbers.
+func parseInt(raw json.RawMessage) (int64, bool) {
+	raw = bytes.TrimSpace(raw)
+	if !isNumber(raw) {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+		return n, true
+	}
+	x, err := strconv.ParseFloat(string(raw), 64)
+	// 2^63 itself is representable as a float64 but not as an int64.
+	if err != nil || x != math.Trunc(x) || x < math.MinInt64 || x >= math.MaxInt64 {
+		return 0, false
+	}
+	return int64(x), true
+}
+
+// outOfInt64 tells an integer too large for int64 (which deserves a range
+// message) from a value that is not an integer at all.
+func outOfInt64(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	if !isNumber(raw) {
+		return false
+	}
+	x, _ := strconv.ParseFloat(string(raw), 64) // ±Inf on overflow
+	return math.IsInf(x, 0) || (x == math.Trunc(x) && (x < math.MinInt64 || x >= math.MaxInt64))
+}
+
+func parseFloat(raw json.RawMessage) (float64, bool) {
+	raw = bytes.TrimSpace(raw)
+	if !isNumber(raw) {
+		return 0, false
+	}
+	x, err := strconv.ParseFloat(string(raw), 64)
+	return x, err == nil
+}
+
+func parseString(raw json.RawMessage) (string, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	var s string
+	return s, json.Unmarshal(raw, &s) == nil
+}
+
+func (f fields) bool(name string) (v, ok bool, e *Error) {
+	raw, ok := f.get(name)
+	if !ok {
+		return false, false, nil
+	}
+	switch string(raw) {
+	case "true":
+		return true, true, nil
+	case "false":
+		return false, true, nil
+	}
+	return false, false, BadRequest(name+" must be a boolean", name)
+}
+
+func (f fields) string(name string) (string, bool, *Error) {
+	raw, ok := f.get(name)
+	if !ok {
+		return "", false, nil
+	}
+	s, ok := parseString(raw)
+	if !ok {
+		return "", false, BadRequest(name+" must be a string", name)
+	}
+	return s, true, nil
+}
+
+// int reads an integer field and checks it lies in [lo, hi].
+func (f fields) int(name string, lo, hi int64) (int64, bool, *Error) {
+	raw, ok := f.get(name)
+	if !ok {
+		return 0, false, nil
+	}
+	n, ok := parseInt(raw)
+	switch {
+	case !ok && outOfInt64(raw):
+		// %.32s: the literal can be arbitrarily long and is echoed back.
+		return 0, false, BadRequest(fmt.Sprintf("%s must be between %d and %d, got %.32s", name, lo, hi, raw), name)
+	case !ok:
+		return 0, false, BadRequest(name+" must be an integer", name)
+	case n < lo:
+		return 0, false, BadRequest(fmt.Sprintf("%s must be at least %d, got %d", name, lo, n), name)
+	case n > hi:
+		return 0, false, BadRequest(fmt.Sprintf("%s must be at most %d, got %d", name, hi, n), name)
+	}
+	return n, true, nil
+}
+
+// float reads a number field; range checks differ per field (open or closed
+// ends), so they are left to the caller.
+func (f fields) float(name string) (float64, bool, *Error) {
+	raw, ok := f.get(name)
+	if !ok {
+		return 0, false, nil
+	}
+	x, ok := parseFloat(raw)
+	if !ok {
+		return 0, false, BadRequest(name+" must be a number", name)
+	}
+	return x, true, nil
+}
+
+func (f fields) model() (string, *Error) {
+	m, _, e := f.string("model")
+	if e != nil {
+		return "", e
+	}
+	if m == "" {
+		return "", BadRequest("you must provide a model parameter", "model")
+	}
+	return m, nil
+}
+
+func (f fields) stream() (stream, includeUsage bool, e *Error) {
+	if stream, _, e = f.bool("stream"); e != nil {
+		return false, false, e
+	}
+	raw, ok := f.get("stream_options")
+	if !ok {
+		return stream, false, nil
+	}
+	var opts fields
+	if raw[0] != '{' || json.Unmarshal(raw, &opts) != nil {
+		return false, false, BadRequest("stream_options must be an object", "stream_options")
+	}
+	// OpenAI and vLLM reject this combination; doing the same avoids a client
+	// believing it asked for usage in a response that was never a stream.
+	if !stream {
+		return false, false, BadRequest("stream_options is only allowed when stream is true", "stream_options")
+	}
+	iu, ok := opts.get("include_usage")
+	switch {
+	case !ok:
+	case string(iu) == "true":
+		includeUsage = true
+	case string(iu) == "false":
+	default:
+		return false, false, BadRequest("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+	}
+	return stream, includeUsage, nil
+}
+
+// onlyOne accepts an absent field or the value 1: returning one choice while
+// the client asked for several would look like success and lose data.
+func (f fields) onlyOne(name string) *Error {
+	raw, ok := f.get(name)
+	if !ok {
+		return nil
+	}
+	n, ok := parseInt(raw)
+	if !ok {
+		return BadRequest(name+" must be an integer", name)
+	}
+	if n != 1 {
+		return BadRequest(name+" other than 1 is not supported", name)
+	}
+	return nil
+}
+
+// sampling reads the fields the two endpoints share. Logprobs are not here:
+// they have a different type on each endpoint.
+func (f fields) sampling() (Sampling, *Error) {
+	s := Sampling{Temperature: defaultTemperature, TopP: defaultTopP}
+	if e := f.onlyOne("n"); e != nil {
+		return s, e
+	}
+	if n, ok, e := f.int("max_tokens", 1, maxTokensLimit); e != nil {
+		return s, e
+	} else if ok {
+		s.MaxTokens = int(n)
+	}
+	if x, ok, e := f.float("temperature"); e != nil {
+		return s, e
+	} else if ok {
+		if x < 0 || x > maxTemperature {
+			return s, BadRequest(fmt.Sprintf("temperature must be between 0 and 2, got %g", x), "temperature")
+		}
+		s.Temperature = x
+	}
+	if x, ok, e := f.float("top_p"); e != nil {
+		return s, e
+	} else if ok {
+		if !(x > 0 && x <= 1) {
+			return s, BadRequest(fmt.Sprintf("top_p must be greater than 0 and at most 1, got %g", x), "top_p")
+		}
+		s.TopP = x
+	}
+	// -1 and 0 both mean "off" because vLLM uses -1 and SGLang/llama.cpp 0.
+	if n, ok, e := f.int("top_k", -1, maxTokensLimit); e != nil {
+		return s, e
+	} else if ok && n > 0 {
+		s.TopK = int(n)
+	}
+	if x, ok, e := f.float("min_p"); e != nil {
+		return s, e
+	} else if ok {
+		if x < 0 || x > 1 {
+			return s, BadRequest(fmt.Sprintf("min_p must be between 0 and 1, got %g", x), "min_p")
+		}
+		s.MinP = x
+	}
+	if n, ok, e := f.int("seed", math.MinInt64, math.MaxInt64); e != nil {
+		return s, e
+	} else if ok {
+		s.Seed = &n
+	}
+	var e *Error
+	if s.Stop, e = f.stop(); e != nil {
+		return s, e
+	}
+	if s.StopTokenIDs, e = f.tokenIDs("stop_token_ids"); e != nil {
+		return s, e
+	}
+	if s.IgnoreEOS, _, e = f.bool("ignore_eos"); e != nil {
+		return s, e
+	}
+	if e = f.unsupportedPenalties(); e != nil {
+		return s, e
+	}
+	return s, nil
+}
+
+// unsupportedPenalties accepts each penalty at its neutral value only: the
+// engine does not implement them yet, and silently ignoring a non-neutral
+// value would hand back text the client did not ask for.
+func (f fields) unsupportedPenalties() *Error {
+	for _, p := range []struct {
+		name            string
+		lo, hi, neutral float64
+	}{
+		{"presence_penalty", -2, 2, 0},
+		{"frequency_penalty", -2, 2, 0},
+		{"repetition_penalty", 0, math.Inf(1), 1}, // vLLM/SGLang extension
+	} {
+		x, ok, e := f.float(p.name)
+		if e != nil {
+			return e
+		}
+		if !ok || x == p.neutral {
+			continue
+		}
+		if x < p.lo || x > p.hi {
+			return BadRequest(fmt.Sprintf("%s must be between %g and %g, got %g", p.name, p.lo, p.hi, x), p.name)
+		}
+		return BadRequest(fmt.Sprintf("%s is not supported; only %g is accepted", p.name, p.neutral), p.name)
+	}
+	if raw, ok := f.get("logit_bias"); ok {
+		var m map[string]json.RawMessage
+		if raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
+			return BadRequest("logit_bias must be an object", "logit_bias")
+		}
+		if len(m) > 0 {
+			return BadRequest("logit_bias is not supported", "logit_bias")
+		}
+	}
+	return nil
+}
+
+func (f fields) stop() ([]string, *Error) {
+	raw, ok := f.get("stop")
+	if !ok {
+		return nil, nil
+	}
+	const msg = "stop must be a string or an array of at most 4 non-empty strings"
+	if s, ok := parseString(raw); ok {
+		if s == "" {
+			return nil, BadRequest(msg, "stop")
+		}
+		return []string{s}, nil
+	}
+	var list []json.RawMessage
+	if raw[0] != '[' || json.Unmarshal(raw, &list) != nil || len(list) > MaxStop {
+		return nil, BadRequest(msg, "stop")
+	}
+	var out []string
+	for i, el := range list {
+		s, ok := parseString(el)
+		// An empty stop string would match at every position and end the
+		// completion before it starts; that is a client bug worth reporting.
+		if !ok || s == "" {
+			return nil, BadRequest(msg, fmt.Sprintf("stop[%d]", i))
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+func (f fields) tokenIDs(name string) ([]int32, *Error) {
+	raw, ok := f.get(name)
+	if !ok {
+		return nil, nil
+	}
+	ids, bad := parseTokenIDs(raw)
+	if bad >= 0 {
+		return nil, BadRequest(name+" must be an array of non-negative integer token ids", fmt.Sprintf("%s[%d]", name, bad))
+	}
+	if ids == nil {
+		return nil, BadRequest(name+" must be an array of non-negative integer token ids", name)
+	}
+	return ids, nil
+}
+
+// parseTokenIDs decodes a JSON array of token ids. It returns nil ids when
+// raw is not an array, and bad >= 0 as the index of the first element that is
+// not an id.
+func parseTokenIDs(raw json.RawMessage) (ids []int32, bad int) {
+	raw = bytes.TrimSpace(raw)
+	var list []json.RawMessage
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+		return nil, -1
+	}
+	ids = make([]int32, 0, len(list))
+	for i, el := range list {
+		n, ok := parseInt(el)
+		if !ok || n < 0 || n > math.MaxInt32 {
+			return nil, i
+		}
+		ids = append(ids, int32(n))
+	}
+	return ids, -1
+}
+
+// prompt accepts the prompt forms OpenAI's completions API does, less
+// batches: a string, one string in an array, token ids, or one array of ids.
+// An empty prompt is rejected because a vocabulary without a BOS token would
+// leave nothing to prefill.
+func (f fields) prompt() (string, []int32, *Error) {
+	raw, ok := f.get("prompt")
+	if !ok {
+		return "", nil, BadRequest("you must provide a prompt parameter", "prompt")
+	}
+	const kinds = "prompt must be a string, an array of token ids, or an array holding one of those"
+	if s, ok := parseString(raw); ok {
+		if s == "" {
+			return "", nil, BadRequest("prompt must not be empty", "prompt")
+		}
+		return s, nil, nil
+	}
+	var list []json.RawMessage
+	if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+		return "", nil, BadRequest(kinds, "prompt")
+	}
+	if len(list) == 0 {
+		return "", nil, BadRequest("prompt must not be empty", "prompt")
+	}
+	first := bytes.TrimSpace(list[0])
+	if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
+		if len(list) > 1 {
+			return "", nil, BadRequest("batched prompts are not supported; send one prompt per request", "prompt")
+		}
+		if s, ok := parseString(first); ok {
+			if s == "" {
+				return "", nil, BadRequest("prompt must not be empty", "prompt")
+			}
+			return s, nil, nil
+		}
+		ids, bad := parseTokenIDs(first)
+		if bad >= 0 {
+			return "", nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[0][%d]", bad))
+		}
+		if ids == nil {
+			return "", nil, BadRequest(kinds, "prompt")
+		}
+		if len(ids) == 0 {
+			return "", nil, BadRequest("prompt must not be empty", "prompt")
+		}
+		return "", ids, nil
+	}
+	ids, bad := parseTokenIDs(raw)
+	if bad >= 0 {
+		return "", nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[%d]", bad))
+	}
+	return "", ids, nil
+}
+
+func (f fields) messages() ([]Message, *Error) {
+	raw, ok := f.get("messages")
+	if !ok {
+		return nil, BadRequest("you must provide a messages parameter", "messages")
+	}
+	var list []json.RawMessage
+	if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+		return nil, BadRequest("messages must be an array of message objects", "messages")
+	}
+	if len(list) == 0 {
+		return nil, BadRequest("messages must contain at least one message", "messages")
+	}
+	out := make([]Message, len(list))
+	for i, el := range list {
+		m, e := parseMessage(bytes.TrimSpace(el), fmt.Sprintf("messages[%d]", i))
+		if e != nil {
+			return nil, e
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+func parseMessage(raw json.RawMessage, at string) (Message, *Error) {
+	var f fields
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &f) != nil {
+		return Message{}, BadRequest(at+" must be an object", at)
+	}
+	var m Message
+	role, ok := f.get("role")
+	if !ok {
+		return m, BadRequest(at+".role is required", at+".role")
+	}
+	m.Role, _ = parseString(role)
+	switch m.Role {
+	case RoleSystem, RoleUser, RoleAssistant, RoleDeveloper, RoleTool:
+	default:
+		return m, BadRequest(at+".role must be one of system, user, assistant, developer, tool", at+".role")
+	}
+	if raw, ok := f.get("name"); ok {
+		if m.Name, ok = parseString(raw); !ok {
+			return m, BadRequest(at+".name must be a string", at+".name")
+		}
+	}
+	content, ok := f.get("content")
+	if !ok {
+		// OpenAI lets an assistant turn carry tool calls and no content;
+		// every other role has to say something.
+		if m.Role == RoleAssistant {
+			return m, nil
+		}
+		return m, BadRequest(at+".content is required", at+".content")
+	}
+	if s, ok := parseString(content); ok {
+		m.Content = s
+		return m, nil
+	}
+	var parts []json.RawMessage
+	if content[0] != '[' || json.Unmarshal(content, &parts) != nil {
+		return m, BadRequest(at+".content must be a string or an array of content parts", at+".content")
+	}
+	var b strings.Builder
+	for j, p := range parts {
+		pat := fmt.Sprintf("%s.content[%d]", at, j)
+		var pf fields
+		p = bytes.TrimSpace(p)
+		if len(p) == 0 || p[0] != '{' || json.Unmarshal(p, &pf) != nil {
+			return m, BadRequest(pat+" must be an object", pat)
+		}
+		typ, _ := parseString(pf["type"])
+		if typ != "text" {
+			return m, BadRequest(fmt.Sprintf("%s.type %q is not supported; only text parts are", pat, typ), pat+".type")
+		}
+		text, ok := parseString(pf["text"])
+		if !ok {
+			return m, BadRequest(pat+".text must be a string", pat+".text")
+		}
+		b.WriteString(text)
+	}
+	m.Content = b.String()
+	return m, nil
+}
+
+// noTools rejects tool definitions and structured-output formats: the engine
+// cannot honour them, and a client relying on either would otherwise get
+// free text it cannot parse.
+func (f fields) noTools() *Error {
+	for _, name := range []string{"tools", "functions"} {
+		if raw, ok := f.get(name); ok {
+			var list []json.RawMessage
+			if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+				return BadRequest(name+" must be an array", name)
+			}
+			if len(list) > 0 {
+				return BadRequest(name+" is not supported", name)
+			}
+		}
+	}
+	if raw, ok := f.get("response_format"); ok {
+		var rf fields
+		if raw[0] != '{' || json.Unmarshal(raw, &rf) != nil {
+			return BadRequest("response_format must be an object", "response_format")
+		}
+		if t, _ := parseString(rf["type"]); t != "text" {
+			return BadRequest(fmt.Sprintf("response_format type %q is not supported; only \"text\" is", t), "response_format.type")
+		}
+	}
+	return nil
+}

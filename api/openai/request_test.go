@@ -1,0 +1,292 @@
+package openai
+
+import (
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// badCase is a body that must be rejected with 400 naming param ("" = none).
+type badCase struct {
+	name, body, param string
+}
+
+func checkBad(t *testing.T, parse func([]byte) *Error, cases []badCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := parse([]byte(c.body))
+			if e == nil {
+				t.Fatalf("accepted %s", c.body)
+			}
+			if e.Status != http.StatusBadRequest || e.Type != TypeInvalidRequest {
+				t.Errorf("status %d type %q, want 400 invalid_request_error", e.Status, e.Type)
+			}
+			if e.Message == "" {
+				t.Error("empty message")
+			}
+			got := ""
+			if e.Param != nil {
+				got = *e.Param
+			}
+			if got != c.param {
+				t.Errorf("param %q, want %q (message %q)", got, c.param, e.Message)
+			}
+		})
+	}
+}
+
+func parseCompletionErr(b []byte) *Error {
+	r, e := ParseCompletionRequest(b)
+	if (r == nil) == (e == nil) {
+		panic("exactly one of request and error must be set")
+	}
+	return e
+}
+
+func parseChatErr(b []byte) *Error {
+	r, e := ParseChatRequest(b)
+	if (r == nil) == (e == nil) {
+		panic("exactly one of request and error must be set")
+	}
+	return e
+}
+
+// sharedBad are failures common to both endpoints; %s stands for the
+// endpoint's required input field.
+var sharedBad = []badCase{
+	{"empty body", ``, ""},
+	{"bad json", `{"model":`, ""},
+	{"trailing garbage", `{"model":"m"} x`, ""},
+	{"not object", `[1,2]`, ""},
+	{"null body", `null`, ""},
+	{"string body", `"hi"`, ""},
+	{"no model", `{%s}`, "model"},
+	{"empty model", `{"model":"",%s}`, "model"},
+	{"model wrong type", `{"model":3,%s}`, "model"},
+	{"stream wrong type", `{"model":"m",%s,"stream":"yes"}`, "stream"},
+	{"stream_options without stream", `{"model":"m",%s,"stream_options":{"include_usage":true}}`, "stream_options"},
+	{"stream_options wrong type", `{"model":"m",%s,"stream":true,"stream_options":true}`, "stream_options"},
+	{"include_usage wrong type", `{"model":"m",%s,"stream":true,"stream_options":{"include_usage":1}}`, "stream_options.include_usage"},
+	{"max_tokens zero", `{"model":"m",%s,"max_tokens":0}`, "max_tokens"},
+	{"max_tokens negative", `{"model":"m",%s,"max_tokens":-5}`, "max_tokens"},
+	{"max_tokens fractional", `{"model":"m",%s,"max_tokens":1.5}`, "max_tokens"},
+	{"max_tokens string", `{"model":"m",%s,"max_tokens":"16"}`, "max_tokens"},
+	{"max_tokens huge", `{"model":"m",%s,"max_tokens":99999999999999999999}`, "max_tokens"},
+	{"temperature negative", `{"model":"m",%s,"temperature":-0.1}`, "temperature"},
+	{"temperature too high", `{"model":"m",%s,"temperature":2.5}`, "temperature"},
+	{"temperature overflow", `{"model":"m",%s,"temperature":1e999}`, "temperature"},
+	{"temperature string", `{"model":"m",%s,"temperature":"0"}`, "temperature"},
+	{"top_p zero", `{"model":"m",%s,"top_p":0}`, "top_p"},
+	{"top_p above one", `{"model":"m",%s,"top_p":1.01}`, "top_p"},
+	{"top_k -2", `{"model":"m",%s,"top_k":-2}`, "top_k"},
+	{"top_k fractional", `{"model":"m",%s,"top_k":2.5}`, "top_k"},
+	{"min_p above one", `{"model":"m",%s,"min_p":1.5}`, "min_p"},
+	{"min_p negative", `{"model":"m",%s,"min_p":-1}`, "min_p"},
+	{"seed string", `{"model":"m",%s,"seed":"1"}`, "seed"},
+	{"seed fractional", `{"model":"m",%s,"seed":1.25}`, "seed"},
+	{"n two", `{"model":"m",%s,"n":2}`, "n"},
+	{"n zero", `{"model":"m",%s,"n":0}`, "n"},
+	{"n wrong type", `{"model":"m",%s,"n":"1"}`, "n"},
+	{"stop number", `{"model":"m",%s,"stop":5}`, "stop"},
+	{"stop empty string", `{"model":"m",%s,"stop":""}`, "stop"},
+	{"stop five", `{"model":"m",%s,"stop":["a","b","c","d","e"]}`, "stop"},
+	{"stop element number", `{"model":"m",%s,"stop":["a",1]}`, "stop[1]"},
+	{"stop element empty", `{"model":"m",%s,"stop":[""]}`, "stop[0]"},
+	{"stop_token_ids not array", `{"model":"m",%s,"stop_token_ids":2}`, "stop_token_ids"},
+	{"stop_token_ids negative", `{"model":"m",%s,"stop_token_ids":[1,-2]}`, "stop_token_ids[1]"},
+	{"stop_token_ids too big", `{"model":"m",%s,"stop_token_ids":[4294967296]}`, "stop_token_ids[0]"},
+	{"stop_token_ids string", `{"model":"m",%s,"stop_token_ids":["2"]}`, "stop_token_ids[0]"},
+	{"ignore_eos wrong type", `{"model":"m",%s,"ignore_eos":1}`, "ignore_eos"},
+	{"presence_penalty nonzero", `{"model":"m",%s,"presence_penalty":0.5}`, "presence_penalty"},
+	{"presence_penalty out of range", `{"model":"m",%s,"presence_penalty":3}`, "presence_penalty"},
+	{"frequency_penalty nonzero", `{"model":"m",%s,"frequency_penalty":-1}`, "frequency_penalty"},
+	{"frequency_penalty wrong type", `{"model":"m",%s,"frequency_penalty":"0"}`, "frequency_penalty"},
+	{"repetition_penalty", `{"model":"m",%s,"repetition_penalty":1.1}`, "repetition_penalty"},
+	{"logit_bias", `{"model":"m",%s,"logit_bias":{"50256":-100}}`, "logit_bias"},
+	{"logit_bias wrong type", `{"model":"m",%s,"logit_bias":[]}`, "logit_bias"},
+}
+
+func withField(cases []badCase, field string) []badCase {
+	out := make([]badCase, len(cases))
+	for i, c := range cases {
+		c.body = strings.ReplaceAll(c.body, "%s", field)
+		out[i] = c
+	}
+	return out
+}
+
+func TestParseCompletionRequestErrors(t *testing.T) {
+	cases := withField(sharedBad, `"prompt":"hi"`)
+	cases = append(cases, []badCase{
+		{"no prompt", `{"model":"m"}`, "prompt"},
+		{"null prompt", `{"model":"m","prompt":null}`, "prompt"},
+		{"empty prompt", `{"model":"m","prompt":""}`, "prompt"},
+		{"empty prompt array", `{"model":"m","prompt":[]}`, "prompt"},
+		{"empty prompt in array", `{"model":"m","prompt":[""]}`, "prompt"},
+		{"empty ids in array", `{"model":"m","prompt":[[]]}`, "prompt"},
+		{"two prompts", `{"model":"m","prompt":["a","b"]}`, "prompt"},
+		{"two id prompts", `{"model":"m","prompt":[[1],[2]]}`, "prompt"},
+		{"prompt number", `{"model":"m","prompt":5}`, "prompt"},
+		{"prompt object", `{"model":"m","prompt":{"text":"a"}}`, "prompt"},
+		{"mixed ids", `{"model":"m","prompt":[1,"a"]}`, "prompt[1]"},
+		{"negative id", `{"model":"m","prompt":[1,2,-3]}`, "prompt[2]"},
+		{"fractional id", `{"model":"m","prompt":[1.5]}`, "prompt[0]"},
+		{"bad nested id", `{"model":"m","prompt":[[1,true]]}`, "prompt[0][1]"},
+		{"nested string array", `{"model":"m","prompt":[["a"]]}`, "prompt[0][0]"},
+		{"logprobs too many", `{"model":"m","prompt":"a","logprobs":6}`, "logprobs"},
+		{"logprobs negative", `{"model":"m","prompt":"a","logprobs":-1}`, "logprobs"},
+		{"logprobs bool", `{"model":"m","prompt":"a","logprobs":true}`, "logprobs"},
+		{"echo", `{"model":"m","prompt":"a","echo":true}`, "echo"},
+		{"echo wrong type", `{"model":"m","prompt":"a","echo":"no"}`, "echo"},
+		{"best_of", `{"model":"m","prompt":"a","best_of":3}`, "best_of"},
+		{"suffix", `{"model":"m","prompt":"a","suffix":"end"}`, "suffix"},
+	}...)
+	checkBad(t, parseCompletionErr, cases)
+}
+
+func TestParseChatRequestErrors(t *testing.T) {
+	const msg = `"messages":[{"role":"user","content":"hi"}]`
+	cases := withField(sharedBad, msg)
+	cases = append(cases, []badCase{
+		{"no messages", `{"model":"m"}`, "messages"},
+		{"messages empty", `{"model":"m","messages":[]}`, "messages"},
+		{"messages object", `{"model":"m","messages":{"role":"user"}}`, "messages"},
+		{"message not object", `{"model":"m","messages":["hi"]}`, "messages[0]"},
+		{"no role", `{"model":"m","messages":[{"content":"hi"}]}`, "messages[0].role"},
+		{"bad role", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"robot","content":"hi"}]}`, "messages[1].role"},
+		{"role wrong type", `{"model":"m","messages":[{"role":1,"content":"hi"}]}`, "messages[0].role"},
+		{"no content", `{"model":"m","messages":[{"role":"user"}]}`, "messages[0].content"},
+		{"content number", `{"model":"m","messages":[{"role":"user","content":5}]}`, "messages[0].content"},
+		{"part not object", `{"model":"m","messages":[{"role":"user","content":["a"]}]}`, "messages[0].content[0]"},
+		{"image part", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]}`, "messages[0].content[1].type"},
+		{"part without type", `{"model":"m","messages":[{"role":"user","content":[{"text":"a"}]}]}`, "messages[0].content[0].type"},
+		{"text part without text", `{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`, "messages[0].content[0].text"},
+		{"name wrong type", `{"model":"m","messages":[{"role":"user","content":"a","name":7}]}`, "messages[0].name"},
+		{"max_completion_tokens zero", `{"model":"m",` + msg + `,"max_completion_tokens":0}`, "max_completion_tokens"},
+		{"max_completion_tokens string", `{"model":"m",` + msg + `,"max_completion_tokens":"8"}`, "max_completion_tokens"},
+		{"max_tokens zero with max_completion_tokens", `{"model":"m",` + msg + `,"max_tokens":0,"max_completion_tokens":8}`, "max_tokens"},
+		{"logprobs integer", `{"model":"m",` + msg + `,"logprobs":1}`, "logprobs"},
+		{"top_logprobs without logprobs", `{"model":"m",` + msg + `,"top_logprobs":2}`, "top_logprobs"},
+		{"top_logprobs too many", `{"model":"m",` + msg + `,"logprobs":true,"top_logprobs":21}`, "top_logprobs"},
+		{"top_logprobs wrong type", `{"model":"m",` + msg + `,"logprobs":true,"top_logprobs":true}`, "top_logprobs"},
+		{"tools", `{"model":"m",` + msg + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, "tools"},
+		{"functions", `{"model":"m",` + msg + `,"functions":[{"name":"f"}]}`, "functions"},
+		{"tools wrong type", `{"model":"m",` + msg + `,"tools":{}}`, "tools"},
+		{"response_format json", `{"model":"m",` + msg + `,"response_format":{"type":"json_object"}}`, "response_format.type"},
+		{"response_format wrong type", `{"model":"m",` + msg + `,"response_format":"json"}`, "response_format"},
+	}...)
+	checkBad(t, parseChatErr, cases)
+}
+
+func defaults() Sampling { return Sampling{Temperature: 1, TopP: 1} }
+
+func TestParseCompletionRequest(t *testing.T) {
+	seed := int64(-7)
+	for _, c := range []struct {
+		name, body string
+		want       CompletionRequest
+	}{
+		{"minimal", `{"model":"m","prompt":"Once upon a time"}`,
+			CompletionRequest{Model: "m", Prompt: "Once upon a time", Sampling: defaults()}},
+		{"one string in array", `{"model":"m","prompt":["hello"]}`,
+			CompletionRequest{Model: "m", Prompt: "hello", Sampling: defaults()}},
+		{"token ids", `{"model":"m","prompt":[1, 403, 407]}`,
+			CompletionRequest{Model: "m", PromptTokenIDs: []int32{1, 403, 407}, Sampling: defaults()}},
+		{"one id array", `{"model":"m","prompt":[[1,2147483647]]}`,
+			CompletionRequest{Model: "m", PromptTokenIDs: []int32{1, 2147483647}, Sampling: defaults()}},
+		{"everything", `{
+			"model":"stories260K","prompt":"a","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false},
+			"max_tokens":16,"temperature":0,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":-7,
+			"stop":["\n","The end"],"stop_token_ids":[2],"logprobs":3,"n":1,"best_of":1,"echo":false,
+			"presence_penalty":0,"frequency_penalty":0.0,"repetition_penalty":1,"logit_bias":{},
+			"user":"u","ignore_eos":true,"suffix":null,"some_future_field":{"x":[1]}}`,
+			CompletionRequest{Model: "stories260K", Prompt: "a", Stream: true, IncludeUsage: true, Sampling: Sampling{
+				MaxTokens: 16, Temperature: 0, TopP: 0.9, TopK: 40, MinP: 0.05, Seed: &seed,
+				Stop: []string{"\n", "The end"}, StopTokenIDs: []int32{2}, Logprobs: true, TopLogprobs: 3, IgnoreEOS: true,
+			}}},
+		{"logprobs zero still on", `{"model":"m","prompt":"a","logprobs":0}`,
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, Logprobs: true}}},
+		{"nulls are absent", `{"model":"m","prompt":"a","max_tokens":null,"temperature":null,"stop":null,"logprobs":null,"n":null,"stream":null,"stream_options":null,"seed":null}`,
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: defaults()}},
+		{"stop string", `{"model":"m","prompt":"a","stop":"\n\n"}`,
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, Stop: []string{"\n\n"}}}},
+		{"integral floats", `{"model":"m","prompt":"a","max_tokens":16.0,"top_k":1e1}`,
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, MaxTokens: 16, TopK: 10}}},
+		{"top_k -1 is off", `{"model":"m","prompt":"a","top_k":-1}`,
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: defaults()}},
+		{"stream without usage", `{"model":"m","prompt":"a","stream":true}`,
+			CompletionRequest{Model: "m", Prompt: "a", Stream: true, Sampling: defaults()}},
+		{"case-sensitive keys", `{"model":"m","prompt":"a","MAX_TOKENS":0}`,
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: defaults()}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, e := ParseCompletionRequest([]byte(c.body))
+			if e != nil {
+				t.Fatalf("rejected: %v", e)
+			}
+			if !reflect.DeepEqual(*got, c.want) {
+				t.Errorf("got  %+v\nwant %+v", *got, c.want)
+			}
+		})
+	}
+}
+
+func TestParseChatRequest(t *testing.T) {
+	for _, c := range []struct {
+		name, body string
+		want       ChatRequest
+	}{
+		{"minimal", `{"model":"m","messages":[{"role":"user","content":"Once upon a time"}]}`,
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "Once upon a time"}}, Sampling: defaults()}},
+		{"roles and parts", `{"model":"m","messages":[
+			{"role":"system","content":"be brief"},
+			{"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+			{"role":"user","content":"q","name":"ann"},
+			{"role":"assistant","content":null,"tool_calls":[]},
+			{"role":"tool","content":"r","tool_call_id":"x"}]}`,
+			ChatRequest{Model: "m", Messages: []Message{
+				{Role: "system", Content: "be brief"},
+				{Role: "developer", Content: "ab"},
+				{Role: "user", Content: "q", Name: "ann"},
+				{Role: "assistant"},
+				{Role: "tool", Content: "r"},
+			}, Sampling: defaults()}},
+		{"max_completion_tokens wins", `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":100,"max_completion_tokens":16}`,
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, MaxTokens: 16}}},
+		{"max_tokens alone", `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":100}`,
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, MaxTokens: 100}}},
+		{"logprobs", `{"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":true,"top_logprobs":20,"stream":true,"stream_options":{"include_usage":false}}`,
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Stream: true, Sampling: Sampling{Temperature: 1, TopP: 1, Logprobs: true, TopLogprobs: 20}}},
+		{"top_logprobs zero without logprobs", `{"model":"m","messages":[{"role":"user","content":"a"}],"top_logprobs":0}`,
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: defaults()}},
+		{"empty tools and text format", `{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[],"tool_choice":"none","response_format":{"type":"text"}}`,
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: defaults()}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, e := ParseChatRequest([]byte(c.body))
+			if e != nil {
+				t.Fatalf("rejected: %v", e)
+			}
+			if !reflect.DeepEqual(*got, c.want) {
+				t.Errorf("got  %+v\nwant %+v", *got, c.want)
+			}
+		})
+	}
+}
+
+func TestSamplingGreedy(t *testing.T) {
+	for _, c := range []struct {
+		s    Sampling
+		want bool
+	}{
+		{Sampling{Temperature: 0, TopP: 1}, true},
+		{Sampling{Temperature: 0.7, TopP: 1, TopK: 1}, true},
+		{Sampling{Temperature: 0.7, TopP: 1}, false},
+	} {
+		if got := c.s.Greedy(); got != c.want {
+			t.Errorf("%+v: Greedy() = %v", c.s, got)
+		}
+	}
+}
