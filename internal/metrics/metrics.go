@@ -29,6 +29,15 @@ type Set struct {
 	PromptTokens       prometheus.Counter
 	GenerationTokens   prometheus.Counter
 	ReadGateFailures   prometheus.Counter
+
+	// Prefill/decode handoff.
+	ReservationsActive prometheus.Gauge
+	ReservationsTotal  prometheus.Counter
+	HandoffFailures    *prometheus.CounterVec // reason
+	LateDropped        *prometheus.CounterVec // kind
+	TransferBytes      prometheus.Counter
+	TransferSeconds    prometheus.Histogram
+	DrainWait          prometheus.Histogram
 }
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
@@ -54,9 +63,17 @@ func New(role string) *Set {
 		PromptTokens:       prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_prompt_tokens_total", Help: "Prompt tokens prefilled.", ConstLabels: c}),
 		GenerationTokens:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_generation_tokens_total", Help: "Tokens generated.", ConstLabels: c}),
 		ReadGateFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_gate_failures_total", Help: "Batch entries refused because a page was not the request's own or not written.", ConstLabels: c}),
+		ReservationsActive: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_reservations_active", Help: "Decode reservations not yet ended.", ConstLabels: c}),
+		ReservationsTotal:  prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_reservations_total", Help: "Decode reservations made.", ConstLabels: c}),
+		HandoffFailures:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_handoff_failures_total", Help: "Prefill-to-decode handoffs that failed, by the check or step that failed.", ConstLabels: c}, []string{"reason"}),
+		LateDropped:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_late_messages_dropped_total", Help: "Writes, commits and acks for a room/epoch no longer live, dropped unread.", ConstLabels: c}, []string{"kind"}),
+		TransferBytes:      prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_transfer_bytes_total", Help: "KV bytes transferred (landed).", ConstLabels: c}),
+		TransferSeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_kv_transfer_seconds", Help: "Time from the first page write to the flush that precedes Commit.", Buckets: latencyBuckets, ConstLabels: c}),
+		DrainWait:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_drain_wait_seconds", Help: "Time aborted pages spent in quarantine waiting for their writer.", Buckets: latencyBuckets, ConstLabels: c}),
 	}
 	r.MustRegister(s.KVPagesTotal, s.KVPagesFree, s.KVPagesQuarantined, s.Requests, s.Rejected, s.Running, s.Queued,
-		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures)
+		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures,
+		s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures, s.LateDropped, s.TransferBytes, s.TransferSeconds, s.DrainWait)
 	return s
 }
 

@@ -1,0 +1,331 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/cpu"
+	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/server"
+	"github.com/batonlm/baton/internal/tokenizer"
+	"github.com/batonlm/baton/internal/tokenizer/chat"
+)
+
+type serveFlags struct {
+	role            string
+	modelPath       string
+	host            string
+	port            int
+	servedName      string
+	contextLength   int
+	pageSize        int
+	maxTotalTokens  int
+	kvCacheMemory   string
+	chunkedPrefill  int
+	maxRunning      int
+	maxQueued       int
+	apiKey          string
+	loadFormat      string
+	dummyDType      string
+	kvPoison        bool
+	strictCapacity  bool
+	threads         int
+	shutdownTimeout time.Duration
+
+	// prefill/decode
+	grpcPort       int
+	transferPort   int
+	transport      string
+	handoffTimeout time.Duration
+
+	// router
+	prefillURLs []string
+	decodeURLs  []string
+	policy      string
+}
+
+func serveCmd() *cobra.Command {
+	f := &serveFlags{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a server role (standalone, prefill, decode or router)",
+		Long: `Run a server role. Every flag can also be set by an environment variable
+BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			switch f.role {
+			case "standalone":
+				return runStandalone(cmd.Context(), f, cmd.ErrOrStderr())
+			case "prefill", "decode":
+				return runWorker(cmd.Context(), f, cmd.ErrOrStderr())
+			case "router":
+				return runRouter(cmd.Context(), f, cmd.ErrOrStderr())
+			}
+			return fmt.Errorf("unknown role %q (standalone, prefill, decode, router)", f.role)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.role, "role", "standalone", "standalone | prefill | decode | router")
+	fs.StringVar(&f.modelPath, "model", "", "GGUF file (or config.json with --load-format dummy); empty: the bundled stories260K")
+	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&f.port, "port", 8000, "port to listen on (0: any free port)")
+	fs.StringVar(&f.servedName, "served-model-name", "", "model name clients use (default: the model file's base name)")
+	fs.IntVar(&f.contextLength, "context-length", 0, "maximum sequence length (default: the model's)")
+	fs.IntVar(&f.pageSize, "page-size", 16, "tokens per KV page")
+	fs.IntVar(&f.maxTotalTokens, "max-total-tokens", 0, "KV pool size in tokens (default: derived from --kv-cache-memory)")
+	fs.StringVar(&f.kvCacheMemory, "kv-cache-memory", "1GiB", "memory budget for the KV pool when --max-total-tokens is not set")
+	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
+	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
+	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 503")
+	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every API request")
+	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | dummy (random weights with the model's shape)")
+	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
+	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
+	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
+	fs.IntVar(&f.threads, "threads", 0, "CPU threads for kernels (default: all cores)")
+	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running requests may finish after SIGTERM")
+	fs.IntVar(&f.grpcPort, "grpc-port", 0, "prefill/decode: gRPC control-plane port (0: any free port)")
+	fs.IntVar(&f.transferPort, "transfer-port", 0, "decode: KV transport receiver port (0: any free port)")
+	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp)")
+	fs.DurationVar(&f.handoffTimeout, "handoff-timeout", 60*time.Second, "decode: abort a reservation whose commit has not come by then")
+	fs.StringSliceVar(&f.prefillURLs, "prefill", nil, "router: prefill worker URLs (repeatable or comma separated)")
+	fs.StringSliceVar(&f.decodeURLs, "decode", nil, "router: decode worker URLs (repeatable or comma separated)")
+	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load")
+	return cmd
+}
+
+// parseBytes reads sizes like 512MiB, 2GiB, 1GB or a plain byte count.
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		m      int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.m
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("bad size %q (examples: 512MiB, 2GiB)", s)
+	}
+	return int64(v * float64(mult)), nil
+}
+
+func parseDType(s string) (kernels.DType, error) {
+	switch strings.ToLower(s) {
+	case "f32":
+		return kernels.F32, nil
+	case "f16":
+		return kernels.F16, nil
+	case "q8_0":
+		return kernels.Q8_0, nil
+	case "bf16":
+		return kernels.BF16, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %q (f32, f16, bf16, q8_0)", s)
+}
+
+// poolPlan sizes the KV pool and the effective context length.
+type poolPlan struct {
+	pages, pageSize       int
+	modelContext, context int
+	lowered               bool
+}
+
+func planPool(f *serveFlags, c *model.Config) (poolPlan, error) {
+	p := poolPlan{pageSize: f.pageSize, modelContext: c.ContextLength}
+	if f.pageSize <= 0 {
+		return p, fmt.Errorf("--page-size must be positive")
+	}
+	if f.contextLength > 0 {
+		p.modelContext = f.contextLength
+	}
+	tokens := f.maxTotalTokens
+	if tokens <= 0 {
+		budget, err := parseBytes(f.kvCacheMemory)
+		if err != nil {
+			return p, fmt.Errorf("--kv-cache-memory: %w", err)
+		}
+		tokens = int(budget / int64(c.KVBytesPerToken()))
+		// A pool larger than every running request at full context is memory
+		// nobody can use.
+		tokens = min(tokens, p.modelContext*max(1, f.maxRunning))
+	}
+	p.pages = tokens / f.pageSize
+	if p.pages < 1 {
+		return p, fmt.Errorf("KV pool of %d tokens holds not even one page of %d", tokens, f.pageSize)
+	}
+	p.context = p.modelContext
+	if capTokens := p.pages * f.pageSize; capTokens < p.context {
+		if f.strictCapacity {
+			return p, fmt.Errorf("context length %d exceeds the KV pool's %d tokens (--strict-capacity)", p.context, capTokens)
+		}
+		p.context, p.lowered = capTokens, true
+	}
+	return p, nil
+}
+
+// loadedEngine is what every model-holding role starts from: weights,
+// tokenizer, a sized KV pool and the start-up summary already logged.
+type loadedEngine struct {
+	loaded *model.Loaded
+	tok    *tokenizer.Tokenizer
+	plan   poolPlan
+	pool   *kvpool.Pool
+	name   string
+	log    *slog.Logger
+}
+
+func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
+	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})).With("role", f.role)
+	dt, err := parseDType(f.dummyDType)
+	if err != nil {
+		return nil, err
+	}
+	be := cpu.New(f.threads)
+	var progress func(done, total int)
+	if fd, ok := logw.(*os.File); ok && term.IsTerminal(int(fd.Fd())) {
+		var bar *progressbar.ProgressBar
+		progress = func(done, total int) {
+			if bar == nil {
+				bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(logw), progressbar.OptionSetDescription("loading weights"), progressbar.OptionClearOnFinish())
+			}
+			_ = bar.Set(done)
+		}
+	}
+	loaded, err := model.Load(model.LoadOptions{Path: f.modelPath, Format: f.loadFormat, DummyDType: dt, Progress: progress}, be)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := tokenizer.FromGGUF(loaded.GGUF)
+	if err != nil {
+		loaded.Model.Close()
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	c := &loaded.Model.Config
+	plan, err := planPool(f, c)
+	if err != nil {
+		loaded.Model.Close()
+		return nil, err
+	}
+	pool, err := kvpool.New(kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: f.kvPoison})
+	if err != nil {
+		loaded.Model.Close()
+		return nil, err
+	}
+	name := f.servedName
+	if name == "" {
+		name = loaded.Name
+	}
+	log.Info("model", "name", name, "arch", c.Arch, "params", loaded.Model.Weights.Params(), "weights", loaded.Model.Weights.DType().String(),
+		"layers", c.Layers, "heads", c.Heads, "kv_heads", c.KVHeads, "vocab", c.Vocab, "backend", be.Features())
+	log.Info("kv pool", "pages", plan.pages, "page_size", plan.pageSize, "capacity_tokens", plan.pages*plan.pageSize,
+		"bytes", int64(plan.pages)*int64(pool.PageBytes()), "context_length", plan.modelContext, "poison", f.kvPoison)
+	if plan.lowered {
+		log.Warn("context length exceeds the KV pool; lowering the effective maximum to the pool",
+			"context_length", plan.modelContext, "pool_tokens", plan.pages*plan.pageSize, "effective_max", plan.context)
+	}
+	return &loadedEngine{loaded: loaded, tok: tok, plan: plan, pool: pool, name: name, log: log}, nil
+}
+
+func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set) *scheduler.Engine {
+	return scheduler.NewEngine(le.loaded.Model, le.pool, scheduler.Config{
+		Role: role, ContextLength: le.plan.context, MaxRunning: f.maxRunning, ChunkSize: f.chunkedPrefill, MaxQueue: f.maxQueued, IsEOG: le.tok.IsEOG,
+	}, ms)
+}
+
+func chatTemplate(tok *tokenizer.Tokenizer, log *slog.Logger) *chat.Template {
+	if src := tok.ChatTemplate(); src != "" {
+		t, err := chat.New(src, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		if err == nil {
+			return t
+		}
+		log.Warn("the model's chat template does not parse; using the plain fallback", "err", err)
+	}
+	return chat.Plain()
+}
+
+func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
+	le, err := loadEngine(f, logw)
+	if err != nil {
+		return err
+	}
+	defer le.loaded.Model.Close()
+	ms := metrics.New("standalone")
+	eng := le.engine(f, scheduler.RoleStandalone, ms)
+	srv := server.New(server.Options{
+		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: chatTemplate(le.tok, le.log), Generator: server.EngineGenerator{Engine: eng},
+		Metrics: ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
+			"kv_pool_tokens": le.plan.pages * le.plan.pageSize, "kv_pool_pages": le.plan.pages, "page_size": le.plan.pageSize, "model": le.name},
+		LiveInfo: func() map[string]any {
+			st := le.pool.Stats()
+			return map[string]any{"kv_pages_free": st.Free, "kv_pages_quarantined": st.Quarantined}
+		},
+	})
+	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
+	if err != nil {
+		return err
+	}
+	engCtx, engStop := context.WithCancel(context.Background())
+	engDone := make(chan struct{})
+	go func() { eng.Run(engCtx); close(engDone) }()
+	defer func() { engStop(); <-engDone }()
+	return serveHTTP(ctx, f, logw, le.log, ln, srv, srv.SetReady)
+}
+
+// serveHTTP serves h on ln until SIGINT/SIGTERM, then stops taking requests
+// and lets running ones finish within --shutdown-timeout.
+func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Logger, ln net.Listener, h http.Handler, setReady func(bool)) error {
+	ctx, stop := signal.NotifyContext(ctxOrBackground(ctx), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	setReady(true)
+	fmt.Fprintf(logw, "baton: listening on http://%s\n", ln.Addr())
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: finishing running requests", "timeout", f.shutdownTimeout)
+	setReady(false)
+	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+func ctxOrBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
+}

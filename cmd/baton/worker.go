@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/roles"
+	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/transfer/tcp"
+)
+
+// runWorker runs a prefill or decode worker: HTTP for health, metrics and
+// info; gRPC for the control plane; and, on decode, the transport receiver.
+func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
+	if f.transport != "tcp" {
+		return fmt.Errorf("--transport %q is not available in this build (tcp is)", f.transport)
+	}
+	le, err := loadEngine(f, logw)
+	if err != nil {
+		return err
+	}
+	defer le.loaded.Model.Close()
+	c := &le.loaded.Model.Config
+	layout := roles.Layout(roles.ModelID(le.name, c), c, le.plan.pageSize)
+	ms := metrics.New(f.role)
+
+	gln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.grpcPort)))
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer()
+	var worker roles.Worker
+	var eng *scheduler.Engine
+	switch f.role {
+	case "prefill":
+		eng = le.engine(f, scheduler.RolePrefill, ms)
+		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: tcp.NewSender(),
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Log: le.log})
+		p.SetAddr(gln.Addr().String())
+		defer p.Close()
+		pdv1.RegisterPrefillServer(gs, p)
+		worker = p
+	case "decode":
+		eng = le.engine(f, scheduler.RoleDecode, ms)
+		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Log: le.log})
+		recv, err := tcp.Listen(net.JoinHostPort(f.host, strconv.Itoa(f.transferPort)), d)
+		if err != nil {
+			return err
+		}
+		defer recv.Close()
+		d.SetReceiver(recv, gln.Addr().String())
+		defer d.Close()
+		pdv1.RegisterDecodeServer(gs, d)
+		worker = d
+		fmt.Fprintf(logw, "baton: transfer on %s\n", recv.Addr())
+	}
+	go func() { _ = gs.Serve(gln) }()
+	defer gs.Stop()
+	fmt.Fprintf(logw, "baton: grpc on %s\n", gln.Addr())
+
+	engCtx, engStop := context.WithCancel(context.Background())
+	engDone := make(chan struct{})
+	go func() { eng.Run(engCtx); close(engDone) }()
+	defer func() { engStop(); <-engDone }()
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
+	if err != nil {
+		return err
+	}
+	var ready atomic.Bool
+	return serveHTTP(ctx, f, logw, le.log, ln, roles.HTTPHandler(worker, &ready, ms), ready.Store)
+}

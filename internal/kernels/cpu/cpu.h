@@ -1,0 +1,77 @@
+// C kernels of the cpu backend. Every entry point takes `simd`: nonzero
+// selects the AVX2+FMA+F16C implementation (only honoured when the CPU has
+// those features), zero the portable scalar one. No function keeps a pointer
+// it was given after it returns.
+#ifndef BATON_CPU_H
+#define BATON_CPU_H
+
+#include <stdint.h>
+
+// Weight dtypes; the numbering matches kernels.DType.
+enum { BK_F32 = 0, BK_F16 = 1, BK_Q8_0 = 2, BK_BF16 = 3 };
+
+// bk_init builds lookup tables; call once before anything else. It returns
+// 1 when the CPU supports the SIMD path (AVX2, FMA and F16C).
+int bk_init(void);
+
+// OpenBLAS: thread count and a description of the build.
+void bk_blas_set_threads(int n);
+const char *bk_blas_config(void);
+const char *bk_blas_corename(void);
+
+// bk_sgemm computes out[i*rows + r] = x[i,:]·w[r,:] for i < n and
+// r0 <= r < r1 with OpenBLAS (w is rows x cols float32, row-major).
+void bk_sgemm(float *out, const float *x, int64_t n, const float *w,
+              int64_t rows, int64_t cols, int64_t r0, int64_t r1);
+
+// bk_matmul is the same product with the backend's own kernels, for any
+// dtype (w is raw row data, dtype.RowBytes(cols) bytes a row).
+void bk_matmul(int simd, float *out, const float *x, int64_t n,
+               const uint8_t *w, int dtype, int64_t rows, int64_t cols,
+               int64_t r0, int64_t r1);
+
+// bk_dequant_rows dequantises rows ids[0..nids) of w into dst (cols each).
+void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype,
+                     int64_t cols, const int32_t *ids, int64_t nids);
+
+// bk_rmsnorm normalises rows [i0, i1) of x (d each).
+void bk_rmsnorm(int simd, float *out, const float *x, const float *w,
+                int64_t d, float eps, int64_t i0, int64_t i1);
+
+// bk_rope rotates tokens [t0, t1) of x (heads*hd each) in place. freq has
+// dim/2 entries (already divided by the factors); angle = pos*scale*freq.
+void bk_rope(int simd, float *x, const int32_t *pos, int64_t heads,
+             int64_t hd, int64_t dim, int neox, double scale,
+             const double *freq, int64_t t0, int64_t t1);
+
+void bk_swiglu(int simd, float *out, const float *gate, const float *up,
+               int64_t n);
+void bk_add(int simd, float *out, const float *a, const float *b, int64_t n);
+
+// Attention geometry shared by every work item of one call.
+typedef struct {
+  int64_t page_floats; // floats per page
+  int64_t page_size;   // slots per page
+  int64_t row_floats;  // kv_heads*head_dim
+  int64_t layer;
+  int64_t head_dim;
+  int64_t heads; // query heads
+  float scale;
+} bk_attn_geom;
+
+// Fields of one sequence in the seqs array (BK_SEQ_FIELDS int64 each).
+enum { BK_SEQ_PAGEOFF, BK_SEQ_QSTART, BK_SEQ_QLEN, BK_SEQ_KVLEN, BK_SEQ_FIELDS };
+// Fields of one work item (BK_ITEM_FIELDS int32 each): sequence index, KV
+// head, first query row (relative to the sequence), query rows, first query
+// head, query heads. All query heads of an item share the KV head.
+enum { BK_IT_SEQ, BK_IT_KVH, BK_IT_ROW0, BK_IT_NROWS, BK_IT_H0, BK_IT_NH, BK_ITEM_FIELDS };
+// Most (row, head) pairs in one item.
+#define BK_ATTN_MAX_MEMBERS 16
+
+// bk_attention runs items [it0, it1). Returns 0, or -1 if out of memory.
+int bk_attention(int simd, float *out, const float *q, const float *kv,
+                 const int32_t *pages, const int64_t *seqs,
+                 const int32_t *items, int64_t it0, int64_t it1,
+                 const bk_attn_geom *g);
+
+#endif

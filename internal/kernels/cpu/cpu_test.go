@@ -1,0 +1,585 @@
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/ref"
+)
+
+// Tolerances against the reference (which accumulates in float64). Each is
+// a bound on |got - want| for one output element, stated relative to the
+// natural magnitude of that element:
+const (
+	// MatMul: relative to Σ|w·x| over the dot product (float32
+	// accumulation in 8+ independent lanes; measured worst ~1e-7).
+	tolMatMul = 2e-6
+	// RMSNorm: relative to |want| (the same double arithmetic; 1 ulp).
+	tolRMSNorm = 2.5e-7
+	// RoPE: relative to the largest |x| of the rotated pair (double math
+	// as the reference; only sin/cos implementations differ).
+	tolRoPE = 2.5e-7
+	// SwiGLU: relative to |want|, plus 1e-30·|up| absolute (the SIMD path
+	// uses a float32 exp of about 1 ulp).
+	tolSwiGLU = 1e-6
+	// Attention: relative to the largest |v| of the head (the output is a
+	// convex combination of V rows; scores and exp are float32).
+	tolAttn = 5e-6
+)
+
+type variant struct {
+	name string
+	b    *Backend
+}
+
+// variants covers the SIMD and scalar paths, single-threaded and split
+// across 3 threads at any size, and the BLAS / own-kernel choice for f32.
+func variants(t testing.TB) []variant {
+	initCPU()
+	mk := func(simd bool, threads, blasMinN, minWork int) *Backend {
+		b := New(threads)
+		b.simd = simd
+		b.blasMinN = blasMinN
+		b.minWork = minWork
+		return b
+	}
+	var v []variant
+	if cpuHasSIMD {
+		v = append(v,
+			variant{"simd/1t/default", mk(true, 1, defaultBLASMinN, defaultMinWork)},
+			variant{"simd/3t/own", mk(true, 3, 0, 1)},
+			variant{"simd/2t/blas>=1", mk(true, 2, 1, 1)},
+		)
+	} else {
+		t.Log("no avx2+fma+f16c (CPU, or built with -DBK_NO_SIMD): only the scalar path is tested")
+	}
+	v = append(v,
+		variant{"scalar/1t/own", mk(false, 1, 0, defaultMinWork)},
+		variant{"scalar/3t/own", mk(false, 3, 0, 1)},
+	)
+	return v
+}
+
+func randMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) *kernels.Matrix {
+	m := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
+	d := m.Data
+	switch dt {
+	case kernels.F32:
+		for i := 0; i < rows*cols; i++ {
+			binary.LittleEndian.PutUint32(d[4*i:], math.Float32bits(float32(rng.NormFloat64())))
+		}
+	case kernels.F16:
+		for i := 0; i < rows*cols; i++ {
+			binary.LittleEndian.PutUint16(d[2*i:], kernels.F32ToF16(float32(rng.NormFloat64())))
+		}
+	case kernels.BF16:
+		for i := 0; i < rows*cols; i++ {
+			binary.LittleEndian.PutUint16(d[2*i:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
+		}
+	case kernels.Q8_0:
+		for b := 0; b < rows*cols/32; b++ {
+			blk := d[34*b:]
+			binary.LittleEndian.PutUint16(blk, kernels.F32ToF16(float32(0.001+0.05*rng.Float64())))
+			for j := 0; j < 32; j++ {
+				blk[2+j] = byte(int8(rng.IntN(255) - 127))
+			}
+		}
+	}
+	return m
+}
+
+func randVec(rng *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * scale)
+	}
+	return v
+}
+
+// checker collects the worst error relative to the tolerance and reports
+// the first few elements that exceed it.
+type checker struct {
+	t     testing.TB
+	what  string
+	tol   float64
+	worst float64
+	fails int
+}
+
+// check compares one element: |got-want| <= tol*mag + abs.
+func (c *checker) check(i int, got, want float32, mag, abs float64) {
+	d := math.Abs(float64(got) - float64(want))
+	if math.IsNaN(float64(got)) != math.IsNaN(float64(want)) || d > c.tol*mag+abs {
+		c.fails++
+		if c.fails <= 5 {
+			c.t.Errorf("%s: element %d: got %g, want %g (diff %g, allowed %g)", c.what, i, got, want, d, c.tol*mag+abs)
+		}
+	}
+	if mag > 0 && d/mag > c.worst {
+		c.worst = d / mag
+	}
+}
+
+// TestCheckerCatchesErrors shows the comparisons can fail: an error just
+// above the tolerance is reported, one just below is not.
+func TestCheckerCatchesErrors(t *testing.T) {
+	ft := &testing.T{}
+	c := &checker{t: ft, what: "probe", tol: 1e-6}
+	c.check(0, 1+1.5e-6, 1, 1, 0)
+	c.check(1, float32(math.NaN()), 1, 1, 0)
+	if c.fails != 2 {
+		t.Fatalf("checker missed %d of 2 errors", 2-c.fails)
+	}
+	c = &checker{t: ft, what: "probe", tol: 1e-6}
+	c.check(0, 1+5e-7, 1, 1, 0)
+	if c.fails != 0 {
+		t.Fatal("checker flagged an error within tolerance")
+	}
+	// And a real kernel output with one element nudged is caught.
+	rng := rand.New(rand.NewPCG(9, 9))
+	w := randMatrix(rng, kernels.F16, 8, 64)
+	x := randVec(rng, 64, 1)
+	want, got := make([]float32, 8), make([]float32, 8)
+	ref.New().MatMul(want, x, 1, w)
+	New(1).MatMul(got, x, 1, w)
+	got[3] += float32(math.Abs(float64(got[3]))*1e-4) + 1e-3
+	c = &checker{t: ft, what: "probe", tol: tolMatMul}
+	for i := range got {
+		c.check(i, got[i], want[i], matMag(w, x, 0, i), 0)
+	}
+	if c.fails != 1 {
+		t.Fatalf("nudged MatMul output: %d failures, want 1", c.fails)
+	}
+}
+
+// matMag is Σ|w[r,c]·x[i,c]|.
+func matMag(w *kernels.Matrix, x []float32, i, r int) float64 {
+	row := make([]float32, w.Cols)
+	w.Row(r, row)
+	var s float64
+	for c, v := range row {
+		s += math.Abs(float64(v) * float64(x[i*w.Cols+c]))
+	}
+	return s
+}
+
+func TestMatMul(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	vs := variants(t)
+	rb := ref.New()
+	dtypes := []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}
+	colsList := []int{32, 64, 96, 4096, 33, 100, 1056, 1030}
+	rowsList := []int{1, 2, 3, 4, 5, 7, 8, 13, 17}
+	nList := []int{1, 2, 3, 4, 5, 8, 16, 17, 33}
+	if testing.Short() {
+		colsList, nList = []int{32, 96, 33}, []int{1, 3, 16}
+	}
+	worst := map[string]float64{}
+	for _, dt := range dtypes {
+		for _, cols := range colsList {
+			if dt == kernels.Q8_0 && cols%32 != 0 {
+				continue
+			}
+			for _, rows := range rowsList {
+				w := randMatrix(rng, dt, rows, cols)
+				for _, n := range nList {
+					if cols > 1000 && n*rows > 64 {
+						continue // keep the float64 reference quick
+					}
+					x := randVec(rng, n*cols, 1)
+					want := make([]float32, n*rows)
+					rb.MatMul(want, x, n, w)
+					mag := make([]float64, n*rows)
+					for i := 0; i < n; i++ {
+						for r := 0; r < rows; r++ {
+							mag[i*rows+r] = matMag(w, x, i, r)
+						}
+					}
+					for _, v := range vs {
+						got := make([]float32, n*rows+3)
+						for i := range got {
+							got[i] = 12345
+						}
+						v.b.MatMul(got, x, n, w)
+						c := &checker{t: t, what: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), tol: tolMatMul}
+						for i := range want {
+							c.check(i, got[i], want[i], mag[i], 1e-30)
+						}
+						for i := n * rows; i < len(got); i++ {
+							if got[i] != 12345 {
+								t.Fatalf("%s: wrote past the output", c.what)
+							}
+						}
+						worst[v.name+" "+dt.String()] = max(worst[v.name+" "+dt.String()], c.worst)
+					}
+				}
+			}
+		}
+	}
+	// Bigger shapes, so every thread gets several row panels.
+	for _, dt := range dtypes {
+		w := randMatrix(rng, dt, 301, 256)
+		for _, n := range []int{1, 6} {
+			x := randVec(rng, n*256, 1)
+			want := make([]float32, n*301)
+			rb.MatMul(want, x, n, w)
+			for _, v := range vs {
+				got := make([]float32, n*301)
+				v.b.MatMul(got, x, n, w)
+				c := &checker{t: t, what: fmt.Sprintf("MatMul %s 301x256 n=%d [%s]", dt, n, v.name), tol: tolMatMul}
+				for i := range want {
+					c.check(i, got[i], want[i], matMag(w, x, i/301, i%301), 1e-30)
+				}
+			}
+		}
+	}
+	for k, v := range worst {
+		t.Logf("worst |err|/Σ|w·x|  %-28s %.2g", k, v)
+	}
+}
+
+// TestMatMulUnaligned passes f32 weights whose data is not 4-byte aligned
+// (BLAS is skipped then) and rows that are not 32-byte aligned.
+func TestMatMulUnaligned(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.Q8_0} {
+		w := randMatrix(rng, dt, 9, 64)
+		buf := make([]byte, len(w.Data)+1)
+		copy(buf[1:], w.Data)
+		wu := &kernels.Matrix{DType: dt, Rows: 9, Cols: 64, Data: buf[1:]}
+		x := randVec(rng, 5*64, 1)
+		want := make([]float32, 5*9)
+		ref.New().MatMul(want, x, 5, w)
+		for _, v := range variants(t) {
+			got := make([]float32, 5*9)
+			v.b.MatMul(got, x, 5, wu)
+			c := &checker{t: t, what: fmt.Sprintf("unaligned MatMul %s [%s]", dt, v.name), tol: tolMatMul}
+			for i := range want {
+				c.check(i, got[i], want[i], matMag(w, x, i/9, i%9), 1e-30)
+			}
+		}
+	}
+}
+
+func TestRMSNorm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, d := range []int{1, 7, 8, 33, 64, 96, 4096} {
+		for _, n := range []int{1, 2, 5, 17} {
+			x := randVec(rng, n*d, 3)
+			w := randVec(rng, d, 1)
+			want := make([]float32, n*d)
+			ref.New().RMSNorm(want, x, w, n, 1e-5)
+			for _, v := range variants(t) {
+				got := make([]float32, n*d)
+				v.b.RMSNorm(got, x, w, n, 1e-5)
+				c := &checker{t: t, what: fmt.Sprintf("RMSNorm d=%d n=%d [%s]", d, n, v.name), tol: tolRMSNorm}
+				for i := range want {
+					c.check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-37)
+				}
+			}
+		}
+	}
+}
+
+func TestRoPE(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	type tc struct {
+		heads, hd int
+		r         kernels.RoPE
+	}
+	factors := func(n int) []float32 {
+		f := make([]float32, n)
+		for i := range f {
+			f[i] = float32(1 + 7*rng.Float64())
+		}
+		return f
+	}
+	cases := []tc{
+		{4, 64, kernels.RoPE{Dim: 64, Theta: 10000}},
+		{4, 64, kernels.RoPE{Dim: 64, Theta: 10000, NeoX: true}},
+		{3, 128, kernels.RoPE{Dim: 128, Theta: 500000, NeoX: true, Factors: factors(64)}},
+		{3, 128, kernels.RoPE{Dim: 128, Theta: 500000, Factors: factors(64)}},
+		{2, 80, kernels.RoPE{Dim: 32, Theta: 10000, PosScale: 0.25}},
+		{2, 80, kernels.RoPE{Dim: 32, Theta: 10000, PosScale: 0.25, NeoX: true}},
+		{5, 8, kernels.RoPE{Dim: 6, Theta: 1e6, NeoX: true}},
+		{1, 10, kernels.RoPE{Dim: 2, Theta: 10000}},
+	}
+	for ci, c := range cases {
+		for _, ntok := range []int{1, 3, 17} {
+			pos := make([]int32, ntok)
+			for i := range pos {
+				pos[i] = int32(rng.IntN(1 << uint(rng.IntN(18))))
+			}
+			x := randVec(rng, ntok*c.heads*c.hd, 2)
+			want := append([]float32(nil), x...)
+			ref.New().ApplyRoPE(want, pos, c.heads, c.hd, c.r)
+			for _, v := range variants(t) {
+				got := append([]float32(nil), x...)
+				v.b.ApplyRoPE(got, pos, c.heads, c.hd, c.r)
+				ck := &checker{t: t, what: fmt.Sprintf("RoPE case %d ntok=%d [%s]", ci, ntok, v.name), tol: tolRoPE}
+				for i := range want {
+					// Magnitude: the larger element of the head (covers
+					// both members of any pair).
+					h := i / c.hd
+					var m float64
+					for _, e := range x[h*c.hd : (h+1)*c.hd] {
+						m = max(m, math.Abs(float64(e)))
+					}
+					ck.check(i, got[i], want[i], m, 1e-37)
+				}
+			}
+		}
+	}
+}
+
+func TestSwiGLUAdd(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, n := range []int{1, 7, 8, 9, 100, 4099, 70000} {
+		g := randVec(rng, n, 4)
+		u := randVec(rng, n, 1)
+		extremes := []float32{0, -0, 100, -100, 1000, -1000, 88, -88, 1e-20, -1e-20, 30, -30}
+		for i := 0; i < len(extremes) && i < n; i++ {
+			g[rng.IntN(n)] = extremes[i]
+		}
+		want := make([]float32, n)
+		ref.New().SwiGLU(want, g, u)
+		wantAdd := make([]float32, n)
+		ref.New().Add(wantAdd, g, u)
+		for _, v := range variants(t) {
+			got := make([]float32, n)
+			v.b.SwiGLU(got, g, u)
+			c := &checker{t: t, what: fmt.Sprintf("SwiGLU n=%d [%s]", n, v.name), tol: tolSwiGLU}
+			for i := range want {
+				c.check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-30*math.Abs(float64(u[i])))
+			}
+			v.b.Add(got, g, u)
+			for i := range wantAdd {
+				if got[i] != wantAdd[i] {
+					t.Fatalf("Add n=%d [%s]: element %d: got %g want %g", n, v.name, i, got[i], wantAdd[i])
+				}
+			}
+		}
+	}
+}
+
+func sameBits(a, b float32) bool {
+	if math.IsNaN(float64(a)) {
+		return math.IsNaN(float64(b))
+	}
+	return math.Float32bits(a) == math.Float32bits(b)
+}
+
+func TestEmbed(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0} {
+		for _, cols := range []int{32, 96, 4096, 33} {
+			if dt == kernels.Q8_0 && cols%32 != 0 {
+				continue
+			}
+			w := randMatrix(rng, dt, 50, cols)
+			ids := []int32{0, 49, 7, 7, 3, 22, 48}
+			want := make([]float32, len(ids)*cols)
+			ref.New().Embed(want, w, ids)
+			for _, v := range variants(t) {
+				got := make([]float32, len(ids)*cols)
+				v.b.Embed(got, w, ids)
+				for i := range want {
+					if !sameBits(got[i], want[i]) {
+						t.Fatalf("Embed %s cols=%d [%s]: element %d: got %g want %g", dt, cols, v.name, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+	// Every f16 bit pattern (subnormals, infinities, NaNs) converts as
+	// kernels.F16ToF32 does, in both paths.
+	all := &kernels.Matrix{DType: kernels.F16, Rows: 1, Cols: 65536, Data: make([]byte, 2*65536)}
+	for i := 0; i < 65536; i++ {
+		binary.LittleEndian.PutUint16(all.Data[2*i:], uint16(i))
+	}
+	for _, v := range variants(t) {
+		got := make([]float32, 65536)
+		v.b.Embed(got, all, []int32{0})
+		for i := range got {
+			if want := kernels.F16ToF32(uint16(i)); !sameBits(got[i], want) {
+				t.Fatalf("f16 %#04x [%s]: got %g (%#x), want %g (%#x)", i, v.name, got[i], math.Float32bits(got[i]), want, math.Float32bits(want))
+			}
+		}
+	}
+}
+
+func TestEmbedBadID(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Embed with an out-of-range id did not panic")
+		}
+	}()
+	w := randMatrix(rand.New(rand.NewPCG(1, 1)), kernels.F32, 4, 32)
+	New(1).Embed(make([]float32, 32), w, []int32{4})
+}
+
+// attnCase builds a pool and sequences: pages of each sequence are drawn
+// at random from the pool, so neighbours in position are not neighbours in
+// memory, and everything not written stays random garbage.
+type attnCase struct {
+	kv    kernels.PagedKV
+	seqs  []kernels.AttnSeq
+	q     []float32
+	heads int
+	rows  int
+}
+
+func newAttnCase(rng *rand.Rand, heads, kvHeads, hd, ps int, shapes [][2]int) attnCase {
+	totalPages := 0
+	for _, s := range shapes {
+		totalPages += (s[1] + ps - 1) / ps
+	}
+	totalPages += 3
+	kv := kernels.PagedKV{PageSize: ps, Layers: 2, KVHeads: kvHeads, HeadDim: hd}
+	kv.Data = randVec(rng, totalPages*kv.PageFloats(), 1)
+	perm := rng.Perm(totalPages)
+	c := attnCase{kv: kv, heads: heads}
+	// Query rows of the sequences are laid out in reverse order, so QStart
+	// is not monotone.
+	for i := len(shapes) - 1; i >= 0; i-- {
+		c.rows += shapes[i][0]
+	}
+	row := c.rows
+	for _, s := range shapes {
+		qlen, kvlen := s[0], s[1]
+		np := (kvlen + ps - 1) / ps
+		pages := make([]int32, np)
+		for j := range pages {
+			pages[j] = int32(perm[0])
+			perm = perm[1:]
+		}
+		row -= qlen
+		c.seqs = append(c.seqs, kernels.AttnSeq{Pages: pages, QStart: row, QLen: qlen, KVLen: kvlen})
+	}
+	c.q = randVec(rng, c.rows*heads*hd, 1)
+	return c
+}
+
+func TestAttention(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	vs := variants(t)
+	// (QLen, KVLen): decode steps, whole prefills, and prefill chunks whose
+	// earlier positions are in earlier pages.
+	// A QLen 0 sequence contributes nothing.
+	shapes := [][2]int{{1, 1}, {1, 17}, {1, 150}, {23, 23}, {5, 70}, {0, 5}, {17, 64}, {2, 3}}
+	type geo struct{ heads, kvh int }
+	// GQA groups of 1, 2, 4, 8, and 32 (more than one work item's worth).
+	geos := []geo{{8, 8}, {8, 4}, {8, 2}, {8, 1}, {32, 1}}
+	worst := map[string]float64{}
+	for _, hd := range []int{8, 64, 128, 12} {
+		for _, gq := range geos {
+			kvh := gq.kvh
+			for _, ps := range []int{1, 16, 64} {
+				if testing.Short() && (ps == 16 || kvh == 4) || gq.heads == 32 && (ps != 16 || hd != 64) {
+					continue
+				}
+				c := newAttnCase(rng, gq.heads, kvh, hd, ps, shapes)
+				scale := float32(1 / math.Sqrt(float64(hd)))
+				if hd == 8 {
+					scale = 3 // sharper softmax
+				}
+				want := make([]float32, len(c.q))
+				ref.New().Attention(want, c.q, c.kv, 1, c.seqs, c.heads, scale)
+				for _, v := range vs {
+					got := make([]float32, len(c.q))
+					v.b.Attention(got, c.q, c.kv, 1, c.seqs, c.heads, scale)
+					ck := &checker{t: t, what: fmt.Sprintf("Attention hd=%d heads=%d/%d ps=%d [%s]", hd, gq.heads, kvh, ps, v.name), tol: tolAttn}
+					// |V| is ~N(0,1); 5 is above any sample here.
+					for i := range want {
+						ck.check(i, got[i], want[i], 5, 0)
+					}
+					worst[v.name] = max(worst[v.name], ck.worst)
+				}
+			}
+		}
+	}
+	for k, v := range worst {
+		t.Logf("worst |err|/5 %-20s %.2g", k, v)
+	}
+}
+
+func TestStoreKV(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	kv := kernels.PagedKV{PageSize: 16, Layers: 3, KVHeads: 2, HeadDim: 8}
+	kv.Data = randVec(rng, 5*kv.PageFloats(), 1)
+	want := kv
+	want.Data = append([]float32(nil), kv.Data...)
+	slots := []int32{0, 17, 79, 40, 41}
+	k := randVec(rng, len(slots)*kv.RowFloats(), 1)
+	v := randVec(rng, len(slots)*kv.RowFloats(), 1)
+	ref.New().StoreKV(want, 2, slots, k, v)
+	New(1).StoreKV(kv, 2, slots, k, v)
+	for i := range want.Data {
+		if kv.Data[i] != want.Data[i] {
+			t.Fatalf("StoreKV: element %d differs", i)
+		}
+	}
+}
+
+func TestFeatures(t *testing.T) {
+	b := New(0)
+	t.Log(b.Features())
+	if b.Threads() < 1 {
+		t.Fatal("no threads")
+	}
+	b.simd = false
+	b.blasMinN = 0
+	t.Log(b.Features())
+}
+
+// TestConcurrentUse calls one backend from several goroutines at once:
+// callers that find the thread pool busy run their operation alone, and
+// every result must still be right.
+func TestConcurrentUse(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	b := New(2)
+	b.minWork = 1
+	w := randMatrix(rng, kernels.Q8_0, 67, 256)
+	x := randVec(rng, 3*256, 1)
+	want := make([]float32, 3*67)
+	ref.New().MatMul(want, x, 3, w)
+	c := newAttnCase(rng, 8, 2, 64, 16, [][2]int{{1, 40}, {7, 30}})
+	wantA := make([]float32, len(c.q))
+	ref.New().Attention(wantA, c.q, c.kv, 1, c.seqs, 8, 0.125)
+	errs := make(chan string, 8)
+	done := make(chan struct{})
+	for g := 0; g < 4; g++ {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			got := make([]float32, len(want))
+			gotA := make([]float32, len(wantA))
+			for it := 0; it < 200; it++ {
+				b.MatMul(got, x, 3, w)
+				b.Attention(gotA, c.q, c.kv, 1, c.seqs, 8, 0.125)
+				for i := range want {
+					if d := math.Abs(float64(got[i] - want[i])); d > 1e-3 {
+						errs <- fmt.Sprintf("MatMul element %d off by %g", i, d)
+						return
+					}
+				}
+				for i := range wantA {
+					if d := math.Abs(float64(gotA[i] - wantA[i])); d > 1e-4 {
+						errs <- fmt.Sprintf("Attention element %d off by %g", i, d)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		<-done
+	}
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}

@@ -1,0 +1,231 @@
+// Package server is baton's OpenAI-compatible HTTP surface: request
+// validation, chat templates and tokenization, streaming, stop strings and
+// the error shape. What generates the tokens sits behind Generator, so the
+// standalone engine and the PD router serve the same surface.
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/batonlm/baton/api/openai"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/tokenizer"
+	"github.com/batonlm/baton/internal/tokenizer/chat"
+)
+
+// Stream is one generation in flight: events until one carries a finish
+// reason. Cancel aborts it (the client left); Stop finishes it early (a stop
+// string matched).
+type Stream interface {
+	Next(ctx context.Context) (scheduler.Event, bool)
+	Cancel()
+	Stop()
+}
+
+// Generator starts generations. A refusal at the door is returned as a
+// *scheduler.RejectError.
+type Generator interface {
+	Generate(id string, prompt []int32, p scheduler.Params) (Stream, error)
+}
+
+// EngineGenerator generates with a local engine (standalone role).
+type EngineGenerator struct{ Engine *scheduler.Engine }
+
+// Generate implements Generator.
+func (g EngineGenerator) Generate(id string, prompt []int32, p scheduler.Params) (Stream, error) {
+	r := scheduler.NewRequest(id, prompt, p)
+	if err := g.Engine.Submit(r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Options configure a Server.
+type Options struct {
+	ModelName string
+	APIKey    string
+	Tokenizer *tokenizer.Tokenizer
+	Template  *chat.Template
+	Generator Generator
+	Metrics   *metrics.Set
+	// Info is served at /server_info (configuration and capacity).
+	Info map[string]any
+	// LiveInfo, when set, adds live figures (pool occupancy) to /server_info.
+	LiveInfo func() map[string]any
+}
+
+// maxBodyBytes bounds a request body; prompts far beyond any context length
+// are refused without reading them whole.
+const maxBodyBytes = 32 << 20
+
+// Server serves the OpenAI API.
+type Server struct {
+	o       Options
+	mux     *http.ServeMux
+	ready   atomic.Bool
+	created int64
+}
+
+// New makes a server; it answers /health with 503 until SetReady(true).
+func New(o Options) *Server {
+	s := &Server{o: o, mux: http.NewServeMux(), created: time.Now().Unix()}
+	s.mux.HandleFunc("POST /v1/completions", s.auth(s.completions))
+	s.mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chatCompletions))
+	s.mux.HandleFunc("GET /v1/models", s.auth(s.models))
+	s.mux.HandleFunc("GET /v1/models/{id}", s.auth(s.model))
+	s.mux.HandleFunc("GET /health", s.health)
+	s.mux.HandleFunc("GET /server_info", s.auth(s.serverInfo))
+	if o.Metrics != nil {
+		s.mux.Handle("GET /metrics", o.Metrics.Handler())
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		openai.WriteError(w, openai.NotFound("unknown route "+r.Method+" "+r.URL.Path, "not_found"))
+	})
+	return s
+}
+
+// SetReady switches /health between 200 and 503.
+func (s *Server) SetReady(ok bool) { s.ready.Store(ok) }
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
+	if s.o.APIKey == "" {
+		return h
+	}
+	want := []byte("Bearer " + s.o.APIKey)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			openai.WriteError(w, openai.Unauthorized("invalid or missing API key"))
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	if !s.ready.Load() {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) serverInfo(w http.ResponseWriter, _ *http.Request) {
+	info := map[string]any{}
+	for k, v := range s.o.Info {
+		info[k] = v
+	}
+	if s.o.LiveInfo != nil {
+		for k, v := range s.o.LiveInfo() {
+			info[k] = v
+		}
+	}
+	writeJSON(w, http.StatusOK, info)
+}
+
+func (s *Server) modelObject() openai.Model {
+	return openai.Model{ID: s.o.ModelName, Created: s.created, OwnedBy: "baton"}
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, openai.ModelList{Data: []openai.Model{s.modelObject()}})
+}
+
+func (s *Server) model(w http.ResponseWriter, r *http.Request) {
+	if r.PathValue("id") != s.o.ModelName {
+		openai.WriteError(w, s.unknownModel(r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.modelObject())
+}
+
+func (s *Server) unknownModel(name string) *openai.Error {
+	return openai.NotFound("the model `"+name+"` does not exist; this server serves `"+s.o.ModelName+"`", "model_not_found")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *openai.Error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, openai.BadRequest("request body exceeds 32 MiB", "")
+		}
+		return nil, openai.BadRequest("could not read the request body: "+err.Error(), "")
+	}
+	return b, nil
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r)
+	if e != nil {
+		openai.WriteError(w, e)
+		return
+	}
+	req, e := openai.ParseCompletionRequest(body)
+	if e != nil {
+		openai.WriteError(w, e)
+		return
+	}
+	if req.Model != s.o.ModelName {
+		openai.WriteError(w, s.unknownModel(req.Model))
+		return
+	}
+	prompt := req.PromptTokenIDs
+	if prompt == nil {
+		prompt = s.o.Tokenizer.Encode(req.Prompt, true, true)
+	}
+	g := &generation{s: s, chat: false, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
+		id: openai.NewID("cmpl-"), promptParam: "prompt"}
+	g.run(w, r, prompt)
+}
+
+func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r)
+	if e != nil {
+		openai.WriteError(w, e)
+		return
+	}
+	req, e := openai.ParseChatRequest(body)
+	if e != nil {
+		openai.WriteError(w, e)
+		return
+	}
+	if req.Model != s.o.ModelName {
+		openai.WriteError(w, s.unknownModel(req.Model))
+		return
+	}
+	msgs := make([]chat.Message, len(req.Messages))
+	for i, m := range req.Messages {
+		msgs[i] = chat.Message{Role: m.Role, Content: m.Content}
+	}
+	text, err := s.o.Template.Render(msgs, true)
+	if err != nil {
+		openai.WriteError(w, openai.BadRequest("the chat template could not render these messages: "+err.Error(), "messages"))
+		return
+	}
+	// Templates that write the BOS text themselves must not get a second one.
+	bos := s.o.Tokenizer.TokenText(s.o.Tokenizer.BOS())
+	addBOS := bos == "" || !strings.HasPrefix(text, bos)
+	prompt := s.o.Tokenizer.Encode(text, addBOS, true)
+	g := &generation{s: s, chat: true, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
+		id: openai.NewID("chatcmpl-"), promptParam: "messages"}
+	g.run(w, r, prompt)
+}
