@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/batonlm/baton/internal/kernels"
@@ -18,6 +19,10 @@ import (
 
 // Config bounds what the engine takes on.
 type Config struct {
+	// Role is what the engine's requests are: standalone (prefill and decode
+	// here), prefill (compute the prompt, hand it on) or decode (take a
+	// handed-over prompt and generate).
+	Role Role
 	// ContextLength is the effective maximum sequence length: the model's
 	// context lowered to what the pool can hold.
 	ContextLength int
@@ -50,11 +55,14 @@ type Engine struct {
 
 	mu       sync.Mutex
 	inbox    []*Request
+	joined   []*Request // decode: committed, waiting to enter the batch
 	wake     chan struct{}
 	nextRoom uint64
 	queued   int // requests submitted but not yet admitted (inbox + waiting)
 
-	waiting []*Request // FIFO; preempted requests go back to the front
+	nRunning, nQueued atomic.Int32
+
+	waiting []*Request // FIFO
 	running []*Request
 	sampler model.Sampler
 }
@@ -84,32 +92,100 @@ func (e *Engine) Pool() *kvpool.Pool { return e.pool }
 // Config is the engine's effective configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
-// Submit checks a request at the door. A refused request moves to Rejected
-// and allocates nothing; an accepted one waits for admission.
+// Submit checks a standalone or prefill request at the door. A refused
+// request moves to Rejected and allocates nothing; an accepted one waits for
+// admission.
 func (e *Engine) Submit(r *Request) error {
+	if r.life.Role() != e.cfg.Role || e.cfg.Role == RoleDecode {
+		return fmt.Errorf("scheduler: a %s engine cannot take a %s request through Submit", e.cfg.Role, r.life.Role())
+	}
 	if rej := e.door(r); rej != nil {
-		if err := r.life.To(StateRejected, rej.Message); err != nil {
-			return err
-		}
-		e.m.Reject(rej.Reason)
-		e.m.Outcome("rejected")
-		return rej
+		return e.reject(r, rej)
 	}
 	e.mu.Lock()
 	if e.queued >= e.cfg.MaxQueue {
 		e.mu.Unlock()
-		rej := &RejectError{Status: 503, Reason: "queue_full", Message: "server is at capacity; retry later", RetryAfter: 1}
-		if err := r.life.To(StateRejected, rej.Message); err != nil {
-			return err
-		}
-		e.m.Reject(rej.Reason)
-		e.m.Outcome("rejected")
-		return rej
+		return e.reject(r, &RejectError{Status: 503, Reason: "queue_full", Message: "server is at capacity; retry later", RetryAfter: 1})
 	}
 	e.nextRoom++
 	r.room = e.nextRoom
 	e.queued++
 	e.inbox = append(e.inbox, r)
+	e.mu.Unlock()
+	e.poke()
+	return nil
+}
+
+// CheckDoor runs Submit's door checks without queueing r, so a worker can
+// refuse a request before it opens anything on its behalf (a transport
+// session). A refused request is moved to Rejected.
+func (e *Engine) CheckDoor(r *Request) error {
+	if rej := e.door(r); rej != nil {
+		return e.reject(r, rej)
+	}
+	return nil
+}
+
+// reject moves r to Rejected: it holds nothing and is answered once.
+func (e *Engine) reject(r *Request, rej *RejectError) error {
+	if err := r.life.To(StateRejected, rej.Message); err != nil {
+		return err
+	}
+	e.m.Reject(rej.Reason)
+	e.m.Outcome("rejected")
+	return rej
+}
+
+// Reserve is a decode worker's door: it checks a handed-over request like
+// Submit does, then allocates pages for its whole sequence and names writer
+// as the second owner of the prompt's pages. A refusal is terminal and
+// allocates nothing.
+func (e *Engine) Reserve(r *Request) error {
+	if e.cfg.Role != RoleDecode || r.life.Role() != RoleDecode {
+		return fmt.Errorf("scheduler: Reserve is for decode requests on a decode engine")
+	}
+	if rej := e.door(r); rej != nil {
+		return e.reject(r, rej)
+	}
+	e.mu.Lock()
+	e.nextRoom++
+	room := e.nextRoom
+	e.mu.Unlock()
+	a, err := e.pool.Alloc(room, e.pool.PagesFor(e.maxSeqLen(r)))
+	if err != nil {
+		return e.reject(r, &RejectError{Status: 503, Reason: "no_space", RetryAfter: 1,
+			Message: fmt.Sprintf("no room for %d tokens in the KV pool now; retry later", e.maxSeqLen(r))})
+	}
+	prompt := a.Pages[:e.pool.PagesFor(len(r.Prompt))]
+	if err := e.pool.AttachWriter(a.Owner, prompt); err != nil {
+		_ = e.pool.Release(a.Owner, a.Pages)
+		return err
+	}
+	if err := r.life.To(StateReserved, ""); err != nil {
+		_ = e.pool.ForceReclaim(a.Owner, prompt, "reservation never handed out")
+		_ = e.pool.Release(a.Owner, a.Pages)
+		return err
+	}
+	r.room, r.owner, r.pages, r.writerPages = room, a.Owner, a.Pages, prompt
+	e.poolGauges()
+	return nil
+}
+
+// Join puts a committed decode request into the batch: its prompt KV is in
+// its pages (verified by the caller) and first is the token prefill sampled.
+func (e *Engine) Join(r *Request, first model.Sampled) error {
+	if r.life.State() != StateCommitted {
+		return fmt.Errorf("scheduler: join of a request in state %s", r.life.State())
+	}
+	r.seq = append(append([]int32(nil), r.Prompt...), first.ID)
+	r.computed = len(r.Prompt)
+	seed := rand.Uint64()
+	if r.Params.Seed != nil {
+		seed = *r.Params.Seed + 1 // the first draw was prefill's
+	}
+	r.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	e.mu.Lock()
+	e.joined = append(e.joined, r)
 	e.mu.Unlock()
 	e.poke()
 	return nil
@@ -169,16 +245,47 @@ func (e *Engine) Run(ctx context.Context) {
 
 func (e *Engine) takeInbox() {
 	e.mu.Lock()
-	in := e.inbox
-	e.inbox = nil
+	in, joined := e.inbox, e.joined
+	e.inbox, e.joined = nil, nil
 	e.mu.Unlock()
 	e.waiting = append(e.waiting, in...)
+	for _, r := range joined {
+		if r.life.State() != StateCommitted {
+			continue // aborted between commit and join; whoever aborted it released it
+		}
+		e.deliverFirst(r)
+	}
 	e.gauges()
 }
 
+// deliverFirst emits the token prefill sampled and enters the batch.
+func (e *Engine) deliverFirst(r *Request) {
+	if err := r.life.To(StateDecoding, ""); err != nil {
+		e.fail(r, err)
+		return
+	}
+	first := r.seq[len(r.seq)-1]
+	r.seq = r.seq[:len(r.seq)-1]
+	e.running = append(e.running, r)
+	e.deliver(r, model.Sampled{TokenLogprob: model.TokenLogprob{ID: first}})
+}
+
+// Load is the number of running and waiting requests (safe from any goroutine).
+func (e *Engine) Load() (running, queued int) {
+	return int(e.nRunning.Load()), int(e.nQueued.Load())
+}
+
+// gauges publishes the loop's figures; only the loop calls it.
 func (e *Engine) gauges() {
+	e.nRunning.Store(int32(len(e.running)))
+	e.nQueued.Store(int32(len(e.waiting)))
 	e.m.Running.Set(float64(len(e.running)))
 	e.m.Queued.Set(float64(len(e.waiting)))
+	e.poolGauges()
+}
+
+// poolGauges publishes the pool's figures; safe from any goroutine.
+func (e *Engine) poolGauges() {
 	st := e.pool.Stats()
 	e.m.KVPagesFree.Set(float64(st.Free))
 	e.m.KVPagesQuarantined.Set(float64(st.Quarantined))
@@ -256,6 +363,9 @@ func (e *Engine) admit() {
 // maxSeqLen is the longest r can grow: its prompt plus max_tokens, or the
 // context length when max_tokens was not given.
 func (e *Engine) maxSeqLen(r *Request) int {
+	if e.cfg.Role == RolePrefill {
+		return len(r.Prompt)
+	}
 	if r.Params.MaxTokens > 0 {
 		return min(len(r.Prompt)+r.Params.MaxTokens, e.cfg.ContextLength)
 	}
@@ -290,7 +400,7 @@ func (e *Engine) step() {
 			e.fail(r, fmt.Errorf("KV read gate refused the batch: %w", err))
 			continue
 		}
-		if r.computed == 0 {
+		if r.computed == 0 && r.life.State() == StateAdmitted {
 			_ = r.life.To(StatePrefilling, "")
 		}
 		q0 := len(b.Tokens)
@@ -321,14 +431,21 @@ func (e *Engine) step() {
 			e.fail(r, err)
 			continue
 		}
-		if r.generated == 0 {
+		if r.generated == 0 && e.cfg.Role != RoleDecode {
 			e.m.PromptTokens.Add(float64(s.QLen))
+		}
+		if r.OnChunk != nil {
+			r.OnChunk(e.pool.KV(), r.pages, r.computed, s.KVLen)
 		}
 		r.computed = s.KVLen
 		if r.computed < len(r.seq) {
 			continue // more prompt to prefill
 		}
 		tok := e.sampler.Sample(logits[i*vocab:(i+1)*vocab], r.Params.Sampling, r.rng)
+		if e.cfg.Role == RolePrefill {
+			e.prefilled(r, tok)
+			continue
+		}
 		e.deliver(r, tok)
 	}
 	e.gauges()
@@ -343,10 +460,27 @@ func (e *Engine) remove(r *Request) {
 	}
 }
 
+// prefilled ends a prefill request's time in the engine: its prompt KV has
+// been handed to OnChunk page by page, so its local pages are released and
+// the worker takes it from Sending on.
+func (e *Engine) prefilled(r *Request, tok model.Sampled) {
+	e.remove(r)
+	if err := r.life.To(StateSending, ""); err != nil {
+		e.fail(r, err)
+		return
+	}
+	e.release(r)
+	e.m.TTFT.Observe(time.Since(r.arrived).Seconds())
+	e.m.GenerationTokens.Inc()
+	r.emit(Event{Token: &tok, Finish: FinishPrefilled})
+}
+
 func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	now := time.Now()
 	if r.generated == 0 {
-		_ = r.life.To(StateDecoding, "")
+		if r.life.State() == StatePrefilling {
+			_ = r.life.To(StateDecoding, "")
+		}
 		e.m.TTFT.Observe(now.Sub(r.arrived).Seconds())
 	} else {
 		e.m.ITL.Observe(now.Sub(r.lastToken).Seconds())
@@ -394,39 +528,112 @@ func (e *Engine) finish(r *Request, reason string) {
 	r.emit(Event{Finish: reason})
 }
 
-// abort ends a live request early: Aborting, release, Aborted.
+// abort ends a live request early (see tearDown).
 func (e *Engine) abort(r *Request, why string) {
-	if err := r.life.To(StateAborting, why); err == nil {
-		e.release(r)
-		_ = r.life.To(StateAborted, why)
-	}
+	e.tearDown(r, why)
 	e.m.Outcome("aborted")
 	r.emit(Event{Finish: FinishAbort, Err: errors.New(why)})
 }
 
 // fail aborts a request because of an error the client must see (5xx).
 func (e *Engine) fail(r *Request, err error) {
-	if r.life.Live() {
-		if e2 := r.life.To(StateAborting, err.Error()); e2 == nil {
-			e.release(r)
-			_ = r.life.To(StateAborted, err.Error())
-		}
-	}
+	e.tearDown(r, err.Error())
 	e.m.Outcome("error")
 	r.emit(Event{Finish: FinishError, Err: err})
 }
 
+// tearDown moves a live request to Aborting and releases its pages. A
+// standalone request is then Aborted. A prefill request stays in Aborting:
+// its worker closes the transport session and tells decode before it may
+// say Drained. A decode request whose prompt pages a writer still holds
+// goes to Draining (the pages wait in quarantine); otherwise it is Aborted.
+func (e *Engine) tearDown(r *Request, why string) {
+	if !r.life.Live() || r.life.To(StateAborting, why) != nil {
+		return
+	}
+	e.release(r)
+	switch r.life.Role() {
+	case RoleStandalone:
+		_ = r.life.To(StateAborted, why)
+	case RoleDecode:
+		// Under r.mu so that a writer letting go at this moment either sees
+		// Draining (and finishes the abort) or is seen here as gone.
+		r.mu.Lock()
+		if r.writerPages != nil {
+			_ = r.life.To(StateDraining, why)
+		} else {
+			_ = r.life.To(StateAborted, why)
+		}
+		r.mu.Unlock()
+	}
+}
+
+// release gives r's pages back; pages a writer still holds wait in
+// quarantine until WriterGone.
 func (e *Engine) release(r *Request) {
 	if r.pages == nil {
 		return
 	}
-	if err := e.pool.Release(r.owner, r.pages); err != nil {
-		// A failed release is a bookkeeping bug; the pool counts it and
-		// keeps the pages rather than freeing them twice.
-		e.m.ReadGateFailures.Inc()
-	}
+	// A failed release is a bookkeeping bug; the pool counts it (tests
+	// assert the count is zero) and keeps the pages rather than freeing
+	// them twice.
+	_ = e.pool.Release(r.owner, r.pages)
 	r.pages = nil
-	e.gauges()
+	e.poolGauges()
+}
+
+// ReleaseReserved ends a decode request that never joined the batch
+// (Reserved, Receiving or Committed): Aborting, release, then Draining while
+// a writer holds its prompt pages, else Aborted. It reports whether the
+// request was live.
+func (e *Engine) ReleaseReserved(r *Request, why string) bool {
+	if !r.life.Live() {
+		return false
+	}
+	e.tearDown(r, why)
+	e.m.Outcome("aborted")
+	r.emit(Event{Finish: FinishAbort, Err: errors.New(why)})
+	return true
+}
+
+// FailReserved fails a decode request that never joined the batch with an
+// error its client sees (a failed handoff check).
+func (e *Engine) FailReserved(r *Request, err error) {
+	if r.life.Live() {
+		e.fail(r, err)
+	}
+}
+
+// WriterGone records that r's writer let go of its pages, with its word
+// (Drained) or a transport proof that no further write can land. Pages in
+// quarantine return to the free list; a Draining request becomes Aborted.
+// It reports false when there was no writer to let go (a late message).
+func (e *Engine) WriterGone(r *Request, drained bool, proof string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pages := r.writerPages
+	if pages == nil {
+		return false
+	}
+	r.writerPages = nil
+	var err error
+	if drained {
+		err = e.pool.WriterDrained(r.owner, pages)
+	} else {
+		err = e.pool.ForceReclaim(r.owner, pages, proof)
+	}
+	if r.life.State() == StateDraining {
+		_ = r.life.To(StateAborted, "")
+	}
+	e.poolGauges()
+	return err == nil
+}
+
+// WriterHeld reports whether r's writer has not let go yet.
+func (e *Engine) WriterHeld(r *Request) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.writerPages != nil
 }
 
 func (e *Engine) shutdown() {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/model"
 )
@@ -35,13 +36,24 @@ type Event struct {
 	Err    error
 }
 
+// FinishPrefilled ends a prefill-role request: the prompt is computed and
+// the event carries the first token; the worker then commits it to decode.
+const FinishPrefilled = "prefilled"
+
+// ChunkHook sees each step's progress on a request: positions [from, to) of
+// its KV were just written into pages (a prefill worker ships completed
+// pages from here). It runs on the engine loop and must not block.
+type ChunkHook func(kv kernels.PagedKV, pages []int32, from, to int)
+
 // Request is one generation. The HTTP side creates it, submits it, reads
 // events with Next and may Cancel or Stop it; everything else belongs to
-// the engine loop.
+// the engine loop (or, on a decode worker before the request joins the
+// batch, to the worker that reserved it).
 type Request struct {
-	ID     string
-	Prompt []int32
-	Params Params
+	ID      string
+	Prompt  []int32
+	Params  Params
+	OnChunk ChunkHook
 
 	life *Lifecycle
 
@@ -59,18 +71,38 @@ type Request struct {
 	computed  int // positions whose KV is in the pages
 	owner     kvpool.Owner
 	pages     []int32
-	rng       *rand.Rand
-	arrived   time.Time
-	lastToken time.Time
+	// writerPages are the pages a transfer writer holds (decode: the
+	// prompt's), until WriterGone; guarded by mu.
+	writerPages []int32
+	rng         *rand.Rand
+	arrived     time.Time
+	lastToken   time.Time
 }
 
-// NewRequest makes a request in state Received.
+// NewRequest makes a standalone request in state Received.
 func NewRequest(id string, prompt []int32, p Params) *Request {
-	return &Request{ID: id, Prompt: prompt, Params: p, life: NewLifecycle(RoleStandalone), wake: make(chan struct{}, 1), arrived: time.Now()}
+	return NewRoleRequest(RoleStandalone, id, prompt, p)
+}
+
+// NewRoleRequest makes a request of a role in state Received.
+func NewRoleRequest(role Role, id string, prompt []int32, p Params) *Request {
+	return &Request{ID: id, Prompt: prompt, Params: p, life: NewLifecycle(role), wake: make(chan struct{}, 1), arrived: time.Now()}
 }
 
 // State is the request's lifecycle state.
 func (r *Request) State() State { return r.life.State() }
+
+// Lifecycle is the request's state machine (the one state field).
+func (r *Request) Lifecycle() *Lifecycle { return r.life }
+
+// Owner is the tag of the request's pages (zero until it holds pages).
+func (r *Request) Owner() kvpool.Owner { return r.owner }
+
+// Pages are the request's page ids in position order.
+func (r *Request) Pages() []int32 { return r.pages }
+
+// Room is the request's room on this worker.
+func (r *Request) Room() uint64 { return r.room }
 
 // Next waits for the next event. ok is false when ctx ended first.
 func (r *Request) Next(ctx context.Context) (ev Event, ok bool) {

@@ -1,0 +1,177 @@
+// Package roles wires the prefill and decode workers: the gRPC control plane
+// of api/pd/v1 on top of a scheduler engine, a KV pool and a transport.
+package roles
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/scheduler"
+)
+
+// Layout describes the KV pages a worker holds, for pairing checks.
+func Layout(modelID string, c *model.Config, pageSize int) *pdv1.KVLayout {
+	return &pdv1.KVLayout{Model: modelID, PageSize: uint32(pageSize), Dtype: "f32", Layers: uint32(c.Layers),
+		KvHeads: uint32(c.KVHeads), HeadDim: uint32(c.HeadDim)}
+}
+
+// ModelID names a model for pairing: the served name and a digest of the
+// shape, so two workers serving different weights under one name still
+// refuse to pair when their shapes differ.
+func ModelID(name string, c *model.Config) string {
+	return fmt.Sprintf("%s/%s-v%d-d%d-l%d-h%d-kv%d-hd%d-ff%d", name, c.Arch, c.Vocab, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FF)
+}
+
+// LayoutMismatch names the first field in which two layouts differ, or "".
+func LayoutMismatch(a, b *pdv1.KVLayout) string {
+	switch {
+	case a == nil || b == nil:
+		return "layout missing"
+	case a.Model != b.Model:
+		return fmt.Sprintf("model %q != %q", a.Model, b.Model)
+	case a.PageSize != b.PageSize:
+		return fmt.Sprintf("page size %d != %d", a.PageSize, b.PageSize)
+	case a.Dtype != b.Dtype:
+		return fmt.Sprintf("KV dtype %s != %s", a.Dtype, b.Dtype)
+	case a.Layers != b.Layers:
+		return fmt.Sprintf("layers %d != %d", a.Layers, b.Layers)
+	case a.KvHeads != b.KvHeads:
+		return fmt.Sprintf("KV heads %d != %d", a.KvHeads, b.KvHeads)
+	case a.HeadDim != b.HeadDim:
+		return fmt.Sprintf("head dim %d != %d", a.HeadDim, b.HeadDim)
+	}
+	return ""
+}
+
+// ParamsFromPB converts wire sampling parameters.
+func ParamsFromPB(s *pdv1.SamplingParams) scheduler.Params {
+	if s == nil {
+		return scheduler.Params{}
+	}
+	p := scheduler.Params{
+		Sampling:  model.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs)},
+		MaxTokens: int(s.MaxTokens), StopTokenIDs: s.StopTokenIds, IgnoreEOS: s.IgnoreEos,
+	}
+	if s.Seed != nil {
+		seed := *s.Seed
+		p.Seed = &seed
+	}
+	return p
+}
+
+// ParamsToPB converts sampling parameters for the wire.
+func ParamsToPB(p scheduler.Params) *pdv1.SamplingParams {
+	return &pdv1.SamplingParams{Temperature: p.Sampling.Temperature, TopP: p.Sampling.TopP, TopK: int32(p.Sampling.TopK),
+		MinP: p.Sampling.MinP, TopLogprobs: int32(p.Sampling.TopLogprobs), MaxTokens: uint32(p.MaxTokens), Seed: p.Seed,
+		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS}
+}
+
+// TokenToPB converts a sampled token for the wire.
+func TokenToPB(t *model.Sampled) *pdv1.Token {
+	if t == nil {
+		return nil
+	}
+	out := &pdv1.Token{Id: t.ID, Logprob: t.Logprob}
+	for _, a := range t.Top {
+		out.Top = append(out.Top, &pdv1.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+	}
+	return out
+}
+
+// TokenFromPB converts a wire token.
+func TokenFromPB(t *pdv1.Token) model.Sampled {
+	out := model.Sampled{TokenLogprob: model.TokenLogprob{ID: t.GetId(), Logprob: t.GetLogprob()}}
+	for _, a := range t.GetTop() {
+		out.Top = append(out.Top, model.TokenLogprob{ID: a.Id, Logprob: a.Logprob})
+	}
+	return out
+}
+
+// withRequestID tags an outgoing call with the request id, so the three
+// processes' logs can be joined on it.
+func withRequestID(ctx context.Context, id string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "x-request-id", id)
+}
+
+// conns keeps one gRPC connection per peer address.
+type conns struct {
+	mu sync.Mutex
+	m  map[string]*grpc.ClientConn
+}
+
+func (c *conns) get(addr string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc, ok := c.m[addr]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = map[string]*grpc.ClientConn{}
+	}
+	c.m[addr] = cc
+	return cc, nil
+}
+
+func (c *conns) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cc := range c.m {
+		_ = cc.Close()
+	}
+	c.m = nil
+}
+
+// Worker is what the HTTP side of a worker needs from its role.
+type Worker interface {
+	WorkerInfo() *pdv1.WorkerInfo
+}
+
+// HTTPHandler serves a worker's /health, /metrics and /server_info.
+func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(rw http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = rw.Write([]byte(`{"status":"starting"}`))
+			return
+		}
+		_, _ = rw.Write([]byte(`{"status":"ok"}`))
+	})
+	mux.HandleFunc("GET /server_info", func(rw http.ResponseWriter, _ *http.Request) {
+		info := w.WorkerInfo()
+		rw.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(rw).Encode(map[string]any{
+			"role": info.Role, "grpc_addr": info.GrpcAddr, "transport": info.Transport, "transfer_addr": info.TransferAddr,
+			"context_length": info.ContextLength, "effective_context_length": info.MaxSequenceTokens,
+			"kv_pool_tokens": info.PoolTokens, "kv_pool_pages": info.PoolPages, "kv_pages_free": info.FreePages,
+			"kv_pages_quarantined": info.QuarantinedPages, "running": info.Running, "queued": info.Queued,
+			"model": info.Layout.GetModel(), "page_size": info.Layout.GetPageSize(),
+		})
+	})
+	mux.Handle("GET /metrics", ms.Handler())
+	return mux
+}
+
+func poolInfo(info *pdv1.WorkerInfo, pool *kvpool.Pool) {
+	st := pool.Stats()
+	info.PoolTokens = uint32(pool.CapacityTokens())
+	info.PoolPages = uint32(st.Total)
+	info.FreePages = uint32(st.Free)
+	info.QuarantinedPages = uint32(st.Quarantined)
+}

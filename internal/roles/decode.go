@@ -1,0 +1,477 @@
+package roles
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/transfer"
+)
+
+// DecodeOptions configure a decode worker.
+type DecodeOptions struct {
+	Engine  *scheduler.Engine
+	Pool    *kvpool.Pool
+	Metrics *metrics.Set
+	Layout  *pdv1.KVLayout
+	// ContextLength is the model's configured context; MaxSeq the effective one.
+	ContextLength, MaxSeq int
+	// HandoffTimeout bounds the wait for Commit after Reserve; past it the
+	// request is aborted (its pages still wait for the writer to drain).
+	HandoffTimeout time.Duration
+	Log            *slog.Logger
+}
+
+// reservation is one live use of decode pages by a handed-over request.
+type reservation struct {
+	r      *scheduler.Request
+	key    transfer.Key
+	writer string // prefill gRPC address
+	prompt []int32
+
+	// mu orders page writes against the moments that close the pages to
+	// writers (Commit, abort): after open goes false no write lands.
+	mu        sync.Mutex
+	open      bool
+	firstByte time.Time
+	abortedAt time.Time
+	ended     time.Time // terminal and writer gone: eligible for removal
+	streamed  bool      // a Stream delivered the last event
+	timer     *time.Timer
+}
+
+// Decode is the decode worker: it reserves pages, receives the prompt's KV
+// through a transport, verifies the Commit, and generates.
+type Decode struct {
+	pdv1.UnimplementedDecodeServer
+	o        DecodeOptions
+	recv     transfer.Receiver
+	grpcAddr string
+	peers    conns
+
+	mu    sync.Mutex
+	rooms map[transfer.Key]*reservation
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+// NewDecode makes a decode worker. Attach a receiver with SetReceiver.
+func NewDecode(o DecodeOptions) *Decode {
+	if o.HandoffTimeout <= 0 {
+		o.HandoffTimeout = 60 * time.Second
+	}
+	d := &Decode{o: o, rooms: map[transfer.Key]*reservation{}, stop: make(chan struct{})}
+	d.wg.Add(1)
+	go d.sweep()
+	return d
+}
+
+// SetReceiver attaches the transport receiver (made with d as its Sink) and
+// the worker's own gRPC address.
+func (d *Decode) SetReceiver(r transfer.Receiver, grpcAddr string) { d.recv, d.grpcAddr = r, grpcAddr }
+
+// Close stops the sweeper and drops peer connections.
+func (d *Decode) Close() {
+	close(d.stop)
+	d.wg.Wait()
+	d.peers.close()
+}
+
+// WorkerInfo implements Worker.
+func (d *Decode) WorkerInfo() *pdv1.WorkerInfo {
+	running, queued := d.o.Engine.Load()
+	info := &pdv1.WorkerInfo{Role: "decode", Layout: d.o.Layout, ContextLength: uint32(d.o.ContextLength), MaxSequenceTokens: uint32(d.o.MaxSeq),
+		Running: uint32(running), Queued: uint32(queued), Transport: "tcp", GrpcAddr: d.grpcAddr}
+	if d.recv != nil {
+		info.TransferAddr = d.recv.Addr()
+	}
+	poolInfo(info, d.o.Pool)
+	return info
+}
+
+// Info implements the RPC.
+func (d *Decode) Info(context.Context, *pdv1.InfoRequest) (*pdv1.WorkerInfo, error) {
+	return d.WorkerInfo(), nil
+}
+
+func rejectStatus(err error) error {
+	var rej *scheduler.RejectError
+	if errors.As(err, &rej) {
+		if rej.Status == http.StatusBadRequest {
+			return status.Error(codes.InvalidArgument, rej.Message)
+		}
+		return status.Error(codes.ResourceExhausted, rej.Message)
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// Reserve implements the RPC: the decode door.
+func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.Reservation, error) {
+	if why := LayoutMismatch(d.o.Layout, req.Layout); why != "" {
+		d.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
+		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
+	}
+	r := scheduler.NewRoleRequest(scheduler.RoleDecode, req.RequestId, req.Prompt, ParamsFromPB(req.Sampling))
+	if err := d.o.Engine.Reserve(r); err != nil {
+		d.o.Log.Info("reserve refused", "request_id", req.RequestId, "err", err)
+		return nil, rejectStatus(err)
+	}
+	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch}
+	ps := d.o.Pool.PageSize()
+	res := &reservation{r: r, key: key, writer: req.Writer, prompt: r.Pages()[:(len(req.Prompt)+ps-1)/ps], open: true}
+	d.mu.Lock()
+	d.rooms[key] = res
+	d.mu.Unlock()
+	d.o.Metrics.ReservationsTotal.Inc()
+	d.o.Metrics.ReservationsActive.Inc()
+	res.timer = time.AfterFunc(d.o.HandoffTimeout, func() {
+		if d.abortReserved(res, "handoff timeout: no commit from prefill") {
+			d.o.Metrics.HandoffFailures.WithLabelValues("timeout").Inc()
+		}
+	})
+	d.o.Log.Info("reserved", "request_id", req.RequestId, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
+	return &pdv1.Reservation{Room: key.Room, Epoch: key.Epoch, Pages: res.prompt, PromptTokens: uint32(len(req.Prompt)),
+		Layout: d.o.Layout, Transport: "tcp", TransferAddr: d.recv.Addr(), DecodeAddr: d.grpcAddr}, nil
+}
+
+func (d *Decode) lookup(key transfer.Key) *reservation {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rooms[key]
+}
+
+// Write implements transfer.Sink: the receiver's gate. A frame lands only in
+// a page of a live, still-open reservation, at the index the reservation
+// gave that page, with the token count that page must hold.
+func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
+	res := d.lookup(k)
+	if res == nil {
+		d.o.Metrics.LateDropped.WithLabelValues("write").Inc()
+		return fmt.Errorf("no live reservation for %s", k)
+	}
+	res.mu.Lock()
+	defer res.mu.Unlock()
+	if !res.open {
+		d.o.Metrics.LateDropped.WithLabelValues("write").Inc()
+		return fmt.Errorf("reservation %s no longer accepts writes", k)
+	}
+	ps := d.o.Pool.PageSize()
+	n := len(res.r.Prompt)
+	if w.Index < 0 || w.Index >= len(res.prompt) || res.prompt[w.Index] != w.Page {
+		d.o.Metrics.HandoffFailures.WithLabelValues("bad_page").Inc()
+		return fmt.Errorf("page %d at index %d is not in reservation %s", w.Page, w.Index, k)
+	}
+	if want := min(ps, n-w.Index*ps); w.Tokens != want {
+		d.o.Metrics.HandoffFailures.WithLabelValues("bad_count").Inc()
+		return fmt.Errorf("page index %d carries %d tokens, the reservation expects %d", w.Index, w.Tokens, want)
+	}
+	if owner, _, st := d.o.Pool.Owner(w.Page); owner != res.r.Owner() || st != kvpool.PageAllocated {
+		d.o.Metrics.HandoffFailures.WithLabelValues("owner_tag").Inc()
+		return fmt.Errorf("page %d is tagged %v (%s), not %v", w.Page, owner, st, res.r.Owner())
+	}
+	if res.r.State() == scheduler.StateReserved {
+		if err := res.r.Lifecycle().To(scheduler.StateReceiving, ""); err != nil {
+			return err
+		}
+		res.firstByte = time.Now()
+	}
+	if err := transfer.Unpack(d.o.Pool.KV(), w.Page, w.Tokens, w.Data); err != nil {
+		return err
+	}
+	d.o.Metrics.TransferBytes.Add(float64(len(w.Data)))
+	return d.o.Pool.MarkWritten(res.r.Owner(), w.Page, w.Tokens)
+}
+
+// Closed implements transfer.Sink: the session is closed and its receiver
+// joined, which proves no further write of it can land.
+func (d *Decode) Closed(k transfer.Key, proof string) {
+	if res := d.lookup(k); res != nil {
+		d.writerGone(res, false, proof)
+	}
+}
+
+func (d *Decode) writerGone(res *reservation, drained bool, proof string) {
+	res.mu.Lock()
+	res.open = false
+	res.mu.Unlock()
+	if !d.o.Engine.WriterGone(res.r, drained, proof) {
+		kind := "drained"
+		if !drained {
+			kind = "closed"
+		}
+		d.o.Metrics.LateDropped.WithLabelValues(kind).Inc()
+		return
+	}
+	res.mu.Lock()
+	if !res.abortedAt.IsZero() {
+		d.o.Metrics.DrainWait.Observe(time.Since(res.abortedAt).Seconds())
+	}
+	res.mu.Unlock()
+	d.maybeEnd(res)
+}
+
+// Commit implements the RPC: it checks every claim of the handoff before the
+// request may decode. Any failed check fails the request (its client sees a
+// 5xx naming the check) and is counted.
+func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, error) {
+	key := transfer.Key{Room: c.Room, Epoch: c.Epoch}
+	res := d.lookup(key)
+	if res == nil {
+		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+		return nil, status.Errorf(codes.NotFound, "no live reservation for %s", key)
+	}
+	res.mu.Lock()
+	res.open = false // nothing lands after the pages are verified
+	first := res.firstByte
+	res.mu.Unlock()
+	if st := res.r.State(); st != scheduler.StateReserved && st != scheduler.StateReceiving {
+		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s is %s; commit dropped", key, res.r.State())
+	}
+	if reason, err := d.verify(res, c); err != nil {
+		d.o.Metrics.HandoffFailures.WithLabelValues(reason).Inc()
+		d.o.Log.Warn("commit refused", "request_id", res.r.ID, "room", key.Room, "check", reason, "err", err)
+		d.o.Engine.FailReserved(res.r, fmt.Errorf("KV handoff failed the %s check: %w", reason, err))
+		d.maybeEnd(res)
+		return nil, status.Errorf(codes.FailedPrecondition, "commit refused by the %s check: %v", reason, err)
+	}
+	if err := res.r.Lifecycle().To(scheduler.StateCommitted, ""); err != nil {
+		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s: %v", key, err)
+	}
+	res.timer.Stop()
+	if !first.IsZero() {
+		d.o.Metrics.TransferSeconds.Observe(time.Since(first).Seconds())
+	}
+	if err := d.o.Engine.Join(res.r, TokenFromPB(c.FirstToken)); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	d.o.Log.Info("committed", "request_id", res.r.ID, "room", key.Room, "tokens", c.TokensWritten)
+	return &pdv1.Ack{}, nil
+}
+
+// verify checks a Commit against the pages: tokens written equal tokens
+// reserved, one checksum per page, every page tagged as this request's and
+// written as far as the prompt reaches, and each checksum equal to the
+// checksum of what actually landed.
+func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error) {
+	n := len(res.r.Prompt)
+	switch {
+	case c.Writer != res.writer:
+		return "writer", fmt.Errorf("commit from %q, the reservation's writer is %q", c.Writer, res.writer)
+	case int(c.TokensWritten) < n:
+		return "coverage", fmt.Errorf("%d tokens written, %d reserved", c.TokensWritten, n)
+	case int(c.TokensWritten) > n:
+		return "over_claim", fmt.Errorf("%d tokens claimed, only %d reserved", c.TokensWritten, n)
+	case len(c.PageChecksums) != len(res.prompt):
+		return "coverage", fmt.Errorf("%d page checksums for %d pages", len(c.PageChecksums), len(res.prompt))
+	case c.FirstToken == nil:
+		return "first_token", errors.New("no first token")
+	}
+	ps := d.o.Pool.PageSize()
+	kv := d.o.Pool.KV()
+	var buf []byte
+	for i, p := range res.prompt {
+		want := min(ps, n-i*ps)
+		owner, written, st := d.o.Pool.Owner(p)
+		if owner != res.r.Owner() || st != kvpool.PageAllocated {
+			return "owner_tag", fmt.Errorf("page %d is tagged %v (%s), not %v", p, owner, st, res.r.Owner())
+		}
+		if written != want {
+			return "coverage", fmt.Errorf("page %d holds %d written tokens, %d needed", p, written, want)
+		}
+		buf = transfer.Pack(kv, p, want, buf)
+		if got := transfer.Checksum(buf); got != c.PageChecksums[i] {
+			return "checksum", fmt.Errorf("page %d checksum %016x, commit claims %016x", p, got, c.PageChecksums[i])
+		}
+	}
+	return "", nil
+}
+
+// abortReserved aborts a reservation that has not joined the batch, or asks
+// the engine to abort it if it has. The writer is told to stop; the pages
+// stay quarantined until it says Drained or its session is proven closed.
+func (d *Decode) abortReserved(res *reservation, why string) bool {
+	res.mu.Lock()
+	res.open = false
+	if res.abortedAt.IsZero() {
+		res.abortedAt = time.Now()
+	}
+	res.mu.Unlock()
+	res.timer.Stop()
+	switch res.r.State() {
+	case scheduler.StateReserved, scheduler.StateReceiving:
+		if !d.o.Engine.ReleaseReserved(res.r, why) {
+			return false
+		}
+	case scheduler.StateCommitted, scheduler.StateDecoding:
+		res.r.Cancel()
+		return true
+	default:
+		return false
+	}
+	d.o.Log.Info("aborted before decode", "request_id", res.r.ID, "room", res.key.Room, "why", why)
+	if d.o.Engine.WriterHeld(res.r) {
+		go d.tellWriter(res, why)
+	}
+	d.maybeEnd(res)
+	return true
+}
+
+// tellWriter sends Abort to the prefill worker writing res; it answers with
+// Drained once nothing of it is in flight.
+func (d *Decode) tellWriter(res *reservation, why string) {
+	cc, err := d.peers.get(res.writer)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(withRequestID(context.Background(), res.r.ID), 10*time.Second)
+	defer cancel()
+	_, err = pdv1.NewPrefillClient(cc).Abort(ctx, &pdv1.AbortRequest{Room: res.key.Room, Epoch: res.key.Epoch, Reason: why,
+		RequestId: res.r.ID, DecodeAddr: d.grpcAddr})
+	if err != nil {
+		// The pages stay quarantined: only Drained or a transport proof frees them.
+		d.o.Log.Warn("abort to prefill failed; pages stay quarantined until the session is proven closed",
+			"request_id", res.r.ID, "writer", res.writer, "err", err)
+	}
+}
+
+// CancelReservation implements the RPC (the router gives up on a handoff).
+func (d *Decode) CancelReservation(ctx context.Context, c *pdv1.CancelRequest) (*pdv1.Ack, error) {
+	res := d.lookup(transfer.Key{Room: c.Room, Epoch: c.Epoch})
+	if res == nil || !d.abortReserved(res, "reservation cancelled: "+c.Reason) {
+		d.o.Metrics.LateDropped.WithLabelValues("cancel").Inc()
+	}
+	return &pdv1.Ack{}, nil
+}
+
+// Abort implements the RPC (the client left).
+func (d *Decode) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, error) {
+	res := d.lookup(transfer.Key{Room: a.Room, Epoch: a.Epoch})
+	if res == nil || !d.abortReserved(res, "aborted: "+a.Reason) {
+		d.o.Metrics.LateDropped.WithLabelValues("abort").Inc()
+	}
+	return &pdv1.Ack{}, nil
+}
+
+// Finish implements the RPC (a stop string matched at the router).
+func (d *Decode) Finish(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, error) {
+	if res := d.lookup(transfer.Key{Room: a.Room, Epoch: a.Epoch}); res != nil {
+		res.r.Stop()
+	}
+	return &pdv1.Ack{}, nil
+}
+
+// Drained implements the RPC: the writer's word that nothing of it is in flight.
+func (d *Decode) Drained(ctx context.Context, dr *pdv1.DrainedRequest) (*pdv1.Ack, error) {
+	res := d.lookup(transfer.Key{Room: dr.Room, Epoch: dr.Epoch})
+	if res == nil || dr.Writer != res.writer {
+		d.o.Metrics.LateDropped.WithLabelValues("drained").Inc()
+		return &pdv1.Ack{}, nil
+	}
+	d.writerGone(res, true, "")
+	return &pdv1.Ack{}, nil
+}
+
+// Stream implements the RPC: the generated tokens, to the router.
+func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) error {
+	res := d.lookup(transfer.Key{Room: req.Room, Epoch: req.Epoch})
+	if res == nil {
+		return status.Errorf(codes.NotFound, "no reservation room %d epoch %d", req.Room, req.Epoch)
+	}
+	ctx := out.Context()
+	for {
+		ev, ok := res.r.Next(ctx)
+		if !ok { // the router went away: the request has no reader left
+			d.abortReserved(res, "router stream closed")
+			return ctx.Err()
+		}
+		te := &pdv1.TokenEvent{Token: TokenToPB(ev.Token)}
+		switch ev.Finish {
+		case "":
+		case scheduler.FinishStop, scheduler.FinishLength:
+			te.Finish = ev.Finish
+		case scheduler.FinishAbort:
+			te.Error, te.Code = "request aborted: "+errString(ev.Err), 499
+		default:
+			te.Error, te.Code = errString(ev.Err), 500
+		}
+		if err := out.Send(te); err != nil {
+			d.abortReserved(res, "router stream broken")
+			return err
+		}
+		if ev.Finish != "" {
+			res.mu.Lock()
+			res.streamed = true
+			res.mu.Unlock()
+			d.maybeEnd(res)
+			return nil
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "unknown error"
+	}
+	return err.Error()
+}
+
+// maybeEnd notes when a reservation is over: terminal and its writer gone.
+func (d *Decode) maybeEnd(res *reservation) {
+	if !res.r.Lifecycle().Terminal() || d.o.Engine.WriterHeld(res.r) {
+		return
+	}
+	res.mu.Lock()
+	first := res.ended.IsZero()
+	if first {
+		res.ended = time.Now()
+	}
+	res.mu.Unlock()
+	if first {
+		d.o.Metrics.ReservationsActive.Dec()
+	}
+}
+
+// sweep forgets reservations that are over and whose events were streamed
+// (or that nobody streamed for a minute), and aborts finished requests whose
+// reader vanished.
+func (d *Decode) sweep() {
+	defer d.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		var live []*reservation
+		for k, res := range d.rooms {
+			res.mu.Lock()
+			ended, streamed := res.ended, res.streamed
+			res.mu.Unlock()
+			if !ended.IsZero() && (streamed || time.Since(ended) > time.Minute) {
+				delete(d.rooms, k)
+				continue
+			}
+			live = append(live, res)
+		}
+		d.mu.Unlock()
+		for _, res := range live {
+			d.maybeEnd(res) // a request that finished in the engine ends here
+		}
+	}
+}

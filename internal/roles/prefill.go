@@ -1,0 +1,297 @@
+package roles
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/transfer"
+)
+
+// PrefillOptions configure a prefill worker.
+type PrefillOptions struct {
+	Engine                *scheduler.Engine
+	Pool                  *kvpool.Pool
+	Metrics               *metrics.Set
+	Layout                *pdv1.KVLayout
+	Sender                transfer.Sender
+	ContextLength, MaxSeq int
+	Log                   *slog.Logger
+}
+
+// Prefill is the prefill worker: it computes prompts in chunks, writes each
+// completed page into the decode worker's reserved page, and commits.
+type Prefill struct {
+	pdv1.UnimplementedPrefillServer
+	o        PrefillOptions
+	grpcAddr string
+	peers    conns
+
+	mu     sync.Mutex
+	active map[transfer.Key]context.CancelFunc
+}
+
+// NewPrefill makes a prefill worker.
+func NewPrefill(o PrefillOptions) *Prefill {
+	return &Prefill{o: o, active: map[transfer.Key]context.CancelFunc{}}
+}
+
+// SetAddr records the worker's own gRPC address (its identity as a writer).
+func (p *Prefill) SetAddr(grpcAddr string) { p.grpcAddr = grpcAddr }
+
+// Close drops peer connections.
+func (p *Prefill) Close() { p.peers.close() }
+
+// WorkerInfo implements Worker.
+func (p *Prefill) WorkerInfo() *pdv1.WorkerInfo {
+	running, queued := p.o.Engine.Load()
+	info := &pdv1.WorkerInfo{Role: "prefill", Layout: p.o.Layout, ContextLength: uint32(p.o.ContextLength), MaxSequenceTokens: uint32(p.o.MaxSeq),
+		Running: uint32(running), Queued: uint32(queued), Transport: "tcp", GrpcAddr: p.grpcAddr}
+	poolInfo(info, p.o.Pool)
+	return info
+}
+
+// Info implements the RPC.
+func (p *Prefill) Info(context.Context, *pdv1.InfoRequest) (*pdv1.WorkerInfo, error) {
+	return p.WorkerInfo(), nil
+}
+
+func requestID(ctx context.Context, fallback string) string {
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get("x-request-id"); len(v) > 0 {
+			return v[0]
+		}
+	}
+	return fallback
+}
+
+// shipper packs completed pages on the engine loop (so local pages can be
+// released as soon as the prompt is done) and writes them to the session
+// on its own goroutine (so a slow network never stalls the engine).
+type shipper struct {
+	res       *pdv1.Reservation
+	pageSize  int
+	promptLen int
+	checksums []uint64
+	queue     chan transfer.PageWrite
+	done      chan error
+}
+
+func newShipper(res *pdv1.Reservation, pageSize, promptLen int, sess transfer.Session) *shipper {
+	s := &shipper{res: res, pageSize: pageSize, promptLen: promptLen, checksums: make([]uint64, len(res.Pages)),
+		queue: make(chan transfer.PageWrite, len(res.Pages)), done: make(chan error, 1)}
+	go func() {
+		var first error
+		for w := range s.queue {
+			if first == nil {
+				first = sess.Write(w)
+			}
+		}
+		s.done <- first
+	}()
+	return s
+}
+
+// onChunk runs on the engine loop after positions [from, to) were computed;
+// it ships every page this completed (the last, partial page with the
+// prompt's end). The queue holds every page of the prompt, so it never blocks.
+func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
+	for i := from / s.pageSize; i*s.pageSize < to; i++ {
+		end := min((i+1)*s.pageSize, s.promptLen)
+		if to < end || i >= len(s.res.Pages) {
+			break
+		}
+		tokens := end - i*s.pageSize
+		data := transfer.Pack(kv, pages[i], tokens, make([]byte, 0, transfer.PackedSize(kv, tokens)))
+		s.checksums[i] = transfer.Checksum(data)
+		s.queue <- transfer.PageWrite{Index: i, Page: s.res.Pages[i], Tokens: tokens, Data: data}
+	}
+}
+
+// finish waits until every queued page was handed to the session.
+func (s *shipper) finish() error {
+	close(s.queue)
+	return <-s.done
+}
+
+// Prefill implements the RPC.
+func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.PrefillReply, error) {
+	id := requestID(ctx, req.RequestId)
+	res := req.Reservation
+	if res == nil {
+		return nil, status.Error(codes.InvalidArgument, "prefill without a reservation")
+	}
+	key := transfer.Key{Room: res.Room, Epoch: res.Epoch}
+	log := p.o.Log.With("request_id", id, "room", key.Room, "epoch", key.Epoch)
+	if why := LayoutMismatch(p.o.Layout, res.Layout); why != "" {
+		p.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
+		p.drained(id, res, key)
+		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
+	}
+	if int(res.PromptTokens) != len(req.Prompt) || len(res.Pages) != p.o.Pool.PagesFor(len(req.Prompt)) {
+		p.drained(id, res, key)
+		return nil, status.Errorf(codes.InvalidArgument, "reservation covers %d tokens in %d pages; the prompt has %d tokens",
+			res.PromptTokens, len(res.Pages), len(req.Prompt))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p.mu.Lock()
+	p.active[key] = cancel
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.active, key)
+		p.mu.Unlock()
+	}()
+
+	r := scheduler.NewRoleRequest(scheduler.RolePrefill, id, req.Prompt, ParamsFromPB(req.Sampling))
+	// The door first: a request this worker cannot hold is rejected before
+	// any session to decode exists.
+	if err := p.o.Engine.CheckDoor(r); err != nil {
+		log.Info("prefill refused", "err", err)
+		p.drained(id, res, key)
+		return nil, rejectStatus(err)
+	}
+	sess, err := p.o.Sender.Open(ctx, res.TransferAddr, key)
+	if err != nil {
+		_ = r.Lifecycle().To(scheduler.StateAborting, "transport open failed")
+		p.end(id, r, nil, res, key, "transport open failed")
+		return nil, status.Errorf(codes.Unavailable, "cannot reach decode transport %s: %v", res.TransferAddr, err)
+	}
+	ship := newShipper(res, p.o.Pool.PageSize(), len(req.Prompt), sess)
+	r.OnChunk = ship.onChunk
+	if err := p.o.Engine.Submit(r); err != nil {
+		_ = sess.Close()
+		_ = ship.finish()
+		p.drained(id, res, key)
+		return nil, rejectStatus(err)
+	}
+	start := time.Now()
+
+	ev, ok := r.Next(ctx)
+	for ok && ev.Finish == "" {
+		ev, ok = r.Next(ctx)
+	}
+	if !ok || ev.Finish != scheduler.FinishPrefilled {
+		why := "prefill aborted"
+		if ok && ev.Err != nil {
+			why = ev.Err.Error()
+		}
+		r.Cancel()
+		p.wait(r) // the engine has let go of r: no more pages will be queued
+		_ = sess.Close()
+		_ = ship.finish()
+		p.end(id, r, nil, res, key, why)
+		if !ok {
+			return nil, status.Error(codes.Canceled, why)
+		}
+		return nil, status.Error(codes.Internal, why)
+	}
+	// Every write must have landed before Commit claims it did.
+	err = ship.finish()
+	if err == nil {
+		err = sess.Flush(ctx)
+	}
+	if err != nil {
+		p.o.Metrics.HandoffFailures.WithLabelValues("transfer").Inc()
+		_ = r.Lifecycle().To(scheduler.StateAborting, err.Error())
+		p.end(id, r, sess, res, key, err.Error())
+		return nil, status.Errorf(codes.Unavailable, "KV transfer failed: %v", err)
+	}
+	bytes := sess.Bytes()
+	_ = sess.Close()
+	p.o.Metrics.TransferBytes.Add(float64(bytes))
+	p.o.Metrics.TransferSeconds.Observe(time.Since(start).Seconds())
+
+	cc, err := p.peers.get(res.DecodeAddr)
+	if err == nil {
+		cctx, ccancel := context.WithTimeout(withRequestID(ctx, id), 30*time.Second)
+		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(req.Prompt)),
+			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr})
+		ccancel()
+	}
+	if err != nil {
+		p.o.Metrics.HandoffFailures.WithLabelValues("commit").Inc()
+		_ = r.Lifecycle().To(scheduler.StateAborting, "commit refused: "+err.Error())
+		p.end(id, r, nil, res, key, "commit refused")
+		log.Warn("commit refused", "err", err)
+		return nil, status.Errorf(status.Code(err), "commit refused by decode: %v", status.Convert(err).Message())
+	}
+	if err := r.Lifecycle().To(scheduler.StateSent, ""); err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	p.o.Metrics.Outcome("sent")
+	log.Info("prefilled and committed", "tokens", len(req.Prompt), "bytes", bytes, "seconds", time.Since(start).Seconds())
+	return &pdv1.PrefillReply{TokensWritten: uint32(len(req.Prompt)), FirstToken: ev.Token.ID}, nil
+}
+
+// wait reads r's events until its last (the engine has torn it down).
+func (p *Prefill) wait(r *scheduler.Request) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		ev, ok := r.Next(ctx)
+		if !ok || ev.Finish != "" {
+			return
+		}
+	}
+}
+
+// end tears a failed prefill down in the order the page rules need: close
+// the session (after which nothing of it is in flight), then tell decode
+// Drained, then Drained here.
+func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, res *pdv1.Reservation, key transfer.Key, why string) {
+	if sess != nil {
+		_ = sess.Close()
+	}
+	if r.Lifecycle().Live() {
+		_ = r.Lifecycle().To(scheduler.StateAborting, why)
+	}
+	p.drained(id, res, key)
+	_ = r.Lifecycle().To(scheduler.StateDrained, "")
+	p.o.Metrics.Outcome("drained")
+}
+
+// drained tells decode this worker has no write in flight for key and will
+// issue none.
+func (p *Prefill) drained(id string, res *pdv1.Reservation, key transfer.Key) {
+	cc, err := p.peers.get(res.DecodeAddr)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(withRequestID(context.Background(), id), 10*time.Second)
+	defer cancel()
+	if _, err := pdv1.NewDecodeClient(cc).Drained(ctx, &pdv1.DrainedRequest{Room: key.Room, Epoch: key.Epoch, Writer: p.grpcAddr}); err != nil {
+		p.o.Log.Warn("drained not delivered; decode keeps the pages quarantined until the session is proven closed", "request_id", id, "err", err)
+	}
+}
+
+// Abort implements the RPC: stop writing for a room. A prefill in progress
+// is cancelled and says Drained itself once its session is closed; for a
+// room with nothing in progress, Drained goes at once.
+func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, error) {
+	key := transfer.Key{Room: a.Room, Epoch: a.Epoch}
+	p.mu.Lock()
+	cancel, ok := p.active[key]
+	p.mu.Unlock()
+	if ok {
+		cancel()
+		return &pdv1.Ack{}, nil
+	}
+	if a.DecodeAddr == "" {
+		return nil, errors.New("abort without a decode address to answer")
+	}
+	go p.drained(a.RequestId, &pdv1.Reservation{DecodeAddr: a.DecodeAddr}, key)
+	return &pdv1.Ack{}, nil
+}

@@ -1,0 +1,294 @@
+package roles
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kernels/cpu"
+	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/transfer/tcp"
+)
+
+type pair struct {
+	decode      *Decode
+	prefill     *Prefill
+	dPool       *kvpool.Pool
+	pPool       *kvpool.Pool
+	dm, pm      *metrics.Set
+	dc          pdv1.DecodeClient
+	pc          pdv1.PrefillClient
+	layout      *pdv1.KVLayout
+	prefillAddr string
+}
+
+func newWorkerEngine(t *testing.T, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
+	l, err := model.Load(model.LoadOptions{}, cpu.New(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.Model.Config
+	pool, err := kvpool.New(kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := scheduler.NewEngine(l.Model, pool, scheduler.Config{Role: role, ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: 32,
+		IsEOG: func(id int32) bool { return id == 2 }}, ms)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return e, pool, &c
+}
+
+func serveGRPC(t *testing.T, register func(*grpc.Server)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	register(gs)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	return ln.Addr().String()
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func newPair(t *testing.T, pageSize, chunk int) *pair {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p := &pair{dm: metrics.New("decode"), pm: metrics.New("prefill")}
+	pages := 4096 / pageSize
+	de, dpool, c := newWorkerEngine(t, scheduler.RoleDecode, p.dm, pages, pageSize, chunk)
+	pe, ppool, _ := newWorkerEngine(t, scheduler.RolePrefill, p.pm, pages, pageSize, chunk)
+	p.dPool, p.pPool = dpool, ppool
+	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
+	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Log: log})
+	t.Cleanup(p.decode.Close)
+	recv, err := tcp.Listen("127.0.0.1:0", p.decode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { recv.Close() })
+	daddr := serveGRPC(t, func(gs *grpc.Server) { pdv1.RegisterDecodeServer(gs, p.decode) })
+	p.decode.SetReceiver(recv, daddr)
+	p.prefill = NewPrefill(PrefillOptions{Engine: pe, Pool: ppool, Metrics: p.pm, Layout: p.layout, Sender: tcp.NewSender(), ContextLength: 512, MaxSeq: 512, Log: log})
+	t.Cleanup(p.prefill.Close)
+	p.prefillAddr = serveGRPC(t, func(gs *grpc.Server) { pdv1.RegisterPrefillServer(gs, p.prefill) })
+	p.prefill.SetAddr(p.prefillAddr)
+	p.dc = pdv1.NewDecodeClient(dial(t, daddr))
+	p.pc = pdv1.NewPrefillClient(dial(t, p.prefillAddr))
+	return p
+}
+
+type reference struct {
+	PromptIDs    []int32 `json:"prompt_token_ids"`
+	GeneratedIDs []int32 `json:"generated_token_ids"`
+}
+
+func loadRef(t *testing.T) reference {
+	b, err := os.ReadFile("../../testdata/stories260K-greedy-once-upon-a-time.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r reference
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// handoff plays the router: Reserve, Stream, Prefill; it returns the tokens.
+func (p *pair) handoff(t *testing.T, prompt []int32, maxTokens int) ([]int32, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "t", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: uint32(maxTokens)},
+		Layout: p.layout, Writer: p.prefillAddr})
+	if err != nil {
+		return nil, "", err
+	}
+	st, err := p.dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch})
+	if err != nil {
+		return nil, "", err
+	}
+	perr := make(chan error, 1)
+	go func() {
+		_, err := p.pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: "t", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: uint32(maxTokens)}, Reservation: res})
+		perr <- err
+	}()
+	var toks []int32
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			return toks, "", err
+		}
+		if ev.Token != nil {
+			toks = append(toks, ev.Token.Id)
+		}
+		if ev.Error != "" {
+			<-perr
+			return toks, "", &eventError{ev.Error}
+		}
+		if ev.Finish != "" {
+			return toks, ev.Finish, <-perr
+		}
+	}
+}
+
+type eventError struct{ msg string }
+
+func (e *eventError) Error() string { return e.msg }
+
+func waitAllFree(t *testing.T, pools ...*kvpool.Pool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pool := range pools {
+		for pool.Free() != pool.NumPages() {
+			if time.Now().After(deadline) {
+				t.Fatalf("pages not released: %+v", pool.Stats())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if st := pool.Stats(); st.ReleaseErrors != 0 || st.Quarantined != 0 {
+			t.Fatalf("pool bookkeeping: %+v", st)
+		}
+	}
+}
+
+func TestHandoffGreedyReference(t *testing.T) {
+	want := loadRef(t)
+	for _, tc := range []struct{ page, chunk int }{{16, 512}, {1, 2}, {64, 3}, {2, 3}} {
+		p := newPair(t, tc.page, tc.chunk)
+		var wg sync.WaitGroup
+		for i := 0; i < 4; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				toks, fin, err := p.handoff(t, want.PromptIDs, len(want.GeneratedIDs))
+				if err != nil {
+					t.Errorf("page %d: %v", tc.page, err)
+					return
+				}
+				if fin != "length" || len(toks) != len(want.GeneratedIDs) {
+					t.Errorf("page %d: finish %q after %d tokens", tc.page, fin, len(toks))
+					return
+				}
+				for j := range toks {
+					if toks[j] != want.GeneratedIDs[j] {
+						t.Errorf("page %d chunk %d: token %d = %d, want %d", tc.page, tc.chunk, j, toks[j], want.GeneratedIDs[j])
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		waitAllFree(t, p.dPool, p.pPool)
+	}
+}
+
+// A commit that claims more than was written, or whose checksum does not
+// match, never lets the request decode: the client gets an error naming the
+// check, the failure is counted, and every page comes back.
+func TestCommitChecks(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 512)
+	ctx := context.Background()
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "x", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
+		Layout: p.layout, Writer: p.prefillAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing was written: a commit claiming the whole prompt must fail coverage.
+	_, err = p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(want.PromptIDs)),
+		PageChecksums: make([]uint64, len(res.Pages)), FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr})
+	if err == nil {
+		t.Fatal("a commit over unwritten pages was accepted")
+	}
+	if got := testutilCounter(t, p.dm, "baton_handoff_failures_total"); got < 1 {
+		t.Fatalf("handoff failure not counted")
+	}
+	// The writer never wrote; its Drained releases the quarantined pages.
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllFree(t, p.dPool)
+
+	// A wrong layout is refused at Reserve.
+	bad := proto.Clone(p.layout).(*pdv1.KVLayout)
+	bad.HeadDim++
+	if _, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "y", Prompt: want.PromptIDs, Layout: bad, Writer: p.prefillAddr}); err == nil {
+		t.Fatal("layout mismatch accepted")
+	}
+}
+
+// An abort before the commit keeps the pages quarantined until the writer
+// says Drained; a Drained for a stale epoch is dropped and counted.
+func TestAbortQuarantinesUntilDrained(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 512)
+	ctx := context.Background()
+	// Writer address that is not a real prefill: Abort to it fails, so only Drained frees.
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "z", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
+		Layout: p.layout, Writer: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "client left"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	st := p.dPool.Stats()
+	if st.Quarantined != len(res.Pages) {
+		t.Fatalf("after abort: %d quarantined, want the %d prompt pages; %+v", st.Quarantined, len(res.Pages), st)
+	}
+	_, _ = p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch + 1, Writer: "127.0.0.1:1"})
+	if p.dPool.Stats().Quarantined != len(res.Pages) {
+		t.Fatal("a Drained for another epoch freed pages")
+	}
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: "127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllFree(t, p.dPool)
+	if testutilCounter(t, p.dm, "baton_late_messages_dropped_total") < 1 {
+		t.Fatal("late Drained not counted")
+	}
+}
+
+func testutilCounter(t *testing.T, ms *metrics.Set, name string) float64 {
+	t.Helper()
+	mfs, err := ms.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}

@@ -1,0 +1,106 @@
+// Package tcp is the pure-Go transport: the prefill side streams page
+// frames over one TCP connection per session, and the decode side's
+// receiver hands each frame to its transfer.Sink, in order, on one
+// goroutine per connection.
+//
+// The end of a session is the proof decode needs before it reuses pages:
+// the receiver calls Sink.Closed only after the connection is closed and
+// the goroutine that called Sink.Write has returned. The sender's Close
+// waits for the receiver to close its end (after it processed every byte
+// that was sent) so that a returned Close also means nothing is in flight.
+package tcp
+
+import "time"
+
+// Defaults for the options.
+const (
+	DefaultMaxPayload       = 64 << 20
+	DefaultQueueDepth       = 8
+	DefaultSocketBuffer     = 4 << 20
+	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultCloseTimeout     = 10 * time.Second
+)
+
+type config struct {
+	maxPayload       int
+	queueDepth       int
+	socketBuffer     int
+	handshakeTimeout time.Duration
+	closeTimeout     time.Duration
+}
+
+func newConfig(opts []Option) config {
+	c := config{
+		maxPayload:       DefaultMaxPayload,
+		queueDepth:       DefaultQueueDepth,
+		socketBuffer:     DefaultSocketBuffer,
+		handshakeTimeout: DefaultHandshakeTimeout,
+		closeTimeout:     DefaultCloseTimeout,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// Option tunes a Receiver or a Sender; each applies to the side(s) named
+// in its doc and is ignored by the other.
+type Option func(*config)
+
+// WithMaxPayload bounds one page frame's payload (both sides). A receiver
+// drops a connection whose frame claims more, so a hostile or broken peer
+// cannot make it allocate without bound; a sender refuses to send it.
+// n <= 0 keeps the default.
+func WithMaxPayload(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.maxPayload = min(n, 1<<31-1)
+		}
+	}
+}
+
+// WithQueueDepth sets how many frames a session queues for its writer
+// goroutine before Write blocks (sender). This, plus the socket buffers,
+// bounds what a slow receiver can make the sender hold. n <= 0 keeps the
+// default.
+func WithQueueDepth(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.queueDepth = n
+		}
+	}
+}
+
+// WithSocketBuffer sets SO_SNDBUF and SO_RCVBUF on each connection (both
+// sides; the kernel caps it at net.core.[rw]mem_max). n = 0 leaves the
+// kernel's autotuning alone; n < 0 keeps the default.
+func WithSocketBuffer(n int) Option {
+	return func(c *config) {
+		if n >= 0 {
+			c.socketBuffer = n
+		}
+	}
+}
+
+// WithHandshakeTimeout bounds how long a receiver waits for a new
+// connection's HELLO, so that idle connections do not pin goroutines.
+// d <= 0 keeps the default.
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.handshakeTimeout = d
+		}
+	}
+}
+
+// WithCloseTimeout bounds how long a sender's Close waits for the receiver
+// to confirm that it processed everything sent and closed its end. Past
+// it, Close drops the connection and returns an error, since it cannot
+// claim that nothing is in flight. d <= 0 keeps the default.
+func WithCloseTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.closeTimeout = d
+		}
+	}
+}
