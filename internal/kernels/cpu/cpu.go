@@ -127,17 +127,22 @@ func (b *Backend) simdFlag() C.int {
 	return 0
 }
 
-// parallel splits [0, total) into at most b.threads contiguous ranges,
-// each a multiple of align long (except the last), using no more ranges
-// than work/b.minWork (work in multiply-add equivalents, see
-// defaultMinWork), and runs fn on them on the backend's pool.
+// rangesPerThread: operations are cut into this many ranges per thread
+// (when big enough), handed out dynamically, to absorb threads that start
+// late or run slower.
+const rangesPerThread = 4
+
+// parallel splits [0, total) into contiguous ranges, each a multiple of
+// align long (except the last) and worth at least b.minWork (work is the
+// whole operation's, in multiply-add equivalents, see defaultMinWork), and
+// runs fn on them on the backend's pool.
 func (b *Backend) parallel(total, align int, work int, fn func(lo, hi int)) {
 	if total <= 0 {
 		return
 	}
 	units := (total + align - 1) / align
-	parts := min(b.threads, work/b.minWork, units)
-	if parts <= 1 {
+	parts := min(b.threads*rangesPerThread, work/b.minWork, units)
+	if parts <= 1 || b.threads <= 1 {
 		fn(0, total)
 		return
 	}
@@ -145,7 +150,7 @@ func (b *Backend) parallel(total, align int, work int, fn func(lo, hi int)) {
 	for p := 1; p <= parts; p++ {
 		bounds[p] = min(units*p/parts*align, total)
 	}
-	b.pool.run(bounds, fn)
+	b.pool.run(bounds, b.threads, fn)
 }
 
 func fptr(s []float32) *C.float { return (*C.float)(unsafe.Pointer(unsafe.SliceData(s))) }
@@ -371,8 +376,8 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 			panic("cpu: Attention out of memory")
 		}
 	}
-	parts := min(b.threads, 2*total/b.minWork, nitems)
-	if parts <= 1 {
+	parts := min(b.threads*rangesPerThread, 2*total/b.minWork, nitems)
+	if parts <= 1 || b.threads <= 1 {
 		run(0, nitems)
 		return
 	}
@@ -392,5 +397,5 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 		bounds = append(bounds, hi)
 	}
 	bounds = append(bounds, nitems)
-	b.pool.run(bounds, run)
+	b.pool.run(bounds, b.threads, run)
 }

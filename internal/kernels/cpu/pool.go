@@ -8,7 +8,10 @@ import (
 )
 
 // A pool runs the ranges of one parallel operation on threads-1 worker
-// goroutines plus the caller, each range being one cgo call.
+// goroutines plus the caller, each range being one cgo call. Ranges are
+// handed out dynamically (an atomic counter), and an operation is cut into
+// a few ranges per thread, so a thread that the OS schedules late (other
+// processes, other goroutines) just takes fewer of them.
 //
 // Workers spin (yielding with runtime.Gosched, so other goroutines still
 // run) for spinFor after each task before parking on a channel. Waking a
@@ -19,15 +22,15 @@ import (
 type pool struct {
 	mu      sync.Mutex // held by the one caller dispatching on the pool
 	workers []*worker
-	pending atomic.Int32
+	pending atomic.Int32 // helpers still working
+	next    atomic.Int64 // next range to hand out
 }
 
 type worker struct {
 	seq    atomic.Uint64 // bumped to post a task
 	parked atomic.Bool
 	wake   chan struct{}
-	fn     func(lo, hi int)
-	lo, hi int
+	fn     func()
 	p      *pool
 }
 
@@ -60,7 +63,7 @@ func (w *worker) loop() {
 	for {
 		w.wait(seen)
 		seen = w.seq.Load()
-		w.fn(w.lo, w.hi)
+		w.fn()
 		w.fn = nil
 		w.p.pending.Add(-1)
 	}
@@ -85,31 +88,42 @@ func (w *worker) wait(seen uint64) {
 	<-w.wake // the poster cleared parked and sends exactly once
 }
 
-func (w *worker) post(fn func(lo, hi int), lo, hi int) {
-	w.fn, w.lo, w.hi = fn, lo, hi
+func (w *worker) post(fn func()) {
+	w.fn = fn
 	w.seq.Add(1)
 	if w.parked.Swap(false) {
 		w.wake <- struct{}{}
 	}
 }
 
-// run calls fn on each range bounds[i]..bounds[i+1] (len(bounds)-1 ranges,
-// at most the pool's threads), the first on the caller. If another
-// operation holds the pool, everything runs on the caller, in order.
-func (p *pool) run(bounds []int, fn func(lo, hi int)) {
+// run calls fn on each range bounds[i]..bounds[i+1], on the caller and up
+// to threads-1 workers. If another operation holds the pool, everything
+// runs on the caller, in order.
+func (p *pool) run(bounds []int, threads int, fn func(lo, hi int)) {
 	n := len(bounds) - 1
-	if n <= 1 || n-1 > len(p.workers) || !p.mu.TryLock() {
+	helpers := min(threads-1, n-1, len(p.workers))
+	if helpers <= 0 || !p.mu.TryLock() {
 		for i := 0; i < n; i++ {
 			fn(bounds[i], bounds[i+1])
 		}
 		return
 	}
 	defer p.mu.Unlock()
-	p.pending.Store(int32(n - 1))
-	for i := 1; i < n; i++ {
-		p.workers[i-1].post(fn, bounds[i], bounds[i+1])
+	p.next.Store(0)
+	p.pending.Store(int32(helpers))
+	task := func() {
+		for {
+			i := int(p.next.Add(1)) - 1
+			if i >= n {
+				return
+			}
+			fn(bounds[i], bounds[i+1])
+		}
 	}
-	fn(bounds[0], bounds[1])
+	for _, w := range p.workers[:helpers] {
+		w.post(task)
+	}
+	task()
 	for p.pending.Load() != 0 {
 		runtime.Gosched()
 	}
