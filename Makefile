@@ -3,13 +3,16 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run test bench lint proto clean
+.PHONY: build run run-standalone test bench lint proto clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/baton
 
 run: build
-	@echo "try: curl -s http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":\"stories260K\",\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":64}'"
+	PORT=$(PORT) ./deploy/local/pd.sh
+
+run-standalone: build
+	@echo "try: curl -s http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"stories260K\",\"prompt\":\"Once upon a time\",\"max_tokens\":64}'"
 	./$(BIN) serve --role standalone --host 127.0.0.1 --port $(PORT) --kv-poison
 
 test: build

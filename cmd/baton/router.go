@@ -2,10 +2,81 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/batonlm/baton/internal/bundled"
+	"github.com/batonlm/baton/internal/gguf"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/router"
+	"github.com/batonlm/baton/internal/server"
+	"github.com/batonlm/baton/internal/tokenizer"
 )
 
+// runRouter runs the front door of PD mode. It loads the tokenizer and chat
+// template from the model file's metadata, never its weights.
 func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
-	return fmt.Errorf("router role: not wired yet")
+	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})).With("role", "router")
+	var gf *gguf.File
+	var err error
+	name := bundled.Name
+	if f.modelPath == "" {
+		gf, err = gguf.Parse(bundled.Stories260K)
+	} else {
+		gf, err = gguf.Open(f.modelPath)
+		name = model.NameFromPath(f.modelPath)
+	}
+	if err != nil {
+		return err
+	}
+	defer gf.Close()
+	if f.servedName != "" {
+		name = f.servedName
+	}
+	tok, err := tokenizer.FromGGUF(gf)
+	if err != nil {
+		return err
+	}
+	ms := metrics.New("router")
+	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy, APIKey: f.apiKey, Metrics: ms, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	rctx, rstop := context.WithCancel(context.Background())
+	defer rstop()
+	rt.Start(rctx)
+	maxPrompt, maxSeq := rt.Capacity()
+	log.Info("router", "model", name, "prefill", f.prefillURLs, "decode", f.decodeURLs, "policy", f.policy,
+		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
+	srv := server.New(server.Options{
+		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: chatTemplate(tok, log), Generator: rt, Metrics: ms,
+		Info: map[string]any{"role": "router", "model": name, "policy": f.policy},
+		LiveInfo: func() map[string]any {
+			p, s := rt.Capacity()
+			return map[string]any{"max_prompt_tokens": p, "effective_context_length": s, "workers": rt.Workers()}
+		},
+	})
+	// /health follows the router's view: ready while one healthy pair exists.
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			srv.SetReady(rt.Ready())
+			select {
+			case <-rctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))
+	if err != nil {
+		return err
+	}
+	return serveHTTP(ctx, f, logw, log, ln, srv, func(bool) {})
 }

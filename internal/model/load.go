@@ -58,10 +58,10 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Loaded{Model: New(c, w, be), GGUF: tf, Name: baseName(filepath.Dir(o.Path))}, nil
+		return &Loaded{Model: New(c, w, be), GGUF: tf, Name: NameFromPath(filepath.Dir(o.Path))}, nil
 	default:
 		f, err = gguf.Open(o.Path)
-		name = baseName(o.Path)
+		name = NameFromPath(o.Path)
 	}
 	if err != nil {
 		return nil, err
@@ -89,7 +89,9 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 	return &Loaded{Model: m, GGUF: f, Name: name}, nil
 }
 
-func baseName(p string) string {
+// NameFromPath is a model file's base name without extension: the default
+// served model name.
+func NameFromPath(p string) string {
 	b := filepath.Base(p)
 	return strings.TrimSuffix(b, filepath.Ext(b))
 }

@@ -177,7 +177,8 @@ func (e *Engine) Join(r *Request, first model.Sampled) error {
 	if r.life.State() != StateCommitted {
 		return fmt.Errorf("scheduler: join of a request in state %s", r.life.State())
 	}
-	r.seq = append(append([]int32(nil), r.Prompt...), first.ID)
+	r.seq = append([]int32(nil), r.Prompt...)
+	r.first = &first
 	r.computed = len(r.Prompt)
 	seed := rand.Uint64()
 	if r.Params.Seed != nil {
@@ -264,10 +265,10 @@ func (e *Engine) deliverFirst(r *Request) {
 		e.fail(r, err)
 		return
 	}
-	first := r.seq[len(r.seq)-1]
-	r.seq = r.seq[:len(r.seq)-1]
+	first := *r.first
+	r.first = nil
 	e.running = append(e.running, r)
-	e.deliver(r, model.Sampled{TokenLogprob: model.TokenLogprob{ID: first}})
+	e.deliver(r, first)
 }
 
 // Load is the number of running and waiting requests (safe from any goroutine).

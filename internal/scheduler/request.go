@@ -66,7 +66,8 @@ type Request struct {
 
 	// engine-owned
 	room      uint64
-	seq       []int32 // prompt then generated tokens
+	seq       []int32        // prompt then generated tokens
+	first     *model.Sampled // decode: the token prefill sampled, until delivered
 	generated int
 	computed  int // positions whose KV is in the pages
 	owner     kvpool.Owner

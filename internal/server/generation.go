@@ -113,7 +113,7 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 				g.finish = ev.Finish
 				piece += g.text.flush()
 			default:
-				e := openai.Internal("generation failed: " + errText(ev.Err))
+				e := eventError(ev.Err)
 				if sse != nil {
 					_ = sse.SendError(e)
 					_ = sse.Done()
@@ -151,6 +151,26 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 	}
 	writeJSON(w, http.StatusOK, openai.CompletionResponse{ID: g.id, Created: g.created, Model: g.s.o.ModelName, Usage: usage,
 		Choices: []openai.CompletionChoice{{Text: g.text.out.String(), Logprobs: g.legacy, FinishReason: &finish}}})
+}
+
+// eventError maps a failed generation to the error the client sees: the
+// status the generator attached (a router relays the worker's), else 500.
+func eventError(err error) *openai.Error {
+	msg := "generation failed: " + errText(err)
+	var hs interface{ HTTPStatus() int }
+	if errors.As(err, &hs) {
+		switch st := hs.HTTPStatus(); {
+		case st == http.StatusBadRequest:
+			return openai.BadRequest(msg, "")
+		case st == http.StatusServiceUnavailable || st == http.StatusTooManyRequests:
+			return openai.ServiceUnavailable(msg, time.Second)
+		case st >= 500:
+			e := openai.Internal(msg)
+			e.Status = st
+			return e
+		}
+	}
+	return openai.Internal(msg)
 }
 
 func errText(err error) string {

@@ -1,0 +1,47 @@
+package router
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// routerMetrics are the figures only a router has, next to the shared set.
+type routerMetrics struct {
+	healthy  *prometheus.GaugeVec   // url, role
+	retries  *prometheus.CounterVec // stage
+	picks    *prometheus.CounterVec // url, role
+	mismatch prometheus.Counter
+}
+
+func newRouterMetrics(reg *prometheus.Registry) *routerMetrics {
+	return &routerMetrics{
+		healthy: register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "baton_router_worker_healthy", Help: "1 when the worker answered its last probe (health, server_info and gRPC Info), else 0.",
+		}, []string{"url", "role"})),
+		retries: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_router_retries_total", Help: "Requests tried again on another pair before their first token, by the step that failed.",
+		}, []string{"stage"})),
+		picks: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_router_worker_requests_total", Help: "Requests (attempts included) sent to each worker.",
+		}, []string{"url", "role"})),
+		mismatch: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_router_layout_mismatch_total", Help: "Prefill/decode pairs refused because their KV layouts differ (counted once per difference seen).",
+		})),
+	}
+}
+
+// register adds c to reg, or returns the collector already there, so that
+// two routers sharing one metric set (tests) do not panic.
+func register[C prometheus.Collector](reg *prometheus.Registry, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(err)
+	}
+	return c
+}

@@ -1,0 +1,560 @@
+// Package router is the front door in PD mode. It implements
+// server.Generator: for each request it checks the prompt against the
+// smallest capacity on the path, picks a decode and a prefill worker, has
+// decode reserve pages, has prefill write into them, and relays decode's
+// tokens as scheduler events. Workers are found and watched through their
+// HTTP /health and /server_info and their gRPC Info.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/server"
+)
+
+// Worker-selection policies.
+const (
+	PolicyRoundRobin = "round_robin"
+	PolicyLeastLoad  = "least_load"
+)
+
+// Options configure a Router.
+type Options struct {
+	// Prefill and Decode are the workers' HTTP base URLs, e.g.
+	// http://127.0.0.1:8100.
+	Prefill, Decode []string
+	// Policy is PolicyRoundRobin (default) or PolicyLeastLoad.
+	Policy string
+	// HealthInterval is how often every worker is probed (default 1 s).
+	HealthInterval time.Duration
+	// Retries is how many times a request that failed before its first
+	// token is tried again on another pair: 0 means the default (2), a
+	// negative value means never.
+	Retries int
+	// APIKey, when set, is sent as a bearer token to the workers'
+	// /server_info (which a worker started with --api-key protects).
+	APIKey string
+	// Metrics is the router's metric set (role "router"); nil makes one.
+	Metrics *metrics.Set
+	// Logger receives the router's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Router picks workers for requests and relays their tokens.
+type Router struct {
+	o       Options
+	policy  string
+	retries int
+	log     *slog.Logger
+	m       *metrics.Set
+	rm      *routerMetrics
+	http    *http.Client
+
+	prefill []*worker
+	decode  []*worker
+
+	mu         sync.Mutex // guards the workers' probed state and the round-robin cursors
+	rrPrefill  int
+	rrDecode   int
+	mismatches map[[2]*worker]string // pairs refused for their layouts, logged once per difference
+
+	inflight atomic.Int64
+	closed   atomic.Bool
+
+	loopMu   sync.Mutex
+	stopLoop context.CancelFunc
+	loopDone chan struct{}
+}
+
+var _ server.Generator = (*Router)(nil)
+
+// New checks the options and makes a router. It contacts no worker: Start
+// (or Refresh) does.
+func New(o Options) (*Router, error) {
+	if len(o.Prefill) == 0 {
+		return nil, errors.New("router: no prefill workers given")
+	}
+	if len(o.Decode) == 0 {
+		return nil, errors.New("router: no decode workers given")
+	}
+	policy := o.Policy
+	switch policy {
+	case "":
+		policy = PolicyRoundRobin
+	case PolicyRoundRobin, PolicyLeastLoad:
+	default:
+		return nil, fmt.Errorf("router: unknown policy %q (%s, %s)", o.Policy, PolicyRoundRobin, PolicyLeastLoad)
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = time.Second
+	}
+	retries := o.Retries
+	switch {
+	case retries == 0:
+		retries = 2
+	case retries < 0:
+		retries = 0
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "router")
+	m := o.Metrics
+	if m == nil {
+		m = metrics.New("router")
+	}
+	r := &Router{
+		o: o, policy: policy, retries: retries, log: log, m: m, rm: newRouterMetrics(m.Registry),
+		// Each probe's context bounds its requests, so the client needs no
+		// timeout of its own.
+		http:       &http.Client{},
+		mismatches: map[[2]*worker]string{},
+	}
+	seen := map[string]bool{}
+	for _, l := range []struct {
+		role string
+		urls []string
+		into *[]*worker
+	}{{rolePrefill, o.Prefill, &r.prefill}, {roleDecode, o.Decode, &r.decode}} {
+		for _, raw := range l.urls {
+			u, err := normalizeURL(raw)
+			if err != nil {
+				return nil, fmt.Errorf("router: %s worker %q: %w", l.role, raw, err)
+			}
+			if seen[u] {
+				return nil, fmt.Errorf("router: worker %s is listed twice", u)
+			}
+			seen[u] = true
+			*l.into = append(*l.into, newWorker(u, l.role, r.rm))
+		}
+	}
+	return r, nil
+}
+
+func normalizeURL(raw string) (string, error) {
+	s := strings.TrimRight(strings.TrimSpace(raw), "/")
+	if !strings.Contains(s, "://") {
+		s = "http://" + s
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", fmt.Errorf("scheme %q is not http or https", u.Scheme)
+	}
+	if u.Host == "" {
+		return "", errors.New("no host")
+	}
+	return s, nil
+}
+
+// Start probes every worker once, so that Ready is meaningful when it
+// returns, then keeps probing every HealthInterval in the background until
+// ctx ends or Close is called. Calling it again does nothing.
+func (r *Router) Start(ctx context.Context) {
+	r.loopMu.Lock()
+	defer r.loopMu.Unlock()
+	if r.stopLoop != nil || r.closed.Load() {
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	r.stopLoop, r.loopDone = cancel, make(chan struct{})
+	r.Refresh(ctx)
+	go func() {
+		defer close(r.loopDone)
+		t := time.NewTicker(r.o.HealthInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				r.Refresh(ctx)
+			}
+		}
+	}()
+}
+
+// Close stops the probe loop and closes the connections to the workers;
+// requests still in flight end with an error.
+func (r *Router) Close() {
+	if r.closed.Swap(true) {
+		return
+	}
+	r.loopMu.Lock()
+	if r.stopLoop != nil {
+		r.stopLoop()
+		<-r.loopDone
+	}
+	r.loopMu.Unlock()
+	r.mu.Lock()
+	ws := append(append([]*worker(nil), r.prefill...), r.decode...)
+	r.mu.Unlock()
+	for _, w := range ws {
+		w.close(&r.mu)
+	}
+	r.http.CloseIdleConnections()
+}
+
+// Ready says whether a request can be served now: at least one healthy
+// prefill worker and one healthy decode worker whose KV layouts agree.
+func (r *Router) Ready() bool {
+	if r.closed.Load() {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range r.decode {
+		if d.healthy && r.hasPartnerLocked(d) {
+			return true
+		}
+	}
+	return false
+}
+
+// Capacity is the path's limit over the healthy workers: maxSequence is
+// the smallest max_sequence_tokens any of them reports (prompt plus
+// completion must fit it on decode), and maxPrompt the longest prompt
+// admitted (one token less, so that there is room to generate). Both are 0
+// when no healthy prefill or decode worker is known.
+func (r *Router) Capacity() (maxPrompt, maxSequence int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lim := r.limitsLocked()
+	if !lim.ok() {
+		return 0, 0
+	}
+	seq := min(lim.prefill, lim.decode)
+	return seq - 1, seq
+}
+
+// Workers describes every configured worker as last probed, for
+// /server_info and for logs.
+func (r *Router) Workers() []WorkerStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]WorkerStatus, 0, len(r.prefill)+len(r.decode))
+	for _, w := range append(append([]*worker(nil), r.prefill...), r.decode...) {
+		out = append(out, w.statusLocked())
+	}
+	return out
+}
+
+// WorkerStatus is one worker as the router last saw it.
+type WorkerStatus struct {
+	URL      string `json:"url"`
+	Role     string `json:"role"`
+	Healthy  bool   `json:"healthy"`
+	GRPCAddr string `json:"grpc_addr,omitempty"`
+	// Error is why the worker is unhealthy.
+	Error             string `json:"error,omitempty"`
+	MaxSequenceTokens int    `json:"max_sequence_tokens,omitempty"`
+	FreePages         int    `json:"free_pages,omitempty"`
+	Running           int    `json:"running"`
+	Queued            int    `json:"queued"`
+}
+
+// limits are the smallest max_sequence_tokens reported by healthy workers;
+// 0 means no healthy worker of that role reported one.
+type limits struct{ prefill, decode int }
+
+func (l limits) ok() bool { return l.prefill > 0 && l.decode > 0 }
+
+func (r *Router) limitsLocked() limits {
+	var l limits
+	lowest := func(cur *int, ws []*worker) {
+		for _, w := range ws {
+			if !w.healthy || w.info == nil || w.info.MaxSequenceTokens == 0 {
+				continue
+			}
+			if n := int(w.info.MaxSequenceTokens); *cur == 0 || n < *cur {
+				*cur = n
+			}
+		}
+	}
+	lowest(&l.prefill, r.prefill)
+	lowest(&l.decode, r.decode)
+	return l
+}
+
+// gate refuses, before any worker is contacted, a request that cannot run
+// on the path or that has no path at all. The wording follows the
+// standalone engine's door so that clients see one message either way.
+func (r *Router) gate(prompt []int32, p scheduler.Params) *scheduler.RejectError {
+	if r.closed.Load() {
+		return &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: "the router is shutting down", RetryAfter: 1}
+	}
+	if len(prompt) == 0 {
+		return &scheduler.RejectError{Status: 400, Reason: "empty_prompt", Message: "the prompt is empty"}
+	}
+	r.mu.Lock()
+	lim := r.limitsLocked()
+	r.mu.Unlock()
+	if !lim.ok() {
+		which := "prefill and decode workers"
+		switch {
+		case lim.prefill > 0:
+			which = "decode worker"
+		case lim.decode > 0:
+			which = "prefill worker"
+		}
+		return &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: "no healthy " + which + " is available; retry later", RetryAfter: 1}
+	}
+	n, ctx := len(prompt), min(lim.prefill, lim.decode)
+	switch {
+	case n >= ctx:
+		return &scheduler.RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
+			"this model's maximum context length is %d tokens (prefill %d, decode %d); the prompt has %d tokens, leaving no room to generate",
+			ctx, lim.prefill, lim.decode, n)}
+	case p.MaxTokens > 0 && n+p.MaxTokens > lim.decode:
+		return &scheduler.RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
+			"this model's maximum context length is %d tokens (decode %d); you requested %d tokens (%d in the prompt, %d for the completion)",
+			lim.decode, lim.decode, n+p.MaxTokens, n, p.MaxTokens)}
+	}
+	return nil
+}
+
+// Generate implements server.Generator. It returns once decode holds a
+// reservation for the request and prefill was asked to fill it; a refusal
+// before that point (capacity, no workers, decode's own door) is a
+// *scheduler.RejectError, and anything later arrives as the stream's last
+// event, whose Err is an *Error. The caller must read the stream to its
+// last event or call Cancel or Stop: the stream hands events over one at a
+// time and holds its worker calls open until then.
+func (r *Router) Generate(id string, prompt []int32, p scheduler.Params) (server.Stream, error) {
+	log := r.log.With("request_id", id)
+	if rej := r.gate(prompt, p); rej != nil {
+		r.m.Reject(rej.Reason)
+		r.m.Outcome("rejected")
+		log.Info("request rejected", "reason", rej.Reason, "status", rej.Status, "prompt_tokens", len(prompt), "max_tokens", p.MaxTokens, "msg", rej.Message)
+		return nil, rej
+	}
+	s := newStream(r, id, prompt, p, log)
+	started := make(chan error, 1)
+	r.inflight.Add(1)
+	r.m.Running.Set(float64(r.inflight.Load()))
+	go s.run(started)
+	if err := <-started; err != nil {
+		var rej *scheduler.RejectError
+		if errors.As(err, &rej) {
+			r.m.Reject(rej.Reason)
+			r.m.Outcome("rejected")
+		} else {
+			r.m.Outcome("error")
+		}
+		log.Warn("request refused", "err", err)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (r *Router) streamEnded() {
+	r.m.Running.Set(float64(r.inflight.Add(-1)))
+}
+
+// Error is a generation that failed after the router accepted it; it is
+// the Err of a scheduler.FinishError event. Status is the HTTP status the
+// client should see.
+type Error struct {
+	Status  int
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// HTTPStatus is the status the HTTP surface should answer with.
+func (e *Error) HTTPStatus() int { return e.Status }
+
+// layoutDiff names every field in which two KV layouts differ; "" means
+// they agree. A prefill worker may only write into a decode worker's pages
+// when they agree on all of them.
+func layoutDiff(p, d *pdv1.KVLayout) string {
+	if p == nil || d == nil {
+		switch {
+		case p == nil && d == nil:
+			return "layout (neither worker reported one)"
+		case p == nil:
+			return "layout (the prefill worker reported none)"
+		default:
+			return "layout (the decode worker reported none)"
+		}
+	}
+	var diffs []string
+	add := func(field string, a, b any) {
+		if a != b {
+			diffs = append(diffs, fmt.Sprintf("%s (prefill %v, decode %v)", field, a, b))
+		}
+	}
+	add("model", p.GetModel(), d.GetModel())
+	add("page_size", p.GetPageSize(), d.GetPageSize())
+	add("dtype", p.GetDtype(), d.GetDtype())
+	add("layers", p.GetLayers(), d.GetLayers())
+	add("kv_heads", p.GetKvHeads(), d.GetKvHeads())
+	add("head_dim", p.GetHeadDim(), d.GetHeadDim())
+	return strings.Join(diffs, ", ")
+}
+
+func (r *Router) compatibleLocked(p, d *worker) bool {
+	return p.info != nil && d.info != nil && layoutDiff(p.info.Layout, d.info.Layout) == ""
+}
+
+func (r *Router) hasPartnerLocked(d *worker) bool {
+	for _, p := range r.prefill {
+		if p.healthy && r.compatibleLocked(p, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkPairsLocked logs each healthy prefill/decode pair whose layouts
+// differ, once per difference, so that a misconfigured deployment says why
+// it is not serving without repeating itself every probe.
+func (r *Router) checkPairsLocked() {
+	for _, p := range r.prefill {
+		for _, d := range r.decode {
+			key := [2]*worker{p, d}
+			if !p.healthy || !d.healthy || p.info == nil || d.info == nil {
+				continue
+			}
+			diff := layoutDiff(p.info.Layout, d.info.Layout)
+			if diff == "" {
+				if _, was := r.mismatches[key]; was {
+					r.log.Info("prefill/decode pair now agrees on the KV layout", "prefill", p.url, "decode", d.url)
+					delete(r.mismatches, key)
+				}
+				continue
+			}
+			if r.mismatches[key] == diff {
+				continue
+			}
+			r.mismatches[key] = diff
+			r.rm.mismatch.Inc()
+			r.log.Error("refusing prefill/decode pair: their KV layouts differ in "+diff,
+				"prefill", p.url, "decode", d.url, "differs", diff)
+		}
+	}
+}
+
+// pick chooses a decode worker and a prefill worker whose layout agrees
+// with it. Workers in avoid (those that just failed this request) are
+// passed over while any other will do.
+func (r *Router) pick(avoid map[*worker]bool, promptTokens int) (d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var decodes []*worker
+	for _, w := range r.decode {
+		if w.healthy && w.conn != nil && r.hasPartnerLocked(w) {
+			decodes = append(decodes, w)
+		}
+	}
+	if len(decodes) == 0 {
+		return nil, nil, nil, nil, r.noPairLocked()
+	}
+	d = r.choose(preferOthers(decodes, avoid), roleDecode)
+	var prefills []*worker
+	for _, w := range r.prefill {
+		if w.healthy && w.conn != nil && r.compatibleLocked(w, d) {
+			prefills = append(prefills, w)
+		}
+	}
+	if len(prefills) == 0 {
+		return nil, nil, nil, nil, r.noPairLocked()
+	}
+	p = r.choose(preferOthers(prefills, avoid), rolePrefill)
+	// Between probes the workers' reported load is stale; count what this
+	// router sent them since so that least_load does not pile a burst of
+	// requests onto one worker.
+	d.assigned++
+	if ps := d.info.GetLayout().GetPageSize(); ps > 0 {
+		d.assignedPages += (promptTokens + int(ps) - 1) / int(ps)
+	}
+	p.assigned++
+	return d, p, pdv1.NewDecodeClient(d.conn), pdv1.NewPrefillClient(p.conn), nil
+}
+
+func (r *Router) noPairLocked() error {
+	healthyP, healthyD := 0, 0
+	for _, w := range r.prefill {
+		if w.healthy {
+			healthyP++
+		}
+	}
+	for _, w := range r.decode {
+		if w.healthy {
+			healthyD++
+		}
+	}
+	msg := "no healthy prefill and decode workers are available; retry later"
+	if healthyP > 0 && healthyD > 0 {
+		msg = "no healthy prefill/decode pair agrees on the KV layout"
+	outer:
+		for _, p := range r.prefill {
+			for _, d := range r.decode {
+				if diff, ok := r.mismatches[[2]*worker{p, d}]; ok && p.healthy && d.healthy {
+					msg += fmt.Sprintf(" (prefill %s and decode %s differ in %s)", p.url, d.url, diff)
+					break outer
+				}
+			}
+		}
+	}
+	return &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: msg, RetryAfter: 1}
+}
+
+func preferOthers(ws []*worker, avoid map[*worker]bool) []*worker {
+	if len(avoid) == 0 {
+		return ws
+	}
+	var rest []*worker
+	for _, w := range ws {
+		if !avoid[w] {
+			rest = append(rest, w)
+		}
+	}
+	if len(rest) == 0 {
+		return ws
+	}
+	return rest
+}
+
+// choose applies the policy to a non-empty candidate list (in configured
+// order, so that ties go to the first listed).
+func (r *Router) choose(ws []*worker, role string) *worker {
+	if r.policy == PolicyRoundRobin {
+		cur := &r.rrPrefill
+		if role == roleDecode {
+			cur = &r.rrDecode
+		}
+		w := ws[*cur%len(ws)]
+		*cur++
+		return w
+	}
+	best := ws[0]
+	for _, w := range ws[1:] {
+		if role == rolePrefill {
+			if w.prefillLoad() < best.prefillLoad() {
+				best = w
+			}
+			continue
+		}
+		wf, bf := w.decodeFree(), best.decodeFree()
+		if wf > bf || (wf == bf && w.decodeRunning() < best.decodeRunning()) {
+			best = w
+		}
+	}
+	return best
+}

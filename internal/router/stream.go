@@ -1,0 +1,530 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/scheduler"
+)
+
+// RequestIDKey is the gRPC metadata key that carries the request id to
+// every worker call, next to the id in the messages themselves.
+const RequestIDKey = "x-request-id"
+
+const (
+	// controlTimeout bounds the short control calls (Reserve,
+	// CancelReservation, Abort, Finish) so that a hung worker cannot hold a
+	// request, or its clean-up, forever.
+	controlTimeout = 10 * time.Second
+	// settleGrace bounds how long an ended request waits for its calls to
+	// end on their own before they are cancelled (see settle).
+	settleGrace = 2 * time.Second
+)
+
+const (
+	quitCancel int32 = iota + 1
+	quitStop
+)
+
+// stream is one request in flight through a prefill/decode pair. Its run
+// goroutine owns the worker calls; Next, Cancel and Stop only talk to it
+// through channels.
+type stream struct {
+	r      *Router
+	id     string
+	prompt []int32
+	p      scheduler.Params
+	log    *slog.Logger
+	start  time.Time
+	md     context.Context // carries the request id as gRPC metadata
+
+	// events is unbuffered: a token counts as delivered once the caller
+	// took it, which is the line after which a failure can no longer be
+	// retried on another pair.
+	events  chan scheduler.Event
+	quit    chan struct{}
+	quitWhy atomic.Int32
+	once    sync.Once
+
+	// run-owned
+	gotToken  bool
+	lastToken time.Time
+}
+
+func newStream(r *Router, id string, prompt []int32, p scheduler.Params, log *slog.Logger) *stream {
+	return &stream{
+		r: r, id: id, prompt: prompt, p: p, log: log, start: time.Now(),
+		md:     metadata.AppendToOutgoingContext(context.Background(), RequestIDKey, id),
+		events: make(chan scheduler.Event), quit: make(chan struct{}),
+	}
+}
+
+// Next waits for the next event; ok is false when ctx ended first. After
+// the last event (one with a finish reason) it waits for ctx.
+func (s *stream) Next(ctx context.Context) (scheduler.Event, bool) {
+	select {
+	case ev := <-s.events:
+		return ev, true
+	case <-ctx.Done():
+		return scheduler.Event{}, false
+	}
+}
+
+// Cancel aborts the request (the client left): decode is told to Abort.
+func (s *stream) Cancel() { s.end(quitCancel) }
+
+// Stop finishes the request early (a stop string matched): decode is told
+// to Finish.
+func (s *stream) Stop() { s.end(quitStop) }
+
+func (s *stream) end(why int32) {
+	s.once.Do(func() {
+		s.quitWhy.Store(why)
+		close(s.quit)
+	})
+}
+
+// failure is one attempt that did not produce a token.
+type failure struct {
+	stage string     // pick, reserve, stream, prefill, decode
+	code  codes.Code // the worker call's status; Unknown when it was not a gRPC status
+	err   error      // what the client would see: *Error, or *scheduler.RejectError from pick
+	retry bool
+}
+
+// run drives the attempts. started receives nil once the first attempt
+// holds a reservation and prefill was asked to fill it, or the error that
+// stopped the request before that; Generate waits for it.
+func (s *stream) run(started chan<- error) {
+	defer s.r.streamEnded()
+	avoid := map[*worker]bool{}
+	var last failure
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 && s.quitting() {
+			// The client left (or stopped) between attempts; nothing is
+			// reserved, so nothing needs telling.
+			s.endOutcome()
+			return
+		}
+		d, p, dc, pc, err := s.r.pick(avoid, len(s.prompt))
+		if err != nil {
+			last = failure{stage: "pick", err: err}
+			break
+		}
+		s.r.rm.picks.WithLabelValues(d.url, d.role).Inc()
+		s.r.rm.picks.WithLabelValues(p.url, p.role).Inc()
+		// A failed pair is passed over for the rest of this request: a
+		// prefill error may come from decode's transport and the other way
+		// round, so both sides of it are suspects.
+		avoid[d], avoid[p] = true, true
+		res, f := s.reserve(d, p, dc)
+		if f == nil && attempt > 0 && s.quitting() {
+			s.cancelReservation(s.log, dc, res, "client went away before prefill was asked")
+			s.endOutcome()
+			return
+		}
+		if f == nil {
+			if started != nil {
+				started <- nil
+				started = nil
+			}
+			f = s.relay(d, p, dc, pc, res)
+			if f == nil {
+				return
+			}
+		}
+		last = *f
+		if !f.retry || attempt >= s.r.retries {
+			break
+		}
+		s.r.rm.retries.WithLabelValues(f.stage).Inc()
+		s.log.Warn("attempt failed before the first token; retrying on another pair",
+			"stage", f.stage, "decode", d.url, "prefill", p.url, "attempt", attempt+1, "err", f.err)
+	}
+	if started != nil {
+		started <- rejectFrom(last)
+		return
+	}
+	s.log.Warn("request failed", "stage", last.stage, "err", last.err)
+	s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: asError(last.err)})
+}
+
+func (s *stream) quitting() bool {
+	select {
+	case <-s.quit:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *stream) reserve(d, p *worker, dc pdv1.DecodeClient) (*pdv1.Reservation, *failure) {
+	s.r.mu.Lock()
+	// The writer is named as prefill names itself: decode matches it
+	// against the Writer of prefill's Commit and Drained, so an address
+	// the router rewrote to dial it would make prefill's Drained a stranger.
+	layout, writer := p.info.GetLayout(), p.info.GetGrpcAddr()
+	if writer == "" {
+		writer = p.addr
+	}
+	s.r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
+	defer cancel()
+	res, err := dc.Reserve(ctx, &pdv1.ReserveRequest{
+		RequestId: s.id, Prompt: s.prompt, Sampling: samplingParams(s.p), Layout: layout, Writer: writer,
+	})
+	if err != nil {
+		return nil, rpcFailure("reserve", "decode worker refused the reservation", err)
+	}
+	s.log.Debug("reserved", "decode", d.url, "prefill", p.url, "room", res.Room, "epoch", res.Epoch, "pages", len(res.Pages))
+	return res, nil
+}
+
+type received struct {
+	ev  *pdv1.TokenEvent
+	err error
+}
+
+// relay runs one attempt on a reservation: it opens decode's token stream,
+// asks prefill to fill the reservation, and passes tokens on until the
+// request ends. nil means the request is over (last event delivered, or
+// the caller cancelled or stopped); a failure means no token was delivered
+// and the reservation was cancelled.
+func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, res *pdv1.Reservation) *failure {
+	log := s.log.With("decode", d.url, "prefill", p.url, "room", res.Room, "epoch", res.Epoch)
+	// Cancelling ctx ends the token stream and the prefill call, so every
+	// goroutine started here returns with relay.
+	ctx, cancel := context.WithCancel(s.md)
+	defer cancel()
+	evs, err := dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch})
+	if err != nil {
+		f := rpcFailure("stream", "decode token stream failed", err)
+		s.cancelReservation(log, dc, res, "token stream failed: "+err.Error())
+		return f
+	}
+	prefillDone := make(chan error, 1)
+	go func() {
+		_, err := pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: s.id, Prompt: s.prompt, Sampling: samplingParams(s.p), Reservation: res})
+		prefillDone <- err
+	}()
+	recv := make(chan received)
+	go func() {
+		for {
+			ev, err := evs.Recv()
+			select {
+			case recv <- received{ev, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	pending := prefillDone // nil once prefill answered
+	for {
+		select {
+		case err := <-pending:
+			pending = nil
+			if err == nil {
+				s.r.m.PromptTokens.Add(float64(len(s.prompt)))
+				log.Debug("prefill committed")
+				continue
+			}
+			if s.gotToken {
+				// Decode only streams after it accepted the commit, so its
+				// word stands; the error is for the operator.
+				log.Warn("prefill reported an error after decode streamed a token", "err", err)
+				continue
+			}
+			f := rpcFailure("prefill", "prefill failed", err)
+			s.cancelReservation(log, dc, res, "prefill failed: "+err.Error())
+			return f
+		case it := <-recv:
+			if it.err != nil {
+				if s.gotToken {
+					msg := "decode token stream broke: " + it.err.Error()
+					if errors.Is(it.err, io.EOF) {
+						msg = "decode token stream ended without a finish reason"
+					}
+					log.Warn("stream failed after the first token", "err", it.err)
+					// A decode worker that is still alive may not have seen
+					// the break; the request is over either way.
+					s.abort(log, dc, res, "token stream to the router broke")
+					s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: &Error{Status: http.StatusBadGateway, Message: msg}})
+					s.settle(nil, pending)
+					return nil
+				}
+				var f *failure
+				if errors.Is(it.err, io.EOF) {
+					// An orderly end with nothing sent (a decode worker
+					// shutting down) says nothing against trying elsewhere.
+					f = &failure{stage: "stream", retry: true, err: &Error{Status: http.StatusBadGateway, Message: "decode token stream ended before the first token"}}
+				} else {
+					f = rpcFailure("stream", "decode token stream failed", it.err)
+				}
+				s.cancelReservation(log, dc, res, "token stream failed: "+it.err.Error())
+				return f
+			}
+			if done, f := s.forward(log, it.ev, dc, res); f != nil {
+				s.cancelReservation(log, dc, res, "decode failed the request before its first token: "+f.err.Error())
+				return f
+			} else if done {
+				s.settle(recv, pending)
+				return nil
+			}
+		case <-s.quit:
+			s.tellDecode(log, dc, res)
+			s.settle(recv, pending)
+			return nil
+		}
+	}
+}
+
+// forward passes one decode event to the caller. done means the request is
+// over; a failure is an error event before any token that may be retried.
+func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeClient, res *pdv1.Reservation) (done bool, f *failure) {
+	var ev scheduler.Event
+	if te.Token != nil {
+		ev.Token = sampled(te.Token)
+	}
+	switch {
+	case te.Error != "":
+		e := &Error{Status: httpStatus(te.Code), Message: te.Error}
+		if !s.gotToken && ev.Token == nil && retryableHTTP(e.Status) {
+			return false, &failure{stage: "decode", err: e, retry: true}
+		}
+		ev.Finish, ev.Err = scheduler.FinishError, e
+	case te.Finish == scheduler.FinishStop || te.Finish == scheduler.FinishLength:
+		ev.Finish = te.Finish
+	case te.Finish != "":
+		ev.Finish, ev.Err = scheduler.FinishError, &Error{Status: http.StatusBadGateway, Message: "decode ended the request: " + te.Finish}
+	case ev.Token == nil:
+		return false, nil // nothing to pass on
+	}
+	if ev.Token != nil {
+		now := time.Now()
+		if !s.gotToken {
+			s.r.m.TTFT.Observe(now.Sub(s.start).Seconds())
+		} else {
+			s.r.m.ITL.Observe(now.Sub(s.lastToken).Seconds())
+		}
+		s.gotToken, s.lastToken = true, now
+		s.r.m.GenerationTokens.Inc()
+	}
+	if ev.Finish != "" {
+		if ev.Err != nil {
+			log.Warn("decode failed the request", "err", ev.Err)
+		}
+		s.finish(ev)
+		return true, nil
+	}
+	select {
+	case s.events <- ev:
+		return false, nil
+	case <-s.quit:
+		s.tellDecode(log, dc, res)
+		return true, nil
+	}
+}
+
+// finish delivers the last event and counts the outcome. A caller that
+// cancelled or stopped meanwhile does not read it, and decode, which sent
+// it, needs no telling.
+func (s *stream) finish(ev scheduler.Event) {
+	select {
+	case s.events <- ev:
+		if ev.Finish == scheduler.FinishError {
+			s.r.m.Outcome("error")
+		} else {
+			s.r.m.Outcome("finished")
+		}
+		s.r.m.E2E.Observe(time.Since(s.start).Seconds())
+	case <-s.quit:
+		s.endOutcome()
+	}
+}
+
+func (s *stream) endOutcome() {
+	if s.quitWhy.Load() == quitStop {
+		s.r.m.Outcome("finished")
+		s.r.m.E2E.Observe(time.Since(s.start).Seconds())
+		return
+	}
+	s.r.m.Outcome("aborted")
+}
+
+// tellDecode passes the caller's Cancel (Abort) or Stop (Finish) to decode.
+// Decode, not the router, tells prefill and waits for it to drain.
+func (s *stream) tellDecode(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reservation) {
+	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
+	defer cancel()
+	req := &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, RequestId: s.id}
+	var err error
+	if s.quitWhy.Load() == quitStop {
+		req.Reason = "stop string matched"
+		_, err = dc.Finish(ctx, req)
+	} else {
+		req.Reason = "client cancelled"
+		_, err = dc.Abort(ctx, req)
+	}
+	if err != nil {
+		log.Warn("could not tell decode the request ended", "reason", req.Reason, "err", err)
+	} else {
+		log.Debug("told decode the request ended", "reason", req.Reason)
+	}
+	s.endOutcome()
+}
+
+// abort tells decode to abort a request the router gave up on.
+func (s *stream) abort(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reservation, reason string) {
+	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
+	defer cancel()
+	if _, err := dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, RequestId: s.id, Reason: reason}); err != nil {
+		log.Warn("could not tell decode to abort", "reason", reason, "err", err)
+	}
+}
+
+// cancelReservation gives an attempt's pages back before the next attempt.
+// Prefill may have been told (and may have written) already: decode keeps
+// the pages until the writer drained, so the router need not wait here.
+func (s *stream) cancelReservation(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reservation, reason string) {
+	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
+	defer cancel()
+	if _, err := dc.CancelReservation(ctx, &pdv1.CancelRequest{Room: res.Room, Epoch: res.Epoch, Reason: reason}); err != nil {
+		log.Warn("could not cancel the reservation", "reason", reason, "err", err)
+		return
+	}
+	log.Debug("reservation cancelled", "reason", reason)
+}
+
+// settle lets an ended request's calls end on their own before relay
+// cancels them: decode closes its token stream after the last event, or
+// after Finish or Abort, and prefill answers once it committed or drained.
+// A worker that sees its call cancelled instead takes it for a vanished
+// router and aborts, which is safe but turns a clean Finish into an abort
+// and races a committed prefill's reply. A worker that does not end its
+// call within settleGrace is cut off all the same.
+func (s *stream) settle(recv <-chan received, pending <-chan error) {
+	t := time.NewTimer(settleGrace)
+	defer t.Stop()
+	for recv != nil || pending != nil {
+		select {
+		case it := <-recv:
+			if it.err != nil || it.ev.GetFinish() != "" || it.ev.GetError() != "" {
+				recv = nil
+			}
+		case err := <-pending:
+			pending = nil
+			if err != nil && !s.gotToken && !s.quitting() {
+				s.log.Warn("prefill failed", "err", err)
+			}
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// rpcFailure classifies a failed worker call. Unavailable,
+// DeadlineExceeded and ResourceExhausted (another pair may have room), and
+// errors below gRPC, are worth another pair; a refusal at a worker's door
+// (InvalidArgument) or a layout mismatch (FailedPrecondition) would be
+// refused again.
+func rpcFailure(stage, what string, err error) *failure {
+	st, ok := status.FromError(err)
+	if !ok {
+		return &failure{stage: stage, code: codes.Unknown, retry: true, err: &Error{Status: http.StatusBadGateway, Message: what + ": " + err.Error()}}
+	}
+	f := &failure{stage: stage, code: st.Code()}
+	e := &Error{Message: what + ": " + st.Message()}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.OutOfRange:
+		// The worker's message is written for the client; pass it as is.
+		e.Status, e.Message = http.StatusBadRequest, st.Message()
+	case codes.ResourceExhausted:
+		e.Status, f.retry = http.StatusServiceUnavailable, true
+	case codes.Unavailable:
+		e.Status, f.retry = http.StatusServiceUnavailable, true
+	case codes.DeadlineExceeded:
+		e.Status, f.retry = http.StatusGatewayTimeout, true
+	case codes.FailedPrecondition:
+		e.Status = http.StatusInternalServerError
+	default:
+		e.Status = http.StatusBadGateway
+	}
+	f.err = e
+	return f
+}
+
+// rejectFrom turns a failure before any reservation held into Generate's
+// error: the HTTP surface answers a *scheduler.RejectError with its status.
+func rejectFrom(f failure) error {
+	var rej *scheduler.RejectError
+	if errors.As(f.err, &rej) {
+		return rej
+	}
+	var e *Error
+	if !errors.As(f.err, &e) {
+		return f.err
+	}
+	switch {
+	case e.Status == http.StatusBadRequest:
+		return &scheduler.RejectError{Status: 400, Reason: "rejected_by_decode", Message: e.Message}
+	case f.code == codes.ResourceExhausted:
+		return &scheduler.RejectError{Status: 503, Reason: "decode_full", Message: e.Message, RetryAfter: 1}
+	case f.retry:
+		return &scheduler.RejectError{Status: 503, Reason: "workers_unavailable", Message: e.Message, RetryAfter: 1}
+	}
+	return e
+}
+
+// asError makes any failure an *Error for the last event.
+func asError(err error) error {
+	var rej *scheduler.RejectError
+	if errors.As(err, &rej) {
+		return &Error{Status: rej.Status, Message: rej.Message}
+	}
+	return err
+}
+
+func httpStatus(code int32) int {
+	if code < 400 || code > 599 {
+		return http.StatusInternalServerError
+	}
+	return int(code)
+}
+
+func retryableHTTP(status int) bool {
+	return status == http.StatusBadGateway || status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout
+}
+
+func sampled(t *pdv1.Token) *model.Sampled {
+	s := &model.Sampled{TokenLogprob: model.TokenLogprob{ID: t.Id, Logprob: t.Logprob}}
+	if len(t.Top) > 0 {
+		s.Top = make([]model.TokenLogprob, len(t.Top))
+		for i, a := range t.Top {
+			s.Top[i] = model.TokenLogprob{ID: a.GetId(), Logprob: a.GetLogprob()}
+		}
+	}
+	return s
+}
+
+func samplingParams(p scheduler.Params) *pdv1.SamplingParams {
+	return &pdv1.SamplingParams{
+		Temperature: p.Sampling.Temperature, TopP: p.Sampling.TopP, TopK: int32(p.Sampling.TopK), MinP: p.Sampling.MinP,
+		TopLogprobs: int32(p.Sampling.TopLogprobs), MaxTokens: uint32(max(0, p.MaxTokens)), Seed: p.Seed,
+		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS,
+	}
+}

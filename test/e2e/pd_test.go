@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// cluster is a router with its prefill and decode workers, each a real
+// process on loopback.
+type cluster struct {
+	router           *server
+	prefill, decode  []*server
+	routerArgs       []string
+	prefillArgs      []string
+	decodeArgs       []string
+	prefillN, decodN int
+}
+
+func startCluster(t *testing.T, nPrefill, nDecode int, workerArgs, decodeArgs []string) *cluster {
+	t.Helper()
+	c := &cluster{}
+	var wg sync.WaitGroup
+	c.prefill = make([]*server, nPrefill)
+	c.decode = make([]*server, nDecode)
+	// Workers load in parallel; startServer only fails the test from this goroutine's
+	// point of view after Wait, so collect them first.
+	for i := range c.decode {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.decode[i] = startServer(t, append(append([]string{"--role", "decode", "--kv-poison"}, workerArgs...), decodeArgs...)...)
+		}()
+	}
+	for i := range c.prefill {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.prefill[i] = startServer(t, append([]string{"--role", "prefill", "--kv-poison"}, workerArgs...)...)
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	args := []string{"--role", "router"}
+	for _, p := range c.prefill {
+		args = append(args, "--prefill", p.URL)
+	}
+	for _, d := range c.decode {
+		args = append(args, "--decode", d.URL)
+	}
+	c.router = startServer(t, args...)
+	return c
+}
+
+func (c *cluster) workers() []*server { return append(append([]*server{}, c.prefill...), c.decode...) }
+
+// waitClean waits until every worker has every page free and none in quarantine.
+func (c *cluster) waitClean(t *testing.T) {
+	t.Helper()
+	for _, w := range c.workers() {
+		waitPagesFree(t, w)
+		if q := metricsOf(t, w)["baton_kv_pages_quarantined"]; q != 0 {
+			t.Fatalf("%s: %v pages quarantined", w.URL, q)
+		}
+	}
+}
+
+func TestPDGreedyReference(t *testing.T) {
+	ref := loadReference(t)
+	c := startCluster(t, 1, 1, nil, nil)
+	for _, n := range []int{1, 16} {
+		var wg sync.WaitGroup
+		results := make([]completion, n)
+		codes := make([]int, n)
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, _, body := post(t, c.router.URL+"/v1/completions", greedyBody(ref))
+				codes[i] = code
+				if err := json.Unmarshal(body, &results[i]); err != nil {
+					t.Errorf("request %d: %s", i, body)
+				}
+			}()
+		}
+		wg.Wait()
+		for i := range results {
+			if codes[i] != 200 {
+				t.Fatalf("concurrency %d request %d: status %d", n, i, codes[i])
+			}
+			checkGreedy(t, ref, results[i])
+		}
+	}
+	c.waitClean(t)
+	m := metricsOf(t, c.decode[0])
+	if m["baton_kv_reservations_total"] != 17 || m["baton_handoff_failures_total"] != 0 || m["baton_kv_transfer_bytes_total"] <= 0 {
+		t.Fatalf("decode handoff metrics: reservations %v failures %v bytes %v", m["baton_kv_reservations_total"],
+			m["baton_handoff_failures_total"], m["baton_kv_transfer_bytes_total"])
+	}
+}
+
+func TestPDTwoByTwoMatchesStandalone(t *testing.T) {
+	c := startCluster(t, 2, 2, []string{"--page-size", "4", "--chunked-prefill-size", "8"}, nil)
+	sa := startServer(t, "--kv-poison")
+	prompts := []string{"Once upon a time", "The cat sat on the", "Lily and Ben went to the park. They", "One day, a little bird"}
+	for round := 0; round < 3; round++ {
+		var wg sync.WaitGroup
+		for _, p := range prompts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":40,"temperature":0}`, p)
+				var got, want completion
+				code1, _, b1 := post(t, c.router.URL+"/v1/completions", body)
+				code2, _, b2 := post(t, sa.URL+"/v1/completions", body)
+				_ = json.Unmarshal(b1, &got)
+				_ = json.Unmarshal(b2, &want)
+				if code1 != 200 || code2 != 200 || len(got.Choices) != 1 || len(want.Choices) != 1 || got.Choices[0].Text != want.Choices[0].Text {
+					t.Errorf("prompt %q: PD %d %s\nstandalone %d %s", p, code1, b1, code2, b2)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	// Both decode workers took part.
+	for _, d := range c.decode {
+		if metricsOf(t, d)["baton_kv_reservations_total"] == 0 {
+			t.Fatalf("decode %s got no reservations", d.URL)
+		}
+	}
+	c.waitClean(t)
+}
+
+// A prompt under the model's context but over the decode pool is refused at
+// the router with 400, and no reservation is made anywhere.
+func TestPDPromptOverDecodePool(t *testing.T) {
+	c := startCluster(t, 1, 1, nil, []string{"--max-total-tokens", "64", "--page-size", "16"})
+	long := strings.Repeat("Once upon a time there was a cat. ", 12) // ~100 tokens: < 512, > 64
+	code, _, body := post(t, c.router.URL+"/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":4}`, long))
+	var e apiError
+	if err := json.Unmarshal(body, &e); err != nil || code != 400 || e.Error.Type != "invalid_request_error" {
+		t.Fatalf("over-pool prompt: %d %s", code, body)
+	}
+	if m := metricsOf(t, c.decode[0]); m["baton_kv_reservations_total"] != 0 {
+		t.Fatalf("a reservation was made: %v", m["baton_kv_reservations_total"])
+	}
+	if code, _, body := post(t, c.router.URL+"/v1/completions", `{"model":"stories260K","prompt":"Once upon a time","max_tokens":8}`); code != 200 {
+		t.Fatalf("a prompt that fits: %d %s", code, body)
+	}
+	c.waitClean(t)
+}
+
+// 200 mixed requests, some streamed, some cut off by their client at a random
+// moment; afterwards every worker has all its pages back and none quarantined.
+func TestPDMixedLoadWithDisconnects(t *testing.T) {
+	c := startCluster(t, 2, 2, []string{"--page-size", "8", "--chunked-prefill-size", "16"}, nil)
+	rng := rand.New(rand.NewPCG(1, 2))
+	prompts := []string{"Once upon a time", "The dog", "Tom had a red ball. He", "Mom said"}
+	type job struct {
+		prompt string
+		stream bool
+		cutMs  int // 0: read to the end
+		max    int
+	}
+	jobs := make([]job, 200)
+	for i := range jobs {
+		jobs[i] = job{prompts[rng.IntN(len(prompts))], rng.IntN(2) == 0, 0, 8 + rng.IntN(56)}
+		if rng.IntN(3) == 0 {
+			jobs[i].cutMs = 1 + rng.IntN(40)
+		}
+	}
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok200 := 0
+	for _, j := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if j.cutMs > 0 {
+				time.AfterFunc(time.Duration(j.cutMs)*time.Millisecond, cancel)
+			}
+			body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":%d,"stream":%v,"ignore_eos":true}`, j.prompt, j.max, j.stream)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.router.URL+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				if j.cutMs == 0 {
+					t.Errorf("request failed: %v", err)
+				}
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+			}
+			if resp.StatusCode == 200 && sc.Err() == nil {
+				mu.Lock()
+				ok200++
+				mu.Unlock()
+			} else if j.cutMs == 0 {
+				t.Errorf("uncut request: status %d, read error %v", resp.StatusCode, sc.Err())
+			}
+		}()
+	}
+	wg.Wait()
+	if ok200 < 100 {
+		t.Fatalf("only %d of 200 requests completed", ok200)
+	}
+	c.waitClean(t)
+	for _, w := range c.workers() {
+		if m := metricsOf(t, w); m["baton_kv_read_gate_failures_total"] != 0 {
+			t.Fatalf("%s: read gate failures %v", w.URL, m["baton_kv_read_gate_failures_total"])
+		}
+	}
+}
+
+// Killing a worker: the router routes around it, and takes it back once it is
+// restarted on the same URL.
+func TestPDKillAndRestartWorker(t *testing.T) {
+	c := startCluster(t, 2, 2, nil, nil)
+	body := `{"model":"stories260K","prompt":"Once upon a time","max_tokens":16,"temperature":0}`
+	victim := c.decode[1]
+	u, _ := url.Parse(victim.URL)
+	_ = signalGroup(victim.cmd, syscall.SIGKILL)
+	<-victim.exited
+	// Requests keep succeeding: before the router's health check notices, a
+	// failed reservation is retried on the other pair.
+	for i := 0; i < 10; i++ {
+		if code, _, b := post(t, c.router.URL+"/v1/completions", body); code != 200 {
+			t.Fatalf("request %d with a dead decode worker: %d %s", i, code, b)
+		}
+	}
+	restarted := startServer(t, "--role", "decode", "--kv-poison", "--port", u.Port())
+	deadline := time.Now().Add(15 * time.Second)
+	for metricsOf(t, restarted)["baton_kv_reservations_total"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the router never sent work to the restarted decode worker")
+		}
+		if code, _, b := post(t, c.router.URL+"/v1/completions", body); code != 200 {
+			t.Fatalf("after restart: %d %s", code, b)
+		}
+	}
+	c.decode[1] = restarted
+	c.waitClean(t)
+}
+
+func TestPDOpenAINodeClient(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node not found in PATH; install Node.js and npm (.ci/run does)")
+	}
+	root := repoRoot(t)
+	dir := filepath.Join(root, "test", "openai")
+	if stale, why := nodeModulesStale(dir); stale {
+		t.Logf("npm ci in test/openai: %s", why)
+		if _, err := runCommand(t.Context(), 5*time.Minute, dir, cleanEnv(), "npm", "ci", "--no-audit", "--no-fund"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := startCluster(t, 1, 1, nil, nil)
+	out, err := runCommand(t.Context(), 2*time.Minute, root, cleanEnv(), node, filepath.Join("test", "openai", "client.mjs"), c.router.URL, bundledModel)
+	if err != nil {
+		t.Fatalf("OpenAI client through the router: %v\n%s", err, out)
+	}
+	c.waitClean(t)
+}
