@@ -20,12 +20,8 @@ import (
 // cluster is a router with its prefill and decode workers, each a real
 // process on loopback.
 type cluster struct {
-	router           *server
-	prefill, decode  []*server
-	routerArgs       []string
-	prefillArgs      []string
-	decodeArgs       []string
-	prefillN, decodN int
+	router          *server
+	prefill, decode []*server
 }
 
 func startCluster(t *testing.T, nPrefill, nDecode int, workerArgs, decodeArgs []string) *cluster {

@@ -255,7 +255,7 @@ func TestStreamingMatchesNonStreaming(t *testing.T) {
 		}
 		var whole struct {
 			Choices []struct {
-				Text    string `json:"text"`
+				Text    string                   `json:"text"`
 				Message struct{ Content string } `json:"message"`
 			} `json:"choices"`
 			Usage struct {
