@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/batonlm/baton/internal/bundled"
@@ -61,12 +62,14 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			return map[string]any{"max_prompt_tokens": p, "effective_context_length": s, "workers": rt.Workers()}
 		},
 	})
-	// /health follows the router's view: ready while one healthy pair exists.
+	// /health follows the router's view: ready while one healthy pair exists
+	// and the router is not shutting down.
+	var stopping atomic.Bool
 	go func() {
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
 		for {
-			srv.SetReady(rt.Ready())
+			srv.SetReady(rt.Ready() && !stopping.Load())
 			select {
 			case <-rctx.Done():
 				return
@@ -78,5 +81,8 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return serveHTTP(ctx, f, logw, log, ln, srv, func(bool) {})
+	return serveHTTP(ctx, f, logw, log, ln, srv, func(ready bool) {
+		stopping.Store(!ready)
+		srv.SetReady(ready && rt.Ready())
+	}, nil)
 }

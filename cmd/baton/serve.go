@@ -51,7 +51,10 @@ type serveFlags struct {
 	threads         int
 	shutdownTimeout time.Duration
 
+	dryRun bool
+
 	// prefill/decode
+	advertiseHost  string
 	grpcPort       int
 	transferPort   int
 	transport      string
@@ -75,15 +78,20 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			if err := f.validate(); err != nil {
+				return err
+			}
+			if f.dryRun {
+				fmt.Fprintf(cmd.OutOrStdout(), "baton: %s configuration is valid\n", f.role)
+				return nil
+			}
 			switch f.role {
-			case "standalone":
-				return runStandalone(cmd.Context(), f, cmd.ErrOrStderr())
 			case "prefill", "decode":
 				return runWorker(cmd.Context(), f, cmd.ErrOrStderr())
 			case "router":
 				return runRouter(cmd.Context(), f, cmd.ErrOrStderr())
 			}
-			return fmt.Errorf("unknown role %q (standalone, prefill, decode, router)", f.role)
+			return runStandalone(cmd.Context(), f, cmd.ErrOrStderr())
 		},
 	}
 	fs := cmd.Flags()
@@ -106,6 +114,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads for kernels (default: all cores)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running requests may finish after SIGTERM")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "check the flags and exit without serving")
+	_ = fs.MarkHidden("dry-run")
+	fs.StringVar(&f.advertiseHost, "advertise-host", "", "prefill/decode: host peers reach this worker at (default: --host; set it to the pod IP when binding 0.0.0.0)")
 	fs.IntVar(&f.grpcPort, "grpc-port", 0, "prefill/decode: gRPC control-plane port (0: any free port)")
 	fs.IntVar(&f.transferPort, "transfer-port", 0, "decode: KV transport receiver port (0: any free port)")
 	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp)")
@@ -114,6 +125,44 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringSliceVar(&f.decodeURLs, "decode", nil, "router: decode worker URLs (repeatable or comma separated)")
 	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load")
 	return cmd
+}
+
+// validate checks what can be checked without loading anything.
+func (f *serveFlags) validate() error {
+	switch f.role {
+	case "standalone", "prefill", "decode":
+	case "router":
+		if len(f.prefillURLs) == 0 || len(f.decodeURLs) == 0 {
+			return fmt.Errorf("--role router needs at least one --prefill and one --decode URL")
+		}
+		if f.policy != "round_robin" && f.policy != "least_load" {
+			return fmt.Errorf("unknown --policy %q (round_robin, least_load)", f.policy)
+		}
+	default:
+		return fmt.Errorf("unknown role %q (standalone, prefill, decode, router)", f.role)
+	}
+	switch {
+	case f.port < 0 || f.port > 65535 || f.grpcPort < 0 || f.grpcPort > 65535 || f.transferPort < 0 || f.transferPort > 65535:
+		return fmt.Errorf("ports must be between 0 and 65535")
+	case f.pageSize <= 0:
+		return fmt.Errorf("--page-size must be positive")
+	case f.chunkedPrefill <= 0 || f.maxRunning <= 0 || f.maxQueued <= 0:
+		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
+	case f.transport != "tcp":
+		return fmt.Errorf("--transport %q is not available in this build (tcp is)", f.transport)
+	}
+	if _, err := parseBytes(f.kvCacheMemory); err != nil {
+		return fmt.Errorf("--kv-cache-memory: %w", err)
+	}
+	if _, err := parseDType(f.dummyDType); err != nil {
+		return err
+	}
+	switch f.loadFormat {
+	case "auto", "gguf", "dummy":
+	default:
+		return fmt.Errorf("unknown --load-format %q (auto, gguf, dummy)", f.loadFormat)
+	}
+	return nil
 }
 
 // parseBytes reads sizes like 512MiB, 2GiB, 1GB or a plain byte count.
@@ -295,12 +344,14 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	engDone := make(chan struct{})
 	go func() { eng.Run(engCtx); close(engDone) }()
 	defer func() { engStop(); <-engDone }()
-	return serveHTTP(ctx, f, logw, le.log, ln, srv, srv.SetReady)
+	return serveHTTP(ctx, f, logw, le.log, ln, srv, srv.SetReady, nil)
 }
 
-// serveHTTP serves h on ln until SIGINT/SIGTERM, then stops taking requests
-// and lets running ones finish within --shutdown-timeout.
-func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Logger, ln net.Listener, h http.Handler, setReady func(bool)) error {
+// serveHTTP serves h on ln until SIGINT/SIGTERM. Then it reports not ready,
+// runs drain (a worker waits there for the work it holds to end), and stops
+// the HTTP server once its running requests finished — all within
+// --shutdown-timeout; what is left after it is aborted by the caller.
+func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Logger, ln net.Listener, h http.Handler, setReady func(bool), drain func(context.Context)) error {
 	ctx, stop := signal.NotifyContext(ctxOrBackground(ctx), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
@@ -317,8 +368,14 @@ func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Log
 	setReady(false)
 	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
+	if drain != nil {
+		drain(sctx)
+	}
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
+	}
+	if sctx.Err() != nil {
+		log.Warn("shutdown timeout reached; aborting what is still running")
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -20,9 +21,6 @@ import (
 // runWorker runs a prefill or decode worker: HTTP for health, metrics and
 // info; gRPC for the control plane; and, on decode, the transport receiver.
 func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
-	if f.transport != "tcp" {
-		return fmt.Errorf("--transport %q is not available in this build (tcp is)", f.transport)
-	}
 	le, err := loadEngine(f, logw)
 	if err != nil {
 		return err
@@ -36,6 +34,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
+	grpcAddr := advertised(f, gln.Addr().String())
 	gs := grpc.NewServer()
 	var worker roles.Worker
 	var eng *scheduler.Engine
@@ -44,7 +43,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		eng = le.engine(f, scheduler.RolePrefill, ms)
 		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: tcp.NewSender(),
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Log: le.log})
-		p.SetAddr(gln.Addr().String())
+		p.SetAddr(grpcAddr)
 		defer p.Close()
 		pdv1.RegisterPrefillServer(gs, p)
 		worker = p
@@ -57,7 +56,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			return err
 		}
 		defer recv.Close()
-		d.SetReceiver(recv, gln.Addr().String())
+		d.SetReceiver(recv, grpcAddr, advertised(f, recv.Addr()))
 		defer d.Close()
 		pdv1.RegisterDecodeServer(gs, d)
 		worker = d
@@ -77,5 +76,34 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	var ready atomic.Bool
-	return serveHTTP(ctx, f, logw, le.log, ln, roles.HTTPHandler(worker, &ready, ms), ready.Store)
+	drain := func(ctx context.Context) {
+		// New work is refused (the router retries it elsewhere); what this
+		// worker holds runs to its end, then the control plane closes.
+		worker.SetDraining()
+		for worker.Busy() {
+			select {
+			case <-ctx.Done():
+				le.log.Warn("shutdown timeout: aborting unfinished requests")
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		done := make(chan struct{})
+		go func() { gs.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+	}
+	return serveHTTP(ctx, f, logw, le.log, ln, roles.HTTPHandler(worker, &ready, ms), ready.Store, drain)
+}
+
+// advertised is the address peers use for a listener: its port with
+// --advertise-host when set (a pod IP behind 0.0.0.0), else as bound.
+func advertised(f *serveFlags, addr string) string {
+	if f.advertiseHost == "" {
+		return addr
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	return net.JoinHostPort(f.advertiseHost, port)
 }

@@ -137,9 +137,11 @@ func (c *conns) close() {
 	c.m = nil
 }
 
-// Worker is what the HTTP side of a worker needs from its role.
+// Worker is what the HTTP side and the shutdown of a worker need from its role.
 type Worker interface {
 	WorkerInfo() *pdv1.WorkerInfo
+	SetDraining()
+	Busy() bool
 }
 
 // HTTPHandler serves a worker's /health, /metrics and /server_info.

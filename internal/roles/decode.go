@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -55,10 +56,12 @@ type reservation struct {
 // through a transport, verifies the Commit, and generates.
 type Decode struct {
 	pdv1.UnimplementedDecodeServer
-	o        DecodeOptions
-	recv     transfer.Receiver
-	grpcAddr string
-	peers    conns
+	o            DecodeOptions
+	recv         transfer.Receiver
+	grpcAddr     string
+	transferAddr string
+	peers        conns
+	draining     atomic.Bool
 
 	mu    sync.Mutex
 	rooms map[transfer.Key]*reservation
@@ -78,8 +81,29 @@ func NewDecode(o DecodeOptions) *Decode {
 }
 
 // SetReceiver attaches the transport receiver (made with d as its Sink) and
-// the worker's own gRPC address.
-func (d *Decode) SetReceiver(r transfer.Receiver, grpcAddr string) { d.recv, d.grpcAddr = r, grpcAddr }
+// the addresses peers reach this worker's gRPC server and receiver at.
+func (d *Decode) SetReceiver(r transfer.Receiver, grpcAddr, transferAddr string) {
+	d.recv, d.grpcAddr, d.transferAddr = r, grpcAddr, transferAddr
+}
+
+// SetDraining makes Reserve refuse new work (the worker is shutting down);
+// what it already holds runs to the end.
+func (d *Decode) SetDraining() { d.draining.Store(true) }
+
+// Busy reports whether any reservation is still open.
+func (d *Decode) Busy() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, res := range d.rooms {
+		res.mu.Lock()
+		ended := !res.ended.IsZero()
+		res.mu.Unlock()
+		if !ended {
+			return true
+		}
+	}
+	return false
+}
 
 // Close stops the sweeper and drops peer connections.
 func (d *Decode) Close() {
@@ -93,9 +117,7 @@ func (d *Decode) WorkerInfo() *pdv1.WorkerInfo {
 	running, queued := d.o.Engine.Load()
 	info := &pdv1.WorkerInfo{Role: "decode", Layout: d.o.Layout, ContextLength: uint32(d.o.ContextLength), MaxSequenceTokens: uint32(d.o.MaxSeq),
 		Running: uint32(running), Queued: uint32(queued), Transport: "tcp", GrpcAddr: d.grpcAddr}
-	if d.recv != nil {
-		info.TransferAddr = d.recv.Addr()
-	}
+	info.TransferAddr = d.transferAddr
 	poolInfo(info, d.o.Pool)
 	return info
 }
@@ -118,6 +140,9 @@ func rejectStatus(err error) error {
 
 // Reserve implements the RPC: the decode door.
 func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.Reservation, error) {
+	if d.draining.Load() {
+		return nil, status.Error(codes.Unavailable, "decode worker is shutting down")
+	}
 	if why := LayoutMismatch(d.o.Layout, req.Layout); why != "" {
 		d.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
@@ -142,7 +167,7 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 	})
 	d.o.Log.Info("reserved", "request_id", req.RequestId, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
 	return &pdv1.Reservation{Room: key.Room, Epoch: key.Epoch, Pages: res.prompt, PromptTokens: uint32(len(req.Prompt)),
-		Layout: d.o.Layout, Transport: "tcp", TransferAddr: d.recv.Addr(), DecodeAddr: d.grpcAddr}, nil
+		Layout: d.o.Layout, Transport: "tcp", TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr}, nil
 }
 
 func (d *Decode) lookup(key transfer.Key) *reservation {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -38,8 +39,19 @@ type Prefill struct {
 	grpcAddr string
 	peers    conns
 
-	mu     sync.Mutex
-	active map[transfer.Key]context.CancelFunc
+	mu       sync.Mutex
+	active   map[transfer.Key]context.CancelFunc
+	draining atomic.Bool
+}
+
+// SetDraining makes Prefill refuse new work (the worker is shutting down).
+func (p *Prefill) SetDraining() { p.draining.Store(true) }
+
+// Busy reports whether a prefill is in progress.
+func (p *Prefill) Busy() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.active) > 0
 }
 
 // NewPrefill makes a prefill worker.
@@ -133,6 +145,10 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		return nil, status.Error(codes.InvalidArgument, "prefill without a reservation")
 	}
 	key := transfer.Key{Room: res.Room, Epoch: res.Epoch}
+	if p.draining.Load() {
+		p.drained(id, res, key)
+		return nil, status.Error(codes.Unavailable, "prefill worker is shutting down")
+	}
 	log := p.o.Log.With("request_id", id, "room", key.Room, "epoch", key.Epoch)
 	if why := LayoutMismatch(p.o.Layout, res.Layout); why != "" {
 		p.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()

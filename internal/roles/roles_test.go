@@ -92,7 +92,7 @@ func newPair(t *testing.T, pageSize, chunk int) *pair {
 	}
 	t.Cleanup(func() { recv.Close() })
 	daddr := serveGRPC(t, func(gs *grpc.Server) { pdv1.RegisterDecodeServer(gs, p.decode) })
-	p.decode.SetReceiver(recv, daddr)
+	p.decode.SetReceiver(recv, daddr, recv.Addr())
 	p.prefill = NewPrefill(PrefillOptions{Engine: pe, Pool: ppool, Metrics: p.pm, Layout: p.layout, Sender: tcp.NewSender(), ContextLength: 512, MaxSeq: 512, Log: log})
 	t.Cleanup(p.prefill.Close)
 	p.prefillAddr = serveGRPC(t, func(gs *grpc.Server) { pdv1.RegisterPrefillServer(gs, p.prefill) })

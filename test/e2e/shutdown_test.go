@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"bufio"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// slowModel writes a config for a dummy model slow enough on CPU (tens of
+// tokens per second) that a request is still running when a signal arrives.
+// Its vocabulary matches the bundled tokenizer's.
+func slowModel(t *testing.T) string {
+	dir := t.TempDir()
+	cfg := `{"architectures":["LlamaForCausalLM"],"vocab_size":512,"hidden_size":1024,"num_hidden_layers":8,
+"num_attention_heads":8,"num_key_value_heads":8,"intermediate_size":4096,"max_position_embeddings":1024,"rms_norm_eps":1e-5}`
+	p := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// streamUntilFirstChunk starts a streaming completion and returns once the
+// first data line arrived, with the rest of the stream still to read.
+func streamUntilFirstChunk(t *testing.T, base string, maxTokens int) (*http.Response, *bufio.Scanner) {
+	t.Helper()
+	body := `{"model":"dummy","prompt":"Once upon a time","max_tokens":` + strconv.Itoa(maxTokens) + `,"ignore_eos":true,"stream":true}`
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: {") {
+			return resp, sc
+		}
+	}
+	t.Fatalf("stream ended before its first chunk: %v", sc.Err())
+	return nil, nil
+}
+
+// readToEnd reads the rest of a stream and returns its last finish reason
+// and whether it ended with [DONE].
+func readToEnd(sc *bufio.Scanner) (finish string, done bool) {
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "data: [DONE]" {
+			done = true
+		}
+		if i := strings.Index(line, `"finish_reason":"`); i >= 0 {
+			finish = strings.SplitN(line[i+len(`"finish_reason":"`):], `"`, 2)[0]
+		}
+	}
+	return finish, done
+}
+
+// On SIGTERM a standalone server stops taking requests, lets the running one
+// finish, and exits 0.
+func TestGracefulShutdownStandalone(t *testing.T) {
+	s := startServer(t, "--model", slowModel(t), "--load-format", "dummy", "--served-model-name", "dummy")
+	resp, sc := streamUntilFirstChunk(t, s.URL, 40)
+	defer resp.Body.Close()
+	if err := signalGroup(s.cmd, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	finish, done := readToEnd(sc)
+	if finish != "length" || !done {
+		t.Fatalf("the running request did not finish: finish %q, [DONE] %v", finish, done)
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatal("server did not exit after SIGTERM")
+	}
+	if s.err != nil {
+		t.Fatalf("exit after SIGTERM: %v", s.err)
+	}
+}
+
+// SIGTERM to a decode worker in the middle of a stream: the stream still
+// completes, the worker exits 0, and it refused nothing it had accepted.
+func TestGracefulShutdownDecodeWorker(t *testing.T) {
+	cfg := slowModel(t)
+	args := []string{"--model", cfg, "--load-format", "dummy", "--served-model-name", "dummy"}
+	c := startCluster(t, 1, 1, args, nil)
+	// The router serves the model name from its own flags.
+	_ = c.router.Stop()
+	c.router = startServer(t, "--role", "router", "--served-model-name", "dummy", "--prefill", c.prefill[0].URL, "--decode", c.decode[0].URL)
+	resp, sc := streamUntilFirstChunk(t, c.router.URL, 30)
+	defer resp.Body.Close()
+	d := c.decode[0]
+	if err := signalGroup(d.cmd, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	finish, done := readToEnd(sc)
+	if finish != "length" || !done {
+		t.Fatalf("the running request did not finish through a draining decode worker: finish %q, [DONE] %v", finish, done)
+	}
+	select {
+	case <-d.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatal("decode worker did not exit after SIGTERM")
+	}
+	if d.err != nil {
+		t.Fatalf("decode exit after SIGTERM: %v", d.err)
+	}
+}
