@@ -29,6 +29,7 @@ type Set struct {
 	PromptTokens       prometheus.Counter
 	GenerationTokens   prometheus.Counter
 	ReadGateFailures   prometheus.Counter
+	NaNLogits          prometheus.Counter
 
 	// Prefill/decode handoff.
 	ReservationsActive prometheus.Gauge
@@ -63,6 +64,7 @@ func New(role string) *Set {
 		PromptTokens:       prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_prompt_tokens_total", Help: "Prompt tokens prefilled.", ConstLabels: c}),
 		GenerationTokens:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_generation_tokens_total", Help: "Tokens generated.", ConstLabels: c}),
 		ReadGateFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_gate_failures_total", Help: "Batch entries refused because a page was not the request's own or not written.", ConstLabels: c}),
+		NaNLogits:          prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_nan_logits_total", Help: "Forward passes whose logits held NaN (poisoned KV was read); the request fails instead of sampling.", ConstLabels: c}),
 		ReservationsActive: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_reservations_active", Help: "Decode reservations not yet ended.", ConstLabels: c}),
 		ReservationsTotal:  prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_reservations_total", Help: "Decode reservations made.", ConstLabels: c}),
 		HandoffFailures:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_handoff_failures_total", Help: "Prefill-to-decode handoffs that failed, by the check or step that failed.", ConstLabels: c}, []string{"reason"}),
@@ -72,7 +74,7 @@ func New(role string) *Set {
 		DrainWait:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_drain_wait_seconds", Help: "Time aborted pages spent in quarantine waiting for their writer.", Buckets: latencyBuckets, ConstLabels: c}),
 	}
 	r.MustRegister(s.KVPagesTotal, s.KVPagesFree, s.KVPagesQuarantined, s.Requests, s.Rejected, s.Running, s.Queued,
-		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures,
+		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures, s.NaNLogits,
 		s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures, s.LateDropped, s.TransferBytes, s.TransferSeconds, s.DrainWait)
 	return s
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -145,18 +146,20 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		return nil, status.Error(codes.InvalidArgument, "prefill without a reservation")
 	}
 	key := transfer.Key{Room: res.Room, Epoch: res.Epoch}
+	// Test builds may inject faults here; release builds roll none.
+	rf := faults.ForRequest()
 	if p.draining.Load() {
-		p.drained(id, res, key)
+		p.drained(id, res, key, rf.LostDrained)
 		return nil, status.Error(codes.Unavailable, "prefill worker is shutting down")
 	}
 	log := p.o.Log.With("request_id", id, "room", key.Room, "epoch", key.Epoch)
 	if why := LayoutMismatch(p.o.Layout, res.Layout); why != "" {
 		p.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
-		p.drained(id, res, key)
+		p.drained(id, res, key, rf.LostDrained)
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
 	}
 	if int(res.PromptTokens) != len(req.Prompt) || len(res.Pages) != p.o.Pool.PagesFor(len(req.Prompt)) {
-		p.drained(id, res, key)
+		p.drained(id, res, key, rf.LostDrained)
 		return nil, status.Errorf(codes.InvalidArgument, "reservation covers %d tokens in %d pages; the prompt has %d tokens",
 			res.PromptTokens, len(res.Pages), len(req.Prompt))
 	}
@@ -176,21 +179,26 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	// any session to decode exists.
 	if err := p.o.Engine.CheckDoor(r); err != nil {
 		log.Info("prefill refused", "err", err)
-		p.drained(id, res, key)
+		p.drained(id, res, key, rf.LostDrained)
 		return nil, rejectStatus(err)
 	}
-	sess, err := p.o.Sender.Open(ctx, res.TransferAddr, key)
+	sessKey := key
+	if rf.WrongEpoch {
+		sessKey.Epoch++
+	}
+	sess, err := p.o.Sender.Open(ctx, res.TransferAddr, sessKey)
 	if err != nil {
 		_ = r.Lifecycle().To(scheduler.StateAborting, "transport open failed")
-		p.end(id, r, nil, res, key, "transport open failed")
+		p.end(id, r, nil, res, key, rf, "transport open failed")
 		return nil, status.Errorf(codes.Unavailable, "cannot reach decode transport %s: %v", res.TransferAddr, err)
 	}
+	sess = faults.WrapSession(sess, rf, len(res.Pages)-1)
 	ship := newShipper(res, p.o.Pool.PageSize(), len(req.Prompt), sess)
 	r.OnChunk = ship.onChunk
 	if err := p.o.Engine.Submit(r); err != nil {
 		_ = sess.Close()
 		_ = ship.finish()
-		p.drained(id, res, key)
+		p.drained(id, res, key, rf.LostDrained)
 		return nil, rejectStatus(err)
 	}
 	start := time.Now()
@@ -208,7 +216,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		p.wait(r) // the engine has let go of r: no more pages will be queued
 		_ = sess.Close()
 		_ = ship.finish()
-		p.end(id, r, nil, res, key, why)
+		p.end(id, r, nil, res, key, rf, why)
 		if !ok {
 			return nil, status.Error(codes.Canceled, why)
 		}
@@ -222,7 +230,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	if err != nil {
 		p.o.Metrics.HandoffFailures.WithLabelValues("transfer").Inc()
 		_ = r.Lifecycle().To(scheduler.StateAborting, err.Error())
-		p.end(id, r, sess, res, key, err.Error())
+		p.end(id, r, sess, res, key, rf, err.Error())
 		return nil, status.Errorf(codes.Unavailable, "KV transfer failed: %v", err)
 	}
 	bytes := sess.Bytes()
@@ -233,14 +241,18 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	cc, err := p.peers.get(res.DecodeAddr)
 	if err == nil {
 		cctx, ccancel := context.WithTimeout(withRequestID(ctx, id), 30*time.Second)
-		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(req.Prompt)),
+		claimed := uint32(len(req.Prompt))
+		if rf.OverClaim {
+			claimed++
+		}
+		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: sessKey.Epoch, TokensWritten: claimed,
 			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr})
 		ccancel()
 	}
 	if err != nil {
 		p.o.Metrics.HandoffFailures.WithLabelValues("commit").Inc()
 		_ = r.Lifecycle().To(scheduler.StateAborting, "commit refused: "+err.Error())
-		p.end(id, r, nil, res, key, "commit refused")
+		p.end(id, r, nil, res, key, rf, "commit refused")
 		log.Warn("commit refused", "err", err)
 		return nil, status.Errorf(status.Code(err), "commit refused by decode: %v", status.Convert(err).Message())
 	}
@@ -267,21 +279,24 @@ func (p *Prefill) wait(r *scheduler.Request) {
 // end tears a failed prefill down in the order the page rules need: close
 // the session (after which nothing of it is in flight), then tell decode
 // Drained, then Drained here.
-func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, res *pdv1.Reservation, key transfer.Key, why string) {
+func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, res *pdv1.Reservation, key transfer.Key, rf faults.Request, why string) {
 	if sess != nil {
 		_ = sess.Close()
 	}
 	if r.Lifecycle().Live() {
 		_ = r.Lifecycle().To(scheduler.StateAborting, why)
 	}
-	p.drained(id, res, key)
+	p.drained(id, res, key, rf.LostDrained)
 	_ = r.Lifecycle().To(scheduler.StateDrained, "")
 	p.o.Metrics.Outcome("drained")
 }
 
 // drained tells decode this worker has no write in flight for key and will
 // issue none.
-func (p *Prefill) drained(id string, res *pdv1.Reservation, key transfer.Key) {
+func (p *Prefill) drained(id string, res *pdv1.Reservation, key transfer.Key, lost bool) {
+	if lost { // an injected fault: the message never arrives
+		return
+	}
 	cc, err := p.peers.get(res.DecodeAddr)
 	if err != nil {
 		return
@@ -308,6 +323,6 @@ func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 	if a.DecodeAddr == "" {
 		return nil, errors.New("abort without a decode address to answer")
 	}
-	go p.drained(a.RequestId, &pdv1.Reservation{DecodeAddr: a.DecodeAddr}, key)
+	go p.drained(a.RequestId, &pdv1.Reservation{DecodeAddr: a.DecodeAddr}, key, false)
 	return &pdv1.Ack{}, nil
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -193,6 +194,9 @@ func (e *Engine) Join(r *Request, first model.Sampled) error {
 }
 
 func (e *Engine) door(r *Request) *RejectError {
+	if !faults.On(faults.GuardDoor) {
+		return nil // test builds only: the door switched off
+	}
 	n, ctx := len(r.Prompt), e.cfg.ContextLength
 	vocab := e.model.Config.Vocab
 	switch {
@@ -442,7 +446,16 @@ func (e *Engine) step() {
 		if r.computed < len(r.seq) {
 			continue // more prompt to prefill
 		}
-		tok := e.sampler.Sample(logits[i*vocab:(i+1)*vocab], r.Params.Sampling, r.rng)
+		row := logits[i*vocab : (i+1)*vocab]
+		if hasNaN(row) {
+			// Poisoned KV reached attention: a page that was read had not
+			// been written by this request. Never sample from it.
+			e.m.NaNLogits.Inc()
+			e.remove(r)
+			e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
+			continue
+		}
+		tok := e.sampler.Sample(row, r.Params.Sampling, r.rng)
 		if e.cfg.Role == RolePrefill {
 			e.prefilled(r, tok)
 			continue
@@ -506,6 +519,15 @@ func (e *Engine) deliver(r *Request, tok model.Sampled) {
 		e.remove(r)
 		e.finish(r, finish)
 	}
+}
+
+func hasNaN(v []float32) bool {
+	for _, x := range v {
+		if x != x {
+			return true
+		}
+	}
+	return false
 }
 
 func containsToken(ids []int32, id int32) bool {

@@ -3,306 +3,42 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/batonlm/baton/test/harness"
 )
 
-const (
-	listenTimeout = 30 * time.Second // binary start to "listening on" line
-	readyTimeout  = 30 * time.Second // that line to GET /health answering 200
-	stopTimeout   = 10 * time.Second // SIGTERM to exit, before SIGKILL
-)
+// The helpers below are short names for test/harness, shared with test/gates.
 
-// binaryEnv names an environment variable that, when set, is the baton binary
-// to test; it lets CI or a developer test a release build in place of
-// bin/baton.
-const binaryEnv = "BATON_TEST_BINARY"
+type server = harness.Server
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildBin  string
-	buildErr  error
-)
-
-// TestMain exists to remove the binary built for this test run, since a
-// per-test t.TempDir would be deleted before the next test could reuse it.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	harness.Cleanup()
 	os.Exit(code)
 }
 
-// repoRoot walks up from the working directory (the package directory under
-// go test) to the directory holding go.mod.
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
+func startServer(t *testing.T, args ...string) *server { t.Helper(); return harness.Start(t, args...) }
 
-// batonBinary returns the binary under test: $BATON_TEST_BINARY, else
-// bin/baton as `make build` leaves it, else one built once per test run so
-// that `go test ./test/e2e` also works on a fresh checkout.
-func batonBinary(t testing.TB) string {
-	t.Helper()
-	if p := os.Getenv(binaryEnv); p != "" {
-		return p
-	}
-	root := repoRoot(t)
-	if p := filepath.Join(root, "bin", "baton"); isExecutable(p) {
-		return p
-	}
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "baton-e2e-")
-		if buildErr != nil {
-			return
-		}
-		buildBin = filepath.Join(buildDir, "baton")
-		cmd := exec.Command("go", "build", "-o", buildBin, "./cmd/baton")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/baton: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return buildBin
-}
+func repoRoot(t testing.TB) string { return harness.RepoRoot(t) }
 
-func isExecutable(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
-}
+func cleanEnv() []string { return harness.CleanEnv() }
 
-// server is one running baton process.
-type server struct {
-	// URL is the base address, e.g. http://127.0.0.1:41234, without a
-	// trailing slash.
-	URL string
-
-	cmd    *exec.Cmd
-	stderr *watchWriter
-	stdout *watchWriter
-	exited chan struct{} // closed once the process has been reaped
-	err    error         // cmd.Wait's result, valid after exited is closed
-
-	stopOnce sync.Once
-}
-
-// listenRE matches the line the server prints once its socket is bound; it
-// is the only reliable way to learn the port chosen for --port 0. The line
-// must be complete so that a port split across two writes is not misread.
-var listenRE = regexp.MustCompile(`listening on (http://\S+)\r?\n`)
-
-// startServer starts `baton serve --role standalone --host 127.0.0.1 --port 0`
-// followed by args (later flags override earlier ones, so args may change the
-// role or host), waits until it reports its address and answers GET /health
-// with 200, and stops it when the test ends.
-//
-// BATON_* variables are removed from the server's environment so that a
-// developer's shell settings cannot change what a test exercises; configure
-// the server through args instead.
-func startServer(t *testing.T, args ...string) *server {
-	t.Helper()
-	bin := batonBinary(t)
-	argv := append([]string{"serve", "--role", "standalone", "--host", "127.0.0.1", "--port", "0"}, args...)
-	cmd := exec.Command(bin, argv...)
-	cmd.Env = cleanEnv()
-	s := &server{cmd: cmd, stderr: newWatchWriter(listenRE), stdout: newWatchWriter(nil), exited: make(chan struct{})}
-	cmd.Stderr, cmd.Stdout = s.stderr, s.stdout
-	// Bound Wait even if a child process inherits stderr and keeps it open.
-	cmd.WaitDelay = 5 * time.Second
-	setProcAttr(cmd)
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	go func() {
-		s.err = cmd.Wait()
-		close(s.exited)
-	}()
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Log(err)
-		}
-		if t.Failed() {
-			t.Logf("server stderr:\n%s", s.Stderr())
-			if out := s.stdout.String(); out != "" {
-				t.Logf("server stdout:\n%s", out)
-			}
-		}
-	})
-	t.Logf("started %s %s", bin, strings.Join(argv, " "))
-
-	select {
-	case s.URL = <-s.stderr.match:
-	case <-s.exited:
-		t.Fatalf("server exited before listening (%v); stderr:\n%s", s.err, s.Stderr())
-	case <-time.After(listenTimeout):
-		t.Fatalf("no %q line on stderr within %v; stderr:\n%s", "listening on http://...", listenTimeout, s.Stderr())
-	}
-	s.URL = strings.TrimRight(s.URL, "/")
-	s.waitHealthy(t)
-	return s
-}
-
-// waitHealthy polls /health because the socket is bound before the model is
-// loaded, and the server answers 503 until it can serve.
-func (s *server) waitHealthy(t *testing.T) {
-	t.Helper()
-	client := &http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(readyTimeout)
-	last := "no answer yet"
-	for {
-		resp, err := client.Get(s.URL + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			last = resp.Status
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-s.exited:
-			t.Fatalf("server exited while waiting for /health (%v); stderr:\n%s", s.err, s.Stderr())
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GET %s/health not 200 within %v (last: %s)", s.URL, readyTimeout, last)
-		}
-	}
-}
-
-// Stderr returns everything the server has written to stderr so far.
-func (s *server) Stderr() string { return s.stderr.String() }
-
-// Stop sends SIGTERM to the server's process group, waits up to 10 s for a
-// graceful exit, then SIGKILLs the group.
-// It reports a kill or an unclean exit as an error rather than failing the
-// test, because most tests are not about shutdown; those that are can call it
-// themselves and check. Later calls return nil.
-func (s *server) Stop() error {
-	var err error
-	s.stopOnce.Do(func() {
-		select {
-		case <-s.exited:
-			err = s.exitError("before Stop")
-			return
-		default:
-		}
-		_ = signalGroup(s.cmd, syscall.SIGTERM)
-		select {
-		case <-s.exited:
-			err = s.exitError("after SIGTERM")
-		case <-time.After(stopTimeout):
-			_ = signalGroup(s.cmd, syscall.SIGKILL)
-			<-s.exited
-			err = fmt.Errorf("server did not exit within %v of SIGTERM; killed", stopTimeout)
-		}
-	})
-	return err
-}
-
-func (s *server) exitError(when string) error {
-	if s.err == nil {
-		return nil
-	}
-	var ee *exec.ExitError
-	if errors.As(s.err, &ee) {
-		return fmt.Errorf("server exited %s with %v", when, ee)
-	}
-	return fmt.Errorf("server %s: %v", when, s.err)
-}
-
-// cleanEnv is the test process's environment without BATON_* variables.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "BATON_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// watchWriter collects a stream and, when re is set, sends the first
-// submatch of re on match once.
-type watchWriter struct {
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	re      *regexp.Regexp
-	match   chan string
-	matched bool
-}
-
-func newWatchWriter(re *regexp.Regexp) *watchWriter {
-	return &watchWriter{re: re, match: make(chan string, 1)}
-}
-
-func (w *watchWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(p)
-	if w.re != nil && !w.matched {
-		if m := w.re.FindSubmatch(w.buf.Bytes()); m != nil {
-			w.matched = true
-			w.match <- string(m[1])
-		}
-	}
-	return len(p), nil
-}
-
-func (w *watchWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
-// runCommand runs name with args in dir, bounded by timeout, and returns its
-// combined output; the error includes the output so that callers can fail
-// with it directly.
 func runCommand(ctx context.Context, timeout time.Duration, dir string, env []string, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Env = env
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	if ctx.Err() != nil {
-		err = fmt.Errorf("%s: timed out after %v", name, timeout)
-	}
-	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
+	return harness.RunCommand(ctx, timeout, dir, env, name, args...)
 }
+
+func post(t *testing.T, url, body string, header ...string) (int, http.Header, []byte) {
+	t.Helper()
+	return harness.Post(t, url, body, header...)
+}
+
+func get(t *testing.T, url string) (int, []byte) { t.Helper(); return harness.Get(t, url) }
+
+func metricsOf(t *testing.T, s *server) map[string]float64 { t.Helper(); return harness.Metrics(t, s) }
+
+func waitPagesFree(t *testing.T, s *server) { t.Helper(); harness.WaitPagesFree(t, s) }

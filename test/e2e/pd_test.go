@@ -15,63 +15,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/batonlm/baton/test/harness"
 )
 
-// cluster is a router with its prefill and decode workers, each a real
-// process on loopback.
-type cluster struct {
-	router          *server
-	prefill, decode []*server
-}
-
-func startCluster(t *testing.T, nPrefill, nDecode int, workerArgs, decodeArgs []string) *cluster {
+func startCluster(t *testing.T, nPrefill, nDecode int, workerArgs, decodeArgs []string) *harness.Cluster {
 	t.Helper()
-	c := &cluster{}
-	var wg sync.WaitGroup
-	c.prefill = make([]*server, nPrefill)
-	c.decode = make([]*server, nDecode)
-	// Workers load in parallel; startServer only fails the test from this goroutine's
-	// point of view after Wait, so collect them first.
-	for i := range c.decode {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.decode[i] = startServer(t, append(append([]string{"--role", "decode", "--kv-poison"}, workerArgs...), decodeArgs...)...)
-		}()
-	}
-	for i := range c.prefill {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.prefill[i] = startServer(t, append([]string{"--role", "prefill", "--kv-poison"}, workerArgs...)...)
-		}()
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-	args := []string{"--role", "router"}
-	for _, p := range c.prefill {
-		args = append(args, "--prefill", p.URL)
-	}
-	for _, d := range c.decode {
-		args = append(args, "--decode", d.URL)
-	}
-	c.router = startServer(t, args...)
-	return c
-}
-
-func (c *cluster) workers() []*server { return append(append([]*server{}, c.prefill...), c.decode...) }
-
-// waitClean waits until every worker has every page free and none in quarantine.
-func (c *cluster) waitClean(t *testing.T) {
-	t.Helper()
-	for _, w := range c.workers() {
-		waitPagesFree(t, w)
-		if q := metricsOf(t, w)["baton_kv_pages_quarantined"]; q != 0 {
-			t.Fatalf("%s: %v pages quarantined", w.URL, q)
-		}
-	}
+	return harness.StartCluster(t, harness.ClusterOptions{Prefill: nPrefill, Decode: nDecode, WorkerArgs: workerArgs, DecodeArgs: decodeArgs})
 }
 
 func TestPDGreedyReference(t *testing.T) {
@@ -85,7 +35,7 @@ func TestPDGreedyReference(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				code, _, body := post(t, c.router.URL+"/v1/completions", greedyBody(ref))
+				code, _, body := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
 				codes[i] = code
 				if err := json.Unmarshal(body, &results[i]); err != nil {
 					t.Errorf("request %d: %s", i, body)
@@ -100,8 +50,8 @@ func TestPDGreedyReference(t *testing.T) {
 			checkGreedy(t, ref, results[i])
 		}
 	}
-	c.waitClean(t)
-	m := metricsOf(t, c.decode[0])
+	c.WaitClean(t)
+	m := metricsOf(t, c.Decode[0])
 	if m["baton_kv_reservations_total"] != 17 || m["baton_handoff_failures_total"] != 0 || m["baton_kv_transfer_bytes_total"] <= 0 {
 		t.Fatalf("decode handoff metrics: reservations %v failures %v bytes %v", m["baton_kv_reservations_total"],
 			m["baton_handoff_failures_total"], m["baton_kv_transfer_bytes_total"])
@@ -120,7 +70,7 @@ func TestPDTwoByTwoMatchesStandalone(t *testing.T) {
 				defer wg.Done()
 				body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":40,"temperature":0}`, p)
 				var got, want completion
-				code1, _, b1 := post(t, c.router.URL+"/v1/completions", body)
+				code1, _, b1 := post(t, c.Router.URL+"/v1/completions", body)
 				code2, _, b2 := post(t, sa.URL+"/v1/completions", body)
 				_ = json.Unmarshal(b1, &got)
 				_ = json.Unmarshal(b2, &want)
@@ -132,12 +82,12 @@ func TestPDTwoByTwoMatchesStandalone(t *testing.T) {
 		wg.Wait()
 	}
 	// Both decode workers took part.
-	for _, d := range c.decode {
+	for _, d := range c.Decode {
 		if metricsOf(t, d)["baton_kv_reservations_total"] == 0 {
 			t.Fatalf("decode %s got no reservations", d.URL)
 		}
 	}
-	c.waitClean(t)
+	c.WaitClean(t)
 }
 
 // A prompt under the model's context but over the decode pool is refused at
@@ -145,18 +95,18 @@ func TestPDTwoByTwoMatchesStandalone(t *testing.T) {
 func TestPDPromptOverDecodePool(t *testing.T) {
 	c := startCluster(t, 1, 1, nil, []string{"--max-total-tokens", "64", "--page-size", "16"})
 	long := strings.Repeat("Once upon a time there was a cat. ", 12) // ~100 tokens: < 512, > 64
-	code, _, body := post(t, c.router.URL+"/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":4}`, long))
+	code, _, body := post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":4}`, long))
 	var e apiError
 	if err := json.Unmarshal(body, &e); err != nil || code != 400 || e.Error.Type != "invalid_request_error" {
 		t.Fatalf("over-pool prompt: %d %s", code, body)
 	}
-	if m := metricsOf(t, c.decode[0]); m["baton_kv_reservations_total"] != 0 {
+	if m := metricsOf(t, c.Decode[0]); m["baton_kv_reservations_total"] != 0 {
 		t.Fatalf("a reservation was made: %v", m["baton_kv_reservations_total"])
 	}
-	if code, _, body := post(t, c.router.URL+"/v1/completions", `{"model":"stories260K","prompt":"Once upon a time","max_tokens":8}`); code != 200 {
+	if code, _, body := post(t, c.Router.URL+"/v1/completions", `{"model":"stories260K","prompt":"Once upon a time","max_tokens":8}`); code != 200 {
 		t.Fatalf("a prompt that fits: %d %s", code, body)
 	}
-	c.waitClean(t)
+	c.WaitClean(t)
 }
 
 // 200 mixed requests, some streamed, some cut off by their client at a random
@@ -193,7 +143,7 @@ func TestPDMixedLoadWithDisconnects(t *testing.T) {
 				time.AfterFunc(time.Duration(j.cutMs)*time.Millisecond, cancel)
 			}
 			body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":%d,"stream":%v,"ignore_eos":true}`, j.prompt, j.max, j.stream)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.router.URL+"/v1/completions", strings.NewReader(body))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.Router.URL+"/v1/completions", strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -219,8 +169,8 @@ func TestPDMixedLoadWithDisconnects(t *testing.T) {
 	if ok200 < 100 {
 		t.Fatalf("only %d of 200 requests completed", ok200)
 	}
-	c.waitClean(t)
-	for _, w := range c.workers() {
+	c.WaitClean(t)
+	for _, w := range c.Workers() {
 		if m := metricsOf(t, w); m["baton_kv_read_gate_failures_total"] != 0 {
 			t.Fatalf("%s: read gate failures %v", w.URL, m["baton_kv_read_gate_failures_total"])
 		}
@@ -232,14 +182,14 @@ func TestPDMixedLoadWithDisconnects(t *testing.T) {
 func TestPDKillAndRestartWorker(t *testing.T) {
 	c := startCluster(t, 2, 2, nil, nil)
 	body := `{"model":"stories260K","prompt":"Once upon a time","max_tokens":16,"temperature":0}`
-	victim := c.decode[1]
+	victim := c.Decode[1]
 	u, _ := url.Parse(victim.URL)
-	_ = signalGroup(victim.cmd, syscall.SIGKILL)
-	<-victim.exited
+	_ = victim.Signal(syscall.SIGKILL)
+	<-victim.Exited()
 	// Requests keep succeeding: before the router's health check notices, a
 	// failed reservation is retried on the other pair.
 	for i := 0; i < 10; i++ {
-		if code, _, b := post(t, c.router.URL+"/v1/completions", body); code != 200 {
+		if code, _, b := post(t, c.Router.URL+"/v1/completions", body); code != 200 {
 			t.Fatalf("request %d with a dead decode worker: %d %s", i, code, b)
 		}
 	}
@@ -249,12 +199,12 @@ func TestPDKillAndRestartWorker(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the router never sent work to the restarted decode worker")
 		}
-		if code, _, b := post(t, c.router.URL+"/v1/completions", body); code != 200 {
+		if code, _, b := post(t, c.Router.URL+"/v1/completions", body); code != 200 {
 			t.Fatalf("after restart: %d %s", code, b)
 		}
 	}
-	c.decode[1] = restarted
-	c.waitClean(t)
+	c.Decode[1] = restarted
+	c.WaitClean(t)
 }
 
 func TestPDOpenAINodeClient(t *testing.T) {
@@ -271,9 +221,9 @@ func TestPDOpenAINodeClient(t *testing.T) {
 		}
 	}
 	c := startCluster(t, 1, 1, nil, nil)
-	out, err := runCommand(t.Context(), 2*time.Minute, root, cleanEnv(), node, filepath.Join("test", "openai", "client.mjs"), c.router.URL, bundledModel)
+	out, err := runCommand(t.Context(), 2*time.Minute, root, cleanEnv(), node, filepath.Join("test", "openai", "client.mjs"), c.Router.URL, bundledModel)
 	if err != nil {
 		t.Fatalf("OpenAI client through the router: %v\n%s", err, out)
 	}
-	c.waitClean(t)
+	c.WaitClean(t)
 }

@@ -69,7 +69,7 @@ func TestGracefulShutdownStandalone(t *testing.T) {
 	s := startServer(t, "--model", slowModel(t), "--load-format", "dummy", "--served-model-name", "dummy")
 	resp, sc := streamUntilFirstChunk(t, s.URL, 40)
 	defer resp.Body.Close()
-	if err := signalGroup(s.cmd, syscall.SIGTERM); err != nil {
+	if err := s.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	finish, done := readToEnd(sc)
@@ -77,12 +77,12 @@ func TestGracefulShutdownStandalone(t *testing.T) {
 		t.Fatalf("the running request did not finish: finish %q, [DONE] %v", finish, done)
 	}
 	select {
-	case <-s.exited:
+	case <-s.Exited():
 	case <-time.After(15 * time.Second):
 		t.Fatal("server did not exit after SIGTERM")
 	}
-	if s.err != nil {
-		t.Fatalf("exit after SIGTERM: %v", s.err)
+	if err := s.ExitErr(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 }
 
@@ -93,12 +93,12 @@ func TestGracefulShutdownDecodeWorker(t *testing.T) {
 	args := []string{"--model", cfg, "--load-format", "dummy", "--served-model-name", "dummy"}
 	c := startCluster(t, 1, 1, args, nil)
 	// The router serves the model name from its own flags.
-	_ = c.router.Stop()
-	c.router = startServer(t, "--role", "router", "--served-model-name", "dummy", "--prefill", c.prefill[0].URL, "--decode", c.decode[0].URL)
-	resp, sc := streamUntilFirstChunk(t, c.router.URL, 30)
+	_ = c.Router.Stop()
+	c.Router = startServer(t, "--role", "router", "--served-model-name", "dummy", "--prefill", c.Prefill[0].URL, "--decode", c.Decode[0].URL)
+	resp, sc := streamUntilFirstChunk(t, c.Router.URL, 30)
 	defer resp.Body.Close()
-	d := c.decode[0]
-	if err := signalGroup(d.cmd, syscall.SIGTERM); err != nil {
+	d := c.Decode[0]
+	if err := d.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	finish, done := readToEnd(sc)
@@ -106,11 +106,11 @@ func TestGracefulShutdownDecodeWorker(t *testing.T) {
 		t.Fatalf("the running request did not finish through a draining decode worker: finish %q, [DONE] %v", finish, done)
 	}
 	select {
-	case <-d.exited:
+	case <-d.Exited():
 	case <-time.After(15 * time.Second):
 		t.Fatal("decode worker did not exit after SIGTERM")
 	}
-	if d.err != nil {
-		t.Fatalf("decode exit after SIGTERM: %v", d.err)
+	if err := d.ExitErr(); err != nil {
+		t.Fatalf("decode exit after SIGTERM: %v", err)
 	}
 }

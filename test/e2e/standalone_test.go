@@ -11,8 +11,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -41,36 +39,6 @@ func loadReference(t *testing.T) reference {
 		t.Fatal(err)
 	}
 	return r
-}
-
-func post(t *testing.T, url, body string, header ...string) (int, http.Header, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, b
-}
-
-func get(t *testing.T, url string) (int, []byte) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
 }
 
 type completion struct {
@@ -152,39 +120,6 @@ func TestGreedyReferenceBatchedChunkedPaged(t *testing.T) {
 			}
 			waitPagesFree(t, s)
 		})
-	}
-}
-
-var metricLine = regexp.MustCompile(`(?m)^(baton_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$`)
-
-func metricsOf(t *testing.T, s *server) map[string]float64 {
-	t.Helper()
-	code, body := get(t, s.URL+"/metrics")
-	if code != 200 {
-		t.Fatalf("/metrics: %d", code)
-	}
-	out := map[string]float64{}
-	for _, m := range metricLine.FindAllStringSubmatch(string(body), -1) {
-		v, _ := strconv.ParseFloat(m[3], 64)
-		out[m[1]+m[2]] += v
-		out[m[1]] += v
-	}
-	return out
-}
-
-// waitPagesFree waits until every KV page is back on the free list.
-func waitPagesFree(t *testing.T, s *server) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		m := metricsOf(t, s)
-		if m["baton_kv_pages_total"] > 0 && m["baton_kv_pages_free"] == m["baton_kv_pages_total"] {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pages not released: free %v of %v", m["baton_kv_pages_free"], m["baton_kv_pages_total"])
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -1,0 +1,130 @@
+// Package faults is the test-only switchboard for fault injection and for
+// switching isolation guards off. It does anything only in binaries built
+// with the `faults` build tag; in every other build Enabled is false, every
+// guard is on and every hook is a no-op, so a release binary cannot be
+// configured into an unsafe mode.
+//
+// In a faults build, two environment variables configure a process:
+//
+//	BATON_FAULTS="seed=7,corrupt=0.2,slow_writer=50ms,kill_after_frames=3"
+//	BATON_GUARDS_OFF="checksum,drain_wait"
+//
+// Fault probabilities are per frame (frame faults) or per request (commit
+// and drain faults); durations use Go syntax.
+package faults
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Guards that BATON_GUARDS_OFF can switch off, each a check the page rules
+// rely on. test/gates/README.md lists which gate test shows each one.
+const (
+	GuardDoor      = "door"       // capacity and context checks in Received
+	GuardCoverage  = "coverage"   // Commit's tokens written == reserved, pages written
+	GuardChecksum  = "checksum"   // Commit's per-page xxh3 against what landed
+	GuardOwnerTag  = "owner_tag"  // a write lands only in a page of its own reservation
+	GuardDrainWait = "drain_wait" // aborted pages wait in quarantine for their writer
+	GuardLateDrop  = "late_drop"  // writes and drains for a room no longer open are dropped
+)
+
+// AllGuards lists every guard name.
+var AllGuards = []string{GuardDoor, GuardCoverage, GuardChecksum, GuardOwnerTag, GuardDrainWait, GuardLateDrop}
+
+// Spec is a parsed BATON_FAULTS.
+type Spec struct {
+	Seed uint64
+	// per frame
+	Drop, Duplicate, Reorder, Corrupt, WrongPage float64
+	Delay                                        time.Duration // added before a frame, with probability DelayP
+	DelayP                                       float64
+	SlowWriter                                   time.Duration // added before every frame
+	// per request
+	ShortWrite, OverClaim, WrongEpoch, LostDrained float64
+	// process
+	KillAfterFrames int // SIGKILL this process after writing that many frames (0: never)
+}
+
+// ParseSpec parses the BATON_FAULTS syntax.
+func ParseSpec(s string) (*Spec, error) {
+	sp := &Spec{Seed: 1}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("faults: %q is not key=value", kv)
+		}
+		var err error
+		prob := func(dst *float64) {
+			*dst, err = strconv.ParseFloat(v, 64)
+			if err == nil && (*dst < 0 || *dst > 1) {
+				err = fmt.Errorf("probability %v outside [0,1]", *dst)
+			}
+		}
+		switch k {
+		case "seed":
+			sp.Seed, err = strconv.ParseUint(v, 10, 64)
+		case "drop":
+			prob(&sp.Drop)
+		case "duplicate":
+			prob(&sp.Duplicate)
+		case "reorder":
+			prob(&sp.Reorder)
+		case "corrupt":
+			prob(&sp.Corrupt)
+		case "wrong_page":
+			prob(&sp.WrongPage)
+		case "delay":
+			sp.Delay, err = time.ParseDuration(v)
+			if sp.DelayP == 0 {
+				sp.DelayP = 1
+			}
+		case "delay_p":
+			prob(&sp.DelayP)
+		case "slow_writer":
+			sp.SlowWriter, err = time.ParseDuration(v)
+		case "short_write":
+			prob(&sp.ShortWrite)
+		case "over_claim":
+			prob(&sp.OverClaim)
+		case "wrong_epoch":
+			prob(&sp.WrongEpoch)
+		case "lost_drained":
+			prob(&sp.LostDrained)
+		case "kill_after_frames":
+			sp.KillAfterFrames, err = strconv.Atoi(v)
+		default:
+			return nil, fmt.Errorf("faults: unknown fault %q", k)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("faults: %s: %w", k, err)
+		}
+	}
+	return sp, nil
+}
+
+// ParseGuards parses BATON_GUARDS_OFF.
+func ParseGuards(s string) (map[string]bool, error) {
+	off := map[string]bool{}
+	for _, g := range strings.Split(s, ",") {
+		g = strings.TrimSpace(g)
+		if g == "" {
+			continue
+		}
+		known := false
+		for _, k := range AllGuards {
+			known = known || k == g
+		}
+		if !known {
+			return nil, fmt.Errorf("faults: unknown guard %q (known: %s)", g, strings.Join(AllGuards, ", "))
+		}
+		off[g] = true
+	}
+	return off, nil
+}
