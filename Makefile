@@ -3,7 +3,7 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test bench lint proto clean
+.PHONY: build run run-standalone test chaos bench lint proto clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/baton
@@ -18,6 +18,9 @@ run-standalone: build
 test: build
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+chaos: build
+	BATON_CHAOS_REQUESTS=1000 $(GO) test -count=1 -run TestChaos -v ./test/gates
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./internal/kernels/... ./internal/model/...

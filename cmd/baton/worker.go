@@ -50,7 +50,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	case "decode":
 		eng = le.engine(f, scheduler.RoleDecode, ms)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Log: le.log})
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, ReceiverWrites: true, Log: le.log})
 		recv, err := tcp.Listen(net.JoinHostPort(f.host, strconv.Itoa(f.transferPort)), d)
 		if err != nil {
 			return err

@@ -44,6 +44,9 @@ type Spec struct {
 	SlowWriter                                   time.Duration // added before every frame
 	// per request
 	ShortWrite, OverClaim, WrongEpoch, LostDrained float64
+	// IgnoreAbort makes the writer carry on after decode asked it to stop,
+	// so its writes keep arriving after the abort.
+	IgnoreAbort bool
 	// process
 	KillAfterFrames int // SIGKILL this process after writing that many frames (0: never)
 }
@@ -97,6 +100,8 @@ func ParseSpec(s string) (*Spec, error) {
 			prob(&sp.WrongEpoch)
 		case "lost_drained":
 			prob(&sp.LostDrained)
+		case "ignore_abort":
+			sp.IgnoreAbort, err = strconv.ParseBool(v)
 		case "kill_after_frames":
 			sp.KillAfterFrames, err = strconv.Atoi(v)
 		default:

@@ -29,6 +29,12 @@ func roll(sp *Spec, p float64) bool {
 	return rng.Float64() < p
 }
 
+// IgnoreAbort reports whether a writer should ignore Abort (a fault).
+func IgnoreAbort() bool {
+	sp := Active()
+	return sp != nil && sp.IgnoreAbort
+}
+
 // Request holds the per-request faults rolled for one prefill.
 type Request struct {
 	ShortWrite, OverClaim, WrongEpoch, LostDrained bool

@@ -32,6 +32,10 @@ type DecodeOptions struct {
 	// HandoffTimeout bounds the wait for Commit after Reserve; past it the
 	// request is aborted (its pages still wait for the writer to drain).
 	HandoffTimeout time.Duration
+	// ReceiverWrites is true for transports whose receiver writes the pages
+	// itself (tcp): once it refuses a reservation nothing more can land. A
+	// one-sided transport (RDMA puts) must wait for the writer instead.
+	ReceiverWrites bool
 	Log            *slog.Logger
 }
 
@@ -377,6 +381,15 @@ func (d *Decode) abortReserved(res *reservation, why string) bool {
 		return false
 	}
 	d.o.Log.Info("aborted before decode", "request_id", res.r.ID, "room", res.key.Room, "why", why)
+	res.mu.Lock()
+	landed := !res.firstByte.IsZero()
+	res.mu.Unlock()
+	if d.o.Engine.WriterHeld(res.r) && !landed && d.o.ReceiverWrites {
+		// Nothing of this reservation ever landed, and the receiver, the
+		// only thing that writes these pages, refuses it from now on: no
+		// write can land, whether or not the writer is still reachable.
+		d.writerGone(res, false, "no frame landed and the receiver refuses this reservation from now on")
+	}
 	if d.o.Engine.WriterHeld(res.r) {
 		go d.tellWriter(res, why)
 		if !faults.On(faults.GuardDrainWait) {

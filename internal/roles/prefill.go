@@ -193,6 +193,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		return nil, status.Errorf(codes.Unavailable, "cannot reach decode transport %s: %v", res.TransferAddr, err)
 	}
 	sess = faults.WrapSession(sess, rf, len(res.Pages)-1)
+	p.o.Metrics.TransferSessions.Inc()
 	ship := newShipper(res, p.o.Pool.PageSize(), len(req.Prompt), sess)
 	r.OnChunk = ship.onChunk
 	if err := p.o.Engine.Submit(r); err != nil {
@@ -316,6 +317,9 @@ func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 	p.mu.Lock()
 	cancel, ok := p.active[key]
 	p.mu.Unlock()
+	if ok && faults.IgnoreAbort() {
+		return &pdv1.Ack{}, nil // test builds only: a writer that keeps writing
+	}
 	if ok {
 		cancel()
 		return &pdv1.Ack{}, nil

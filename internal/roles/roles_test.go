@@ -21,6 +21,7 @@ import (
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/tcp"
 )
 
@@ -84,7 +85,7 @@ func newPair(t *testing.T, pageSize, chunk int) *pair {
 	pe, ppool, _ := newWorkerEngine(t, scheduler.RolePrefill, p.pm, pages, pageSize, chunk)
 	p.dPool, p.pPool = dpool, ppool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
-	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Log: log})
+	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, ReceiverWrites: true, Log: log})
 	t.Cleanup(p.decode.Close)
 	recv, err := tcp.Listen("127.0.0.1:0", p.decode)
 	if err != nil {
@@ -242,16 +243,34 @@ func TestCommitChecks(t *testing.T) {
 	}
 }
 
-// An abort before the commit keeps the pages quarantined until the writer
-// says Drained; a Drained for a stale epoch is dropped and counted.
+// An abort after a frame landed keeps the pages quarantined until the writer
+// says Drained; a Drained for a stale epoch is dropped and counted. An abort
+// before any frame landed frees at once: the receiver, the only writer of
+// these pages, refuses the reservation from then on.
 func TestAbortQuarantinesUntilDrained(t *testing.T) {
 	want := loadRef(t)
 	p := newPair(t, 4, 512)
 	ctx := context.Background()
-	// Writer address that is not a real prefill: Abort to it fails, so only Drained frees.
-	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "z", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
-		Layout: p.layout, Writer: "127.0.0.1:1"})
+	reserve := func() *pdv1.Reservation {
+		// The writer address is not a real prefill: Abort to it fails, so only Drained frees.
+		res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "z", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
+			Layout: p.layout, Writer: "127.0.0.1:1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	res := reserve()
+	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, transfer.Key{Room: res.Room, Epoch: res.Epoch})
 	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	kv := p.dPool.KV()
+	if err := sess.Write(transfer.PageWrite{Index: 0, Page: res.Pages[0], Tokens: 4, Data: make([]byte, transfer.PackedSize(kv, 4))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "client left"}); err != nil {
@@ -273,6 +292,12 @@ func TestAbortQuarantinesUntilDrained(t *testing.T) {
 	if testutilCounter(t, p.dm, "baton_late_messages_dropped_total") < 1 {
 		t.Fatal("late Drained not counted")
 	}
+
+	res = reserve()
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "client left"}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllFree(t, p.dPool)
 }
 
 func testutilCounter(t *testing.T, ms *metrics.Set, name string) float64 {

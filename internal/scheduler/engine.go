@@ -112,6 +112,7 @@ func (e *Engine) Submit(r *Request) error {
 	r.room = e.nextRoom
 	e.queued++
 	e.inbox = append(e.inbox, r)
+	e.m.QueuedTotal.Inc()
 	e.mu.Unlock()
 	e.poke()
 	return nil
@@ -205,7 +206,7 @@ func (e *Engine) door(r *Request) *RejectError {
 	case n >= ctx:
 		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens; the prompt has %d tokens, leaving no room to generate", ctx, n)}
-	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx:
+	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx && e.cfg.Role != RolePrefill: // prefill holds only the prompt
 		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens; you requested %d tokens (%d in the prompt, %d for the completion)",
 			ctx, n+r.Params.MaxTokens, n, r.Params.MaxTokens)}
@@ -292,6 +293,7 @@ func (e *Engine) gauges() {
 // poolGauges publishes the pool's figures; safe from any goroutine.
 func (e *Engine) poolGauges() {
 	st := e.pool.Stats()
+	e.m.ReleaseErrors.Set(float64(st.ReleaseErrors))
 	e.m.KVPagesFree.Set(float64(st.Free))
 	e.m.KVPagesQuarantined.Set(float64(st.Quarantined))
 }

@@ -42,3 +42,5 @@ func get(t *testing.T, url string) (int, []byte) { t.Helper(); return harness.Ge
 func metricsOf(t *testing.T, s *server) map[string]float64 { t.Helper(); return harness.Metrics(t, s) }
 
 func waitPagesFree(t *testing.T, s *server) { t.Helper(); harness.WaitPagesFree(t, s) }
+
+func batonBinary(t testing.TB) string { return harness.Binary(t) }

@@ -1,0 +1,122 @@
+package gates
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/batonlm/baton/test/harness"
+)
+
+// streamAndCancel starts a streaming request and cancels it after d.
+func streamAndCancel(t *testing.T, url, prompt string, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":16,"stream":true}`, prompt)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// scenarioAbortDuringTransfer aborts a request while a slow writer, which
+// ignores the abort, keeps writing its pages. The pages must wait in
+// quarantine (drain wait), the writes arriving after the abort must be
+// dropped and counted (late-message drop), and the next request, which
+// reuses pages, must read only its own KV.
+func scenarioAbortDuringTransfer(t *testing.T, guardsOff string) violations {
+	ref := loadReference(t)
+	var v violations
+	c := startCluster(t, setup{prefillFaults: "slow_writer=120ms,ignore_abort=true", guardsOff: guardsOff,
+		workerArgs: []string{"--page-size", "4"}, decodeArgs: []string{"--max-total-tokens", "256"}})
+	d := c.Decode[0]
+	done := make(chan struct{})
+	go func() { streamAndCancel(t, c.Router.URL, longPrompt, 400*time.Millisecond); close(done) }()
+
+	// Watch decode while the writer is still writing.
+	maxQuarantined := 0.0
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		m := harness.Metrics(t, d)
+		maxQuarantined = max(maxQuarantined, m["baton_kv_pages_quarantined"])
+		if m[`baton_requests_total{outcome="aborted",role="decode"}`] >= 1 && m["baton_kv_pages_quarantined"] == 0 &&
+			m["baton_kv_pages_free"] == m["baton_kv_pages_total"] {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	<-done
+	if maxQuarantined == 0 {
+		v.add("the aborted request's pages were never quarantined while its writer was still writing")
+	}
+	// The slow writer is done by now (its session closed); the late writes it
+	// made after the abort must have been dropped.
+	waitFor(t, 5*time.Second, func() bool {
+		return harness.Metrics(t, d)[`baton_late_messages_dropped_total{kind="write",role="decode"}`] >= 1
+	})
+	if harness.Metrics(t, d)[`baton_late_messages_dropped_total{kind="write",role="decode"}`] < 1 {
+		v.add("no late write was dropped after the abort")
+	}
+	// The next owner of those pages reads only its own KV.
+	if code, text, body := greedy(t, c.Router.URL, ref); code != 200 || text != ref.GeneratedText {
+		v.add("the next request after the abort: %d %s", code, body)
+	}
+	checkClean(t, c, &v)
+	return v
+}
+
+func waitFor(t *testing.T, d time.Duration, ok func() bool) {
+	deadline := time.Now().Add(d)
+	for !ok() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Gate 4, lifetime/ownership.
+func TestGateAbortDuringTransfer(t *testing.T) { requireClean(t, scenarioAbortDuringTransfer(t, "")) }
+
+// kill -9 of prefill in the middle of a transfer: decode notices (the
+// session's connection is gone) and ends with zero leaked pages.
+func TestGateKillPrefillMidTransfer(t *testing.T) {
+	c := startCluster(t, setup{prefillFaults: "kill_after_frames=2", workerArgs: []string{"--page-size", "4"}})
+	code, _, body := harness.Post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8}`, longPrompt))
+	if code == 200 {
+		t.Fatalf("a request whose prefill died got 200: %s", body)
+	}
+	select {
+	case <-c.Prefill[0].Exited():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the prefill worker did not die")
+	}
+	var v violations
+	checkClean(t, &harness.Cluster{Decode: c.Decode}, &v)
+	requireClean(t, v)
+}
+
+// kill -9 of decode in the middle of a transfer: prefill's writes fail, and
+// it ends with zero leaked pages of its own.
+func TestGateKillDecodeMidTransfer(t *testing.T) {
+	c := startCluster(t, setup{prefillFaults: "slow_writer=100ms", workerArgs: []string{"--page-size", "4"}})
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := harness.Post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8}`, longPrompt))
+		done <- code
+	}()
+	waitFor(t, 5*time.Second, func() bool { return harness.Metrics(t, c.Prefill[0])["baton_kv_transfer_sessions_total"] >= 1 })
+	time.Sleep(150 * time.Millisecond)
+	_ = c.Decode[0].Signal(syscall.SIGKILL)
+	if code := <-done; code == 200 {
+		t.Fatal("a request whose decode worker died got 200")
+	}
+	var v violations
+	checkClean(t, &harness.Cluster{Prefill: c.Prefill}, &v)
+	requireClean(t, v)
+}

@@ -1,0 +1,42 @@
+package gates
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/batonlm/baton/internal/faults"
+)
+
+// guardGates maps each guard to the gate scenario that must fail without it.
+var guardGates = []struct {
+	guard    string
+	scenario func(t *testing.T, guardsOff string) violations
+}{
+	{faults.GuardDoor, scenarioDoor},
+	{faults.GuardCoverage, func(t *testing.T, off string) violations { return scenarioHandoffFault(t, handoffFaults[0], off) }},
+	{faults.GuardChecksum, func(t *testing.T, off string) violations { return scenarioHandoffFault(t, handoffFaults[3], off) }},
+	{faults.GuardOwnerTag, func(t *testing.T, off string) violations { return scenarioHandoffFault(t, handoffFaults[4], off) }},
+	{faults.GuardDrainWait, scenarioAbortDuringTransfer},
+	{faults.GuardLateDrop, scenarioAbortDuringTransfer},
+}
+
+// TestMutationProof switches each guard off in turn and requires its gate to
+// fail: proof that the gate tests would notice the guard being deleted.
+func TestMutationProof(t *testing.T) {
+	covered := map[string]bool{}
+	for _, g := range guardGates {
+		covered[g.guard] = true
+		t.Run(g.guard, func(t *testing.T) {
+			v := g.scenario(t, g.guard)
+			if len(v) == 0 {
+				t.Fatalf("with the %s guard off, its gate still passes", g.guard)
+			}
+			t.Logf("with the %s guard off the gate fails with:\n- %s", g.guard, strings.Join(v, "\n- "))
+		})
+	}
+	for _, g := range faults.AllGuards {
+		if !covered[g] {
+			t.Errorf("guard %s has no gate scenario", g)
+		}
+	}
+}

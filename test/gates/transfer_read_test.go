@@ -1,0 +1,75 @@
+package gates
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/batonlm/baton/test/harness"
+)
+
+// handoffFault is one injected fault and the evidence the gate expects.
+type handoffFault struct {
+	name   string
+	faults string
+	// reason is the baton_handoff_failures_total label decode must count;
+	// late is a baton_late_messages_dropped_total kind instead.
+	reason, late string
+}
+
+var handoffFaults = []handoffFault{
+	{"short write", "short_write=1", "coverage", ""},
+	{"dropped frames", "drop=1", "coverage", ""},
+	{"over-claim", "over_claim=1", "over_claim", ""},
+	{"corrupt bytes", "corrupt=1", "checksum", ""},
+	{"misdirected page", "wrong_page=1", "owner_tag", ""},
+	{"wrong epoch", "wrong_epoch=1", "", "write"},
+}
+
+// scenarioHandoffFault injects one fault into every prefill write and checks
+// that the client gets an error (never 200), decode counts the failure under
+// the expected check, no NaN was sampled, and every page comes back.
+func scenarioHandoffFault(t *testing.T, f handoffFault, guardsOff string) violations {
+	ref := loadReference(t)
+	var v violations
+	c := startCluster(t, setup{prefillFaults: f.faults, guardsOff: guardsOff, workerArgs: []string{"--page-size", "4"}})
+	code, text, body := greedy(t, c.Router.URL, ref)
+	if code == 200 {
+		v.add("%s: the client got 200 (%q matches the reference: %v)", f.name, text, text == ref.GeneratedText)
+	}
+	m := harness.Metrics(t, c.Decode[0])
+	if f.reason != "" {
+		if key := fmt.Sprintf(`baton_handoff_failures_total{reason=%q,role="decode"}`, f.reason); m[key] < 1 {
+			v.add("%s: decode did not count a %s failure (status %d, %s)", f.name, f.reason, code, body)
+		}
+	}
+	if f.late != "" {
+		if key := fmt.Sprintf(`baton_late_messages_dropped_total{kind=%q,role="decode"}`, f.late); m[key] < 1 {
+			v.add("%s: decode dropped no late %s (status %d, %s)", f.name, f.late, code, body)
+		}
+	}
+	checkClean(t, c, &v)
+	return v
+}
+
+// Gate 3, transfer/read: every injected handoff fault ends in a client
+// error, a counter, and no read of the page.
+func TestGateTransferRead(t *testing.T) {
+	for _, f := range handoffFaults {
+		t.Run(f.name, func(t *testing.T) { requireClean(t, scenarioHandoffFault(t, f, "")) })
+	}
+}
+
+// Faults that lose nothing (duplicated, reordered, delayed frames) must not
+// change a single token, and with --kv-poison no NaN reaches sampling.
+func TestGateHarmlessFaultsKeepExactOutput(t *testing.T) {
+	ref := loadReference(t)
+	c := startCluster(t, setup{prefillFaults: "seed=3,duplicate=0.5,reorder=0.5,delay=2ms,delay_p=0.5", workerArgs: []string{"--page-size", "1"}})
+	for i := 0; i < 5; i++ {
+		if code, text, body := greedy(t, c.Router.URL, ref); code != 200 || text != ref.GeneratedText {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+	}
+	var v violations
+	checkClean(t, c, &v)
+	requireClean(t, v)
+}
