@@ -40,6 +40,7 @@ type setup struct {
 	workerArgs      []string
 	prefillArgs     []string
 	decodeArgs      []string
+	routerArgs      []string
 }
 
 func startCluster(t *testing.T, s setup) *harness.Cluster {
@@ -59,7 +60,7 @@ func startCluster(t *testing.T, s setup) *harness.Cluster {
 		s.decode = 1
 	}
 	return harness.StartCluster(t, harness.ClusterOptions{Prefill: s.prefill, Decode: s.decode, WorkerArgs: s.workerArgs,
-		PrefillArgs: s.prefillArgs, DecodeArgs: s.decodeArgs, PrefillEnv: penv, DecodeEnv: env, Binary: faultsBinary(t)})
+		PrefillArgs: s.prefillArgs, DecodeArgs: s.decodeArgs, RouterArgs: s.routerArgs, PrefillEnv: penv, DecodeEnv: env, Binary: faultsBinary(t)})
 }
 
 // violations collects what a scenario found wrong.

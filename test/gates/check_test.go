@@ -1,0 +1,47 @@
+package gates
+
+import (
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/batonlm/baton/test/harness"
+)
+
+func runCheck(t *testing.T, c *harness.Cluster, args ...string) (string, error) {
+	t.Helper()
+	out, err := exec.Command(faultsBinary(t), append([]string{"check", "--router", c.Router.URL}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// baton check passes all four gates on a sound deployment, needs the API key
+// when one is set, and leaves every page where it found it.
+func TestCheckCommandPasses(t *testing.T) {
+	c := startCluster(t, setup{routerArgs: []string{"--api-key", "k3y"}})
+	if out, err := runCheck(t, c); err == nil {
+		t.Fatalf("check without the API key succeeded:\n%s", out)
+	}
+	out, err := runCheck(t, c, "--api-key", "k3y")
+	if err != nil {
+		t.Fatalf("check failed on a sound deployment: %v\n%s", err, out)
+	}
+	for _, gate := range []string{"pool/context", "reject/admission", "transfer/read", "lifetime/ownership"} {
+		if !strings.Contains(out, gate+"  ") || strings.Count(out, "PASS") != 4 {
+			t.Fatalf("missing %s PASS row:\n%s", gate, out)
+		}
+	}
+	var v violations
+	checkClean(t, c, &v)
+	requireClean(t, v)
+}
+
+// A deployment whose writer corrupts bytes fails the transfer/read gate and
+// the command exits non-zero.
+func TestCheckCommandFailsOnCorruptHandoff(t *testing.T) {
+	c := startCluster(t, setup{prefillFaults: "corrupt=1"})
+	out, err := runCheck(t, c)
+	if err == nil || !regexp.MustCompile(`transfer/read\s+FAIL`).MatchString(out) {
+		t.Fatalf("check did not fail the transfer/read gate: %v\n%s", err, out)
+	}
+}
