@@ -37,7 +37,7 @@ type pair struct {
 	prefillAddr string
 }
 
-func newWorkerEngine(t *testing.T, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
+func newWorkerEngine(t testing.TB, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
 	l, err := model.Load(model.LoadOptions{}, cpu.New(1))
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func newWorkerEngine(t *testing.T, role scheduler.Role, ms *metrics.Set, pages, 
 	return e, pool, &c
 }
 
-func serveGRPC(t *testing.T, register func(*grpc.Server)) string {
+func serveGRPC(t testing.TB, register func(*grpc.Server)) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func serveGRPC(t *testing.T, register func(*grpc.Server)) string {
 	return ln.Addr().String()
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+func dial(t testing.TB, addr string) *grpc.ClientConn {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +77,7 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 	return cc
 }
 
-func newPair(t *testing.T, pageSize, chunk int) *pair {
+func newPair(t testing.TB, pageSize, chunk int) *pair {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	p := &pair{dm: metrics.New("decode"), pm: metrics.New("prefill")}
 	pages := 4096 / pageSize
@@ -108,7 +108,9 @@ type reference struct {
 	GeneratedIDs []int32 `json:"generated_token_ids"`
 }
 
-func loadRef(t *testing.T) reference {
+func loadRef(t *testing.T) reference { return loadRefTB(t) }
+
+func loadRefTB(t testing.TB) reference {
 	b, err := os.ReadFile("../../testdata/stories260K-greedy-once-upon-a-time.json")
 	if err != nil {
 		t.Fatal(err)
