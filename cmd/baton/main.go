@@ -28,7 +28,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), versionCmd(), envCmd(), checkCmd())
+	root.AddCommand(serveCmd(), versionCmd(), envCmd(), checkCmd(), modelCmd())
 	return root
 }
 

@@ -22,25 +22,12 @@ import (
 // template from the model file's metadata, never its weights.
 func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})).With("role", "router")
-	var gf *gguf.File
-	var err error
-	name := bundled.Name
-	if f.modelPath == "" {
-		gf, err = gguf.Parse(bundled.Stories260K)
-	} else {
-		gf, err = gguf.Open(f.modelPath)
-		name = model.NameFromPath(f.modelPath)
-	}
+	tok, name, err := routerTokenizer(f)
 	if err != nil {
 		return err
 	}
-	defer gf.Close()
 	if f.servedName != "" {
 		name = f.servedName
-	}
-	tok, err := tokenizer.FromGGUF(gf)
-	if err != nil {
-		return err
 	}
 	ms := metrics.New("router")
 	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy, APIKey: f.apiKey, Metrics: ms, Logger: log})
@@ -85,4 +72,30 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		stopping.Store(!ready)
 		srv.SetReady(ready && rt.Ready())
 	}, nil)
+}
+
+// routerTokenizer loads only the tokenizer (and chat template) of the model:
+// from a Hugging Face directory's tokenizer files or a GGUF's metadata.
+func routerTokenizer(f *serveFlags) (*tokenizer.Tokenizer, string, error) {
+	if f.modelPath == "" {
+		gf, err := gguf.Parse(bundled.Stories260K)
+		if err != nil {
+			return nil, "", err
+		}
+		tok, err := tokenizer.FromGGUF(gf)
+		return tok, bundled.Name, err
+	}
+	if dir, ok := model.HFDir(f.modelPath); ok {
+		tok, err := tokenizer.FromHFDir(dir)
+		return tok, model.NameFromPath(f.modelPath), err
+	}
+	gf, err := gguf.Open(f.modelPath)
+	if err != nil {
+		return nil, "", err
+	}
+	// The tokenizer copies what it needs out of the metadata; the weights
+	// were never paged in.
+	defer gf.Close()
+	tok, err := tokenizer.FromGGUF(gf)
+	return tok, model.NameFromPath(f.modelPath), err
 }

@@ -96,7 +96,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&f.role, "role", "standalone", "standalone | prefill | decode | router")
-	fs.StringVar(&f.modelPath, "model", "", "GGUF file (or config.json with --load-format dummy); empty: the bundled stories260K")
+	fs.StringVar(&f.modelPath, "model", "", "GGUF file, Hugging Face model directory (config.json + safetensors), or a config.json with --load-format dummy; empty: the bundled stories260K")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&f.port, "port", 8000, "port to listen on (0: any free port)")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name clients use (default: the model file's base name)")
@@ -108,7 +108,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 503")
 	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every API request")
-	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | dummy (random weights with the model's shape)")
+	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
@@ -158,9 +158,9 @@ func (f *serveFlags) validate() error {
 		return err
 	}
 	switch f.loadFormat {
-	case "auto", "gguf", "dummy":
+	case "auto", "gguf", "safetensors", "dummy":
 	default:
-		return fmt.Errorf("unknown --load-format %q (auto, gguf, dummy)", f.loadFormat)
+		return fmt.Errorf("unknown --load-format %q (auto, gguf, safetensors, dummy)", f.loadFormat)
 	}
 	return nil
 }
@@ -271,7 +271,12 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 	if err != nil {
 		return nil, err
 	}
-	tok, err := tokenizer.FromGGUF(loaded.GGUF)
+	var tok *tokenizer.Tokenizer
+	if loaded.Dir != "" {
+		tok, err = tokenizer.FromHFDir(loaded.Dir)
+	} else {
+		tok, err = tokenizer.FromGGUF(loaded.GGUF)
+	}
 	if err != nil {
 		loaded.Model.Close()
 		return nil, fmt.Errorf("tokenizer: %w", err)

@@ -1,10 +1,10 @@
-// Package model holds the Llama-family model: its configuration, its
-// weights (GGUF or deterministic dummy) and the forward pass, written once
-// against kernels.Backend.
+// Package model holds the Llama-family model (Llama, Mistral, Qwen2,
+// Qwen3): its configuration, its weights (GGUF, a Hugging Face directory
+// of safetensors, or deterministic dummy) and the forward pass, written
+// once against kernels.Backend.
 package model
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 
@@ -14,7 +14,7 @@ import (
 
 // Config is the shape of a model and the constants of its forward pass.
 type Config struct {
-	Arch          string // llama, mistral, qwen2
+	Arch          string // llama, mistral, qwen2, qwen3
 	Name          string
 	Vocab         int
 	Dim           int
@@ -26,7 +26,11 @@ type Config struct {
 	ContextLength int
 	NormEps       float32
 	RoPE          kernels.RoPE
-	QKVBias       bool
+	QKVBias       bool // q, k and v projections have biases (Qwen2)
+	QKNorm        bool // per-head RMSNorm of q and k before RoPE (Qwen3)
+	// TieEmbeddings says the output projection is the embedding table
+	// (dummy weights follow it; loaders tie when the file has no output).
+	TieEmbeddings bool
 }
 
 // Validate checks the shape is one the forward pass can run.
@@ -60,8 +64,11 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 	case "qwen2":
 		c.RoPE.NeoX = true
 		c.QKVBias = true
+	case "qwen3":
+		c.RoPE.NeoX = true
+		c.QKNorm = true
 	default:
-		return c, fmt.Errorf("model: unsupported architecture %q (llama, mistral and qwen2 are)", arch)
+		return c, fmt.Errorf("model: unsupported architecture %q (llama, mistral, qwen2 and qwen3 are)", arch)
 	}
 	u := func(key string, dst *int, required bool) error {
 		v, ok := f.Uint(arch + "." + key)
@@ -115,52 +122,21 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 	return c, c.Validate()
 }
 
-// hfConfig is the subset of a Hugging Face config.json that gives a shape.
-type hfConfig struct {
-	Architectures []string `json:"architectures"`
-	Vocab         int      `json:"vocab_size"`
-	Hidden        int      `json:"hidden_size"`
-	Layers        int      `json:"num_hidden_layers"`
-	Heads         int      `json:"num_attention_heads"`
-	KVHeads       int      `json:"num_key_value_heads"`
-	HeadDim       int      `json:"head_dim"`
-	FF            int      `json:"intermediate_size"`
-	MaxPos        int      `json:"max_position_embeddings"`
-	Eps           float32  `json:"rms_norm_eps"`
-	Theta         float32  `json:"rope_theta"`
-}
-
-// ConfigFromJSON reads a model shape from a Hugging Face style config.json
-// (used with --load-format dummy, for benchmarks of shapes that have no weights here).
+// ConfigFromJSON reads a model shape from a Hugging Face config.json. It
+// is lenient, as benchmarks of --load-format dummy want: an architecture it
+// does not know is run as a Llama of the same shape, and RoPE scaling it
+// cannot apply is ignored. Loading real weights uses the strict reading.
 func ConfigFromJSON(path string) (Config, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, err
 	}
-	var h hfConfig
-	if err := json.Unmarshal(b, &h); err != nil {
+	c, err := parseHFConfig(b, false)
+	if err != nil {
 		return Config{}, fmt.Errorf("model: %s: %w", path, err)
 	}
-	c := Config{Arch: "llama", Name: "dummy", Vocab: h.Vocab, Dim: h.Hidden, Layers: h.Layers, Heads: h.Heads,
-		KVHeads: h.KVHeads, HeadDim: h.HeadDim, FF: h.FF, ContextLength: h.MaxPos, NormEps: h.Eps}
-	if len(h.Architectures) > 0 && h.Architectures[0] == "Qwen2ForCausalLM" {
-		c.Arch, c.QKVBias, c.RoPE.NeoX = "qwen2", true, true
+	if c.Name == "" {
+		c.Name = "dummy"
 	}
-	if c.KVHeads == 0 {
-		c.KVHeads = c.Heads
-	}
-	if c.HeadDim == 0 && c.Heads > 0 {
-		c.HeadDim = c.Dim / c.Heads
-	}
-	if c.NormEps == 0 {
-		c.NormEps = 1e-5
-	}
-	if c.ContextLength == 0 {
-		c.ContextLength = 2048
-	}
-	c.RoPE.Dim, c.RoPE.Theta = c.HeadDim, h.Theta
-	if c.RoPE.Theta == 0 {
-		c.RoPE.Theta = 10000
-	}
-	return c, c.Validate()
+	return c, nil
 }

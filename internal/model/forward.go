@@ -114,6 +114,11 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 			addBias(s.k, ly.KBias)
 			addBias(s.v, ly.VBias)
 		}
+		if ly.QNorm != nil {
+			// Per-head RMSNorm: each head is a row of HeadDim.
+			be.RMSNorm(s.q, s.q, ly.QNorm, n*c.Heads, c.NormEps)
+			be.RMSNorm(s.k, s.k, ly.KNorm, n*c.KVHeads, c.NormEps)
+		}
 		be.ApplyRoPE(s.q, b.Positions, c.Heads, c.HeadDim, c.RoPE)
 		be.ApplyRoPE(s.k, b.Positions, c.KVHeads, c.HeadDim, c.RoPE)
 		be.StoreKV(kv, l, b.Slots, s.k, s.v)

@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -12,11 +13,13 @@ import (
 
 // LoadOptions says where a model comes from.
 type LoadOptions struct {
-	// Path is a .gguf file, or a config.json with Format "dummy"; empty means
-	// the bundled stories260K.
+	// Path is a .gguf file; a Hugging Face model directory (config.json
+	// with model.safetensors or shards), or that directory's config.json;
+	// or a bare config.json with Format "dummy". Empty means the bundled
+	// stories260K.
 	Path string
-	// Format is auto, gguf or dummy (deterministic random weights with the
-	// shape of Path's config).
+	// Format is auto, gguf, safetensors or dummy (deterministic random
+	// weights with the shape of the model's config).
 	Format string
 	// DummyDType is the weight dtype of dummy models (default f32).
 	DummyDType kernels.DType
@@ -24,14 +27,27 @@ type LoadOptions struct {
 	Progress func(done, total int)
 }
 
-// Loaded is a model together with the GGUF it came from (which also holds
-// the tokenizer); GGUF is the bundled model's when the weights are dummy
-// and came from a config.json.
+// Loaded is a model together with where its tokenizer is.
+//
+// For a GGUF model, GGUF is the file (it holds the tokenizer) and Dir is
+// "". For a Hugging Face directory, Dir is the directory (its
+// tokenizer.json is the tokenizer) and GGUF is nil. Dummy weights keep the
+// same rule: a HF directory with a tokenizer.json gives Dir; a bare
+// config.json (or a directory without tokenizer.json) gives the bundled
+// model's GGUF, as the tokenizer to use.
 type Loaded struct {
 	Model *Model
 	GGUF  *gguf.File
-	// Name is the file's base name without extension, the default served name.
+	// Dir is the Hugging Face model directory, or "".
+	Dir string
+	// Name is the file's base name without extension (the directory's
+	// name for a HF model), the default served name.
 	Name string
+	// Format is what the weights came from: gguf, safetensors or dummy.
+	Format string
+	// Generation is generation_config.json's content for a HF directory
+	// (EOS ids and default sampling); empty otherwise.
+	Generation GenerationConfig
 }
 
 // Load reads a model and binds it to be.
@@ -39,6 +55,9 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 	var f *gguf.File
 	var err error
 	name := bundled.Name
+	if dir, ok := HFDir(o.Path); ok {
+		return loadHF(dir, o, be)
+	}
 	switch {
 	case o.Path == "":
 		f, err = gguf.Parse(bundled.Stories260K)
@@ -58,8 +77,11 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Loaded{Model: New(c, w, be), GGUF: tf, Name: NameFromPath(filepath.Dir(o.Path))}, nil
+		return &Loaded{Model: New(c, w, be), GGUF: tf, Name: NameFromPath(filepath.Dir(o.Path)), Format: "dummy"}, nil
 	default:
+		if st, serr := os.Stat(o.Path); serr == nil && st.IsDir() {
+			return nil, fmt.Errorf("model: %s is a directory without config.json (not a Hugging Face model)", o.Path)
+		}
 		f, err = gguf.Open(o.Path)
 		name = NameFromPath(o.Path)
 	}
@@ -72,13 +94,17 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 		return nil, err
 	}
 	var w *Weights
+	format := "gguf"
 	switch o.Format {
 	case "", "auto", "gguf":
 		w, err = WeightsFromGGUF(f, &c, o.Progress)
 	case "dummy":
 		w, err = DummyWeights(&c, o.DummyDType)
+		format = "dummy"
+	case "safetensors":
+		err = fmt.Errorf("model: --load-format safetensors needs a Hugging Face model directory, not %s", o.Path)
 	default:
-		err = fmt.Errorf("model: unknown load format %q (auto, gguf, dummy)", o.Format)
+		err = fmt.Errorf("model: unknown load format %q (auto, gguf, safetensors, dummy)", o.Format)
 	}
 	if err != nil {
 		f.Close()
@@ -86,12 +112,80 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 	}
 	m := New(c, w, be)
 	m.closer = f.Close
-	return &Loaded{Model: m, GGUF: f, Name: name}, nil
+	return &Loaded{Model: m, GGUF: f, Name: name, Format: format}, nil
 }
 
-// NameFromPath is a model file's base name without extension: the default
-// served model name.
+// loadHF loads a Hugging Face model directory: config.json, the
+// safetensors weights (memory-mapped, kept in their dtype) and
+// generation_config.json.
+func loadHF(dir string, o LoadOptions, be kernels.Backend) (*Loaded, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	name := NameFromPath(dir)
+	gen, err := ReadGenerationConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	l := &Loaded{Dir: dir, Name: name, Generation: gen}
+	switch o.Format {
+	case "dummy":
+		c, err := parseHFConfig(b, false)
+		if err != nil {
+			return nil, fmt.Errorf("model: %s: %w", filepath.Join(dir, "config.json"), err)
+		}
+		c.Name = name
+		w, err := DummyWeights(&c, o.DummyDType)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+			// No tokenizer here: use the bundled model's, as a bare
+			// config.json does.
+			if l.GGUF, err = gguf.Parse(bundled.Stories260K); err != nil {
+				return nil, err
+			}
+			l.Dir = ""
+		}
+		l.Model, l.Format = New(c, w, be), "dummy"
+		return l, nil
+	case "", "auto", "safetensors":
+	case "gguf":
+		return nil, fmt.Errorf("model: %s is a Hugging Face directory, not a GGUF file", dir)
+	default:
+		return nil, fmt.Errorf("model: unknown load format %q (auto, gguf, safetensors, dummy)", o.Format)
+	}
+	c, err := parseHFConfig(b, true)
+	if err != nil {
+		return nil, fmt.Errorf("model: %s: %w", filepath.Join(dir, "config.json"), err)
+	}
+	c.Name = name
+	hw, err := openHFWeights(dir)
+	if err != nil {
+		return nil, err
+	}
+	w, err := weightsFromHF(hw, &c, o.Progress)
+	if err != nil {
+		hw.Close()
+		return nil, err
+	}
+	m := New(c, w, be)
+	m.closer = hw.Close
+	l.Model, l.Format = m, "safetensors"
+	return l, nil
+}
+
+// NameFromPath is the default served model name for a model path: a model
+// file's base name without extension, or the directory's name for a
+// Hugging Face model (given as the directory or its config.json).
 func NameFromPath(p string) string {
+	if dir, ok := HFDir(p); ok {
+		if abs, err := filepath.Abs(dir); err == nil {
+			dir = abs
+		}
+		return filepath.Base(dir)
+	}
 	b := filepath.Base(p)
 	return strings.TrimSuffix(b, filepath.Ext(b))
 }

@@ -16,8 +16,11 @@ type Layer struct {
 	AttnNorm            []float32
 	Q, K, V, O          *kernels.Matrix
 	QBias, KBias, VBias []float32
-	FFNNorm             []float32
-	Gate, Up, Down      *kernels.Matrix
+	// QNorm and KNorm (len HeadDim) normalise each head of q and k before
+	// RoPE (Qwen3); nil when the model has none.
+	QNorm, KNorm   []float32
+	FFNNorm        []float32
+	Gate, Up, Down *kernels.Matrix
 }
 
 // Weights holds every tensor of a model. Matrices may point into a memory
@@ -46,7 +49,7 @@ func (w *Weights) Params() int64 {
 		for _, m := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down} {
 			mat(m)
 		}
-		n += int64(len(l.AttnNorm) + len(l.FFNNorm) + len(l.QBias) + len(l.KBias) + len(l.VBias))
+		n += int64(len(l.AttnNorm) + len(l.FFNNorm) + len(l.QBias) + len(l.KBias) + len(l.VBias) + len(l.QNorm) + len(l.KNorm))
 	}
 	return n
 }
@@ -165,6 +168,11 @@ func WeightsFromGGUF(f *gguf.File, c *Config, progress func(done, total int)) (*
 				func() (e error) { ly.KBias, e = l.vector(p+"attn_k.bias", kvd); return },
 				func() (e error) { ly.VBias, e = l.vector(p+"attn_v.bias", kvd); return })
 		}
+		if c.QKNorm {
+			steps = append(steps,
+				func() (e error) { ly.QNorm, e = l.vector(p+"attn_q_norm.weight", c.HeadDim); return },
+				func() (e error) { ly.KNorm, e = l.vector(p+"attn_k_norm.weight", c.HeadDim); return })
+		}
 		for _, s := range steps {
 			if err := s(); err != nil {
 				return nil, err
@@ -189,13 +197,19 @@ func DummyWeights(c *Config, dt kernels.DType) (*Weights, error) {
 		name       string
 		rows, cols int
 	}
-	jobs := []job{{&w.Embed, "token_embd", c.Vocab, c.Dim}, {&w.Output, "output", c.Vocab, c.Dim}}
+	jobs := []job{{&w.Embed, "token_embd", c.Vocab, c.Dim}}
+	if !c.TieEmbeddings {
+		jobs = append(jobs, job{&w.Output, "output", c.Vocab, c.Dim})
+	}
 	w.Layers = make([]Layer, c.Layers)
 	for i := range w.Layers {
 		ly := &w.Layers[i]
 		ly.AttnNorm, ly.FFNNorm = ones(c.Dim), ones(c.Dim)
 		if c.QKVBias {
 			ly.QBias, ly.KBias, ly.VBias = make([]float32, qd), make([]float32, kvd), make([]float32, kvd)
+		}
+		if c.QKNorm {
+			ly.QNorm, ly.KNorm = ones(c.HeadDim), ones(c.HeadDim)
 		}
 		p := fmt.Sprintf("blk.%d.", i)
 		jobs = append(jobs, job{&ly.Q, p + "q", qd, c.Dim}, job{&ly.K, p + "k", kvd, c.Dim}, job{&ly.V, p + "v", kvd, c.Dim},
@@ -213,6 +227,9 @@ func DummyWeights(c *Config, dt kernels.DType) (*Weights, error) {
 		}()
 	}
 	wg.Wait()
+	if c.TieEmbeddings {
+		w.Output = w.Embed
+	}
 	return w, nil
 }
 

@@ -100,8 +100,9 @@ func (h *bigramHeap) pop() bigram {
 	return top
 }
 
-// encodeSPM merges the symbols of s (already space-escaped) by token score
-// and appends the resulting ids to out.
+// encodeSPM merges the symbols of s (already space-escaped) by token score,
+// or by merge rank for tokenizer.json vocabularies, and appends the
+// resulting ids to out.
 func (t *Tokenizer) encodeSPM(s string, out []int32) []int32 {
 	syms := splitSymbols(s, nil)
 	if len(syms) == 0 {
@@ -114,6 +115,13 @@ func (t *Tokenizer) encodeSPM(s string, out []int32) []int32 {
 		}
 		l, r := syms[left], syms[right]
 		text := s[l.start : r.start+r.n]
+		if t.merges != nil {
+			rank, ok := t.merges[mergeKey{s[l.start : l.start+l.n], s[r.start : r.start+r.n]}]
+			if ok {
+				h.push(bigram{key: -float64(rank), left: left, right: right, size: int32(len(text))})
+			}
+			return
+		}
 		id, ok := t.toID[text]
 		if !ok {
 			return
@@ -138,11 +146,21 @@ func (t *Tokenizer) encodeSPM(s string, out []int32) []int32 {
 		tryAdd(l.prev, b.left)
 		tryAdd(b.left, l.next)
 	}
+	lastUnk := false
 	for i := int32(0); i != -1; i = syms[i].next {
 		sym := syms[i]
 		text := s[sym.start : sym.start+sym.n]
 		if id, ok := t.toID[text]; ok {
 			out = append(out, id)
+			lastUnk = false
+			continue
+		}
+		if t.hf != nil && !t.hf.byteFallback {
+			// tokenizers: one unknown token per character, fused.
+			if t.unk >= 0 && !(lastUnk && t.hf.fuseUnk) {
+				out = append(out, t.unk)
+			}
+			lastUnk = true
 			continue
 		}
 		// Every merge produces a vocabulary token, so only single

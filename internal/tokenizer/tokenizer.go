@@ -1,5 +1,6 @@
 // Package tokenizer turns text into token ids and back, using the vocabulary
-// stored in a GGUF file.
+// stored in a GGUF file (FromGGUF) or a Hugging Face model directory's
+// tokenizer.json (FromHFDir; see hf.go).
 //
 // Two vocabulary kinds are supported, the same ones llama.cpp calls SPM and
 // BPE:
@@ -13,7 +14,7 @@
 //     tokenizer.ggml.merges rank.
 //
 // The results match llama.cpp token for token on its vocabulary test vectors
-// (testdata/vocab). Decoding has two flavours: Decode and the StreamDecoder
+// (testdata/vocab), from GGUF and from tokenizer.json alike. Decoding has two flavours: Decode and the StreamDecoder
 // render generated tokens exactly as they are, keeping a continuation's
 // leading space, while Detokenize mirrors llama_detokenize for decoding a
 // whole prompt (it drops the space SentencePiece prepended and, for GPT-2
@@ -48,11 +49,12 @@ const (
 	kindBPE
 )
 
-// Tokenizer encodes and decodes text for one vocabulary. It is immutable
-// after FromGGUF and safe for concurrent use.
+// Tokenizer encodes and decodes text for one vocabulary. Once built (and
+// any AddEOG calls made) it is immutable and safe for concurrent use.
 type Tokenizer struct {
 	kind   kind
 	model  string
+	source string   // gguf or tokenizer.json
 	tokens []string // raw vocabulary text
 	scores []float32
 	types  []int32
@@ -79,6 +81,11 @@ type Tokenizer struct {
 	ignoreMerges bool
 
 	chatTemplate string
+
+	// hf is set for tokenizers built from tokenizer.json: how each text
+	// run is normalized, and merges (above) are applied by rank for
+	// SentencePiece-style vocabularies too.
+	hf *hfText
 }
 
 // FromGGUF builds a tokenizer from the tokenizer.* metadata of a GGUF file.
@@ -97,6 +104,7 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 	n := len(tokens)
 	t := &Tokenizer{
 		model:  model,
+		source: "gguf",
 		tokens: slices.Clone(tokens),
 		scores: make([]float32, n),
 		types:  make([]int32, n),
@@ -363,7 +371,8 @@ func (t *Tokenizer) IsControl(id int32) bool {
 // ChatTemplate is the Jinja chat template stored in the GGUF, or "".
 func (t *Tokenizer) ChatTemplate() string { return t.chatTemplate }
 
-// Model is the tokenizer.ggml.model value: "llama" or "gpt2".
+// Model is the vocabulary kind in llama.cpp's words (tokenizer.ggml.model):
+// "llama" for SentencePiece-style BPE, "gpt2" for byte-level BPE.
 func (t *Tokenizer) Model() string { return t.model }
 
 // TokenText is the text one token stands for, with control tokens shown
@@ -392,8 +401,23 @@ func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
 		out = append(out, t.bos)
 	}
 	frags := t.partition(text, parseSpecial)
-	switch t.kind {
-	case kindSPM:
+	switch {
+	case t.hf != nil:
+		for _, fr := range frags {
+			if fr.tok >= 0 {
+				out = append(out, fr.tok)
+				continue
+			}
+			s := t.hf.normalize(text[fr.start:fr.end], fr.start == 0)
+			if t.kind == kindBPE {
+				out = t.encodeBPE(s, out)
+				continue
+			}
+			for _, w := range t.hf.words(s) {
+				out = t.encodeSPM(w, out)
+			}
+		}
+	case t.kind == kindSPM:
 		var sb strings.Builder
 		prevSpecial := true
 		for _, fr := range frags {
@@ -416,7 +440,7 @@ func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
 			out = t.encodeSPM(sb.String(), out)
 			prevSpecial = false
 		}
-	case kindBPE:
+	case t.kind == kindBPE:
 		for _, fr := range frags {
 			if fr.tok >= 0 {
 				out = append(out, fr.tok)
