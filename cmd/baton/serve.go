@@ -24,6 +24,7 @@ import (
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/router"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/server"
 	"github.com/batonlm/baton/internal/tokenizer"
@@ -51,7 +52,9 @@ type serveFlags struct {
 	threads         int
 	shutdownTimeout time.Duration
 
-	dryRun bool
+	dryRun      bool
+	device      string
+	rdmaDevices []string
 
 	// prefill/decode
 	advertiseHost  string
@@ -112,6 +115,8 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
+	fs.StringVar(&f.device, "device", "auto", "kernels: cpu | cuda | auto (CUDA when a usable GPU is present, else CPU)")
+	fs.StringSliceVar(&f.rdmaDevices, "rdma-device", nil, "ucx transport: restrict UCX to these RDMA devices (e.g. mlx5_0)")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads for kernels (default: all cores)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running requests may finish after SIGTERM")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "check the flags and exit without serving")
@@ -135,9 +140,12 @@ func (f *serveFlags) validate() error {
 		if len(f.prefillURLs) == 0 || len(f.decodeURLs) == 0 {
 			return fmt.Errorf("--role router needs at least one --prefill and one --decode URL")
 		}
-		if f.policy != "round_robin" && f.policy != "least_load" {
-			return fmt.Errorf("unknown --policy %q (round_robin, least_load)", f.policy)
+		// New checks the URLs and the policy without contacting any worker.
+		rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy})
+		if err != nil {
+			return err
 		}
+		rt.Close()
 	default:
 		return fmt.Errorf("unknown role %q (standalone, prefill, decode, router)", f.role)
 	}
@@ -150,6 +158,11 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
 	case f.transport != "tcp":
 		return fmt.Errorf("--transport %q is not available in this build (tcp is)", f.transport)
+	}
+	switch f.device {
+	case "cpu", "cuda", "auto":
+	default:
+		return fmt.Errorf("unknown --device %q (cpu, cuda, auto)", f.device)
 	}
 	if _, err := parseBytes(f.kvCacheMemory); err != nil {
 		return fmt.Errorf("--kv-cache-memory: %w", err)
@@ -255,6 +268,9 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 	dt, err := parseDType(f.dummyDType)
 	if err != nil {
 		return nil, err
+	}
+	if f.device == "cuda" {
+		return nil, fmt.Errorf("--device cuda: this build has no CUDA backend")
 	}
 	be := cpu.New(f.threads)
 	var progress func(done, total int)

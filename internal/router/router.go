@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,7 +34,9 @@ const (
 // Options configure a Router.
 type Options struct {
 	// Prefill and Decode are the workers' HTTP base URLs, e.g.
-	// http://127.0.0.1:8100.
+	// http://127.0.0.1:8100, or dns+http://NAME:PORT for one worker per
+	// address of NAME, looked up again every ResolveInterval (see
+	// DNSScheme).
 	Prefill, Decode []string
 	// Policy is PolicyRoundRobin (default) or PolicyLeastLoad.
 	Policy string
@@ -50,6 +53,11 @@ type Options struct {
 	Metrics *metrics.Set
 	// Logger receives the router's logs; nil discards them.
 	Logger *slog.Logger
+	// Resolver looks up dns+http names; nil means net.DefaultResolver.
+	Resolver Resolver
+	// ResolveInterval is how often dns+http names are looked up again
+	// (default 5 s; a name without workers is looked up at every probe).
+	ResolveInterval time.Duration
 }
 
 // Router picks workers for requests and relays their tokens.
@@ -62,10 +70,13 @@ type Router struct {
 	rm      *routerMetrics
 	http    *http.Client
 
+	// prefill and decode change when dns+http names are looked up again;
+	// they are replaced, never edited in place, under mu.
 	prefill []*worker
 	decode  []*worker
+	disc    discovery
 
-	mu         sync.Mutex // guards the workers' probed state and the round-robin cursors
+	mu         sync.Mutex // guards the worker lists, the workers' probed state and the round-robin cursors
 	rrPrefill  int
 	rrDecode   int
 	mismatches map[[2]*worker]string // pairs refused for their layouts, logged once per difference
@@ -123,12 +134,16 @@ func New(o Options) (*Router, error) {
 		http:       &http.Client{},
 		mismatches: map[[2]*worker]string{},
 	}
+	staticPrefill, staticDecode, err := r.disc.init(o)
+	if err != nil {
+		return nil, err
+	}
 	seen := map[string]bool{}
 	for _, l := range []struct {
 		role string
 		urls []string
 		into *[]*worker
-	}{{rolePrefill, o.Prefill, &r.prefill}, {roleDecode, o.Decode, &r.decode}} {
+	}{{rolePrefill, staticPrefill, &r.prefill}, {roleDecode, staticDecode, &r.decode}} {
 		for _, raw := range l.urls {
 			u, err := normalizeURL(raw)
 			if err != nil {
@@ -141,6 +156,7 @@ func New(o Options) (*Router, error) {
 			*l.into = append(*l.into, newWorker(u, l.role, r.rm))
 		}
 	}
+	r.disc.staticPrefill, r.disc.staticDecode = slices.Clone(r.prefill), slices.Clone(r.decode)
 	return r, nil
 }
 
@@ -202,7 +218,7 @@ func (r *Router) Close() {
 	}
 	r.loopMu.Unlock()
 	r.mu.Lock()
-	ws := append(append([]*worker(nil), r.prefill...), r.decode...)
+	ws := append(append(r.drainingLocked(), r.prefill...), r.decode...)
 	r.mu.Unlock()
 	for _, w := range ws {
 		w.close(&r.mu)
@@ -484,6 +500,7 @@ func (r *Router) pick(avoid map[*worker]bool, promptTokens int) (d, p *worker, d
 		d.assignedPages += (promptTokens + int(ps) - 1) / int(ps)
 	}
 	p.assigned++
+	r.holdLocked(d, p)
 	return d, p, pdv1.NewDecodeClient(d.conn), pdv1.NewPrefillClient(p.conn), nil
 }
 

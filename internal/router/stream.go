@@ -111,7 +111,13 @@ func (s *stream) run(started chan<- error) {
 	defer s.r.streamEnded()
 	avoid := map[*worker]bool{}
 	var last failure
+	// held are the workers of the current attempt, released when it is
+	// over so that a worker DNS dropped is closed only after its streams.
+	var held []*worker
+	defer func() { s.r.release(held...) }()
 	for attempt := 0; ; attempt++ {
+		s.r.release(held...)
+		held = nil
 		if attempt > 0 && s.quitting() {
 			// The client left (or stopped) between attempts; nothing is
 			// reserved, so nothing needs telling.
@@ -123,6 +129,7 @@ func (s *stream) run(started chan<- error) {
 			last = failure{stage: "pick", err: err}
 			break
 		}
+		held = []*worker{d, p}
 		s.r.rm.picks.WithLabelValues(d.url, d.role).Inc()
 		s.r.rm.picks.WithLabelValues(p.url, p.role).Inc()
 		// A failed pair is passed over for the rest of this request: a

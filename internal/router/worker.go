@@ -40,6 +40,10 @@ type worker struct {
 	assigned int // requests sent since info was fetched
 	// assignedPages estimates the pages reserved since info was fetched.
 	assignedPages int
+	// inflight counts the attempts that picked this worker and have not
+	// ended; removed is set when DNS stopped listing it (see discovery).
+	inflight int
+	removed  bool
 }
 
 func newWorker(u, role string, rm *routerMetrics) *worker {
@@ -87,14 +91,19 @@ func (r *Router) probeTimeout() time.Duration {
 	return min(max(2*r.o.HealthInterval, time.Second), 5*time.Second)
 }
 
-// Refresh probes every worker once, concurrently, and updates their health
-// and load. Start calls it every HealthInterval; tests call it directly.
+// Refresh looks up dns+http names when due, then probes every worker
+// once, concurrently, and updates their health and load. Start calls it
+// every HealthInterval; tests call it directly.
 func (r *Router) Refresh(ctx context.Context) {
 	if r.closed.Load() {
 		return
 	}
+	r.discover(ctx)
+	r.mu.Lock()
+	ws := append(append([]*worker(nil), r.prefill...), r.decode...)
+	r.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, w := range append(append([]*worker(nil), r.prefill...), r.decode...) {
+	for _, w := range ws {
 		wg.Go(func() { r.probe(ctx, w) })
 	}
 	wg.Wait()

@@ -1,0 +1,521 @@
+// Package bench is an OpenAI-compatible load generator: it streams
+// completions from any server that speaks /v1/completions (baton,
+// llama-server, vLLM, SGLang) and measures what a user of the server feels:
+// time to first token, inter-token latency, end-to-end latency and
+// throughput.
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Config is one benchmark run.
+type Config struct {
+	// URL is the server's base address, e.g. http://127.0.0.1:8000; a
+	// trailing /v1 or /v1/completions is accepted too.
+	URL string
+	// Model is the model name sent with every request; empty asks the
+	// server's /v1/models and takes the first.
+	Model string
+	// Concurrency is the most requests in flight at once (default 1).
+	Concurrency int
+	// NumPrompts is how many requests are sent in all.
+	NumPrompts int
+	// InputLen is the prompt length in words, chosen so that it is about
+	// as many tokens in the usual BPE vocabularies (see Prompt).
+	InputLen int
+	// OutputLen is max_tokens; ignore_eos asks the server to generate all
+	// of them, so that every request does the same work.
+	OutputLen int
+	// RequestRate is the mean arrival rate in requests per second, with
+	// exponential gaps between arrivals (a Poisson process); 0 or +Inf
+	// sends every request at once, so Concurrency alone sets the load.
+	RequestRate float64
+	// APIKey is sent as a bearer token when set.
+	APIKey string
+	// Seed makes the prompts and arrival times repeatable.
+	Seed uint64
+	// Progress, when set, is called after each request ends.
+	Progress func(done, total int)
+	// Client sends the requests; nil makes one sized for Concurrency.
+	Client *http.Client
+}
+
+// Report is what a run measured. Latencies are in milliseconds.
+type Report struct {
+	URL         string  `json:"url"`
+	Model       string  `json:"model"`
+	Concurrency int     `json:"concurrency"`
+	RequestRate float64 `json:"request_rate"` // 0: all at once
+	InputLen    int     `json:"input_len"`
+	OutputLen   int     `json:"output_len"`
+
+	Completed int `json:"completed"`
+	Failed    int `json:"failed"`
+	// Errors are the distinct failure messages (at most 10), each with
+	// how often it happened.
+	Errors []ErrorCount `json:"errors,omitempty"`
+
+	DurationS float64 `json:"duration_s"`
+	// TotalInputTokens and TotalOutputTokens count completed requests,
+	// from the usage the server reported; a server that reports none gets
+	// InputLen per prompt and one token per streamed chunk.
+	TotalInputTokens  int  `json:"total_input_tokens"`
+	TotalOutputTokens int  `json:"total_output_tokens"`
+	UsageReported     bool `json:"usage_reported"`
+
+	RequestThroughput     float64 `json:"request_throughput"`      // completed requests/s
+	OutputThroughput      float64 `json:"output_throughput"`       // generated tokens/s
+	TotalTokenThroughput  float64 `json:"total_token_throughput"`  // prompt + generated tokens/s
+	MaxConcurrentRequests int     `json:"max_concurrent_requests"` // the most in flight at once
+
+	TTFT Stats `json:"ttft_ms"`
+	// TPOT is each request's time per output token after the first,
+	// (e2e - ttft) / (tokens - 1).
+	TPOT Stats `json:"tpot_ms"`
+	// ITL is the gap between consecutive streamed chunks, over all
+	// requests.
+	ITL Stats `json:"itl_ms"`
+	E2E Stats `json:"e2e_latency_ms"`
+}
+
+// ErrorCount is one failure message and how many requests ended with it.
+type ErrorCount struct {
+	Message string `json:"message"`
+	Count   int    `json:"count"`
+}
+
+// Stats summarise one latency over a run, in milliseconds.
+type Stats struct {
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	Max  float64 `json:"max"`
+	N    int     `json:"n"`
+}
+
+// result is one request as the client saw it.
+type result struct {
+	err          error
+	promptTokens int
+	outputTokens int
+	usage        bool
+	ttft, e2e    time.Duration
+	itl          []time.Duration
+}
+
+// Run sends cfg.NumPrompts streamed completions and measures them. It
+// returns an error when the configuration is unusable or no request
+// succeeded; the report is returned either way once requests were sent.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	base, endpoint := endpoints(cfg.URL)
+	client := cfg.Client
+	if client == nil {
+		// Go keeps 2 idle connections per host by default; a run with more
+		// in flight would reconnect for most requests and time that.
+		client = &http.Client{Transport: &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			MaxIdleConns:        cfg.Concurrency,
+			MaxIdleConnsPerHost: cfg.Concurrency,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+		defer client.CloseIdleConnections()
+	}
+	if cfg.Model == "" {
+		m, err := firstModel(ctx, client, base, cfg.APIKey)
+		if err != nil {
+			return nil, fmt.Errorf("no --model given and %s/v1/models did not name one: %w", base, err)
+		}
+		cfg.Model = m
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x62_61_74_6f_6e)) // "baton"
+	prompts := make([]string, cfg.NumPrompts)
+	for i := range prompts {
+		prompts[i] = Prompt(rng, cfg.InputLen)
+	}
+	gaps := arrivals(rng, cfg.NumPrompts, cfg.RequestRate)
+
+	results := make([]result, cfg.NumPrompts)
+	slots := make(chan struct{}, cfg.Concurrency)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		done     int
+		inflight int
+		peak     int
+	)
+	start := time.Now()
+	next := start
+	for i := range prompts {
+		next = next.Add(gaps[i])
+		if !sleepUntil(ctx, next) {
+			break
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		mu.Lock()
+		inflight++
+		peak = max(peak, inflight)
+		mu.Unlock()
+		wg.Go(func() {
+			results[i] = stream(ctx, client, endpoint, cfg, prompts[i])
+			mu.Lock()
+			inflight--
+			done++
+			// Under the lock, so that a progress bar never steps back.
+			if cfg.Progress != nil {
+				cfg.Progress(done, cfg.NumPrompts)
+			}
+			mu.Unlock()
+			// The slot goes last: freed before the count, the next request
+			// would be counted while this one still is.
+			<-slots
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rep := summarise(cfg, results, elapsed)
+	rep.MaxConcurrentRequests = peak
+	if rep.Completed == 0 {
+		msg := "no request completed"
+		if len(rep.Errors) > 0 {
+			msg += ": " + rep.Errors[0].Message
+		}
+		return rep, errors.New(msg)
+	}
+	return rep, nil
+}
+
+func (c *Config) check() error {
+	if c.Concurrency == 0 {
+		c.Concurrency = 1
+	}
+	switch {
+	case c.URL == "":
+		return errors.New("no server URL")
+	case c.Concurrency < 0:
+		return errors.New("concurrency must be positive")
+	case c.NumPrompts < 1:
+		return errors.New("num-prompts must be at least 1")
+	case c.InputLen < 1:
+		return errors.New("input-len must be at least 1")
+	case c.OutputLen < 1:
+		return errors.New("output-len must be at least 1")
+	case c.RequestRate < 0 || math.IsNaN(c.RequestRate):
+		return errors.New("request-rate must be positive (0: send all at once)")
+	}
+	return nil
+}
+
+// endpoints splits the URL a user gives into the server's base and the
+// completions endpoint; users copy either from their client settings.
+func endpoints(raw string) (base, completions string) {
+	u := strings.TrimRight(strings.TrimSpace(raw), "/")
+	if !strings.Contains(u, "://") {
+		u = "http://" + u
+	}
+	u = strings.TrimSuffix(u, "/completions")
+	u = strings.TrimSuffix(u, "/v1")
+	return u, u + "/v1/completions"
+}
+
+// arrivals are the gaps before each request: none for the first, then
+// exponential with mean 1/rate.
+func arrivals(rng *rand.Rand, n int, rate float64) []time.Duration {
+	gaps := make([]time.Duration, n)
+	if rate <= 0 || math.IsInf(rate, 1) {
+		return gaps
+	}
+	for i := 1; i < n; i++ {
+		gaps[i] = time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+	}
+	return gaps
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// completionRequest is the body every request sends. ignore_eos is not in
+// OpenAI's API but baton, vLLM, SGLang and llama-server all take it, and
+// without it a model that stops early makes runs incomparable.
+type completionRequest struct {
+	Model         string        `json:"model"`
+	Prompt        string        `json:"prompt"`
+	MaxTokens     int           `json:"max_tokens"`
+	Stream        bool          `json:"stream"`
+	StreamOptions streamOptions `json:"stream_options"`
+	IgnoreEOS     bool          `json:"ignore_eos"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// chunk is the part of a streamed completion chunk (or an error event)
+// that the benchmark reads; everything else is ignored so that any
+// server's extras decode.
+type chunk struct {
+	Choices []struct {
+		Text         string  `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+func stream(ctx context.Context, client *http.Client, endpoint string, cfg Config, prompt string) (res result) {
+	body, _ := json.Marshal(completionRequest{
+		Model: cfg.Model, Prompt: prompt, MaxTokens: cfg.OutputLen, Stream: true,
+		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: true,
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
+	if err != nil {
+		res.err = err
+		return res
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
+	}
+	start := time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		res.err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, errorMessage(b))
+		return res
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	var (
+		last     time.Time
+		chunks   int
+		finished bool
+	)
+	for sc.Scan() {
+		line := sc.Bytes()
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue // blank separators, comments, event: lines
+		}
+		data = bytes.TrimSpace(data)
+		if string(data) == "[DONE]" {
+			finished = true
+			break
+		}
+		now := time.Now()
+		var c chunk
+		if err := json.Unmarshal(data, &c); err != nil {
+			res.err = fmt.Errorf("bad stream event %.200q: %v", data, err)
+			return res
+		}
+		if len(c.Error) > 0 && string(c.Error) != "null" {
+			res.err = fmt.Errorf("error event: %s", errorMessage(data))
+			return res
+		}
+		if c.Usage != nil {
+			res.usage = true
+			res.promptTokens, res.outputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
+		}
+		for _, ch := range c.Choices {
+			if ch.FinishReason != nil && *ch.FinishReason != "" {
+				finished = true
+			}
+		}
+		// A chunk that carries text is a token (or a few) reaching the
+		// user; role-only, usage-only and empty final chunks are not.
+		if len(c.Choices) == 0 || c.Choices[0].Text == "" {
+			continue
+		}
+		if chunks == 0 {
+			res.ttft = now.Sub(start)
+		} else {
+			res.itl = append(res.itl, now.Sub(last))
+		}
+		last = now
+		chunks++
+	}
+	if err := sc.Err(); err != nil {
+		res.err = fmt.Errorf("reading the stream: %w", err)
+		return res
+	}
+	if !finished {
+		res.err = errors.New("the stream ended without a finish reason or [DONE]")
+		return res
+	}
+	if chunks == 0 {
+		res.err = errors.New("the stream carried no text")
+		return res
+	}
+	res.e2e = time.Since(start)
+	if !res.usage {
+		res.promptTokens, res.outputTokens = cfg.InputLen, chunks
+	}
+	return res
+}
+
+// errorMessage pulls the message out of an OpenAI error body, or returns
+// the body itself.
+func errorMessage(b []byte) string {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+		return e.Error.Message
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func firstModel(ctx context.Context, client *http.Client, base, apiKey string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	if err != nil {
+		return "", err
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("HTTP %d: %s", resp.StatusCode, errorMessage(b))
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(b, &list); err != nil {
+		return "", err
+	}
+	if len(list.Data) == 0 || list.Data[0].ID == "" {
+		return "", errors.New("the list is empty")
+	}
+	return list.Data[0].ID, nil
+}
+
+func summarise(cfg Config, results []result, elapsed time.Duration) *Report {
+	rep := &Report{
+		URL: cfg.URL, Model: cfg.Model, Concurrency: cfg.Concurrency, RequestRate: cfg.RequestRate,
+		InputLen: cfg.InputLen, OutputLen: cfg.OutputLen, DurationS: elapsed.Seconds(), UsageReported: true,
+	}
+	var ttft, tpot, itl, e2e []time.Duration
+	errs := map[string]int{}
+	var order []string
+	for _, r := range results {
+		if r.err != nil {
+			rep.Failed++
+			msg := r.err.Error()
+			if errs[msg] == 0 {
+				order = append(order, msg)
+			}
+			errs[msg]++
+			continue
+		}
+		rep.Completed++
+		rep.UsageReported = rep.UsageReported && r.usage
+		rep.TotalInputTokens += r.promptTokens
+		rep.TotalOutputTokens += r.outputTokens
+		ttft = append(ttft, r.ttft)
+		e2e = append(e2e, r.e2e)
+		itl = append(itl, r.itl...)
+		if r.outputTokens > 1 {
+			tpot = append(tpot, (r.e2e-r.ttft)/time.Duration(r.outputTokens-1))
+		}
+	}
+	if rep.Completed == 0 {
+		rep.UsageReported = false
+	}
+	for _, m := range order[:min(len(order), 10)] {
+		rep.Errors = append(rep.Errors, ErrorCount{Message: m, Count: errs[m]})
+	}
+	if s := elapsed.Seconds(); s > 0 {
+		rep.RequestThroughput = float64(rep.Completed) / s
+		rep.OutputThroughput = float64(rep.TotalOutputTokens) / s
+		rep.TotalTokenThroughput = float64(rep.TotalInputTokens+rep.TotalOutputTokens) / s
+	}
+	rep.TTFT, rep.TPOT, rep.ITL, rep.E2E = stats(ttft), stats(tpot), stats(itl), stats(e2e)
+	return rep
+}
+
+func stats(ds []time.Duration) Stats {
+	if len(ds) == 0 {
+		return Stats{}
+	}
+	ms := make([]float64, len(ds))
+	sum := 0.0
+	for i, d := range ds {
+		ms[i] = float64(d) / float64(time.Millisecond)
+		sum += ms[i]
+	}
+	slices.Sort(ms)
+	return Stats{
+		Mean: sum / float64(len(ms)), P50: Percentile(ms, 50), P90: Percentile(ms, 90), P99: Percentile(ms, 99),
+		Max: ms[len(ms)-1], N: len(ms),
+	}
+}
+
+// Percentile is the p-th percentile of sorted values, interpolated
+// linearly between the two nearest ranks (numpy's default), so that the
+// figures compare with vLLM's and SGLang's benchmark scripts.
+func Percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	pos := p / 100 * float64(len(sorted)-1)
+	lo := int(math.Floor(pos))
+	hi := min(lo+1, len(sorted)-1)
+	return sorted[lo] + (sorted[hi]-sorted[lo])*(pos-float64(lo))
+}

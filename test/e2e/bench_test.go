@@ -1,0 +1,70 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/batonlm/baton/internal/bench"
+)
+
+// TestBenchAgainstStandalone runs the load generator against a real
+// server: streamed completions with usage and ignore_eos must come back
+// whole, so that every request yields exactly --output-len tokens.
+func TestBenchAgainstStandalone(t *testing.T) {
+	s := startServer(t, "--api-key", "bench-key")
+	const n, out = 8, 12
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := bench.Run(ctx, bench.Config{URL: s.URL, APIKey: "bench-key", Concurrency: 4, NumPrompts: n, InputLen: 16, OutputLen: out, Seed: 1})
+	if err != nil {
+		t.Fatalf("%v (report %+v)", err, rep)
+	}
+	if rep.Completed != n || rep.Failed != 0 {
+		t.Fatalf("completed %d, failed %d: %+v", rep.Completed, rep.Failed, rep.Errors)
+	}
+	if rep.Model != "stories260K" {
+		t.Errorf("model %q, want the server's own name from /v1/models", rep.Model)
+	}
+	if !rep.UsageReported || rep.TotalOutputTokens != n*out {
+		t.Errorf("usage %v, output tokens %d, want %d (ignore_eos makes every request generate max_tokens)", rep.UsageReported, rep.TotalOutputTokens, n*out)
+	}
+	// stories260K's 512-token vocabulary splits words, so a prompt is more
+	// tokens than words, never fewer.
+	if rep.TotalInputTokens < n*16 {
+		t.Errorf("input tokens %d for %d prompts of 16 words", rep.TotalInputTokens, n)
+	}
+	if rep.ITL.N != n*(out-1) || rep.TTFT.N != n || rep.TTFT.P50 <= 0 || rep.E2E.P50 < rep.TTFT.P50 {
+		t.Errorf("latencies: TTFT %+v ITL %+v E2E %+v", rep.TTFT, rep.ITL, rep.E2E)
+	}
+	if rep.MaxConcurrentRequests != 4 || rep.OutputThroughput <= 0 {
+		t.Errorf("concurrency %d, output throughput %v", rep.MaxConcurrentRequests, rep.OutputThroughput)
+	}
+}
+
+// TestBenchCommand runs `baton bench serve --json` as a user would.
+func TestBenchCommand(t *testing.T) {
+	s := startServer(t)
+	got, err := runCommand(context.Background(), 60*time.Second, repoRoot(t), cleanEnv(), batonBinary(t),
+		"bench", "serve", "--url", s.URL, "--num-prompts", "3", "--concurrency", "3", "--input-len", "8", "--output-len", "4", "--json")
+	if err != nil {
+		if strings.Contains(got, `unknown command "bench"`) {
+			t.Fatal("baton has no bench command: cmd/baton/main.go must register it with root.AddCommand(benchCmd())")
+		}
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	// The binary logs nothing on stdout, but runCommand mixes in stderr:
+	// the report is the JSON object from the first brace on.
+	if i := strings.Index(got, "{"); i >= 0 {
+		got = got[i:]
+	}
+	if err := json.Unmarshal([]byte(got), &rep); err != nil {
+		t.Fatalf("not a JSON report: %v\n%s", err, got)
+	}
+	if rep.Completed != 3 || rep.TotalOutputTokens != 12 {
+		t.Errorf("report %+v", rep)
+	}
+}
