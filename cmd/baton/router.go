@@ -77,25 +77,22 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 // routerTokenizer loads only the tokenizer (and chat template) of the model:
 // from a Hugging Face directory's tokenizer files or a GGUF's metadata.
 func routerTokenizer(f *serveFlags) (*tokenizer.Tokenizer, string, error) {
-	if f.modelPath == "" {
+	name := bundled.Name
+	if f.modelPath != "" {
+		name = model.NameFromPath(f.modelPath)
+	}
+	path := f.tokenizerPath
+	if path == "" {
+		path = f.modelPath
+	}
+	if path == "" {
 		gf, err := gguf.Parse(bundled.Stories260K)
 		if err != nil {
 			return nil, "", err
 		}
 		tok, err := tokenizer.FromGGUF(gf)
-		return tok, bundled.Name, err
+		return tok, name, err
 	}
-	if dir, ok := model.HFDir(f.modelPath); ok {
-		tok, err := tokenizer.FromHFDir(dir)
-		return tok, model.NameFromPath(f.modelPath), err
-	}
-	gf, err := gguf.Open(f.modelPath)
-	if err != nil {
-		return nil, "", err
-	}
-	// The tokenizer copies what it needs out of the metadata; the weights
-	// were never paged in.
-	defer gf.Close()
-	tok, err := tokenizer.FromGGUF(gf)
-	return tok, model.NameFromPath(f.modelPath), err
+	tok, err := loadTokenizer(path)
+	return tok, name, err
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/batonlm/baton/internal/gguf"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cpu"
 	"github.com/batonlm/baton/internal/kvpool"
@@ -37,6 +38,7 @@ type serveFlags struct {
 	host            string
 	port            int
 	servedName      string
+	tokenizerPath   string
 	contextLength   int
 	pageSize        int
 	maxTotalTokens  int
@@ -102,6 +104,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.modelPath, "model", "", "GGUF file, Hugging Face model directory (config.json + safetensors), or a config.json with --load-format dummy; empty: the bundled stories260K")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&f.port, "port", 8000, "port to listen on (0: any free port)")
+	fs.StringVar(&f.tokenizerPath, "tokenizer", "", "take the tokenizer from this GGUF file or Hugging Face directory instead of the model's")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name clients use (default: the model file's base name)")
 	fs.IntVar(&f.contextLength, "context-length", 0, "maximum sequence length (default: the model's)")
 	fs.IntVar(&f.pageSize, "page-size", 16, "tokens per KV page")
@@ -212,6 +215,20 @@ func parseDType(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("unknown dtype %q (f32, f16, bf16, q8_0)", s)
 }
 
+// loadTokenizer reads a tokenizer alone: a Hugging Face directory's
+// tokenizer files or a GGUF file's metadata (weights are never paged in).
+func loadTokenizer(path string) (*tokenizer.Tokenizer, error) {
+	if dir, ok := model.HFDir(path); ok {
+		return tokenizer.FromHFDir(dir)
+	}
+	gf, err := gguf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer gf.Close()
+	return tokenizer.FromGGUF(gf)
+}
+
 // poolPlan sizes the KV pool and the effective context length.
 type poolPlan struct {
 	pages, pageSize       int
@@ -288,9 +305,12 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return nil, err
 	}
 	var tok *tokenizer.Tokenizer
-	if loaded.Dir != "" {
+	switch {
+	case f.tokenizerPath != "":
+		tok, err = loadTokenizer(f.tokenizerPath)
+	case loaded.Dir != "":
 		tok, err = tokenizer.FromHFDir(loaded.Dir)
-	} else {
+	default:
 		tok, err = tokenizer.FromGGUF(loaded.GGUF)
 	}
 	if err != nil {

@@ -386,3 +386,21 @@ func TestClientDisconnectFreesPages(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// --tokenizer serves a model with another file's tokenizer: here a dummy
+// model with Llama 2's 32000-token vocabulary, tokenized by that vocabulary.
+func TestTokenizerFlag(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(cfg, []byte(`{"vocab_size":32000,"hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,
+"intermediate_size":128,"max_position_embeddings":256}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, "--model", cfg, "--load-format", "dummy", "--served-model-name", "d",
+		"--tokenizer", filepath.Join(repoRoot(t), "testdata", "vocab", "ggml-vocab-llama-spm.gguf"))
+	code, _, body := post(t, s.URL+"/v1/completions", `{"model":"d","prompt":"Hello world","max_tokens":8,"ignore_eos":true,"temperature":0}`)
+	var c completion
+	if err := json.Unmarshal(body, &c); err != nil || code != 200 || c.Usage.PromptTokens != 3 || c.Usage.CompletionTokens != 8 || c.Choices[0].Text == "" {
+		t.Fatalf("%d %s", code, body)
+	}
+}
