@@ -37,3 +37,4 @@ proto:
 	protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative api/pd/v1/pd.proto
 
 include deploy/dist.mk
+include kernels.mk

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/batonlm/baton/internal/kernels/cpu"
+	"github.com/batonlm/baton/internal/kernels/cuda"
 )
 
 func envCmd() *cobra.Command {
@@ -17,7 +18,11 @@ func envCmd() *cobra.Command {
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "baton %s, %s/%s, %d CPUs\n", version, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 			fmt.Fprintf(w, "cpu kernels: %s\n", cpu.New(0).Features())
-			fmt.Fprintln(w, "gpu: none (this build has only CPU kernels)")
+			if line, err := cuda.Probe(); err != nil {
+				fmt.Fprintf(w, "cuda: not usable: %v\n", err)
+			} else {
+				fmt.Fprintf(w, "cuda: %s\n", line)
+			}
 			return nil
 		},
 	}

@@ -21,7 +21,7 @@ import (
 
 	"github.com/batonlm/baton/internal/gguf"
 	"github.com/batonlm/baton/internal/kernels"
-	"github.com/batonlm/baton/internal/kernels/cpu"
+	"github.com/batonlm/baton/internal/kernels/device"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
@@ -272,12 +272,13 @@ func planPool(f *serveFlags, c *model.Config) (poolPlan, error) {
 // loadedEngine is what every model-holding role starts from: weights,
 // tokenizer, a sized KV pool and the start-up summary already logged.
 type loadedEngine struct {
-	loaded *model.Loaded
-	tok    *tokenizer.Tokenizer
-	plan   poolPlan
-	pool   *kvpool.Pool
-	name   string
-	log    *slog.Logger
+	loaded  *model.Loaded
+	tok     *tokenizer.Tokenizer
+	plan    poolPlan
+	pool    *kvpool.Pool
+	name    string
+	log     *slog.Logger
+	backend kernels.Backend
 }
 
 func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
@@ -286,10 +287,11 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if f.device == "cuda" {
-		return nil, fmt.Errorf("--device cuda: this build has no CUDA backend")
+	be, line, err := device.Select(f.device, f.threads)
+	if err != nil {
+		return nil, err
 	}
-	be := cpu.New(f.threads)
+	log.Info("kernels", "device", line)
 	var progress func(done, total int)
 	if fd, ok := logw.(*os.File); ok && term.IsTerminal(int(fd.Fd())) {
 		var bar *progressbar.ProgressBar
@@ -333,14 +335,22 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		name = loaded.Name
 	}
 	log.Info("model", "name", name, "arch", c.Arch, "params", loaded.Model.Weights.Params(), "weights", loaded.Model.Weights.DType().String(),
-		"layers", c.Layers, "heads", c.Heads, "kv_heads", c.KVHeads, "vocab", c.Vocab, "backend", be.Features())
+		"layers", c.Layers, "heads", c.Heads, "kv_heads", c.KVHeads, "vocab", c.Vocab, "backend", be.Name())
 	log.Info("kv pool", "pages", plan.pages, "page_size", plan.pageSize, "capacity_tokens", plan.pages*plan.pageSize,
 		"bytes", int64(plan.pages)*int64(pool.PageBytes()), "context_length", plan.modelContext, "poison", f.kvPoison)
 	if plan.lowered {
 		log.Warn("context length exceeds the KV pool; lowering the effective maximum to the pool",
 			"context_length", plan.modelContext, "pool_tokens", plan.pages*plan.pageSize, "effective_max", plan.context)
 	}
-	return &loadedEngine{loaded: loaded, tok: tok, plan: plan, pool: pool, name: name, log: log}, nil
+	return &loadedEngine{loaded: loaded, tok: tok, plan: plan, pool: pool, name: name, log: log, backend: be}, nil
+}
+
+// close releases the weights' mapping and the backend's device memory.
+func (le *loadedEngine) close() {
+	le.loaded.Model.Close()
+	if c, ok := le.backend.(io.Closer); ok {
+		_ = c.Close()
+	}
 }
 
 func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set) *scheduler.Engine {
@@ -365,7 +375,7 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer le.loaded.Model.Close()
+	defer le.close()
 	ms := metrics.New("standalone")
 	eng := le.engine(f, scheduler.RoleStandalone, ms)
 	srv := server.New(server.Options{

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/roles"
 	"github.com/batonlm/baton/internal/scheduler"
@@ -25,7 +26,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer le.loaded.Model.Close()
+	defer le.close()
 	c := &le.loaded.Model.Config
 	layout := roles.Layout(roles.ModelID(le.name, c), c, le.plan.pageSize)
 	ms := metrics.New(f.role)
@@ -51,6 +52,9 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		eng = le.engine(f, scheduler.RoleDecode, ms)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, ReceiverWrites: true, Log: le.log})
+		if ps, ok := le.backend.(kernels.PageSyncer); ok {
+			d.SetPageSyncer(ps)
+		}
 		recv, err := tcp.Listen(net.JoinHostPort(f.host, strconv.Itoa(f.transferPort)), d)
 		if err != nil {
 			return err

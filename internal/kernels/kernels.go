@@ -230,3 +230,11 @@ type Backend interface {
 	// out has the shape of q.
 	Attention(out, q []float32, kv PagedKV, layer int, seqs []AttnSeq, heads int, scale float32)
 }
+
+// PageSyncer is implemented by backends that keep their own copy of the KV
+// pool (a GPU's): pages written into PagedKV.Data by someone other than the
+// backend (a transport receiving a prompt's KV) must be pushed to that copy
+// before the backend reads them.
+type PageSyncer interface {
+	SyncPages(kv PagedKV, pages []int32) error
+}

@@ -15,6 +15,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/scheduler"
@@ -67,6 +68,7 @@ type Decode struct {
 	transferAddr string
 	peers        conns
 	draining     atomic.Bool
+	syncer       kernels.PageSyncer
 
 	mu    sync.Mutex
 	rooms map[transfer.Key]*reservation
@@ -90,6 +92,10 @@ func NewDecode(o DecodeOptions) *Decode {
 func (d *Decode) SetReceiver(r transfer.Receiver, grpcAddr, transferAddr string) {
 	d.recv, d.grpcAddr, d.transferAddr = r, grpcAddr, transferAddr
 }
+
+// SetPageSyncer names the backend copy of the pool that verified prompt
+// pages must be pushed to before they are decoded (a GPU backend's).
+func (d *Decode) SetPageSyncer(ps kernels.PageSyncer) { d.syncer = ps }
 
 // SetDraining makes Reserve refuse new work (the worker is shutting down);
 // what it already holds runs to the end.
@@ -298,6 +304,14 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 		d.o.Engine.FailReserved(res.r, fmt.Errorf("KV handoff failed the %s check: %w", reason, err))
 		d.maybeEnd(res)
 		return nil, status.Errorf(codes.FailedPrecondition, "commit refused by the %s check: %v", reason, err)
+	}
+	if d.syncer != nil {
+		// The receiver wrote the prompt's KV into host memory; the backend
+		// reads its own copy.
+		if err := d.syncer.SyncPages(d.o.Pool.KV(), res.prompt); err != nil {
+			d.o.Engine.FailReserved(res.r, fmt.Errorf("KV handoff: upload to the device failed: %w", err))
+			return nil, status.Errorf(codes.Internal, "upload of verified pages failed: %v", err)
+		}
 	}
 	if err := res.r.Lifecycle().To(scheduler.StateCommitted, ""); err != nil {
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()

@@ -1,0 +1,131 @@
+package cuda
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
+)
+
+// Device-side benchmarks (CUDA events around the kernels only, no host
+// copies): paged decode attention in GB/s of K/V read, against the
+// device's own copy bandwidth (cuMemcpyDtoD, counted as bytes read +
+// bytes written), and the gemv kernels in GB/s of weights read.
+
+// copyGBs measures cuMemcpyDtoD of bytes, iters times: (read+write)/s.
+func copyGBs(be *Backend, bytes, iters int) float64 {
+	be.lock()
+	defer be.unlock()
+	src := be.alloc(bytes, "copy benchmark")
+	dst := be.alloc(bytes, "copy benchmark")
+	defer be.free(src)
+	defer be.free(dst)
+	be.copyDtoD(dst, src, bytes) // warm
+	sec := be.timed(func() {
+		for i := 0; i < iters; i++ {
+			be.copyDtoD(dst, src, bytes)
+		}
+	})
+	return 2 * float64(bytes) * float64(iters) / sec / 1e9
+}
+
+// attnDecodeGBs runs decode attention (QLen 1) for seqs sequences of kvlen
+// positions, iters times, and returns GB/s of K and V read.
+func attnDecodeGBs(be *Backend, seqs, kvlen, heads, kvHeads, hd, ps, iters int) (float64, int) {
+	kv := kernels.PagedKV{PageSize: ps, Layers: 1, KVHeads: kvHeads, HeadDim: hd}
+	per := (kvlen + ps - 1) / ps
+	kv.Data = make([]float32, seqs*per*kv.PageFloats())
+	for i := range kv.Data {
+		kv.Data[i] = float32(i%977-488) * 1e-3
+	}
+	ss := make([]kernels.AttnSeq, seqs)
+	for s := range ss {
+		pages := make([]int32, per)
+		for j := range pages {
+			pages[j] = int32((j*seqs + s) % (seqs * per)) // sequences interleaved in the pool
+		}
+		ss[s] = kernels.AttnSeq{Pages: pages, QStart: s, QLen: 1, KVLen: kvlen}
+	}
+	q := make([]float32, seqs*heads*hd)
+	for i := range q {
+		q[i] = float32(i%13) * 0.01
+	}
+	pl := planAttention(kv, 0, ss, heads, len(q), len(q))
+	be.lock()
+	defer be.unlock()
+	a := be.attnUpload(kv, &pl, heads, 0.1)
+	dq := upload(be, sX, q)
+	do := be.buf(sOut, 4*len(q))
+	be.attnLaunch(a, dq, do) // warm
+	sec := be.timed(func() {
+		for i := 0; i < iters; i++ {
+			be.attnLaunch(a, dq, do)
+		}
+	})
+	bytes := float64(seqs) * float64(kvlen) * float64(kv.RowFloats()) * 4 * 2
+	return bytes * float64(iters) / sec / 1e9, a.nsplit
+}
+
+// gemvGBs runs an n-row product against a rows x cols weight of dtype dt.
+func gemvGBs(be *Backend, dt kernels.DType, rows, cols, n, iters int) float64 {
+	w := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
+	for i := range w.Data {
+		w.Data[i] = byte(i * 7 % 61) // small f16/bf16 values, q8_0 scales
+	}
+	be.lock()
+	defer be.unlock()
+	m := be.weight(w)
+	x := upload(be, sX, make([]float32, n*cols))
+	out := be.buf(sOut, 4*n*rows)
+	be.matmul(out, x, n, m)
+	sec := be.timed(func() {
+		for i := 0; i < iters; i++ {
+			be.matmul(out, x, n, m)
+		}
+	})
+	return float64(len(w.Data)) * float64(iters) / sec / 1e9
+}
+
+func BenchmarkGPUAttentionDecode(b *testing.B) {
+	be := gpuBackend(b)
+	cp := copyGBs(be, 1<<30, 20)
+	for _, c := range []struct{ seqs, kvlen int }{{64, 4096}, {1, 32768}, {256, 1024}} {
+		b.Run(fmt.Sprintf("seqs%d/ctx%d/heads32-8/hd128", c.seqs, c.kvlen), func(b *testing.B) {
+			gbs, splits := attnDecodeGBs(be, c.seqs, c.kvlen, 32, 8, 128, 16, b.N)
+			b.ReportMetric(gbs, "attn_GB/s")
+			b.ReportMetric(cp, "copy_GB/s")
+			b.ReportMetric(gbs/cp*2, "attn/copy_read")
+			b.ReportMetric(float64(splits), "splits")
+		})
+	}
+}
+
+func BenchmarkGPUMatMul(b *testing.B) {
+	be := gpuBackend(b)
+	for _, dt := range allDTypes {
+		for _, n := range []int{1, 8, 32} {
+			b.Run(fmt.Sprintf("%s/4096x4096/n%d", dt, n), func(b *testing.B) {
+				b.ReportMetric(gemvGBs(be, dt, 4096, 4096, n, b.N), "weights_GB/s")
+			})
+		}
+	}
+}
+
+// TestFakeBenchHelpers runs the benchmark helpers at toy sizes, so they
+// are known to work before a GPU machine runs them.
+func TestFakeBenchHelpers(t *testing.T) {
+	be := fakeBackend(t)
+	if g := copyGBs(be, 1<<16, 2); g <= 0 {
+		t.Fatalf("copy %g GB/s", g)
+	}
+	if g, s := attnDecodeGBs(be, 2, 300, 8, 2, 16, 16, 2); g <= 0 || s < 1 {
+		t.Fatalf("attention %g GB/s, %d splits", g, s)
+	}
+	for _, dt := range allDTypes {
+		for _, n := range []int{1, 12} {
+			if g := gemvGBs(be, dt, 8, 64, n, 1); g <= 0 {
+				t.Fatalf("%s n=%d: %g GB/s", dt, n, g)
+			}
+		}
+	}
+}

@@ -1,0 +1,1081 @@
+// Package cuda is the NVIDIA GPU implementation of kernels.Backend.
+//
+// The CUDA driver (libcuda.so.1) and cuBLAS are loaded at run time with
+// dlopen through hand-written prototypes (driver.h), so the package builds
+// with no CUDA toolkit and a binary starts on machines without a GPU: Open
+// then returns an error naming what is missing. The kernels
+// (kernels/*.cu) are compiled by `make kernels` into kernels.fatbin
+// (sm_80, sm_90, compute_90 PTX), committed with the hash of their sources
+// (kernels.sha256) and embedded.
+//
+// kernels.Backend passes host slices, so the backend keeps on the device
+// what lives long and copies the rest per call:
+//   - weights: each *kernels.Matrix is uploaded once and cached by
+//     pointer (freed when the Matrix is garbage collected);
+//   - KV: each PagedKV pool (keyed by &kv.Data[0]) has a device mirror,
+//     uploaded whole the first time it is seen. StoreKV writes both the
+//     host pool and the mirror; Attention reads the mirror. Anything else
+//     that writes the host pool (a decode worker unpacking received pages)
+//     must call SyncPages before attention reads those pages;
+//   - activations: copied host to device and back on every call, on one
+//     stream (correct first; the copies cost about 2*bytes/PCIe bandwidth
+//     per call, which dominates small decode steps).
+//
+// Products of up to 8 rows use own kernels that read f32, f16, bf16 and
+// q8_0 weights directly; larger ones use cuBLAS: sgemm for f32 weights,
+// GemmEx with float32 accumulation for f16 and bf16 weights (x rounded to
+// the weights' type), and q8_0 dequantised to float32 in row chunks for
+// sgemm. Without a loadable cuBLAS every product uses the own kernels.
+//
+// Attention handles head dims up to 256. The backend runs on the device's
+// primary context, on a stream of its own. The KV mirror must fit in GPU
+// memory next to the weights (size the pool for the GPU).
+//
+// The tests run everything on a fake libcuda/libcublas built from
+// testdata/fakecuda, which executes the same kernels on the CPU; the
+// TestGPU* tests and benchmarks need a real GPU (test/gpu/run.sh).
+//
+// A Backend is safe for concurrent use (calls are serialised). Driver
+// failures inside kernels.Backend methods panic, as invalid arguments do
+// in the CPU backend.
+package cuda
+
+/*
+#include <stdlib.h>
+#include "driver.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"unsafe"
+	"weak"
+
+	"github.com/batonlm/baton/internal/kernels"
+)
+
+// Geometry shared with the kernels (kernels/*.cuh).
+const (
+	gemvMaxN       = 8   // BK_GEMV_MAXN
+	gemvWarps      = 4   // BK_GEMV_WARPS
+	attnThreads    = 128 // BK_ATTN_THREADS
+	attnMaxMembers = 8   // BK_ATTN_MAX_MEMBERS
+	attnTile       = 128 // BK_ATTN_TILE
+	attnMaxHD      = 256 // BK_ATTN_MAX_HD
+	attnItemFields = 6
+	attnSeqFields  = 4
+	elemThreads    = 256
+	maxGrid        = 1 << 20 // grid-stride kernels use at most this many blocks
+	// dequantChunk bounds the float32 scratch of a q8_0 product (floats).
+	dequantChunk = 16 << 20
+	// attnSplitLen is the least positions per split of one attention item.
+	attnSplitLen = 256
+)
+
+// Kernel indices; kernelNames must match BK_KERNELS in kernels/baton.cu.
+const (
+	kGemvF32 = iota
+	kGemvF16
+	kGemvBF16
+	kGemvQ80
+	kDequantRows
+	kToF16
+	kToBF16
+	kRMSNorm
+	kRoPE
+	kSwiGLU
+	kAdd
+	kStoreKV
+	kPagePack
+	kPageUnpack
+	kAttention
+	kAttnCombine
+	numKernels
+)
+
+var kernelNames = [numKernels]string{
+	"bk_gemv_f32", "bk_gemv_f16", "bk_gemv_bf16", "bk_gemv_q8_0", "bk_dequant_rows", "bk_f32_to_f16",
+	"bk_f32_to_bf16", "bk_rmsnorm", "bk_rope", "bk_swiglu", "bk_add", "bk_store_kv", "bk_page_pack",
+	"bk_page_unpack", "bk_attention", "bk_attn_combine",
+}
+
+// Scratch buffers for per-call data, by role.
+const (
+	sX = iota
+	sX2
+	sOut
+	sVec
+	sHalf
+	sDequant
+	sPart
+	sIdx1
+	sIdx2
+	sIdx3
+	numScratch
+)
+
+type dptr = uint64
+
+type devBuf struct {
+	ptr  dptr
+	size int
+}
+
+type devMatrix struct {
+	ptr        dptr
+	dtype      kernels.DType
+	rows, cols int
+	bytes      int
+}
+
+type devKV struct {
+	ptr    dptr
+	floats int
+}
+
+// pendingFree is device memory whose host owner was garbage collected;
+// freed at the start of the next call (cleanups run on their own goroutine,
+// without the context).
+type pendingFree struct {
+	matrix weak.Pointer[kernels.Matrix]
+	kv     weak.Pointer[float32]
+	isKV   bool
+}
+
+// Backend runs kernels.Backend on one GPU.
+type Backend struct {
+	mu   sync.Mutex
+	drv  *driver
+	info deviceInfo
+	// driverVersion is the driver API version, e.g. 12040 for CUDA 12.4.
+	driverVersion int
+	ctx           uintptr
+	// primaryCtx: ctx is the device's primary context (retained; Close
+	// releases it), not one of our own.
+	primaryCtx bool
+	mod        uintptr
+	stream     uintptr
+	fn         [numKernels]uintptr
+	closed     bool
+
+	blas     *C.bk_cublas
+	blasH    uintptr
+	blasDesc string
+
+	scratch [numScratch]devBuf
+	weights map[weak.Pointer[kernels.Matrix]]*devMatrix
+	kvs     map[weak.Pointer[float32]]*devKV
+	hostQ   []float32 // Attention: gathered q rows / compact output
+	args    []uint64
+
+	freeMu  sync.Mutex
+	pending []pendingFree
+
+	// Tuning, and switches the tests flip.
+	gemvMax      int  // products of at most this many rows use the gemv kernels
+	exactGEMM    bool // f16/bf16 products via float32 dequantisation + sgemm, not GemmEx
+	forceSplits  int  // attention: cut every item into this many parts (0: choose)
+	exactScratch bool // scratch buffers of exactly the size asked (the fake driver's guard pages then catch overruns)
+}
+
+var _ kernels.Backend = (*Backend)(nil)
+
+// Open starts the backend on GPU deviceIndex. The error says what is
+// missing: "libcuda.so.1 not found", "no CUDA device", "driver too old
+// (CUDA X.Y, need 11.8)", a GPU older than sm_80, or kernels not built.
+func Open(deviceIndex int) (*Backend, error) { return open(defaultLibs(), deviceIndex) }
+
+// Probe describes the driver and its GPUs in one line, without creating a
+// context, e.g. "cuda driver 12.4 (libcuda.so.1), 1 device: [0] NVIDIA
+// H200 (sm_90, 132 SMs, 139.8 GiB)".
+func Probe() (string, error) { return probe(defaultLibs()) }
+
+func probe(l libs) (string, error) {
+	d, ver, err := initDriver(l.driver)
+	if err != nil {
+		return "", err
+	}
+	n := d.deviceCount()
+	var devs []string
+	for i := 0; i < n; i++ {
+		info, err := d.device(i)
+		if err != nil {
+			return "", err
+		}
+		devs = append(devs, fmt.Sprintf("[%d] %s", i, info))
+	}
+	plural := "s"
+	if n == 1 {
+		plural = ""
+	}
+	return fmt.Sprintf("cuda driver %s (%s), %d device%s: %s", versionString(ver), d.name, n, plural,
+		strings.Join(devs, ", ")), nil
+}
+
+func open(l libs, index int) (*Backend, error) {
+	d, ver, err := initDriver(l.driver)
+	if err != nil {
+		return nil, err
+	}
+	if n := d.deviceCount(); index < 0 || index >= n {
+		return nil, fmt.Errorf("cuda: no CUDA device %d (%d present)", index, n)
+	}
+	info, err := d.device(index)
+	if err != nil {
+		return nil, err
+	}
+	if info.major < 8 {
+		return nil, fmt.Errorf("cuda: %s is sm_%d%d; the kernels need sm_80 or newer", info.name, info.major, info.minor)
+	}
+	if len(fatbin) == 0 {
+		return nil, errors.New("cuda: kernels not built (run make kernels)")
+	}
+	b := &Backend{drv: d, driverVersion: ver, info: info, weights: map[weak.Pointer[kernels.Matrix]]*devMatrix{},
+		kvs: map[weak.Pointer[float32]]*devKV{}, gemvMax: gemvMaxN}
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var ctx C.uintptr_t
+	var primary C.int
+	r := C.bk_ctx_create(d.c, &ctx, info.dev, &primary)
+	if r == C.BK_ERR_MISSING {
+		return nil, fmt.Errorf("cuda: %s lacks cuDevicePrimaryCtxRetain and cuCtxCreate_v2", d.name)
+	}
+	if err := d.check("cuDevicePrimaryCtxRetain (or cuCtxCreate_v2)", r); err != nil {
+		return nil, err
+	}
+	b.ctx, b.primaryCtx = uintptr(ctx), primary != 0
+	if err := d.check("cuCtxSetCurrent", C.bk_ctx_set(d.c, ctx)); err != nil {
+		b.release()
+		return nil, err
+	}
+	fail := func(err error) (*Backend, error) {
+		b.release()
+		return nil, err
+	}
+	var mod C.uintptr_t
+	if err := d.check("cuModuleLoadData", C.bk_module_load(d.c, &mod, unsafe.Pointer(unsafe.SliceData(fatbin)))); err != nil {
+		return fail(fmt.Errorf("cuda: loading kernels.fatbin on %s: %w", info, err))
+	}
+	b.mod = uintptr(mod)
+	for i, name := range kernelNames {
+		cname := C.CString(name)
+		var fn C.uintptr_t
+		r := C.bk_module_function(d.c, &fn, mod, cname)
+		C.free(unsafe.Pointer(cname))
+		if err := d.check("cuModuleGetFunction "+name, r); err != nil {
+			return fail(err)
+		}
+		b.fn[i] = uintptr(fn)
+	}
+	var s C.uintptr_t
+	if err := d.check("cuStreamCreate", C.bk_stream_create(d.c, &s)); err != nil {
+		return fail(err)
+	}
+	b.stream = uintptr(s)
+	b.openCUBLAS(l.cublas)
+	return b, nil
+}
+
+// openCUBLAS takes the first cuBLAS that loads and creates a handle on
+// the backend's context; without one, products use the own kernels.
+func (b *Backend) openCUBLAS(names []string) {
+	var reasons []string
+	for _, name := range names {
+		lib, err := loadCUBLAS(name)
+		if err != nil {
+			if len(reasons) == 0 {
+				reasons = append(reasons, err.Error())
+			}
+			continue
+		}
+		var h C.uintptr_t
+		if err := blasCheck("cublasCreate ("+name+")", C.bk_blas_create(lib, &h)); err != nil {
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		if err := blasCheck("cublasSetStream", C.bk_blas_set_stream(lib, h, C.uintptr_t(b.stream))); err != nil {
+			C.bk_blas_destroy(lib, h)
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		b.blas, b.blasH = lib, uintptr(h)
+		b.blasDesc = "cublas " + name
+		var v C.int
+		if C.bk_blas_version(lib, h, &v) == 0 {
+			b.blasDesc = fmt.Sprintf("cublas %d.%d (%s)", v/10000, v%10000/100, name)
+		}
+		return
+	}
+	b.blasDesc = "no cublas (" + strings.Join(reasons, "; ") + "): own kernels for every product"
+}
+
+// Name implements kernels.Backend.
+func (*Backend) Name() string { return "cuda" }
+
+// Describe is a one-line description of the device and libraries, for logs.
+func (b *Backend) Describe() string {
+	return fmt.Sprintf("%s, driver CUDA %s, %s", b.info, versionString(b.driverVersion), b.blasDesc)
+}
+
+// Close frees everything on the device. The backend must not be used after.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	C.bk_ctx_set(b.drv.c, C.uintptr_t(b.ctx))
+	b.release()
+	b.closed = true
+	return nil
+}
+
+// release frees what open made, on the current thread with the context current.
+func (b *Backend) release() {
+	d := b.drv.c
+	if b.ctx == 0 {
+		return
+	}
+	if b.stream != 0 {
+		C.bk_stream_sync(d, C.uintptr_t(b.stream))
+	}
+	for _, m := range b.weights {
+		C.bk_mem_free(d, C.bk_dptr(m.ptr))
+	}
+	for _, m := range b.kvs {
+		C.bk_mem_free(d, C.bk_dptr(m.ptr))
+	}
+	for i := range b.scratch {
+		if b.scratch[i].ptr != 0 {
+			C.bk_mem_free(d, C.bk_dptr(b.scratch[i].ptr))
+		}
+	}
+	b.weights, b.kvs, b.scratch = nil, nil, [numScratch]devBuf{}
+	if b.blasH != 0 {
+		C.bk_blas_destroy(b.blas, C.uintptr_t(b.blasH))
+		b.blasH = 0
+	}
+	if b.stream != 0 {
+		C.bk_stream_destroy(d, C.uintptr_t(b.stream))
+		b.stream = 0
+	}
+	if b.mod != 0 {
+		C.bk_module_unload(d, C.uintptr_t(b.mod))
+		b.mod = 0
+	}
+	primary := C.int(0)
+	if b.primaryCtx {
+		primary = 1
+	}
+	C.bk_ctx_destroy(d, C.uintptr_t(b.ctx), b.info.dev, primary)
+	b.ctx = 0
+}
+
+// lock starts a call: the backend's mutex, this OS thread, the context
+// current on it. Every call ends with unlock.
+func (b *Backend) lock() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		panic("cuda: backend used after Close")
+	}
+	runtime.LockOSThread()
+	if err := b.drv.check("cuCtxSetCurrent", C.bk_ctx_set(b.drv.c, C.uintptr_t(b.ctx))); err != nil {
+		runtime.UnlockOSThread()
+		b.mu.Unlock()
+		panic(err)
+	}
+	b.freePending()
+}
+
+func (b *Backend) unlock() {
+	runtime.UnlockOSThread()
+	b.mu.Unlock()
+}
+
+// must panics with a driver error.
+func (b *Backend) must(op string, r C.bk_res) {
+	if err := b.drv.check(op, r); err != nil {
+		panic(err)
+	}
+}
+
+// alloc allocates device memory; out of memory names what and how much.
+func (b *Backend) alloc(bytes int, what string) dptr {
+	var p C.bk_dptr
+	if r := C.bk_mem_alloc(b.drv.c, &p, C.size_t(max(bytes, 1))); r != 0 {
+		var free, total C.size_t
+		C.bk_mem_info(b.drv.c, &free, &total)
+		panic(fmt.Errorf("cuda: allocating %d MiB for %s on %s (%d MiB free of %d): %s",
+			bytes>>20, what, b.info.name, uint64(free)>>20, uint64(total)>>20, b.drv.errText(r)))
+	}
+	return dptr(p)
+}
+
+func (b *Backend) free(p dptr) {
+	if p != 0 {
+		b.must("cuMemFree", C.bk_mem_free(b.drv.c, C.bk_dptr(p)))
+	}
+}
+
+// buf returns scratch buffer i with room for bytes.
+func (b *Backend) buf(i, bytes int) dptr {
+	s := &b.scratch[i]
+	if s.ptr != 0 && (s.size >= bytes && !b.exactScratch || s.size == bytes) {
+		return s.ptr
+	}
+	if s.ptr != 0 {
+		// cuMemFree waits for the device, so no queued work still uses it.
+		b.free(s.ptr)
+		s.ptr = 0
+	}
+	size := bytes
+	if !b.exactScratch {
+		size = max(bytes, s.size+s.size/2)
+		size = (size + 4095) &^ 4095
+	}
+	s.ptr, s.size = b.alloc(size, "scratch"), size
+	return s.ptr
+}
+
+func (b *Backend) h2d(dst dptr, src unsafe.Pointer, bytes int) {
+	if bytes > 0 {
+		b.must("cuMemcpyHtoDAsync", C.bk_htod(b.drv.c, C.bk_dptr(dst), src, C.size_t(bytes), C.uintptr_t(b.stream)))
+	}
+}
+
+// d2h copies to the host and waits for it.
+func (b *Backend) d2h(dst unsafe.Pointer, src dptr, bytes int) {
+	if bytes > 0 {
+		b.must("cuMemcpyDtoHAsync", C.bk_dtoh(b.drv.c, dst, C.bk_dptr(src), C.size_t(bytes), C.uintptr_t(b.stream)))
+	}
+	b.sync()
+}
+
+func (b *Backend) sync() {
+	b.must("cuStreamSynchronize", C.bk_stream_sync(b.drv.c, C.uintptr_t(b.stream)))
+}
+
+// upload copies a host slice into scratch buffer i.
+func upload[T any](b *Backend, i int, s []T) dptr {
+	bytes := len(s) * int(unsafe.Sizeof(*new(T)))
+	p := b.buf(i, bytes)
+	b.h2d(p, unsafe.Pointer(unsafe.SliceData(s)), bytes)
+	return p
+}
+
+func download(b *Backend, dst []float32, src dptr) {
+	b.d2h(unsafe.Pointer(unsafe.SliceData(dst)), src, 4*len(dst))
+}
+
+// Kernel arguments: each in an 8-byte slot.
+func argI(v int) uint64     { return uint64(int64(v)) }
+func argF(v float32) uint64 { return uint64(math.Float32bits(v)) }
+func argD(v float64) uint64 { return math.Float64bits(v) }
+func blocks(n, per int) int { return min((n+per-1)/per, maxGrid) }
+func roundUp(n, to int) int { return (n + to - 1) / to * to }
+
+// launch runs kernel k on a grid of gx*gy blocks of bx threads.
+func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
+	if gx <= 0 || gy <= 0 {
+		return
+	}
+	b.args = append(b.args[:0], args...)
+	b.must("cuLaunchKernel "+kernelNames[k], C.bk_launch(b.drv.c, C.uintptr_t(b.fn[k]), C.uint(gx), C.uint(gy),
+		C.uint(bx), C.uint(smem), C.uintptr_t(b.stream), (*C.uint64_t)(unsafe.Pointer(&b.args[0])), C.int(len(args))))
+}
+
+func need(what string, have, want int) {
+	if have < want {
+		panic(fmt.Sprintf("cuda: %s has %d elements, needs %d", what, have, want))
+	}
+}
+
+// ---- weights ----
+
+// weight returns the device copy of w, uploading it the first time.
+func (b *Backend) weight(w *kernels.Matrix) *devMatrix {
+	key := weak.Make(w)
+	if m := b.weights[key]; m != nil {
+		return m
+	}
+	if err := w.Validate(); err != nil {
+		panic(err)
+	}
+	m := &devMatrix{dtype: w.DType, rows: w.Rows, cols: w.Cols, bytes: len(w.Data)}
+	m.ptr = b.alloc(m.bytes, fmt.Sprintf("a %dx%d %s weight", w.Rows, w.Cols, w.DType))
+	b.h2d(m.ptr, unsafe.Pointer(unsafe.SliceData(w.Data)), m.bytes)
+	b.weights[key] = m
+	runtime.AddCleanup(w, b.queueFree, pendingFree{matrix: key})
+	return m
+}
+
+// Preload uploads weight matrices now rather than at their first use.
+func (b *Backend) Preload(ms ...*kernels.Matrix) (err error) {
+	defer catch(&err)
+	b.lock()
+	defer b.unlock()
+	for _, m := range ms {
+		if m != nil {
+			b.weight(m)
+		}
+	}
+	b.sync()
+	return nil
+}
+
+// catch turns a panic of the backend into an error (for methods that
+// return one).
+func catch(err *error) {
+	if r := recover(); r != nil {
+		if e, ok := r.(error); ok {
+			*err = e
+			return
+		}
+		*err = fmt.Errorf("%v", r)
+	}
+}
+
+func (b *Backend) queueFree(p pendingFree) {
+	b.freeMu.Lock()
+	b.pending = append(b.pending, p)
+	b.freeMu.Unlock()
+}
+
+func (b *Backend) freePending() {
+	b.freeMu.Lock()
+	p := b.pending
+	b.pending = nil
+	b.freeMu.Unlock()
+	for _, f := range p {
+		if f.isKV {
+			if m := b.kvs[f.kv]; m != nil {
+				delete(b.kvs, f.kv)
+				b.free(m.ptr)
+			}
+		} else if m := b.weights[f.matrix]; m != nil {
+			delete(b.weights, f.matrix)
+			b.free(m.ptr)
+		}
+	}
+}
+
+// ---- KV mirrors ----
+
+// kvMirror returns the device mirror of kv's pool, creating it from the
+// host pool the first time.
+func (b *Backend) kvMirror(kv kernels.PagedKV) *devKV {
+	if len(kv.Data) == 0 {
+		panic("cuda: empty KV pool")
+	}
+	key := weak.Make(&kv.Data[0])
+	m := b.kvs[key]
+	if m != nil && m.floats == len(kv.Data) {
+		return m
+	}
+	if m != nil { // the same memory seen with another length: start over from the host
+		delete(b.kvs, key)
+		b.free(m.ptr)
+	} else {
+		runtime.AddCleanup(&kv.Data[0], b.queueFree, pendingFree{kv: key, isKV: true})
+	}
+	m = &devKV{floats: len(kv.Data)}
+	m.ptr = b.alloc(4*m.floats, "the KV pool mirror")
+	b.h2d(m.ptr, unsafe.Pointer(&kv.Data[0]), 4*m.floats)
+	b.kvs[key] = m
+	return m
+}
+
+func kvPages(kv kernels.PagedKV) int {
+	if kv.PageFloats() <= 0 {
+		return 0
+	}
+	return len(kv.Data) / kv.PageFloats()
+}
+
+// SyncPages uploads pages of kv's host pool to its device mirror: call it
+// after anything other than this backend wrote those pages (received KV
+// unpacked into the pool) and before attention reads them.
+func (b *Backend) SyncPages(kv kernels.PagedKV, pages []int32) (err error) {
+	np, pf := kvPages(kv), kv.PageFloats()
+	for _, p := range pages {
+		if p < 0 || int(p) >= np {
+			return fmt.Errorf("cuda: SyncPages: page %d outside the pool of %d", p, np)
+		}
+	}
+	if len(pages) == 0 {
+		return nil
+	}
+	defer catch(&err)
+	b.lock()
+	defer b.unlock()
+	if _, ok := b.kvs[weak.Make(&kv.Data[0])]; !ok {
+		b.kvMirror(kv) // a new mirror is a copy of the whole host pool
+		b.sync()
+		return nil
+	}
+	m := b.kvMirror(kv)
+	for i := 0; i < len(pages); {
+		j := i + 1 // copy runs of consecutive pages at once
+		for j < len(pages) && pages[j] == pages[j-1]+1 {
+			j++
+		}
+		p0, n := int(pages[i]), j-i
+		b.h2d(m.ptr+uint64(4*p0*pf), unsafe.Pointer(&kv.Data[p0*pf]), 4*n*pf)
+		i = j
+	}
+	b.sync()
+	return nil
+}
+
+// PackPage copies the first tokens slots of page from the device mirror
+// in internal/transfer.Pack's layout (for every layer its K rows then its
+// V rows, little-endian float32) into dst, grown as needed.
+func (b *Backend) PackPage(kv kernels.PagedKV, page int32, tokens int, dst []byte) (out []byte, err error) {
+	if err := checkPage(kv, page, tokens); err != nil {
+		return dst, err
+	}
+	size := kv.Layers * 2 * tokens * kv.RowFloats() * 4
+	if cap(dst) < size {
+		dst = make([]byte, size)
+	}
+	dst = dst[:size]
+	if size == 0 {
+		return dst, nil
+	}
+	defer catch(&err)
+	b.lock()
+	defer b.unlock()
+	m := b.kvMirror(kv)
+	p := b.buf(sOut, size)
+	b.launch(kPagePack, blocks(size/4, elemThreads), 1, elemThreads, 0, p, m.ptr, argI(int(page)), argI(tokens),
+		argI(kv.Layers), argI(kv.PageSize), argI(kv.PageFloats()), argI(kv.RowFloats()))
+	b.d2h(unsafe.Pointer(&dst[0]), p, size)
+	return dst, nil
+}
+
+// UnpackPage writes packed rows (PackPage's layout) into page, in the host
+// pool and its device mirror: the inverse of PackPage.
+func (b *Backend) UnpackPage(kv kernels.PagedKV, page int32, tokens int, src []byte) (err error) {
+	if err := checkPage(kv, page, tokens); err != nil {
+		return err
+	}
+	rf := kv.RowFloats()
+	size := kv.Layers * 2 * tokens * rf * 4
+	if len(src) != size {
+		return fmt.Errorf("cuda: page payload of %d bytes, want %d for %d tokens", len(src), size, tokens)
+	}
+	if size == 0 {
+		return nil
+	}
+	i := 0
+	for l := 0; l < kv.Layers; l++ {
+		for _, off := range []int{kv.KOffset(int(page), l, 0), kv.VOffset(int(page), l, 0)} {
+			dst := kv.Data[off : off+tokens*rf]
+			for j := range dst {
+				dst[j] = math.Float32frombits(uint32(src[i]) | uint32(src[i+1])<<8 | uint32(src[i+2])<<16 | uint32(src[i+3])<<24)
+				i += 4
+			}
+		}
+	}
+	defer catch(&err)
+	b.lock()
+	defer b.unlock()
+	m := b.kvMirror(kv)
+	p := upload(b, sX, src)
+	b.launch(kPageUnpack, blocks(size/4, elemThreads), 1, elemThreads, 0, m.ptr, p, argI(int(page)), argI(tokens),
+		argI(kv.Layers), argI(kv.PageSize), argI(kv.PageFloats()), argI(rf))
+	b.sync()
+	return nil
+}
+
+func checkPage(kv kernels.PagedKV, page int32, tokens int) error {
+	if page < 0 || int(page) >= kvPages(kv) {
+		return fmt.Errorf("cuda: page %d outside the pool of %d", page, kvPages(kv))
+	}
+	if tokens < 0 || tokens > kv.PageSize {
+		return fmt.Errorf("cuda: %d tokens in a page of %d", tokens, kv.PageSize)
+	}
+	return nil
+}
+
+// ---- kernels.Backend ----
+
+// MatMul implements kernels.Backend.
+func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
+	if n <= 0 {
+		return
+	}
+	if err := w.Validate(); err != nil {
+		panic(err)
+	}
+	need("MatMul x", len(x), n*w.Cols)
+	need("MatMul out", len(out), n*w.Rows)
+	b.lock()
+	defer b.unlock()
+	m := b.weight(w)
+	dx := upload(b, sX, x[:n*w.Cols])
+	do := b.buf(sOut, 4*n*w.Rows)
+	b.matmul(do, dx, n, m)
+	download(b, out[:n*w.Rows], do)
+}
+
+// matmul: out[n, rows] = x[n, cols] · wᵀ on the device.
+func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
+	rows, cols := w.rows, w.cols
+	if n <= b.gemvMax || b.blas == nil {
+		k := [...]int{kernels.F32: kGemvF32, kernels.F16: kGemvF16, kernels.Q8_0: kGemvQ80, kernels.BF16: kGemvBF16}[w.dtype]
+		for i := 0; i < n; i += gemvMaxN {
+			m := min(gemvMaxN, n-i)
+			b.launch(k, (rows+gemvWarps-1)/gemvWarps, 1, 32*gemvWarps, 0,
+				out+uint64(4*i*rows), x+uint64(4*i*cols), argI(m), w.ptr, argI(rows), argI(cols))
+		}
+		return
+	}
+	switch {
+	case w.dtype == kernels.F32:
+		b.sgemm(out, rows, n, cols, w.ptr, x, rows)
+	case (w.dtype == kernels.F16 || w.dtype == kernels.BF16) && !b.exactGEMM:
+		conv, typ := kToF16, 2 // CUDA_R_16F
+		if w.dtype == kernels.BF16 {
+			conv, typ = kToBF16, 14 // CUDA_R_16BF
+		}
+		xh := b.buf(sHalf, 2*n*cols)
+		b.launch(conv, blocks(n*cols, elemThreads), 1, elemThreads, 0, xh, x, argI(n*cols))
+		if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(rows), C.int(n), C.int(cols),
+			C.bk_dptr(w.ptr), C.int(typ), C.int(cols), C.bk_dptr(xh), C.int(cols), C.bk_dptr(out), C.int(rows))); err != nil {
+			panic(err)
+		}
+	default: // q8_0 (and exact f16/bf16): float32 rows in chunks, then sgemm
+		chunk := max(1, min(rows, dequantChunk/cols))
+		deq := b.buf(sDequant, 4*chunk*cols)
+		for r0 := 0; r0 < rows; r0 += chunk {
+			cr := min(chunk, rows-r0)
+			b.launch(kDequantRows, blocks(cr*cols, elemThreads), 1, elemThreads, 0, deq, w.ptr, argI(int(w.dtype)),
+				argI(cols), 0, argI(r0), argI(cr))
+			b.sgemm(out+uint64(4*r0), cr, n, cols, deq, x, rows)
+		}
+	}
+}
+
+// sgemm: C[n][ldc] (row-major, first m columns) = x[n][k] · A[m][k]ᵀ,
+// i.e. column-major C(m×n) = Aᵀ·x with A stored k×m.
+func (b *Backend) sgemm(c dptr, m, n, k int, a, x dptr, ldc int) {
+	if err := blasCheck("cublasSgemm", C.bk_sgemm_tn(b.blas, C.uintptr_t(b.blasH), C.int(m), C.int(n), C.int(k),
+		C.bk_dptr(a), C.int(k), C.bk_dptr(x), C.int(k), C.bk_dptr(c), C.int(ldc))); err != nil {
+		panic(err)
+	}
+}
+
+// RMSNorm implements kernels.Backend.
+func (b *Backend) RMSNorm(out, x, weight []float32, n int, eps float32) {
+	d := len(weight)
+	if n <= 0 || d == 0 {
+		return
+	}
+	need("RMSNorm x", len(x), n*d)
+	need("RMSNorm out", len(out), n*d)
+	b.lock()
+	defer b.unlock()
+	dx := upload(b, sX, x[:n*d])
+	dw := upload(b, sVec, weight)
+	do := b.buf(sOut, 4*n*d)
+	b.launch(kRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dw, argI(n), argI(d), argF(eps))
+	download(b, out[:n*d], do)
+}
+
+// ApplyRoPE implements kernels.Backend.
+func (b *Backend) ApplyRoPE(x []float32, positions []int32, heads, headDim int, r kernels.RoPE) {
+	half := r.Dim / 2
+	if len(positions) == 0 || half <= 0 || heads <= 0 {
+		return
+	}
+	if r.Dim > headDim {
+		panic(fmt.Sprintf("cuda: RoPE dim %d > head dim %d", r.Dim, headDim))
+	}
+	n := len(positions) * heads * headDim
+	need("ApplyRoPE x", len(x), n)
+	if r.Factors != nil {
+		need("RoPE Factors", len(r.Factors), half)
+	}
+	scale := float64(r.PosScale)
+	if scale == 0 {
+		scale = 1
+	}
+	// The reference's frequencies, in float64 on the host.
+	freq := make([]float64, half)
+	for i := range freq {
+		freq[i] = math.Pow(float64(r.Theta), -2*float64(i)/float64(r.Dim))
+		if r.Factors != nil {
+			freq[i] /= float64(r.Factors[i])
+		}
+	}
+	neox := 0
+	if r.NeoX {
+		neox = 1
+	}
+	b.lock()
+	defer b.unlock()
+	dx := upload(b, sX, x[:n])
+	dp := upload(b, sIdx1, positions)
+	df := upload(b, sVec, freq)
+	b.launch(kRoPE, blocks(len(positions)*half, elemThreads), 1, elemThreads, 0, dx, dp, argI(len(positions)),
+		argI(heads), argI(headDim), argI(half), argI(neox), argD(scale), df)
+	download(b, x[:n], dx)
+}
+
+// SwiGLU implements kernels.Backend.
+func (b *Backend) SwiGLU(out, gate, up []float32) {
+	n := len(gate)
+	if n == 0 {
+		return
+	}
+	need("SwiGLU up", len(up), n)
+	need("SwiGLU out", len(out), n)
+	b.lock()
+	defer b.unlock()
+	dg := upload(b, sX, gate)
+	du := upload(b, sX2, up[:n])
+	do := b.buf(sOut, 4*n)
+	b.launch(kSwiGLU, blocks(n, elemThreads), 1, elemThreads, 0, do, dg, du, argI(n))
+	download(b, out[:n], do)
+}
+
+// Add implements kernels.Backend.
+func (b *Backend) Add(out, a, bb []float32) {
+	n := len(out)
+	if n == 0 {
+		return
+	}
+	need("Add a", len(a), n)
+	need("Add b", len(bb), n)
+	b.lock()
+	defer b.unlock()
+	da := upload(b, sX, a[:n])
+	db := upload(b, sX2, bb[:n])
+	do := b.buf(sOut, 4*n)
+	b.launch(kAdd, blocks(n, elemThreads), 1, elemThreads, 0, do, da, db, argI(n))
+	download(b, out, do)
+}
+
+// Embed implements kernels.Backend.
+func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
+	if len(ids) == 0 {
+		return
+	}
+	if err := table.Validate(); err != nil {
+		panic(err)
+	}
+	for _, id := range ids {
+		if id < 0 || int(id) >= table.Rows {
+			panic(fmt.Sprintf("cuda: Embed id %d out of range [0,%d)", id, table.Rows))
+		}
+	}
+	n := len(ids) * table.Cols
+	need("Embed out", len(out), n)
+	b.lock()
+	defer b.unlock()
+	m := b.weight(table)
+	di := upload(b, sIdx1, ids)
+	do := b.buf(sOut, 4*n)
+	b.launch(kDequantRows, blocks(n, elemThreads), 1, elemThreads, 0, do, m.ptr, argI(int(m.dtype)), argI(m.cols),
+		di, 0, argI(len(ids)))
+	download(b, out[:n], do)
+}
+
+// StoreKV implements kernels.Backend: the host pool and its device mirror.
+func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []float32) {
+	if len(slots) == 0 {
+		return
+	}
+	rf := kv.RowFloats()
+	if layer < 0 || layer >= kv.Layers {
+		panic(fmt.Sprintf("cuda: StoreKV layer %d of %d", layer, kv.Layers))
+	}
+	total := kvPages(kv) * kv.PageSize
+	for _, s := range slots {
+		if s < 0 || int(s) >= total {
+			panic(fmt.Sprintf("cuda: StoreKV slot %d outside the pool of %d", s, total))
+		}
+	}
+	n := len(slots) * rf
+	need("StoreKV k", len(k), n)
+	need("StoreKV v", len(v), n)
+	for i, s := range slots {
+		p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
+		copy(kv.Data[kv.KOffset(p, layer, o):][:rf], k[i*rf:(i+1)*rf])
+		copy(kv.Data[kv.VOffset(p, layer, o):][:rf], v[i*rf:(i+1)*rf])
+	}
+	b.lock()
+	defer b.unlock()
+	m := b.kvMirror(kv)
+	ds := upload(b, sIdx1, slots)
+	dk := upload(b, sX, k[:n])
+	dv := upload(b, sX2, v[:n])
+	b.launch(kStoreKV, blocks(n, elemThreads), 1, elemThreads, 0, m.ptr, ds, dk, dv, argI(len(slots)), argI(layer),
+		argI(kv.PageSize), argI(kv.PageFloats()), argI(rf))
+	// The copies from pageable memory are staged before they return and the
+	// kernel is ordered before any later call on the stream: no wait here.
+}
+
+// attnPlan is an Attention call cut into kernel work.
+type attnPlan struct {
+	pages      []int32
+	seqs       []int64
+	items      []int32
+	rows       int  // query rows of all sequences with QLen > 0
+	contiguous bool // those rows are q[0:rows] in order
+	spans      [][2]int
+	maxLen     int
+	layer      int
+}
+
+func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads, qlen, outlen int) attnPlan {
+	hd := kv.HeadDim
+	if kv.KVHeads <= 0 || hd <= 0 || kv.PageSize <= 0 || heads <= 0 || heads%kv.KVHeads != 0 {
+		panic(fmt.Sprintf("cuda: Attention with %d heads, %d KV heads, head dim %d, page size %d",
+			heads, kv.KVHeads, hd, kv.PageSize))
+	}
+	if hd > attnMaxHD {
+		panic(fmt.Sprintf("cuda: Attention head dim %d > %d is not supported", hd, attnMaxHD))
+	}
+	if layer < 0 || layer >= kv.Layers {
+		panic(fmt.Sprintf("cuda: Attention layer %d of %d", layer, kv.Layers))
+	}
+	group := heads / kv.KVHeads
+	npages := kvPages(kv)
+	nh := min(group, attnMaxMembers)
+	rowsPer := max(1, attnMaxMembers/nh)
+	rowSize := heads * hd
+	pl := attnPlan{contiguous: true, layer: layer}
+	for si, s := range seqs {
+		if s.QLen <= 0 {
+			continue
+		}
+		if s.KVLen < s.QLen || s.QStart < 0 {
+			panic(fmt.Sprintf("cuda: Attention seq %d: QStart %d QLen %d KVLen %d", si, s.QStart, s.QLen, s.KVLen))
+		}
+		need("Attention q", qlen, (s.QStart+s.QLen)*rowSize)
+		need("Attention out", outlen, (s.QStart+s.QLen)*rowSize)
+		used := (s.KVLen + kv.PageSize - 1) / kv.PageSize
+		need("Attention Pages", len(s.Pages), used)
+		for _, p := range s.Pages[:used] {
+			if p < 0 || int(p) >= npages {
+				panic(fmt.Sprintf("cuda: Attention page %d out of range [0,%d)", p, npages))
+			}
+		}
+		if s.QStart != pl.rows {
+			pl.contiguous = false
+		}
+		idx := int32(len(pl.seqs) / attnSeqFields)
+		pl.seqs = append(pl.seqs, int64(len(pl.pages)), int64(pl.rows), int64(s.QLen), int64(s.KVLen))
+		pl.pages = append(pl.pages, s.Pages[:used]...)
+		for kh := 0; kh < kv.KVHeads; kh++ {
+			for h := kh * group; h < (kh+1)*group; h += nh {
+				hn := min(nh, (kh+1)*group-h)
+				for r := 0; r < s.QLen; r += rowsPer {
+					rn := min(rowsPer, s.QLen-r)
+					pl.items = append(pl.items, idx, int32(kh), int32(r), int32(rn), int32(h), int32(hn))
+				}
+			}
+		}
+		pl.maxLen = max(pl.maxLen, s.KVLen)
+		pl.spans = append(pl.spans, [2]int{s.QStart, s.QLen})
+		pl.rows += s.QLen
+	}
+	return pl
+}
+
+// splits picks how many parts each item's positions are cut into: enough
+// blocks for about two per SM, with at least attnSplitLen positions a part.
+func (b *Backend) splits(items, maxLen int) int {
+	if b.forceSplits > 0 {
+		return b.forceSplits
+	}
+	target := 2 * max(1, b.info.sms)
+	if items >= target {
+		return 1
+	}
+	return max(1, min((target+items-1)/items, (maxLen+attnSplitLen-1)/attnSplitLen, 64))
+}
+
+// Attention implements kernels.Backend. It reads K and V from the device
+// mirror of kv (see SyncPages).
+func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads int, scale float32) {
+	if len(seqs) == 0 {
+		return
+	}
+	pl := planAttention(kv, layer, seqs, heads, len(q), len(out))
+	if len(pl.items) == 0 {
+		return
+	}
+	rowSize := heads * kv.HeadDim
+	b.lock()
+	defer b.unlock()
+	var dq dptr
+	if pl.contiguous {
+		dq = upload(b, sX, q[:pl.rows*rowSize])
+	} else {
+		b.hostQ = b.hostQ[:0]
+		for _, s := range pl.spans {
+			b.hostQ = append(b.hostQ, q[s[0]*rowSize:(s[0]+s[1])*rowSize]...)
+		}
+		dq = upload(b, sX, b.hostQ)
+	}
+	a := b.attnUpload(kv, &pl, heads, scale)
+	do := b.buf(sOut, 4*pl.rows*rowSize)
+	b.attnLaunch(a, dq, do)
+	if pl.contiguous {
+		download(b, out[:pl.rows*rowSize], do)
+		return
+	}
+	b.hostQ = b.hostQ[:pl.rows*rowSize]
+	download(b, b.hostQ, do)
+	r := 0
+	for _, s := range pl.spans {
+		copy(out[s[0]*rowSize:(s[0]+s[1])*rowSize], b.hostQ[r*rowSize:(r+s[1])*rowSize])
+		r += s[1]
+	}
+}
+
+// attnCall is an Attention call's device side, ready to launch.
+type attnCall struct {
+	kv                   dptr
+	pages, seqs, items   dptr
+	part                 dptr
+	nitems, nsplit, rows int
+	heads, hd            int
+	ps, pf, rf, layer    int
+	scale                float32
+}
+
+// attnUpload uploads a plan's tables (after the mirror of kv).
+func (b *Backend) attnUpload(kv kernels.PagedKV, pl *attnPlan, heads int, scale float32) attnCall {
+	m := b.kvMirror(kv)
+	a := attnCall{kv: m.ptr, nitems: len(pl.items) / attnItemFields, rows: pl.rows, heads: heads, hd: kv.HeadDim,
+		ps: kv.PageSize, pf: kv.PageFloats(), rf: kv.RowFloats(), layer: pl.layer, scale: scale}
+	a.nsplit = b.splits(a.nitems, pl.maxLen)
+	a.pages = upload(b, sIdx1, pl.pages)
+	a.seqs = upload(b, sIdx2, pl.seqs)
+	a.items = upload(b, sIdx3, pl.items)
+	a.part = b.buf(sPart, 4*a.nsplit*a.rows*heads*(a.hd+2))
+	return a
+}
+
+// attnLaunch runs the attention and combine kernels: out (device, rows of
+// heads*hd) from q (likewise).
+func (b *Backend) attnLaunch(a attnCall, q, out dptr) {
+	smem := 4 * (attnMaxMembers*a.hd + attnMaxMembers*attnTile + 3*attnMaxMembers)
+	b.launch(kAttention, a.nitems, a.nsplit, attnThreads, smem, a.part, q, a.kv, a.pages, a.seqs, a.items,
+		argI(a.rows), argI(a.heads), argI(a.hd), argI(a.ps), argI(a.pf), argI(a.rf), argI(a.layer), argF(a.scale))
+	b.launch(kAttnCombine, a.rows*a.heads, 1, min(128, roundUp(a.hd, 32)), 0, out, a.part, argI(a.rows*a.heads),
+		argI(a.hd), argI(a.nsplit))
+}

@@ -1,0 +1,28 @@
+// baton.cu: the one translation unit of the CUDA kernels (make kernels
+// compiles it into kernels.fatbin). The kernel names are the
+// BK_KERNELS list below; the Go backend looks each one up by name.
+#include "common.cuh"
+#include "gemv.cuh"
+#include "elementwise.cuh"
+#include "kv.cuh"
+#include "attention.cuh"
+
+// BK_KERNELS(X) applies X to every kernel (the fake driver of the Go
+// tests registers them with it).
+#define BK_KERNELS(X) \
+  X(bk_gemv_f32)      \
+  X(bk_gemv_f16)      \
+  X(bk_gemv_bf16)     \
+  X(bk_gemv_q8_0)     \
+  X(bk_dequant_rows)  \
+  X(bk_f32_to_f16)    \
+  X(bk_f32_to_bf16)   \
+  X(bk_rmsnorm)       \
+  X(bk_rope)          \
+  X(bk_swiglu)        \
+  X(bk_add)           \
+  X(bk_store_kv)      \
+  X(bk_page_pack)     \
+  X(bk_page_unpack)   \
+  X(bk_attention)     \
+  X(bk_attn_combine)

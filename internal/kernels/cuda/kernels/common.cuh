@@ -1,0 +1,120 @@
+// common.cuh: definitions shared by every baton kernel.
+//
+// The kernels follow internal/kernels/ref exactly (the plain-Go definition);
+// each file says where its arithmetic differs (float32 accumulation order,
+// tensor-core inputs) and the Go tests state the tolerances.
+//
+// Built two ways:
+//   - by nvcc (make kernels) into kernels.fatbin, for sm_80, sm_90 and
+//     compute_90 PTX;
+//   - with BK_EMU defined, by the host C++ compiler, into the CPU emulation
+//     the fake driver of the Go tests runs (internal/kernels/cuda/testdata/
+//     fakecuda): bk_emu.h then supplies threadIdx, __syncthreads, warp
+//     shuffles and the rest, so the same source is tested without a GPU.
+//
+// Rules the emulation relies on (they are also good CUDA): no CUDA headers
+// beyond what nvcc includes implicitly; every __syncthreads is reached by
+// all threads of a block that have not returned; every warp collective
+// (bk_warp_sum, bk_warp_max) by all 32 lanes of the warp; dynamic shared
+// memory is declared with BK_DYN_SMEM.
+#pragma once
+
+#ifdef BK_EMU
+#include "bk_emu.h"
+#else
+#include <stdint.h>
+#define BK_DYN_SMEM(T, name) extern __shared__ T name[]
+#endif
+
+// Weight dtypes: the values of kernels.DType.
+#define BK_F32 0
+#define BK_F16 1
+#define BK_Q8_0 2
+#define BK_BF16 3
+
+#define BK_NEG_INF (__uint_as_float(0xff800000u))
+
+__device__ __forceinline__ int64_t bk_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t bk_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// bk_row_bytes is kernels.DType.RowBytes.
+__device__ __forceinline__ int64_t bk_row_bytes(int dt, int64_t cols) {
+  switch (dt) {
+    case BK_F32: return 4 * cols;
+    case BK_F16:
+    case BK_BF16: return 2 * cols;
+    default: return cols / 32 * 34;
+  }
+}
+
+// IEEE half to float: exact for every finite value, infinities and NaN
+// (kernels.F16ToF32; a NaN's payload may differ, it stays a NaN).
+__device__ __forceinline__ float bk_h2f(uint32_t h) {
+#ifdef BK_EMU
+  return bk_emu_h2f((uint16_t)h);
+#else
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+  return f;
+#endif
+}
+
+// bfloat16 to float: the top half of the float's bits.
+__device__ __forceinline__ float bk_bf2f(uint32_t h) { return __uint_as_float((h & 0xffffu) << 16); }
+
+// float to IEEE half, round to nearest even (kernels.F32ToF16).
+__device__ __forceinline__ uint16_t bk_f2h(float f) {
+#ifdef BK_EMU
+  return bk_emu_f2h(f);
+#else
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#endif
+}
+
+// float to bfloat16, round to nearest even (needs sm_80).
+__device__ __forceinline__ uint16_t bk_f2bf(float f) {
+#ifdef BK_EMU
+  return bk_emu_f2bf(f);
+#else
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#endif
+}
+
+// Warp collectives: every lane of the warp must call them.
+__device__ __forceinline__ float bk_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ double bk_warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float bk_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// bk_dequant_elem is element c of row r of a weight matrix (kernels.Matrix.Row):
+// bit-exact with the Go definition.
+__device__ __forceinline__ float bk_dequant_elem(const uint8_t* __restrict__ w, int dt, int64_t cols, int64_t r, int64_t c) {
+  const uint8_t* row = w + r * bk_row_bytes(dt, cols);
+  switch (dt) {
+    case BK_F32: return reinterpret_cast<const float*>(row)[c];
+    case BK_F16: return bk_h2f(reinterpret_cast<const uint16_t*>(row)[c]);
+    case BK_BF16: return bk_bf2f(reinterpret_cast<const uint16_t*>(row)[c]);
+    default: {
+      const uint8_t* blk = row + (c / 32) * 34;
+      float d = bk_h2f((uint32_t)blk[0] | ((uint32_t)blk[1] << 8));
+      return d * (float)(int8_t)blk[2 + c % 32];
+    }
+  }
+}

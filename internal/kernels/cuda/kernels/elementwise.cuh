@@ -1,0 +1,74 @@
+// elementwise.cuh: RMSNorm, RoPE, SwiGLU and Add.
+//
+// These are cheap next to the products, so they use the reference's
+// float64 arithmetic where the reference does (RMSNorm's sum and scale,
+// RoPE's angles and rotation, SwiGLU's sigmoid) and agree with it to about
+// one float32 rounding.
+#pragma once
+#include "common.cuh"
+
+// bk_rmsnorm: out[i, :] = x[i, :] / rms(x[i, :]) * w for n rows of d.
+// Launch: grid n, block a multiple of 32 (<= 1024).
+extern "C" __global__ void bk_rmsnorm(float* out, const float* x, const float* w, int64_t n, int64_t d, float eps) {
+  __shared__ double red[32];
+  const int64_t row = blockIdx.x;
+  if (row >= n) return;  // uniform over the block
+  const float* xr = x + row * d;
+  float* orow = out + row * d;
+  double ss = 0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    double v = xr[j];
+    ss += v * v;
+  }
+  ss = bk_warp_sum_d(ss);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+  if (lane == 0) red[warp] = ss;
+  __syncthreads();
+  if (warp == 0) {
+    double t = lane < nwarps ? red[lane] : 0.0;
+    t = bk_warp_sum_d(t);
+    if (lane == 0) red[0] = t;
+  }
+  __syncthreads();
+  const double scale = 1.0 / sqrt(red[0] / (double)d + (double)eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    orow[j] = (float)((double)xr[j] * scale) * w[j];
+  }
+}
+
+// bk_rope rotates x in place: ntok rows of heads*hd; pairs (2i, 2i+1), or
+// (i, i+half) for NeoX, for i < half. freq[i] is the reference's
+// frequency (theta^(-2i/dim), divided by the llama3 factor), computed by
+// the host in float64. Launch: one thread per (token, pair).
+extern "C" __global__ void bk_rope(float* x, const int32_t* pos, int64_t ntok, int64_t heads, int64_t hd, int64_t half,
+                                   int64_t neox, double posScale, const double* freq) {
+  const int64_t total = ntok * half;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = e / half, i = e % half;
+    const double ang = (double)pos[t] * posScale * freq[i];
+    double s, c;
+    sincos(ang, &s, &c);
+    const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    for (int64_t h = 0; h < heads; h++) {
+      float* v = x + (t * heads + h) * hd;
+      const double x0 = v[a], x1 = v[b];
+      v[a] = (float)(x0 * c - x1 * s);
+      v[b] = (float)(x0 * s + x1 * c);
+    }
+  }
+}
+
+// bk_swiglu: out[i] = silu(gate[i]) * up[i], the sigmoid in float64 as ref.
+extern "C" __global__ void bk_swiglu(float* out, const float* gate, const float* up, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const double g = gate[i];
+    out[i] = (float)(g / (1.0 + exp(-g))) * up[i];
+  }
+}
+
+// bk_add: out[i] = a[i] + b[i] (exact).
+extern "C" __global__ void bk_add(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    out[i] = a[i] + b[i];
+  }
+}

@@ -1,0 +1,795 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/ref"
+	"github.com/batonlm/baton/internal/transfer"
+)
+
+// Tolerances against the reference (float64 accumulation), each a bound
+// on |got - want| for one element relative to its natural magnitude (as
+// in the CPU backend's tests):
+const (
+	// MatMul, float32 products (gemv kernels, cuBLAS sgemm, q8_0 via
+	// sgemm): relative to Σ|w·x| (float32 sums over lanes then a warp
+	// tree, or cuBLAS's order; worst measured on the fake ~3e-7).
+	tolMatMul = 1e-5
+	// MatMul of more than 8 rows with f16 / bf16 weights on tensor cores
+	// (GemmEx): x is rounded to the weights' type, 2^-11 / 2^-8 relative
+	// per term, so relative to Σ|w·x|:
+	tolMatMulF16  = 1.5e-3
+	tolMatMulBF16 = 1e-2
+	// RMSNorm, RoPE: float64 arithmetic as ref; relative to |want| (RMSNorm)
+	// or the largest |x| of the head (RoPE).
+	tolRMSNorm = 5e-7
+	tolRoPE    = 5e-7
+	// SwiGLU: float64 sigmoid; relative to |want|, plus 1e-30·|up|.
+	tolSwiGLU = 1e-6
+	// Attention: relative to 5 (above any |v| here; the output is a convex
+	// combination of V rows; float32 scores, exp and sums).
+	tolAttn = 1e-5
+)
+
+// runSuite runs every kernel check on one backend (fake or GPU).
+func runSuite(t *testing.T, b *Backend) {
+	t.Run("MatMul", func(t *testing.T) { testMatMul(t, b) })
+	t.Run("MatMulBig", func(t *testing.T) { testMatMulBig(t, b) })
+	t.Run("MatMulUnaligned", func(t *testing.T) { testMatMulUnaligned(t, b) })
+	t.Run("RMSNorm", func(t *testing.T) { testRMSNorm(t, b) })
+	t.Run("RoPE", func(t *testing.T) { testRoPE(t, b) })
+	t.Run("SwiGLUAdd", func(t *testing.T) { testSwiGLUAdd(t, b) })
+	t.Run("Embed", func(t *testing.T) { testEmbed(t, b) })
+	t.Run("Attention", func(t *testing.T) { testAttention(t, b) })
+	t.Run("AttentionLong", func(t *testing.T) { testAttentionLong(t, b) })
+	t.Run("AttentionNaN", func(t *testing.T) { testAttentionNaN(t, b) })
+	t.Run("StoreKV", func(t *testing.T) { testStoreKV(t, b) })
+	t.Run("PackUnpack", func(t *testing.T) { testPackUnpack(t, b) })
+	t.Run("SyncPages", func(t *testing.T) { testSyncPages(t, b) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, b) })
+	t.Run("BadArgs", func(t *testing.T) { testBadArgs(t, b) })
+}
+
+func TestFakeKernels(t *testing.T) { runSuite(t, fakeBackend(t)) }
+
+func TestGPUKernels(t *testing.T) { runSuite(t, gpuBackend(t)) }
+
+func randMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) *kernels.Matrix {
+	m := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
+	d := m.Data
+	switch dt {
+	case kernels.F32:
+		for i := 0; i < rows*cols; i++ {
+			binary.LittleEndian.PutUint32(d[4*i:], math.Float32bits(float32(rng.NormFloat64())))
+		}
+	case kernels.F16:
+		for i := 0; i < rows*cols; i++ {
+			binary.LittleEndian.PutUint16(d[2*i:], kernels.F32ToF16(float32(rng.NormFloat64())))
+		}
+	case kernels.BF16:
+		for i := 0; i < rows*cols; i++ {
+			binary.LittleEndian.PutUint16(d[2*i:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
+		}
+	case kernels.Q8_0:
+		for b := 0; b < rows*cols/32; b++ {
+			blk := d[34*b:]
+			binary.LittleEndian.PutUint16(blk, kernels.F32ToF16(float32(0.001+0.05*rng.Float64())))
+			for j := 0; j < 32; j++ {
+				blk[2+j] = byte(int8(rng.IntN(255) - 127))
+			}
+		}
+	}
+	return m
+}
+
+func randVec(rng *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * scale)
+	}
+	return v
+}
+
+// checker collects the worst error relative to the magnitude and reports
+// the first few elements beyond the tolerance.
+type checker struct {
+	t     testing.TB
+	what  string
+	tol   float64
+	worst float64
+	fails int
+}
+
+func (c *checker) check(i int, got, want float32, mag, abs float64) {
+	d := math.Abs(float64(got) - float64(want))
+	if math.IsNaN(float64(got)) != math.IsNaN(float64(want)) || d > c.tol*mag+abs {
+		c.fails++
+		if c.fails <= 5 {
+			c.t.Errorf("%s: element %d: got %g, want %g (diff %g, allowed %g)", c.what, i, got, want, d, c.tol*mag+abs)
+		}
+	}
+	if mag > 0 && d/mag > c.worst {
+		c.worst = d / mag
+	}
+}
+
+// TestCheckerCatchesErrors shows the comparisons can fail.
+func TestCheckerCatchesErrors(t *testing.T) {
+	ft := &testing.T{}
+	c := &checker{t: ft, what: "probe", tol: 1e-6}
+	c.check(0, 1+1.5e-6, 1, 1, 0)
+	c.check(1, float32(math.NaN()), 1, 1, 0)
+	if c.fails != 2 {
+		t.Fatalf("checker missed %d of 2 errors", 2-c.fails)
+	}
+	c = &checker{t: ft, what: "probe", tol: 1e-6}
+	c.check(0, 1+5e-7, 1, 1, 0)
+	if c.fails != 0 {
+		t.Fatal("checker flagged an error within tolerance")
+	}
+}
+
+// TestFakeCatchesKernelBug: the fake-driver comparison sees a wrong
+// result: a product whose weight was changed after upload (the cache is by
+// pointer, so the device copy is the old one) disagrees with ref.
+func TestFakeCatchesKernelBug(t *testing.T) {
+	b := fakeBackend(t)
+	rng := rand.New(rand.NewPCG(9, 9))
+	w := randMatrix(rng, kernels.F32, 8, 64)
+	x := randVec(rng, 64, 1)
+	got := make([]float32, 8)
+	b.MatMul(got, x, 1, w)
+	binary.LittleEndian.PutUint32(w.Data[4*3*64:], math.Float32bits(100))
+	want := make([]float32, 8)
+	ref.New().MatMul(want, x, 1, w)
+	ft := &testing.T{}
+	c := &checker{t: ft, what: "probe", tol: tolMatMul}
+	for i := range got {
+		c.check(i, got[i], want[i], matMag(w, x, 0, i), 1e-30)
+	}
+	if c.fails != 1 {
+		t.Fatalf("%d failures, want 1 (row 3)", c.fails)
+	}
+}
+
+func matMag(w *kernels.Matrix, x []float32, i, r int) float64 {
+	row := make([]float32, w.Cols)
+	w.Row(r, row)
+	var s float64
+	for c, v := range row {
+		s += math.Abs(float64(v) * float64(x[i*w.Cols+c]))
+	}
+	return s
+}
+
+// mmVariant is a way of running products on the backend.
+type mmVariant struct {
+	name string
+	set  func(b *Backend) func() // returns the undo
+}
+
+func mmVariants(b *Backend) []mmVariant {
+	v := []mmVariant{{"default", func(*Backend) func() { return func() {} }}}
+	if b.blas != nil {
+		v = append(v,
+			mmVariant{"own-kernels", func(b *Backend) func() { l := b.blas; b.blas = nil; return func() { b.blas = l } }},
+			mmVariant{"exact-gemm", func(b *Backend) func() { b.exactGEMM = true; return func() { b.exactGEMM = false } }},
+			mmVariant{"cublas-all", func(b *Backend) func() { b.gemvMax = 0; return func() { b.gemvMax = gemvMaxN } }},
+		)
+	}
+	return v
+}
+
+// mmTol is the tolerance of a product of n rows with dtype dt as b runs it now.
+func mmTol(b *Backend, dt kernels.DType, n int) float64 {
+	if n > b.gemvMax && b.blas != nil && !b.exactGEMM {
+		switch dt {
+		case kernels.F16:
+			return tolMatMulF16
+		case kernels.BF16:
+			return tolMatMulBF16
+		}
+	}
+	return tolMatMul
+}
+
+var allDTypes = []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}
+
+func checkMatMul(t *testing.T, b *Backend, what string, w *kernels.Matrix, x []float32, n int, want []float32, worst map[string]float64) {
+	got := make([]float32, n*w.Rows+3)
+	for i := range got {
+		got[i] = 12345
+	}
+	b.MatMul(got, x, n, w)
+	c := &checker{t: t, what: what, tol: mmTol(b, w.DType, n)}
+	for i := range want {
+		c.check(i, got[i], want[i], matMag(w, x, i/w.Rows, i%w.Rows), 1e-30)
+	}
+	for i := n * w.Rows; i < len(got); i++ {
+		if got[i] != 12345 {
+			t.Fatalf("%s: wrote past the output", what)
+		}
+	}
+	if worst != nil {
+		k := fmt.Sprintf("%s tol %.0e", w.DType, c.tol)
+		worst[k] = max(worst[k], c.worst)
+	}
+}
+
+func testMatMul(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	rb := ref.New()
+	colsList := []int{32, 64, 96, 4096, 33, 100, 1056, 1030}
+	rowsList := []int{1, 2, 3, 4, 5, 7, 8, 13, 17}
+	nList := []int{1, 2, 3, 4, 5, 8, 9, 16, 17, 33}
+	if testing.Short() {
+		colsList, rowsList, nList = []int{32, 96, 33, 1056}, []int{1, 5, 13}, []int{1, 3, 8, 9, 17}
+	}
+	worst := map[string]float64{}
+	for _, dt := range allDTypes {
+		for _, cols := range colsList {
+			if dt == kernels.Q8_0 && cols%32 != 0 {
+				continue
+			}
+			for _, rows := range rowsList {
+				w := randMatrix(rng, dt, rows, cols)
+				for _, n := range nList {
+					if cols > 1000 && n*rows > 64 {
+						continue
+					}
+					x := randVec(rng, n*cols, 1)
+					want := make([]float32, n*rows)
+					rb.MatMul(want, x, n, w)
+					for _, v := range mmVariants(b) {
+						undo := v.set(b)
+						checkMatMul(t, b, fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), w, x, n, want, worst)
+						undo()
+					}
+				}
+			}
+		}
+	}
+	for k, v := range worst {
+		t.Logf("worst |err|/Σ|w·x|  %-22s %.2g", k, v)
+	}
+}
+
+// testMatMulBig: grids of many blocks, q8_0 sgemm in several chunks.
+func testMatMulBig(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, dt := range allDTypes {
+		w := randMatrix(rng, dt, 301, 256)
+		for _, n := range []int{1, 6, 40} {
+			x := randVec(rng, n*256, 1)
+			want := make([]float32, n*301)
+			ref.New().MatMul(want, x, n, w)
+			for _, v := range mmVariants(b) {
+				undo := v.set(b)
+				checkMatMul(t, b, fmt.Sprintf("MatMul %s 301x256 n=%d [%s]", dt, n, v.name), w, x, n, want, nil)
+				undo()
+			}
+		}
+	}
+}
+
+func testMatMulUnaligned(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, dt := range allDTypes {
+		w := randMatrix(rng, dt, 9, 64)
+		buf := make([]byte, len(w.Data)+1)
+		copy(buf[1:], w.Data)
+		wu := &kernels.Matrix{DType: dt, Rows: 9, Cols: 64, Data: buf[1:]}
+		for _, n := range []int{5, 12} {
+			x := randVec(rng, n*64, 1)
+			want := make([]float32, n*9)
+			ref.New().MatMul(want, x, n, w)
+			checkMatMul(t, b, fmt.Sprintf("unaligned MatMul %s n=%d", dt, n), wu, x, n, want, nil)
+		}
+	}
+}
+
+func testRMSNorm(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, d := range []int{1, 7, 8, 33, 64, 96, 300, 4096} {
+		for _, n := range []int{1, 2, 5, 17} {
+			x := randVec(rng, n*d, 3)
+			w := randVec(rng, d, 1)
+			want := make([]float32, n*d)
+			ref.New().RMSNorm(want, x, w, n, 1e-5)
+			got := make([]float32, n*d)
+			b.RMSNorm(got, x, w, n, 1e-5)
+			c := &checker{t: t, what: fmt.Sprintf("RMSNorm d=%d n=%d", d, n), tol: tolRMSNorm}
+			for i := range want {
+				c.check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-37)
+			}
+			// In place, as the model's per-head norm calls it.
+			b.RMSNorm(x, x, w, n, 1e-5)
+			for i := range want {
+				if x[i] != got[i] {
+					t.Fatalf("RMSNorm in place d=%d n=%d differs at %d", d, n, i)
+				}
+			}
+		}
+	}
+}
+
+func testRoPE(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	factors := func(n int) []float32 {
+		f := make([]float32, n)
+		for i := range f {
+			f[i] = float32(1 + 7*rng.Float64())
+		}
+		return f
+	}
+	cases := []struct {
+		heads, hd int
+		r         kernels.RoPE
+	}{
+		{4, 64, kernels.RoPE{Dim: 64, Theta: 10000}},
+		{4, 64, kernels.RoPE{Dim: 64, Theta: 10000, NeoX: true}},
+		{3, 128, kernels.RoPE{Dim: 128, Theta: 500000, NeoX: true, Factors: factors(64)}},
+		{3, 128, kernels.RoPE{Dim: 128, Theta: 500000, Factors: factors(64)}},
+		{2, 80, kernels.RoPE{Dim: 32, Theta: 10000, PosScale: 0.25}},
+		{2, 80, kernels.RoPE{Dim: 32, Theta: 10000, PosScale: 0.25, NeoX: true}},
+		{5, 8, kernels.RoPE{Dim: 6, Theta: 1e6, NeoX: true}},
+		{1, 10, kernels.RoPE{Dim: 2, Theta: 10000}},
+	}
+	for ci, c := range cases {
+		for _, ntok := range []int{1, 3, 17} {
+			pos := make([]int32, ntok)
+			for i := range pos {
+				pos[i] = int32(rng.IntN(1 << uint(rng.IntN(18))))
+			}
+			x := randVec(rng, ntok*c.heads*c.hd, 2)
+			want := append([]float32(nil), x...)
+			ref.New().ApplyRoPE(want, pos, c.heads, c.hd, c.r)
+			got := append([]float32(nil), x...)
+			b.ApplyRoPE(got, pos, c.heads, c.hd, c.r)
+			ck := &checker{t: t, what: fmt.Sprintf("RoPE case %d ntok=%d", ci, ntok), tol: tolRoPE}
+			for i := range want {
+				h := i / c.hd
+				var m float64
+				for _, e := range x[h*c.hd : (h+1)*c.hd] {
+					m = max(m, math.Abs(float64(e)))
+				}
+				ck.check(i, got[i], want[i], m, 1e-37)
+			}
+		}
+	}
+}
+
+func testSwiGLUAdd(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	for _, n := range []int{1, 7, 8, 9, 100, 4099, 70000} {
+		g := randVec(rng, n, 4)
+		u := randVec(rng, n, 1)
+		extremes := []float32{0, -0, 100, -100, 1000, -1000, 88, -88, 1e-20, -1e-20, 30, -30}
+		for i := 0; i < len(extremes) && i < n; i++ {
+			g[rng.IntN(n)] = extremes[i]
+		}
+		want := make([]float32, n)
+		ref.New().SwiGLU(want, g, u)
+		wantAdd := make([]float32, n)
+		ref.New().Add(wantAdd, g, u)
+		got := make([]float32, n)
+		b.SwiGLU(got, g, u)
+		c := &checker{t: t, what: fmt.Sprintf("SwiGLU n=%d", n), tol: tolSwiGLU}
+		for i := range want {
+			c.check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-30*math.Abs(float64(u[i])))
+		}
+		b.Add(got, g, u)
+		for i := range wantAdd {
+			if got[i] != wantAdd[i] {
+				t.Fatalf("Add n=%d: element %d: got %g want %g", n, i, got[i], wantAdd[i])
+			}
+		}
+	}
+}
+
+func sameBits(a, b float32) bool {
+	if math.IsNaN(float64(a)) {
+		return math.IsNaN(float64(b))
+	}
+	return math.Float32bits(a) == math.Float32bits(b)
+}
+
+func testEmbed(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, dt := range allDTypes {
+		for _, cols := range []int{32, 96, 4096, 33} {
+			if dt == kernels.Q8_0 && cols%32 != 0 {
+				continue
+			}
+			w := randMatrix(rng, dt, 50, cols)
+			ids := []int32{0, 49, 7, 7, 3, 22, 48}
+			want := make([]float32, len(ids)*cols)
+			ref.New().Embed(want, w, ids)
+			got := make([]float32, len(ids)*cols)
+			b.Embed(got, w, ids)
+			for i := range want {
+				if !sameBits(got[i], want[i]) {
+					t.Fatalf("Embed %s cols=%d: element %d: got %g want %g", dt, cols, i, got[i], want[i])
+				}
+			}
+		}
+	}
+	// Every f16 bit pattern converts as kernels.F16ToF32 does.
+	all := &kernels.Matrix{DType: kernels.F16, Rows: 1, Cols: 65536, Data: make([]byte, 2*65536)}
+	for i := 0; i < 65536; i++ {
+		binary.LittleEndian.PutUint16(all.Data[2*i:], uint16(i))
+	}
+	got := make([]float32, 65536)
+	b.Embed(got, all, []int32{0})
+	for i := range got {
+		if want := kernels.F16ToF32(uint16(i)); !sameBits(got[i], want) {
+			t.Fatalf("f16 %#04x: got %g (%#x), want %g (%#x)", i, got[i], math.Float32bits(got[i]), want, math.Float32bits(want))
+		}
+	}
+}
+
+// attnCase builds a pool whose pages are drawn at random, with random
+// garbage everywhere not written.
+type attnCase struct {
+	kv    kernels.PagedKV
+	seqs  []kernels.AttnSeq
+	q     []float32
+	heads int
+	rows  int
+}
+
+func newAttnCase(rng *rand.Rand, heads, kvHeads, hd, ps int, shapes [][2]int) attnCase {
+	totalPages := 3
+	for _, s := range shapes {
+		totalPages += (s[1] + ps - 1) / ps
+	}
+	kv := kernels.PagedKV{PageSize: ps, Layers: 2, KVHeads: kvHeads, HeadDim: hd}
+	kv.Data = randVec(rng, totalPages*kv.PageFloats(), 1)
+	perm := rng.Perm(totalPages)
+	c := attnCase{kv: kv, heads: heads}
+	for i := len(shapes) - 1; i >= 0; i-- {
+		c.rows += shapes[i][0]
+	}
+	row := c.rows // rows in reverse order: QStart is not monotone
+	for _, s := range shapes {
+		qlen, kvlen := s[0], s[1]
+		pages := make([]int32, (kvlen+ps-1)/ps)
+		for j := range pages {
+			pages[j] = int32(perm[0])
+			perm = perm[1:]
+		}
+		row -= qlen
+		c.seqs = append(c.seqs, kernels.AttnSeq{Pages: pages, QStart: row, QLen: qlen, KVLen: kvlen})
+	}
+	c.q = randVec(rng, c.rows*heads*hd, 1)
+	return c
+}
+
+// inOrder lays the rows out as the model does (QStart increasing from 0).
+func (c attnCase) inOrder() attnCase {
+	r := 0
+	c.seqs = append([]kernels.AttnSeq(nil), c.seqs...)
+	for i := range c.seqs {
+		c.seqs[i].QStart = r
+		r += c.seqs[i].QLen
+	}
+	return c
+}
+
+func checkAttention(t *testing.T, b *Backend, what string, c attnCase, scale float32, worst *float64) {
+	want := make([]float32, len(c.q)+5)
+	ref.New().Attention(want, c.q, c.kv, 1, c.seqs, c.heads, scale)
+	got := make([]float32, len(c.q)+5)
+	for i := range got {
+		got[i] = 777 // rows no sequence covers stay as they were
+	}
+	copy(want[len(c.q):], got[len(c.q):])
+	covered := make([]bool, len(c.q)/(c.heads*c.kv.HeadDim))
+	for _, s := range c.seqs {
+		for r := s.QStart; r < s.QStart+s.QLen; r++ {
+			covered[r] = true
+		}
+	}
+	for r, ok := range covered {
+		if !ok {
+			rs := c.heads * c.kv.HeadDim
+			for i := r * rs; i < (r+1)*rs; i++ {
+				want[i] = 777
+			}
+		}
+	}
+	b.Attention(got, c.q, c.kv, 1, c.seqs, c.heads, scale)
+	ck := &checker{t: t, what: what, tol: tolAttn}
+	for i := range want {
+		ck.check(i, got[i], want[i], 5, 0)
+	}
+	if worst != nil {
+		*worst = max(*worst, ck.worst)
+	}
+}
+
+func testAttention(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	// (QLen, KVLen): decode steps, whole prefills, prefill chunks whose
+	// earlier positions are in earlier pages, a QLen 0 sequence.
+	shapes := [][2]int{{1, 1}, {1, 17}, {1, 150}, {23, 23}, {5, 70}, {0, 5}, {17, 64}, {2, 3}}
+	type geo struct{ heads, kvh int }
+	geos := []geo{{8, 8}, {8, 4}, {8, 2}, {8, 1}, {32, 1}, {12, 4}}
+	var worst float64
+	for _, hd := range []int{8, 64, 128, 12, 256} {
+		for _, g := range geos {
+			for _, ps := range []int{1, 16, 64} {
+				if testing.Short() && (ps == 16 || g.kvh == 4) || (g.heads == 32 || hd == 256) && (ps != 16 || hd != 64 && hd != 256) {
+					continue
+				}
+				c := newAttnCase(rng, g.heads, g.kvh, hd, ps, shapes)
+				scale := float32(1 / math.Sqrt(float64(hd)))
+				if hd == 8 {
+					scale = 3
+				}
+				name := fmt.Sprintf("Attention hd=%d heads=%d/%d ps=%d", hd, g.heads, g.kvh, ps)
+				checkAttention(t, b, name, c, scale, &worst)
+				// Positions cut into parts merged by bk_attn_combine
+				// (including empty parts), and the model's row order.
+				b.forceSplits = 3
+				checkAttention(t, b, name+" splits=3", c.inOrder(), scale, &worst)
+				b.forceSplits = 0
+			}
+		}
+	}
+	t.Logf("worst |err|/5 %.2g", worst)
+}
+
+// testAttentionLong: decode over long contexts, where the backend splits
+// each item's positions by itself.
+func testAttentionLong(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	c := newAttnCase(rng, 4, 1, 64, 16, [][2]int{{1, 3000}, {1, 1200}, {3, 2049}})
+	if s := b.splits(len(planAttention(c.kv, 1, c.seqs, 4, len(c.q), len(c.q)).items)/attnItemFields, 3000); s < 2 {
+		t.Fatalf("a long decode is not split (%d)", s)
+	}
+	checkAttention(t, b, "long decode", c.inOrder(), 0.125, nil)
+}
+
+// testAttentionNaN: NaN in a position a row reads reaches that row; NaN
+// in a position past its causal limit does not.
+func testAttentionNaN(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(33, 34))
+	c := newAttnCase(rng, 4, 2, 16, 4, [][2]int{{3, 10}}).inOrder()
+	s := c.seqs[0]
+	// Position 9 is the last row's own position: only row 2 reads it.
+	p := 9
+	c.kv.Data[c.kv.KOffset(int(s.Pages[p/4]), 1, p%4)] = float32(math.NaN())
+	got := make([]float32, len(c.q))
+	b.Attention(got, c.q, c.kv, 1, c.seqs, 4, 0.25)
+	rs := 4 * 16
+	for r := 0; r < 3; r++ {
+		nan := 0
+		for _, v := range got[r*rs : (r+1)*rs] {
+			if math.IsNaN(float64(v)) {
+				nan++
+			}
+		}
+		// KV head 0 serves query heads 0 and 1: those (16 values each) of row 2.
+		if want := map[bool]int{true: 32, false: 0}[r == 2]; nan != want {
+			t.Fatalf("row %d: %d NaN outputs, want %d", r, nan, want)
+		}
+	}
+}
+
+func testStoreKV(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	kv := kernels.PagedKV{PageSize: 16, Layers: 3, KVHeads: 2, HeadDim: 8}
+	kv.Data = randVec(rng, 5*kv.PageFloats(), 1)
+	want := kv
+	want.Data = append([]float32(nil), kv.Data...)
+	slots := []int32{0, 17, 79, 40, 41}
+	k := randVec(rng, len(slots)*kv.RowFloats(), 1)
+	v := randVec(rng, len(slots)*kv.RowFloats(), 1)
+	ref.New().StoreKV(want, 2, slots, k, v)
+	b.StoreKV(kv, 2, slots, k, v)
+	for i := range want.Data {
+		if kv.Data[i] != want.Data[i] {
+			t.Fatalf("StoreKV host pool: element %d differs", i)
+		}
+	}
+	// The device mirror holds the same pool.
+	for p := int32(0); p < 5; p++ {
+		got, err := b.PackPage(kv, p, 16, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := transfer.Pack(want, p, 16, nil); string(got) != string(w) {
+			t.Fatalf("StoreKV device mirror: page %d differs", p)
+		}
+	}
+}
+
+func testPackUnpack(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	kv := kernels.PagedKV{PageSize: 8, Layers: 4, KVHeads: 3, HeadDim: 4}
+	kv.Data = randVec(rng, 6*kv.PageFloats(), 1)
+	for _, tokens := range []int{0, 1, 5, 8} {
+		got, err := b.PackPage(kv, 4, tokens, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := transfer.Pack(kv, 4, tokens, nil); string(got) != string(want) {
+			t.Fatalf("PackPage %d tokens differs from transfer.Pack", tokens)
+		}
+	}
+	// Unpack a payload into page 2: host pool and mirror, as transfer.Unpack.
+	src := kernels.PagedKV{PageSize: 8, Layers: 4, KVHeads: 3, HeadDim: 4, Data: randVec(rng, kv.PageFloats(), 1)}
+	payload := transfer.Pack(src, 0, 5, nil)
+	want := kv
+	want.Data = append([]float32(nil), kv.Data...)
+	if err := transfer.Unpack(want, 2, 5, payload); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.UnpackPage(kv, 2, 5, payload); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want.Data {
+		if kv.Data[i] != want.Data[i] {
+			t.Fatalf("UnpackPage host pool: element %d differs", i)
+		}
+	}
+	got, _ := b.PackPage(kv, 2, 8, nil)
+	if string(got) != string(transfer.Pack(want, 2, 8, nil)) {
+		t.Fatal("UnpackPage device mirror differs")
+	}
+	if _, err := b.PackPage(kv, 6, 1, nil); err == nil {
+		t.Fatal("PackPage of a page outside the pool")
+	}
+	if err := b.UnpackPage(kv, 1, 5, payload[1:]); err == nil {
+		t.Fatal("UnpackPage of a short payload")
+	}
+}
+
+// testSyncPages: pages written to the host pool behind the backend's back
+// (as transfer.Unpack does on a decode worker) are not seen by attention
+// until SyncPages uploads them.
+func testSyncPages(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	c := newAttnCase(rng, 4, 2, 16, 4, [][2]int{{1, 12}}).inOrder()
+	got := make([]float32, len(c.q))
+	b.Attention(got, c.q, c.kv, 1, c.seqs, 4, 0.25) // creates the mirror
+	pages := c.seqs[0].Pages
+	for _, p := range pages[1:] {
+		for i := range c.kv.PageFloats() {
+			c.kv.Data[int(p)*c.kv.PageFloats()+i] = float32(rng.NormFloat64() * 3)
+		}
+	}
+	want := make([]float32, len(c.q))
+	ref.New().Attention(want, c.q, c.kv, 1, c.seqs, 4, 0.25)
+	b.Attention(got, c.q, c.kv, 1, c.seqs, 4, 0.25)
+	stale := false
+	for i := range want {
+		stale = stale || math.Abs(float64(got[i]-want[i])) > 1e-3
+	}
+	if !stale {
+		t.Fatal("attention saw host writes without SyncPages: the device mirror is not what it reads")
+	}
+	if err := b.SyncPages(c.kv, pages[1:]); err != nil {
+		t.Fatal(err)
+	}
+	checkAttention(t, b, "after SyncPages", c, 0.25, nil)
+	if err := b.SyncPages(c.kv, []int32{-1}); err == nil {
+		t.Fatal("SyncPages of page -1")
+	}
+	// A pool the backend has not seen is uploaded whole.
+	c2 := newAttnCase(rng, 4, 2, 16, 4, [][2]int{{2, 9}}).inOrder()
+	if err := b.SyncPages(c2.kv, c2.seqs[0].Pages[:1]); err != nil {
+		t.Fatal(err)
+	}
+	checkAttention(t, b, "new pool via SyncPages", c2, 0.25, nil)
+}
+
+// testConcurrent: calls from several goroutines are serialised correctly.
+func testConcurrent(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(23, 24))
+	w := randMatrix(rng, kernels.Q8_0, 67, 256)
+	x := randVec(rng, 3*256, 1)
+	want := make([]float32, 3*67)
+	ref.New().MatMul(want, x, 3, w)
+	c := newAttnCase(rng, 8, 2, 64, 16, [][2]int{{1, 40}, {7, 30}})
+	wantA := make([]float32, len(c.q))
+	ref.New().Attention(wantA, c.q, c.kv, 1, c.seqs, 8, 0.125)
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got := make([]float32, len(want))
+			gotA := make([]float32, len(wantA))
+			for it := 0; it < 10; it++ {
+				b.MatMul(got, x, 3, w)
+				b.Attention(gotA, c.q, c.kv, 1, c.seqs, 8, 0.125)
+				for i := range want {
+					if d := math.Abs(float64(got[i] - want[i])); d > 1e-3 {
+						errs <- fmt.Sprintf("MatMul element %d off by %g", i, d)
+						return
+					}
+				}
+				for i := range wantA {
+					if d := math.Abs(float64(gotA[i] - wantA[i])); d > 1e-4 {
+						errs <- fmt.Sprintf("Attention element %d off by %g", i, d)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+func testBadArgs(t *testing.T, b *Backend) {
+	mustPanic := func(what, want string, f func()) {
+		t.Helper()
+		defer func() {
+			r := recover()
+			if r == nil || !strings.Contains(fmt.Sprint(r), want) {
+				t.Errorf("%s: recovered %v, want a panic with %q", what, r, want)
+			}
+		}()
+		f()
+	}
+	w := randMatrix(rand.New(rand.NewPCG(1, 1)), kernels.F32, 4, 32)
+	mustPanic("Embed id", "out of range", func() { b.Embed(make([]float32, 32), w, []int32{4}) })
+	mustPanic("MatMul short x", "MatMul x", func() { b.MatMul(make([]float32, 8), make([]float32, 31), 1, w) })
+	kv := kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 300, Data: make([]float32, 2*4*300*2)}
+	mustPanic("head dim", "head dim 300", func() {
+		b.Attention(make([]float32, 300), make([]float32, 300), kv, 0, []kernels.AttnSeq{{Pages: []int32{0}, QLen: 1, KVLen: 1}}, 1, 1)
+	})
+	kv.HeadDim = 8
+	kv.Data = make([]float32, 2*kv.PageFloats())
+	mustPanic("page", "page 9 out of range", func() {
+		b.Attention(make([]float32, 8), make([]float32, 8), kv, 0, []kernels.AttnSeq{{Pages: []int32{9}, QLen: 1, KVLen: 1}}, 1, 1)
+	})
+	mustPanic("slot", "outside the pool", func() { b.StoreKV(kv, 0, []int32{1000}, make([]float32, 8), make([]float32, 8)) })
+	// The backend still works after refusing.
+	out := make([]float32, 2)
+	b.Add(out, []float32{1, 2}, []float32{3, 4})
+	if out[1] != 6 {
+		t.Fatal("backend broken after a refused call")
+	}
+}
+
+// TestFakeWeightsFreed: device copies of weights and pools are freed once
+// their host memory is garbage collected.
+func TestFakeWeightsFreed(t *testing.T) {
+	b := fakeBackend(t)
+	rng := rand.New(rand.NewPCG(25, 26))
+	func() {
+		for i := 0; i < 5; i++ {
+			w := randMatrix(rng, kernels.F16, 16, 64)
+			b.MatMul(make([]float32, 16), randVec(rng, 64, 1), 1, w)
+			c := newAttnCase(rng, 2, 1, 8, 4, [][2]int{{1, 5}})
+			b.Attention(make([]float32, len(c.q)), c.q, c.kv, 1, c.seqs, 2, 1)
+		}
+	}()
+	if len(b.weights) < 5 || len(b.kvs) < 5 {
+		t.Fatalf("%d weights, %d pools cached", len(b.weights), len(b.kvs))
+	}
+	for i := 0; i < 20 && (len(b.weights) > 0 || len(b.kvs) > 0); i++ {
+		runtime.GC()
+		runtime.Gosched()
+		b.Add(make([]float32, 1), []float32{1}, []float32{1}) // frees what cleanups queued
+	}
+	if len(b.weights) != 0 || len(b.kvs) != 0 {
+		t.Fatalf("after GC: %d weights, %d pools still on the device", len(b.weights), len(b.kvs))
+	}
+}

@@ -1,0 +1,454 @@
+// fakecuda.cc: a fake libcuda.so.1 for the Go tests of internal/kernels/cuda.
+//
+// It implements the part of the CUDA driver API the backend uses on the
+// CPU: "device" memory is host memory (each allocation ends at a
+// PROT_NONE guard page and starts filled with 0xff bytes, a NaN, so reads
+// past the end fault and reads of unwritten memory show), streams are
+// synchronous, and cuLaunchKernel runs the kernels of ../../kernels/baton.cu
+// compiled for the CPU with bk_emu.h (each block's threads as fibers).
+//
+// Environment knobs for the error paths: FAKE_CUDA_DRIVER_VERSION (default
+// 12040), FAKE_CUDA_INIT_ERROR (a CUresult cuInit returns), FAKE_CUDA_DEVICES
+// (default 1), FAKE_CUDA_CC (default "9.0"), FAKE_CUDA_SMS (default 4),
+// FAKE_CUDA_LAUNCH_ERROR (a CUresult every launch returns). Built with
+// -DFAKE_NO_PRIMARY it lacks the primary-context calls (an old or odd driver).
+#include "baton.cu"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+namespace {
+
+// ---- fibers ----
+
+enum State { RUN, WAIT_WARP, WAIT_BLOCK, DONE };
+constexpr size_t kStack = 256 << 10;
+constexpr int kMaxThreads = 1024;
+
+struct Fiber {
+  char* stack = nullptr;
+  State state = DONE;
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t ctx;
+#endif
+};
+
+Fiber fibers[kMaxThreads];
+int nfibers, cur;
+std::function<void()> body;
+std::vector<unsigned char> dynSmem;
+uint64_t warpSlots[kMaxThreads / 32][32];
+const char* failure;  // set when a block cannot finish
+
+#if defined(__x86_64__)
+void* schedSP;
+extern "C" void bk_emu_switch(void** save, void* load);
+asm(R"(
+.text
+.globl bk_emu_switch
+.hidden bk_emu_switch
+.type bk_emu_switch,@function
+bk_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size bk_emu_switch, .-bk_emu_switch
+)");
+void yieldToScheduler() { bk_emu_switch(&fibers[cur].sp, schedSP); }
+void resume(int i) { bk_emu_switch(&schedSP, fibers[i].sp); }
+#else
+ucontext_t schedCtx;
+void yieldToScheduler() { swapcontext(&fibers[cur].ctx, &schedCtx); }
+void resume(int i) { swapcontext(&schedCtx, &fibers[i].ctx); }
+#endif
+
+void fiberMain() {
+  body();
+  fibers[cur].state = DONE;
+  yieldToScheduler();
+  abort();  // a finished fiber is never resumed
+}
+
+void startFiber(int i) {
+  Fiber& f = fibers[i];
+  if (!f.stack) f.stack = static_cast<char*>(malloc(kStack));
+  f.state = RUN;
+#if defined(__x86_64__)
+  uintptr_t top = (reinterpret_cast<uintptr_t>(f.stack) + kStack) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top - 64);
+  for (int k = 0; k < 6; k++) sp[k] = nullptr;  // r15 r14 r13 r12 rbx rbp
+  sp[6] = reinterpret_cast<void*>(&fiberMain);  // "return" address
+  sp[7] = nullptr;
+  f.sp = sp;
+#else
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack;
+  f.ctx.uc_stack.ss_size = kStack;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, fiberMain, 0);
+#endif
+}
+
+void setThreadIdx(int i) {
+  threadIdx.x = i % blockDim.x;
+  threadIdx.y = (i / blockDim.x) % blockDim.y;
+  threadIdx.z = i / (blockDim.x * blockDim.y);
+}
+
+// runBlock runs every thread of the current block to completion.
+bool runBlock() {
+  for (int i = 0; i < nfibers; i++) startFiber(i);
+  memset(dynSmem.data(), 0xff, dynSmem.size());
+  for (;;) {
+    for (int i = 0; i < nfibers; i++) {
+      if (fibers[i].state != RUN) continue;
+      cur = i;
+      setThreadIdx(i);
+      resume(i);
+    }
+    // Everyone is at a barrier or done: release what can go on.
+    bool released = false;
+    for (int w = 0; w * 32 < nfibers; w++) {
+      int live = 0, atWarp = 0;
+      for (int i = w * 32; i < nfibers && i < w * 32 + 32; i++) {
+        if (fibers[i].state != DONE) live++;
+        if (fibers[i].state == WAIT_WARP) atWarp++;
+      }
+      if (live > 0 && atWarp == live) {
+        for (int i = w * 32; i < nfibers && i < w * 32 + 32; i++)
+          if (fibers[i].state == WAIT_WARP) fibers[i].state = RUN;
+        released = true;
+      }
+    }
+    if (released) continue;
+    int live = 0, atBlock = 0;
+    for (int i = 0; i < nfibers; i++) {
+      if (fibers[i].state != DONE) live++;
+      if (fibers[i].state == WAIT_BLOCK) atBlock++;
+    }
+    if (live == 0) return true;
+    if (atBlock != live) {
+      failure = "deadlock: threads of one warp wait at different barriers (divergent shuffle or __syncthreads)";
+      return false;
+    }
+    for (int i = 0; i < nfibers; i++)
+      if (fibers[i].state == WAIT_BLOCK) fibers[i].state = RUN;
+  }
+}
+
+// ---- kernel registry ----
+
+struct Kernel {
+  std::string name;
+  std::function<std::function<void()>(void**)> bind;
+};
+
+template <typename... A, size_t... I>
+std::function<void()> bindArgs(void (*f)(A...), void** p, std::index_sequence<I...>) {
+  // Copy the arguments now, as cuLaunchKernel does.
+  auto args = std::make_tuple(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(p[I])...);
+  return [f, args]() { f(std::get<I>(args)...); };
+}
+
+template <typename... A>
+Kernel makeKernel(const char* name, void (*f)(A...)) {
+  return Kernel{name, [f](void** p) { return bindArgs(f, p, std::index_sequence_for<A...>{}); }};
+}
+
+std::vector<Kernel>& registry() {
+  static std::vector<Kernel> r = {
+#define BK_REG(k) makeKernel(#k, k),
+      BK_KERNELS(BK_REG)
+#undef BK_REG
+  };
+  return r;
+}
+
+// ---- memory ----
+
+struct Alloc {
+  void* map;
+  size_t mapLen;
+};
+std::mutex mu;  // one launch or allocation at a time
+std::map<CUdeviceptr, Alloc> allocs;
+
+int envInt(const char* name, int def) {
+  const char* v = getenv(name);
+  return v && *v ? atoi(v) : def;
+}
+
+struct Event {
+  std::chrono::steady_clock::time_point t;
+};
+
+}  // namespace
+
+void* bk_emu_dyn_smem() { return dynSmem.data(); }
+
+void __syncthreads() {
+  fibers[cur].state = WAIT_BLOCK;
+  yieldToScheduler();
+}
+
+void bk_emu_syncwarp(unsigned mask) {
+  if (mask != 0xffffffffu) {
+    fprintf(stderr, "fakecuda: shuffle with a partial mask %#x is not emulated\n", mask);
+    abort();
+  }
+  fibers[cur].state = WAIT_WARP;
+  yieldToScheduler();
+}
+
+uint64_t* bk_emu_warp_slots() {
+  unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  return warpSlots[tid / 32];
+}
+
+extern "C" {
+
+CUresult cuDriverGetVersion(int* v) {
+  *v = envInt("FAKE_CUDA_DRIVER_VERSION", 12040);
+  return 0;
+}
+CUresult cuInit(unsigned) { return envInt("FAKE_CUDA_INIT_ERROR", 0); }
+CUresult cuDeviceGetCount(int* n) {
+  *n = envInt("FAKE_CUDA_DEVICES", 1);
+  return 0;
+}
+CUresult cuDeviceGet(int* d, int i) {
+  if (i < 0 || i >= envInt("FAKE_CUDA_DEVICES", 1)) return 101;  // CUDA_ERROR_INVALID_DEVICE
+  *d = i;
+  return 0;
+}
+CUresult cuDeviceGetAttribute(int* v, int attr, int) {
+  const char* cc = getenv("FAKE_CUDA_CC");
+  int major = 9, minor = 0;
+  if (cc && *cc) sscanf(cc, "%d.%d", &major, &minor);
+  switch (attr) {
+    case 75: *v = major; break;
+    case 76: *v = minor; break;
+    case 16: *v = envInt("FAKE_CUDA_SMS", 4); break;
+    case 8: *v = 48 << 10; break;
+    default: *v = 0;
+  }
+  return 0;
+}
+CUresult cuDeviceGetName(char* name, int len, int) {
+  snprintf(name, len, "Fake CUDA device (CPU emulation)");
+  return 0;
+}
+CUresult cuDeviceTotalMem_v2(size_t* b, int) {
+  struct sysinfo si;
+  sysinfo(&si);
+  *b = (size_t)si.totalram * si.mem_unit;
+  return 0;
+}
+CUresult cuMemGetInfo_v2(size_t* freeB, size_t* total) {
+  struct sysinfo si;
+  sysinfo(&si);
+  *freeB = (size_t)si.freeram * si.mem_unit;
+  *total = (size_t)si.totalram * si.mem_unit;
+  return 0;
+}
+CUresult cuCtxCreate_v2(void** ctx, unsigned, int) {
+  *ctx = new int(1);
+  return 0;
+}
+CUresult cuCtxDestroy_v2(void* ctx) {
+  delete static_cast<int*>(ctx);
+  return 0;
+}
+CUresult cuCtxSetCurrent(void* ctx) { return ctx ? 0 : 201; }  // CUDA_ERROR_INVALID_CONTEXT
+// The primary context, refcounted; left out with -DFAKE_NO_PRIMARY.
+#ifndef FAKE_NO_PRIMARY
+int primaryRefs;
+CUresult cuDevicePrimaryCtxRetain(void** ctx, int) {
+  static int primary = 1;
+  primaryRefs++;
+  *ctx = &primary;
+  return 0;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(int) {
+  if (primaryRefs <= 0) return 201;
+  primaryRefs--;
+  return 0;
+}
+#endif
+CUresult cuModuleLoadData(void** mod, const void*) {
+  *mod = new int(2);
+  return 0;
+}
+CUresult cuModuleUnload(void* mod) {
+  delete static_cast<int*>(mod);
+  return 0;
+}
+CUresult cuModuleGetFunction(void** fn, void*, const char* name) {
+  for (Kernel& k : registry()) {
+    if (k.name == name) {
+      *fn = &k;
+      return 0;
+    }
+  }
+  return 500;  // CUDA_ERROR_NOT_FOUND
+}
+CUresult cuFuncSetAttribute(void*, int, int) { return 0; }
+
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
+  if (n == 0) return 1;
+  std::lock_guard<std::mutex> l(mu);
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t body = (n + 15) & ~size_t(15);
+  size_t len = (body + page - 1) / page * page + page;
+  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+  char* guard = static_cast<char*>(m) + len - page;
+  mprotect(guard, page, PROT_NONE);
+  char* start = guard - body;
+  memset(start, 0xff, body);
+  allocs[reinterpret_cast<CUdeviceptr>(start)] = Alloc{m, len};
+  *p = reinterpret_cast<CUdeviceptr>(start);
+  return 0;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  std::lock_guard<std::mutex> l(mu);
+  auto it = allocs.find(p);
+  if (it == allocs.end()) return 1;  // CUDA_ERROR_INVALID_VALUE
+  munmap(it->second.map, it->second.mapLen);
+  allocs.erase(it);
+  return 0;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) {
+  memcpy(reinterpret_cast<void*>(d), s, n);
+  return 0;
+}
+CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
+  memcpy(d, reinterpret_cast<void*>(s), n);
+  return 0;
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+  memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
+  return 0;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) { return cuMemcpyHtoD_v2(d, s, n); }
+CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) { return cuMemcpyDtoH_v2(d, s, n); }
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) { return cuMemcpyDtoD_v2(d, s, n); }
+CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void*) {
+  unsigned* p = reinterpret_cast<unsigned*>(d);
+  for (size_t i = 0; i < n; i++) p[i] = v;
+  return 0;
+}
+
+CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, void*, void** params, void** extra) {
+  if (int e = envInt("FAKE_CUDA_LAUNCH_ERROR", 0)) return e;
+  if (!fn || !params || extra) return 1;
+  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > (unsigned)kMaxThreads ||
+      gy > 65535 || gz > 65535 || smem > (48u << 10))
+    return 1;  // CUDA_ERROR_INVALID_VALUE, as a GPU would refuse the launch
+  std::lock_guard<std::mutex> l(mu);
+  Kernel* k = static_cast<Kernel*>(fn);
+  body = k->bind(params);
+  gridDim = dim3{gx, gy, gz};
+  blockDim = dim3{bx, by, bz};
+  nfibers = (int)(bx * by * bz);
+  dynSmem.assign(smem, 0xff);
+  for (unsigned z = 0; z < gz; z++)
+    for (unsigned y = 0; y < gy; y++)
+      for (unsigned x = 0; x < gx; x++) {
+        blockIdx = dim3{x, y, z};
+        if (!runBlock()) {
+          fprintf(stderr, "fakecuda: %s in %s block (%u,%u,%u)\n", failure, k->name.c_str(), x, y, z);
+          abort();
+        }
+      }
+  return 0;
+}
+
+CUresult cuStreamCreate(void** s, unsigned) {
+  *s = new int(3);
+  return 0;
+}
+CUresult cuStreamDestroy_v2(void* s) {
+  delete static_cast<int*>(s);
+  return 0;
+}
+CUresult cuStreamSynchronize(void*) { return 0; }
+CUresult cuEventCreate(void** e, unsigned) {
+  *e = new Event();
+  return 0;
+}
+CUresult cuEventDestroy_v2(void* e) {
+  delete static_cast<Event*>(e);
+  return 0;
+}
+CUresult cuEventRecord(void* e, void*) {
+  static_cast<Event*>(e)->t = std::chrono::steady_clock::now();
+  return 0;
+}
+CUresult cuEventSynchronize(void*) { return 0; }
+CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
+  *ms = std::chrono::duration<float, std::milli>(static_cast<Event*>(b)->t - static_cast<Event*>(a)->t).count();
+  return 0;
+}
+CUresult cuMemHostAlloc(void** p, size_t n, unsigned) {
+  *p = malloc(n ? n : 1);
+  return *p ? 0 : 2;
+}
+CUresult cuMemFreeHost(void* p) {
+  free(p);
+  return 0;
+}
+CUresult cuMemHostRegister_v2(void*, size_t, unsigned) { return 0; }
+CUresult cuMemHostUnregister(void*) { return 0; }
+
+CUresult cuGetErrorString(CUresult e, const char** s) {
+  switch (e) {
+    case 0: *s = "no error"; break;
+    case 1: *s = "invalid argument"; break;
+    case 2: *s = "out of memory"; break;
+    case 100: *s = "no CUDA-capable device is detected"; break;
+    case 101: *s = "invalid device ordinal"; break;
+    case 500: *s = "named symbol not found"; break;
+    case 700: *s = "an illegal memory access was encountered"; break;
+    default: *s = "unknown error"; return 1;
+  }
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,42 @@
+# kernels.mk: the CUDA kernels and the GPU test kit (included by the Makefile).
+#
+#   make kernels        rebuild internal/kernels/cuda/kernels.fatbin (sm_80, sm_90
+#                       and compute_90 PTX) and kernels.sha256, the stamp of the
+#                       sources it was built from; commit both. Needs nvcc (CUDA
+#                       11.8+; Debian: nvidia-cuda-toolkit from non-free).
+#   make kernels-check  fail when the sources differ from the stamp (no nvcc needed;
+#                       the same check runs in go test ./internal/kernels/cuda).
+#   make gpu-test-bins  build what test/gpu/run.sh needs into test/gpu/bin/ on a
+#                       machine with Go (no GPU, no CUDA toolkit).
+
+GO           ?= go
+NVCC         ?= nvcc
+CUDA_PKG     := internal/kernels/cuda
+CUDA_SRC     := $(CUDA_PKG)/kernels
+CUDA_SOURCES := $(sort $(wildcard $(CUDA_SRC)/*.cu $(CUDA_SRC)/*.cuh))
+NVCC_FLAGS   ?= -O3 -std=c++14 \
+	-gencode arch=compute_80,code=sm_80 \
+	-gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+
+# The stamp: sha256 of `sha256sum` over the .cu/.cuh files in byte order of
+# their names ("<hex>  <name>" lines), as kernelSourceHash in the Go test.
+CUDA_STAMP = cd $(CUDA_SRC) && printf '%s\n' *.cu *.cuh | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1
+
+.PHONY: kernels kernels-check gpu-test-bins
+
+kernels: $(CUDA_SOURCES)
+	$(NVCC) -fatbin $(NVCC_FLAGS) -o $(CUDA_PKG)/kernels.fatbin $(CUDA_SRC)/baton.cu
+	$(CUDA_STAMP) > ../kernels.sha256
+	@echo "built $(CUDA_PKG)/kernels.fatbin ($$(wc -c < $(CUDA_PKG)/kernels.fatbin) bytes), stamp $$(cat $(CUDA_PKG)/kernels.sha256)"
+
+kernels-check:
+	@want=$$(cat $(CUDA_PKG)/kernels.sha256); have=$$($(CUDA_STAMP)); \
+	if [ "$$want" != "$$have" ]; then echo "kernel sources changed since kernels.fatbin was built ($$have, stamp $$want): run make kernels"; exit 1; fi
+
+gpu-test-bins:
+	mkdir -p test/gpu/bin
+	$(GO) build -o test/gpu/bin/baton ./cmd/baton
+	$(GO) test -c -o test/gpu/bin/cuda.test ./$(CUDA_PKG)
+	$(GO) test -c -o test/gpu/bin/gpu.test ./test/gpu
+	@ls -l test/gpu/bin

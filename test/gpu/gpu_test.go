@@ -1,0 +1,186 @@
+package gpu
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/cuda"
+	"github.com/batonlm/baton/internal/kernels/ref"
+	"github.com/batonlm/baton/internal/model"
+)
+
+// llama1B is a Llama-3.2-1B-shaped config: about 1.24 billion parameters.
+func llama1B() model.Config {
+	return model.Config{Arch: "llama", Name: "dummy-1b", Vocab: 128256, Dim: 2048, Layers: 16, Heads: 32, KVHeads: 8,
+		HeadDim: 64, FF: 8192, ContextLength: 4096, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 500000},
+		TieEmbeddings: true}
+}
+
+func matrices(w *model.Weights) []*kernels.Matrix {
+	ms := []*kernels.Matrix{w.Embed, w.Output}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+	}
+	return ms
+}
+
+// pool makes a KV pool of seqs sequences of up to tokens positions each.
+func pool(c *model.Config, seqs, tokens int) (kernels.PagedKV, [][]int32) {
+	const ps = 16
+	kv := kernels.PagedKV{PageSize: ps, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+	per := (tokens + ps - 1) / ps
+	kv.Data = make([]float32, seqs*per*kv.PageFloats())
+	tables := make([][]int32, seqs)
+	for s := range tables {
+		for p := 0; p < per; p++ {
+			tables[s] = append(tables[s], int32(s*per+p))
+		}
+	}
+	return kv, tables
+}
+
+func checkLogits(t testing.TB, logits []float32) {
+	for i, v := range logits {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			t.Fatalf("logit %d is %g", i, v)
+		}
+	}
+}
+
+// prefill is batch sequences of plen prompt tokens each, in one step.
+func prefill(c *model.Config, batch, plen int) (*model.Batch, kernels.PagedKV) {
+	kv, tables := pool(c, batch, plen)
+	bt := &model.Batch{}
+	for s := 0; s < batch; s++ {
+		q0 := len(bt.Tokens)
+		for p := 0; p < plen; p++ {
+			bt.Tokens = append(bt.Tokens, int32((s*7919+p*31)%c.Vocab))
+			bt.Positions = append(bt.Positions, int32(p))
+			bt.Slots = append(bt.Slots, tables[s][p/16]*16+int32(p%16))
+		}
+		bt.Seqs = append(bt.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: q0, QLen: plen, KVLen: plen})
+	}
+	return bt, kv
+}
+
+// decode is one new token for each of batch sequences at position ctx.
+func decode(c *model.Config, batch, ctx int) (*model.Batch, kernels.PagedKV) {
+	kv, tables := pool(c, batch, ctx+1)
+	bt := &model.Batch{}
+	for s := 0; s < batch; s++ {
+		bt.Tokens = append(bt.Tokens, int32((s*13+5)%c.Vocab))
+		bt.Positions = append(bt.Positions, int32(ctx))
+		bt.Slots = append(bt.Slots, tables[s][ctx/16]*16+int32(ctx%16))
+		bt.Seqs = append(bt.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: s, QLen: 1, KVLen: ctx + 1})
+	}
+	return bt, kv
+}
+
+// BenchmarkGPUModel1B: tokens per second of a dummy 1B model with f16
+// weights on GPU 0, prefill (batch 1 x 512 prompt tokens, batch 32 x 128)
+// and decode (one token per sequence at context 512, batch 1 and 32).
+// Every call copies activations host <-> device: these figures include
+// that cost.
+func BenchmarkGPUModel1B(b *testing.B) {
+	be, err := cuda.Open(0)
+	if err != nil {
+		if os.Getenv("BATON_REQUIRE_GPU") == "1" {
+			b.Fatalf("BATON_REQUIRE_GPU=1 and cuda.Open(0): %v", err)
+		}
+		b.Skipf("no usable CUDA GPU here (%v): run on a GPU machine (test/gpu/run.sh)", err)
+	}
+	defer be.Close()
+	c := llama1B()
+	start := time.Now()
+	w, err := model.DummyWeights(&c, kernels.F16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	built := time.Since(start)
+	if err := be.Preload(matrices(w)...); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("dummy 1B: %.2fB params, f16; built in %v, uploaded in %v; %s", float64(w.Params())/1e9, built,
+		time.Since(start)-built, be.Describe())
+	m := model.New(c, w, be)
+	for _, batch := range []int{1, 32} {
+		plen := map[int]int{1: 512, 32: 128}[batch]
+		b.Run(fmt.Sprintf("prefill/batch%d/prompt%d", batch, plen), func(b *testing.B) {
+			bt, kv := prefill(&c, batch, plen)
+			logits, err := m.Forward(bt, kv)
+			if err != nil {
+				b.Fatal(err)
+			}
+			checkLogits(b, logits)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := m.Forward(bt, kv); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(batch*plen*b.N)/b.Elapsed().Seconds(), "tok/s")
+		})
+		b.Run(fmt.Sprintf("decode/batch%d/ctx512", batch), func(b *testing.B) {
+			bt, kv := decode(&c, batch, 512)
+			logits, err := m.Forward(bt, kv)
+			if err != nil {
+				b.Fatal(err)
+			}
+			checkLogits(b, logits)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := m.Forward(bt, kv); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(batch*b.N)/b.Elapsed().Seconds(), "tok/s")
+		})
+	}
+}
+
+// TestParams keeps the benchmark's model at about a billion parameters.
+func TestParams(t *testing.T) {
+	c := llama1B()
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	params := c.Vocab*c.Dim + c.Layers*(c.Dim*qd+2*c.Dim*kvd+qd*c.Dim+3*c.Dim*c.FF)
+	if params < 1.0e9 || params > 1.5e9 {
+		t.Fatalf("%d parameters", params)
+	}
+	t.Logf("%.3fB parameters in the matrices", float64(params)/1e9)
+}
+
+// TestBatchesSmoke runs the benchmark's batches through a tiny model on the
+// reference backend, so their construction is checked without a GPU.
+func TestBatchesSmoke(t *testing.T) {
+	c := model.Config{Arch: "llama", Vocab: 300, Dim: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, FF: 64,
+		ContextLength: 64, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 8, Theta: 10000}, TieEmbeddings: true}
+	w, err := model.DummyWeights(&c, kernels.F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := model.New(c, w, ref.New())
+	if got := len(matrices(w)); got != 2+7*c.Layers {
+		t.Fatalf("%d matrices", got)
+	}
+	for _, batch := range []int{1, 3} {
+		for _, mk := range []func() (*model.Batch, kernels.PagedKV){
+			func() (*model.Batch, kernels.PagedKV) { return prefill(&c, batch, 20) },
+			func() (*model.Batch, kernels.PagedKV) { return decode(&c, batch, 40) },
+		} {
+			bt, kv := mk()
+			logits, err := m.Forward(bt, kv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(logits) != batch*c.Vocab {
+				t.Fatalf("%d logits", len(logits))
+			}
+			checkLogits(t, logits)
+		}
+	}
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# test/gpu/run.sh: the GPU checks of the CUDA backend, on a machine with an
+# NVIDIA GPU (driver for CUDA 11.8 or newer), in under 8 minutes.
+#
+# It needs no Go and no CUDA toolkit: build the binaries on a machine with Go
+# first (`make gpu-test-bins` -> test/gpu/bin/) and carry test/gpu/bin along
+# with the working tree. cuBLAS is found as libcublas.so.12/.13/.11 on the
+# loader's path or in /usr/local/cuda/lib64 (without it products run on the
+# backend's own kernels, and the log says so).
+#
+# Steps (each with a time limit; logs and a summary go to $OUT, default a
+# new temporary directory):
+#   1. device      the driver, GPU and cuBLAS the backend finds
+#   2. kernels     parity of every kernel with the reference on random inputs
+#                  (tolerances in internal/kernels/cuda/parity_test.go), the
+#                  stories260K greedy reference, dummy models of every dtype
+#   3. bandwidth   paged decode attention GB/s against cuMemcpyDtoD, and the
+#                  gemv / cuBLAS products in GB/s of weights
+#   4. model       dummy 1B (f16) prefill and decode tokens/s, batch 1 and 32
+#
+# Exit status: 0 when every step passed; the GPU tests must not skip here.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BIN=$ROOT/test/gpu/bin
+OUT=${OUT:-$(mktemp -d /tmp/baton-gpu.XXXXXX)}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
+# The GPU tests fail, rather than skip, when the GPU cannot be opened.
+export BATON_REQUIRE_GPU=1
+
+for f in cuda.test gpu.test; do
+  if [ ! -x "$BIN/$f" ]; then
+    echo "missing $BIN/$f: run 'make gpu-test-bins' on a machine with Go and carry test/gpu/bin" >&2
+    exit 2
+  fi
+done
+
+failed=()
+# step NAME LIMIT_SECONDS DIR COMMAND...: run COMMAND in DIR, log to $OUT/NAME.log.
+step() {
+  local name=$1 limit=$2 dir=$3
+  shift 3
+  echo "=== $name (limit ${limit}s)"
+  local t0=$SECONDS
+  (cd "$dir" && timeout --kill-after=10 "$limit" "$@") >"$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -E '^(---|ok|FAIL|PASS|Benchmark|panic)|worst|tokens match|Describe|device|dummy 1B|GB/s|tok/s' "$OUT/$name.log" | grep -v '^=== RUN' | tail -n 60
+  if grep -q -- '--- SKIP: \(TestGPU\|BenchmarkGPU\)' "$OUT/$name.log"; then
+    echo "!!! $name: GPU tests skipped on the GPU machine:"
+    grep -A1 -- '--- SKIP' "$OUT/$name.log" | head -n 4
+    rc=1
+  fi
+  echo "=== $name: rc=$rc in $((SECONDS - t0))s"
+  [ $rc -eq 0 ] || failed+=("$name")
+}
+
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$OUT/nvidia-smi.log" 2>&1
+  cat "$OUT/nvidia-smi.log"
+fi
+if [ -x "$BIN/baton" ]; then
+  timeout 30 "$BIN/baton" env >"$OUT/env.log" 2>&1 || echo "(baton env failed: see $OUT/env.log)"
+fi
+
+step device 60 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^(TestOpenHere|TestFatbinStamp)$' -test.v
+step kernels 240 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^TestGPU' -test.v -test.timeout 230s
+step bandwidth 120 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x -test.v -test.timeout 110s
+step model 180 "$ROOT/test/gpu" "$BIN/gpu.test" -test.run '^$' -test.bench 'GPUModel1B' -test.benchtime 3x -test.v -test.timeout 170s
+
+{
+  echo "baton GPU run $(date -u +%FT%TZ)"
+  cat "$OUT/nvidia-smi.log" 2>/dev/null
+  grep -h -E 'TestOpenHere|open_test' "$OUT/device.log"
+  grep -h -E '^(--- (PASS|FAIL|SKIP)|ok|FAIL)' "$OUT/kernels.log"
+  grep -h -E 'worst|tokens match' "$OUT/kernels.log"
+  grep -h -E '^Benchmark' "$OUT/bandwidth.log" "$OUT/model.log"
+  grep -h 'dummy 1B' "$OUT/model.log"
+  if [ ${#failed[@]} -eq 0 ]; then echo "ALL PASSED"; else echo "FAILED: ${failed[*]}"; fi
+} >"$OUT/summary.txt"
+echo
+cat "$OUT/summary.txt"
+echo "logs: $OUT"
+[ ${#failed[@]} -eq 0 ]
