@@ -29,6 +29,10 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if f.servedName != "" {
 		name = f.servedName
 	}
+	tmpl, err := chatTemplate(f, tok, log)
+	if err != nil {
+		return err
+	}
 	ms := metrics.New("router")
 	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy, APIKey: f.apiKey, Metrics: ms, Logger: log})
 	if err != nil {
@@ -42,7 +46,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	log.Info("router", "model", name, "prefill", f.prefillURLs, "decode", f.decodeURLs, "policy", f.policy,
 		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
 	srv := server.New(server.Options{
-		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: chatTemplate(tok, log), Generator: rt, Metrics: ms,
+		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms,
 		Info: map[string]any{"role": "router", "model": name, "policy": f.policy},
 		LiveInfo: func() map[string]any {
 			p, s := rt.Capacity()

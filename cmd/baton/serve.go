@@ -39,6 +39,7 @@ type serveFlags struct {
 	port            int
 	servedName      string
 	tokenizerPath   string
+	chatTemplate    string
 	contextLength   int
 	pageSize        int
 	maxTotalTokens  int
@@ -105,6 +106,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
 	fs.IntVar(&f.port, "port", 8000, "port to listen on (0: any free port)")
 	fs.StringVar(&f.tokenizerPath, "tokenizer", "", "take the tokenizer from this GGUF file or Hugging Face directory instead of the model's")
+	fs.StringVar(&f.chatTemplate, "chat-template", "", "Jinja chat template file to use instead of the model's")
 	fs.StringVar(&f.servedName, "served-model-name", "", "model name clients use (default: the model file's base name)")
 	fs.IntVar(&f.contextLength, "context-length", 0, "maximum sequence length (default: the model's)")
 	fs.IntVar(&f.pageSize, "page-size", 16, "tokens per KV page")
@@ -359,15 +361,29 @@ func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.S
 	}, ms)
 }
 
-func chatTemplate(tok *tokenizer.Tokenizer, log *slog.Logger) *chat.Template {
+// chatTemplate is --chat-template when given, else the model's own template,
+// else the plain fallback.
+func chatTemplate(f *serveFlags, tok *tokenizer.Tokenizer, log *slog.Logger) (*chat.Template, error) {
+	bos, eos := tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS())
+	if f.chatTemplate != "" {
+		src, err := os.ReadFile(f.chatTemplate)
+		if err != nil {
+			return nil, fmt.Errorf("--chat-template: %w", err)
+		}
+		t, err := chat.New(string(src), bos, eos)
+		if err != nil {
+			return nil, fmt.Errorf("--chat-template %s: %w", f.chatTemplate, err)
+		}
+		return t, nil
+	}
 	if src := tok.ChatTemplate(); src != "" {
-		t, err := chat.New(src, tok.TokenText(tok.BOS()), tok.TokenText(tok.EOS()))
+		t, err := chat.New(src, bos, eos)
 		if err == nil {
-			return t
+			return t, nil
 		}
 		log.Warn("the model's chat template does not parse; using the plain fallback", "err", err)
 	}
-	return chat.Plain()
+	return chat.Plain(), nil
 }
 
 func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
@@ -376,10 +392,14 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	defer le.close()
+	tmpl, err := chatTemplate(f, le.tok, le.log)
+	if err != nil {
+		return err
+	}
 	ms := metrics.New("standalone")
 	eng := le.engine(f, scheduler.RoleStandalone, ms)
 	srv := server.New(server.Options{
-		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: chatTemplate(le.tok, le.log), Generator: server.EngineGenerator{Engine: eng},
+		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
 		Metrics: ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
 			"kv_pool_tokens": le.plan.pages * le.plan.pageSize, "kv_pool_pages": le.plan.pages, "page_size": le.plan.pageSize, "model": le.name},
 		LiveInfo: func() map[string]any {

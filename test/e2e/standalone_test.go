@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os/exec"
 	"os"
 	"path/filepath"
 	"strings"
@@ -402,5 +403,32 @@ func TestTokenizerFlag(t *testing.T) {
 	var c completion
 	if err := json.Unmarshal(body, &c); err != nil || code != 200 || c.Usage.PromptTokens != 3 || c.Usage.CompletionTokens != 8 || c.Choices[0].Text == "" {
 		t.Fatalf("%d %s", code, body)
+	}
+}
+
+// --chat-template replaces the model's template (here: the plain fallback).
+func TestChatTemplateFlag(t *testing.T) {
+	tmpl := filepath.Join(t.TempDir(), "t.jinja")
+	if err := os.WriteFile(tmpl, []byte("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, "--chat-template", tmpl)
+	code, _, body := post(t, s.URL+"/v1/chat/completions", `{"model":"stories260K","messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":64,"temperature":0}`)
+	ref := loadReference(t)
+	var c struct {
+		Choices []struct{ Message struct{ Content string } } `json:"choices"`
+		Usage   struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	// The template renders "<s>Once upon a time": the reference prompt exactly.
+	if err := json.Unmarshal(body, &c); err != nil || code != 200 || c.Usage.PromptTokens != 5 || c.Choices[0].Message.Content != ref.GeneratedText {
+		t.Fatalf("%d %s", code, body)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.jinja")
+	_ = os.WriteFile(bad, []byte("{% for %}"), 0o644)
+	out, err := exec.Command(batonBinary(t), "serve", "--chat-template", bad, "--port", "0").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--chat-template") {
+		t.Fatalf("a broken template started: %v %s", err, out)
 	}
 }
