@@ -63,6 +63,39 @@ type Sink interface {
 	Closed(k Key, proof string)
 }
 
+// Admitter is implemented by a Sink given to a one-sided receiver (see
+// OneSided), which calls Admit once when a session opens, before the
+// sender is given the means to write (the remote key): an error refuses
+// the session (its writes come back from Flush as ErrRefused, carrying the
+// error's text), and pages are the reservation's page ids in order, index
+// i to pages[i]. The sender then refuses, before any byte moves, a write
+// whose page is not pages[Index], whose token count is outside 1..page
+// size, or whose payload is not PackedSize. This is the one-sided form of
+// the Write gate: it stops a confused sender, not a hostile one (whoever
+// holds the remote key can write anywhere in the registered memory).
+type Admitter interface {
+	Admit(k Key) (pages []int32, err error)
+}
+
+// OneSided is implemented by a Receiver whose senders write straight into
+// the decode side's registered memory (one-sided puts: ucx). Its Sink's
+// Write is never called, since no frame reaches the decode side, so the
+// decode worker learns what landed from the memory itself: at Commit it
+// recomputes each page's Checksum over the page contents (Pack of the
+// written slots) and marks the pages written only if every one matches.
+// Sink.Closed still comes at most once per session, and only with a proof
+// (see the transport); a session that ends without one gets no Closed, and
+// its pages wait for the writer's Drained.
+type OneSided interface {
+	OneSided() bool
+}
+
+// IsOneSided says whether r is a one-sided receiver.
+func IsOneSided(r Receiver) bool {
+	o, ok := r.(OneSided)
+	return ok && o.OneSided()
+}
+
 // Receiver is the decode side of a transport.
 type Receiver interface {
 	// Addr is where senders connect (goes into the Reserve reply).

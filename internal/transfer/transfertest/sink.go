@@ -53,6 +53,27 @@ func newSink(kv kernels.PagedKV) *sink {
 // side's memory rather than copy through Write.
 func (s *sink) KV() kernels.PagedKV { return s.kv }
 
+// poison fills the whole buffer with NaN again.
+func (s *sink) poison() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.kv.Data {
+		s.kv.Data[i] = float32(math.NaN())
+	}
+}
+
+// Admit implements transfer.Admitter: a one-sided receiver asks it before
+// its sender gets the means to write.
+func (s *sink) Admit(k transfer.Key) ([]int32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pages, ok := s.res[k]
+	if !ok {
+		return nil, fmt.Errorf("no live reservation for %v", k)
+	}
+	return append([]int32(nil), pages...), nil
+}
+
 func (s *sink) reserve(k transfer.Key, pages []int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -35,8 +36,10 @@ const MaxInFlight = 48 << 20
 
 // Run checks a transport. mk starts a receiver that passes every write to
 // sink, and a sender that can reach it; Run closes the receiver itself
-// (once). The sink also has a method KV() kernels.PagedKV, the buffer
-// pages land in, for transports that register the decode side's memory.
+// (once), then the sender if it has a Close() error method. The sink also
+// has a method KV() kernels.PagedKV, the buffer pages land in, for
+// transports that register the decode side's memory, and implements
+// transfer.Admitter.
 //
 // Checks: pages land byte-exactly for several page sizes and partial last
 // pages; Flush returns only after every earlier write reached the sink,
@@ -47,7 +50,30 @@ const MaxInFlight = 48 << 20
 // mix pages; a slow sink makes Write block instead of buffering without
 // bound (MaxInFlight); and every goroutine started is gone afterwards.
 // The subtests run one at a time so that goroutine counts mean something.
+//
+// A one-sided receiver (transfer.OneSided) never calls Sink.Write, so the
+// checks that count the sink's writes are replaced by checks on the
+// memory: pages land bit-exactly by the time Flush returns (the KV is
+// poisoned again between rounds, so a second round must land anew), a
+// refused write leaves its page poisoned, nothing changes in the memory
+// after Close returns, and Closed comes at most once for an aborted
+// session (only a proof may bring it). The backpressure check, which needs
+// a slow Sink.Write, is skipped.
 func Run(t *testing.T, mk func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender)) {
+	RunWith(t, Options{}, mk)
+}
+
+// Options adapt Run to a transport.
+type Options struct {
+	// Alloc, if set, provides the decode side's KV memory (floats
+	// float32s) instead of a Go slice: for transports that need memory
+	// they allocated themselves. The harness poisons it with NaN.
+	Alloc func(t *testing.T, floats int) []float32
+}
+
+// RunWith is Run with options.
+func RunWith(t *testing.T, o Options, mkf func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender)) {
+	mk := suite{mk: mkf, alloc: o.Alloc}
 	t.Run("PagesLandExactly", func(t *testing.T) { testExact(t, mk) })
 	t.Run("FlushWaitsForWrites", func(t *testing.T) { testFlushWaits(t, mk) })
 	t.Run("RefusedWrites", func(t *testing.T) { testRefused(t, mk) })
@@ -59,6 +85,13 @@ func Run(t *testing.T, mk func(t *testing.T, sink transfer.Sink) (transfer.Recei
 
 type mkFunc = func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender)
 
+// suite is what every check gets: how to make the transport, and how to
+// allocate the decode side's memory.
+type suite struct {
+	mk    mkFunc
+	alloc func(t *testing.T, floats int) []float32
+}
+
 // waitLong bounds anything that should be quick, so that a hang fails the
 // test with a message instead of running into the go test timeout.
 const waitLong = 20 * time.Second
@@ -68,6 +101,8 @@ type harness struct {
 	sink *sink
 	recv transfer.Receiver
 	send transfer.Sender
+	// oneSided: the receiver never calls Sink.Write (transfer.OneSided).
+	oneSided bool
 	// src is the prefill side's KV: random values, so that a page that
 	// lands in the wrong place or half-written shows up.
 	src kernels.PagedKV
@@ -87,11 +122,15 @@ type harnessOpt func(*sink)
 func withDelay(d time.Duration) harnessOpt { return func(s *sink) { s.delay = d } }
 func countOnly() harnessOpt                { return func(s *sink) { s.unpack = false } }
 
-func newHarness(t *testing.T, mk mkFunc, layout kernels.PagedKV, pages int, opts ...harnessOpt) *harness {
+func newHarness(t *testing.T, mk suite, layout kernels.PagedKV, pages int, opts ...harnessOpt) *harness {
 	t.Helper()
 	base := runtime.NumGoroutine()
 	kv := layout
-	kv.Data = make([]float32, pages*kv.PageFloats())
+	if mk.alloc != nil {
+		kv.Data = mk.alloc(t, pages*kv.PageFloats())
+	} else {
+		kv.Data = make([]float32, pages*kv.PageFloats())
+	}
 	sk := newSink(kv)
 	for _, o := range opts {
 		o(sk)
@@ -115,9 +154,15 @@ func newHarness(t *testing.T, mk mkFunc, layout kernels.PagedKV, pages int, opts
 		h.free[i] = int32(i)
 	}
 	rng.Shuffle(len(h.free), func(i, j int) { h.free[i], h.free[j] = h.free[j], h.free[i] })
-	h.recv, h.send = mk(t, sk)
+	h.recv, h.send = mk.mk(t, sk)
+	h.oneSided = transfer.IsOneSided(h.recv)
 	t.Cleanup(func() {
 		h.closeReceiver()
+		if c, ok := h.send.(io.Closer); ok {
+			if err := within(t, "Sender.Close", c.Close); err != nil {
+				t.Errorf("Sender.Close: %v", err)
+			}
+		}
 		for _, v := range sk.takeViolations() {
 			t.Error(v)
 		}
@@ -258,6 +303,16 @@ func (h *harness) waitClosed(k transfer.Key, want int) {
 	}
 }
 
+// waitClosedAtMost gives Closed calls for k time to come, then checks there
+// are at most max, each with a proof.
+func (h *harness) waitClosedAtMost(k transfer.Key, max int) {
+	h.t.Helper()
+	time.Sleep(100 * time.Millisecond)
+	if got := h.sink.closedOf(k); len(got) > max {
+		h.t.Errorf("%v: Closed called %d times, want at most %d (proofs %q)", k, len(got), max, got)
+	}
+}
+
 func flush(t *testing.T, s transfer.Session) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLong)
@@ -298,7 +353,7 @@ func smallLayout(ps int) kernels.PagedKV {
 	return kernels.PagedKV{PageSize: ps, Layers: 2, KVHeads: 2, HeadDim: 8}
 }
 
-func testExact(t *testing.T, mk mkFunc) {
+func testExact(t *testing.T, mk suite) {
 	for _, ps := range []int{1, 4, 16} {
 		t.Run(fmt.Sprintf("page%d", ps), func(t *testing.T) {
 			h := newHarness(t, mk, smallLayout(ps), 64)
@@ -326,7 +381,9 @@ func testExact(t *testing.T, mk mkFunc) {
 				if got := s.Bytes(); got != total {
 					t.Errorf("%d tokens: Bytes() = %d, want %d", tokens, got, total)
 				}
-				if n, _ := h.sink.acceptedOf(k); n != len(pp) {
+				if n, _ := h.sink.acceptedOf(k); h.oneSided && n != 0 {
+					t.Errorf("%d tokens: a one-sided receiver passed %d writes to Sink.Write", tokens, n)
+				} else if n != len(pp) && !h.oneSided {
 					t.Errorf("%d tokens: sink accepted %d writes, want %d", tokens, n, len(pp))
 				}
 				h.checkKV()
@@ -340,13 +397,18 @@ func testExact(t *testing.T, mk mkFunc) {
 	}
 }
 
-func testFlushWaits(t *testing.T, mk mkFunc) {
+func testFlushWaits(t *testing.T, mk suite) {
 	h := newHarness(t, mk, smallLayout(4), 32, withDelay(2*time.Millisecond))
 	k, pages := h.reserve(12)
 	pp := h.pages(pages, 12*4)
 	s := h.open(k)
 	defer s.Close()
 	for round := 1; round <= 2; round++ {
+		if round == 2 && h.oneSided {
+			// Nothing is in flight after round 1's Flush: poison the
+			// pages again, so that only round 2's puts can restore them.
+			h.sink.poison()
+		}
 		var total int64
 		for _, p := range pp {
 			h.expect(p.w)
@@ -358,7 +420,7 @@ func testFlushWaits(t *testing.T, mk mkFunc) {
 				t.Fatalf("Write: %v", err)
 			}
 		}
-		if round == 2 {
+		if round == 2 && !h.oneSided {
 			// Twelve writes at 2ms each cannot all be in before 1ms.
 			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 			err := s.Flush(ctx)
@@ -371,7 +433,9 @@ func testFlushWaits(t *testing.T, mk mkFunc) {
 			t.Fatalf("Flush: %v", err)
 		}
 		// No waiting here: Flush returning is the claim under test.
-		if n, b := h.sink.acceptedOf(k); n != round*len(pp) || b != int64(round)*total {
+		if h.oneSided {
+			h.checkKV()
+		} else if n, b := h.sink.acceptedOf(k); n != round*len(pp) || b != int64(round)*total {
 			t.Errorf("round %d: after Flush the sink has %d writes (%d bytes), want %d (%d)", round, n, b, round*len(pp), int64(round)*total)
 		}
 		if got := s.Bytes(); got != int64(round)*total {
@@ -386,7 +450,7 @@ func testFlushWaits(t *testing.T, mk mkFunc) {
 	h.waitClosed(k, 1)
 }
 
-func testRefused(t *testing.T, mk mkFunc) {
+func testRefused(t *testing.T, mk suite) {
 	const ps = 4
 	cases := []struct {
 		name string
@@ -462,7 +526,7 @@ func testRefused(t *testing.T, mk mkFunc) {
 					t.Errorf("Flush %d: %q does not carry the sink's reason %q", i, err, c.reason)
 				}
 			}
-			if n, _ := h.sink.acceptedOf(k); n != len(good) {
+			if n, _ := h.sink.acceptedOf(k); n != len(good) && !h.oneSided {
 				t.Errorf("sink accepted %d writes, want %d", n, len(good))
 			}
 			if got := s.Bytes(); got != landed {
@@ -477,7 +541,7 @@ func testRefused(t *testing.T, mk mkFunc) {
 	}
 }
 
-func testClosed(t *testing.T, mk mkFunc) {
+func testClosed(t *testing.T, mk suite) {
 	const ps = 4
 	h := newHarness(t, mk, smallLayout(ps), 64)
 	closedErr := func(what string, err error) {
@@ -529,9 +593,19 @@ func testClosed(t *testing.T, mk mkFunc) {
 			t.Errorf("Close: %v", err)
 		}
 		n, _ := h.sink.acceptedOf(k)
+		before := h.sink.snapshot()
 		time.Sleep(20 * time.Millisecond)
 		if m, _ := h.sink.acceptedOf(k); m != n {
 			t.Errorf("%d writes landed after Close returned", m-n)
+		}
+		if h.oneSided {
+			after := h.sink.snapshot()
+			for i := range after {
+				if math.Float32bits(after[i]) != math.Float32bits(before[i]) {
+					t.Errorf("KV float %d changed after Close returned: a put landed late", i)
+					break
+				}
+			}
 		}
 		h.waitClosed(k, 1)
 	})
@@ -575,15 +649,25 @@ func testClosed(t *testing.T, mk mkFunc) {
 				}
 			}
 			_ = within(t, "Session.Abort", a.Abort)
-			h.waitClosed(k, 1)
+			if h.oneSided {
+				// The sender's puts may outlive it: a one-sided receiver
+				// calls Closed only with a proof that they cannot land.
+				h.waitClosedAtMost(k, 1)
+			} else {
+				h.waitClosed(k, 1)
+			}
 			closedErr("Write", s.Write(pp[0].w))
 			_ = within(t, "Session.Close after Abort", s.Close)
-			h.waitClosed(k, 1)
+			if h.oneSided {
+				h.waitClosedAtMost(k, 1)
+			} else {
+				h.waitClosed(k, 1)
+			}
 		})
 	}
 }
 
-func testConcurrent(t *testing.T, mk mkFunc) {
+func testConcurrent(t *testing.T, mk suite) {
 	const (
 		ps       = 4
 		sessions = 16
@@ -641,14 +725,14 @@ func testConcurrent(t *testing.T, mk mkFunc) {
 	h.checkKV()
 	for _, j := range jobs {
 		h.checkSums(j.pp)
-		if n, _ := h.sink.acceptedOf(j.k); n != len(j.pp) {
+		if n, _ := h.sink.acceptedOf(j.k); n != len(j.pp) && !h.oneSided {
 			t.Errorf("%v: sink accepted %d writes, want %d", j.k, n, len(j.pp))
 		}
 		h.waitClosed(j.k, 1)
 	}
 }
 
-func testReceiverClose(t *testing.T, mk mkFunc) {
+func testReceiverClose(t *testing.T, mk suite) {
 	const ps = 4
 	h := newHarness(t, mk, smallLayout(ps), 32)
 	var (
@@ -698,11 +782,14 @@ func testReceiverClose(t *testing.T, mk mkFunc) {
 	}
 }
 
-func testBackpressure(t *testing.T, mk mkFunc) {
+func testBackpressure(t *testing.T, mk suite) {
 	const writes = 96
 	// 1 MiB pages: 16 layers x 2 x 16 tokens x 512 floats x 4 bytes.
 	layout := kernels.PagedKV{PageSize: 16, Layers: 16, KVHeads: 8, HeadDim: 64}
 	h := newHarness(t, mk, layout, 2, withDelay(2*time.Millisecond), countOnly())
+	if h.oneSided {
+		t.Skip("one-sided: the Sink sees no write to be slow in")
+	}
 	k, pages := h.reserve(1)
 	w := h.pages(pages, layout.PageSize)[0].w
 	if len(w.Data) != 1<<20 {
