@@ -3,7 +3,7 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test chaos bench lint proto clean
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench lint proto clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/baton
@@ -18,6 +18,18 @@ run-standalone: build
 test: build
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(PKGS)
+	$(MAKE) test-ucx
+
+# The UCX transport (build tag ucx, Debian libucx-dev): the transport and
+# handoff tests over shared memory and over UCX's tcp, and PD end to end.
+test-ucx:
+	$(GO) vet -tags ucx $(PKGS)
+	UCX_TLS=posix,cma,self $(GO) test -tags ucx -count=1 -timeout 5m ./internal/transfer/... ./internal/roles/...
+	UCX_TLS=tcp UCX_NET_DEVICES=lo $(GO) test -tags ucx -count=1 -timeout 5m ./internal/transfer/... ./internal/roles/...
+	UCX_TLS=posix,cma,self $(GO) test -tags ucx -count=1 -timeout 5m -run 'UCX' ./test/e2e/
+
+bench-ucx:
+	$(GO) test -tags ucx -run '^$$' -bench BenchmarkHandoff -benchtime 20x ./internal/transfer/ucx
 
 chaos: build
 	BATON_CHAOS_REQUESTS=1000 $(GO) test -count=1 -run TestChaos -v ./test/gates
@@ -28,7 +40,9 @@ bench:
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags ucx $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags ucx $(PKGS)
 
 clean:
 	rm -rf bin

@@ -8,6 +8,8 @@ import (
 
 	"github.com/batonlm/baton/internal/kernels/cpu"
 	"github.com/batonlm/baton/internal/kernels/cuda"
+	"github.com/batonlm/baton/internal/transfer/rdma"
+	"github.com/batonlm/baton/internal/transfer/ucx"
 )
 
 func envCmd() *cobra.Command {
@@ -18,6 +20,16 @@ func envCmd() *cobra.Command {
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "baton %s, %s/%s, %d CPUs\n", version, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 			fmt.Fprintf(w, "cpu kernels: %s\n", cpu.New(0).Features())
+			fmt.Fprintf(w, "rdma devices: %s\n", rdma.Summary())
+			if ucx.Enabled {
+				if rs, err := ucx.Transports(); err != nil {
+					fmt.Fprintf(w, "ucx: %v\n", err)
+				} else {
+					fmt.Fprintln(w, ucx.Describe(rs))
+				}
+			} else {
+				fmt.Fprintln(w, "ucx: not in this build (build with -tags ucx)")
+			}
 			if line, err := cuda.Probe(); err != nil {
 				fmt.Fprintf(w, "cuda: not usable: %v\n", err)
 			} else {

@@ -30,6 +30,7 @@ import (
 	"github.com/batonlm/baton/internal/server"
 	"github.com/batonlm/baton/internal/tokenizer"
 	"github.com/batonlm/baton/internal/tokenizer/chat"
+	"github.com/batonlm/baton/internal/transfer/ucx"
 )
 
 type serveFlags struct {
@@ -161,8 +162,10 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--page-size must be positive")
 	case f.chunkedPrefill <= 0 || f.maxRunning <= 0 || f.maxQueued <= 0:
 		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
-	case f.transport != "tcp":
-		return fmt.Errorf("--transport %q is not available in this build (tcp is)", f.transport)
+	case f.transport != "tcp" && f.transport != "ucx":
+		return fmt.Errorf("unknown --transport %q (tcp, ucx)", f.transport)
+	case f.transport == "ucx" && !ucx.Enabled:
+		return fmt.Errorf("--transport ucx: this binary has no UCX support (build with -tags ucx against libucx-dev)")
 	}
 	switch f.device {
 	case "cpu", "cuda", "auto":
@@ -281,6 +284,9 @@ type loadedEngine struct {
 	name    string
 	log     *slog.Logger
 	backend kernels.Backend
+	// region is the decode pool's memory when UCX allocated it (ucx
+	// transport); freed last, after the receiver and the engine stopped.
+	region *ucx.Region
 }
 
 func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
@@ -327,8 +333,23 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		loaded.Model.Close()
 		return nil, err
 	}
-	pool, err := kvpool.New(kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: f.kvPoison})
+	pc := kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: f.kvPoison}
+	var region *ucx.Region
+	if f.role == "decode" && f.transport == "ucx" {
+		// Memory UCX allocates is memory a local prefill writes with its own
+		// stores: one-sided for real (see internal/transfer/ucx).
+		region, err = ucx.AllocKV(plan.pages*2*plan.pageSize*c.Layers*c.KVHeads*c.HeadDim, ucxOptions(f)...)
+		if err != nil {
+			loaded.Model.Close()
+			return nil, err
+		}
+		pc.Data = region.Floats()
+	}
+	pool, err := kvpool.New(pc)
 	if err != nil {
+		if region != nil {
+			_ = region.Free()
+		}
 		loaded.Model.Close()
 		return nil, err
 	}
@@ -344,14 +365,18 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		log.Warn("context length exceeds the KV pool; lowering the effective maximum to the pool",
 			"context_length", plan.modelContext, "pool_tokens", plan.pages*plan.pageSize, "effective_max", plan.context)
 	}
-	return &loadedEngine{loaded: loaded, tok: tok, plan: plan, pool: pool, name: name, log: log, backend: be}, nil
+	return &loadedEngine{loaded: loaded, tok: tok, plan: plan, pool: pool, name: name, log: log, backend: be, region: region}, nil
 }
 
-// close releases the weights' mapping and the backend's device memory.
+// close releases the weights' mapping, the backend's device memory and
+// the pool's UCX memory.
 func (le *loadedEngine) close() {
 	le.loaded.Model.Close()
 	if c, ok := le.backend.(io.Closer); ok {
 		_ = c.Close()
+	}
+	if le.region != nil {
+		_ = le.region.Free()
 	}
 }
 
@@ -456,4 +481,9 @@ func ctxOrBackground(ctx context.Context) context.Context {
 		return context.Background()
 	}
 	return ctx
+}
+
+// ucxOptions are the UCX settings from the flags.
+func ucxOptions(f *serveFlags) []ucx.Option {
+	return []ucx.Option{ucx.WithRDMADevices(f.rdmaDevices...)}
 }

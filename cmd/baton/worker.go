@@ -16,12 +16,21 @@ import (
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/roles"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/transfer"
+	"github.com/batonlm/baton/internal/transfer/rdma"
 	"github.com/batonlm/baton/internal/transfer/tcp"
+	"github.com/batonlm/baton/internal/transfer/ucx"
 )
 
 // runWorker runs a prefill or decode worker: HTTP for health, metrics and
 // info; gRPC for the control plane; and, on decode, the transport receiver.
 func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
+	if len(f.rdmaDevices) > 0 {
+		// Checked here, not in validate: --dry-run must not look at devices.
+		if _, err := rdma.UCXNetDevices(f.rdmaDevices); err != nil {
+			return fmt.Errorf("--rdma-device: %w", err)
+		}
+	}
 	le, err := loadEngine(f, logw)
 	if err != nil {
 		return err
@@ -42,7 +51,16 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	switch f.role {
 	case "prefill":
 		eng = le.engine(f, scheduler.RolePrefill, ms)
-		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: tcp.NewSender(),
+		var sender transfer.Sender = tcp.NewSender()
+		if f.transport == "ucx" {
+			s, err := ucx.NewSender(ucxOptions(f)...)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			sender = s
+		}
+		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: sender, Transport: f.transport,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Log: le.log})
 		p.SetAddr(grpcAddr)
 		defer p.Close()
@@ -51,11 +69,17 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	case "decode":
 		eng = le.engine(f, scheduler.RoleDecode, ms)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, ReceiverWrites: true, Log: le.log})
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, ReceiverWrites: f.transport == "tcp", Transport: f.transport, Log: le.log})
 		if ps, ok := le.backend.(kernels.PageSyncer); ok {
 			d.SetPageSyncer(ps)
 		}
-		recv, err := tcp.Listen(net.JoinHostPort(f.host, strconv.Itoa(f.transferPort)), d)
+		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
+		var recv transfer.Receiver
+		if f.transport == "ucx" {
+			recv, err = ucx.Listen(addr, d, le.pool.KV(), append(ucxOptions(f), ucx.WithMemory(le.region))...)
+		} else {
+			recv, err = tcp.Listen(addr, d)
+		}
 		if err != nil {
 			return err
 		}

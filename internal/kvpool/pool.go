@@ -66,6 +66,12 @@ type Config struct {
 	// read of KV nobody wrote shows up as NaN logits instead of someone
 	// else's data.
 	Poison bool
+	// Data, if set, is the pool's memory (exactly NumPages pages of
+	// Layers*2*PageSize*KVHeads*HeadDim float32s) instead of a fresh Go
+	// slice: for a transport that must allocate the memory it exposes
+	// (ucx.AllocKV). The pool never reallocates it; the caller keeps it
+	// valid for the pool's life. Config() returns it as nil.
+	Data []float32
 }
 
 // Owner names one use of a page: the request's room and the epoch of the
@@ -185,6 +191,8 @@ type Pool struct {
 
 // New makes a pool. All NumPages pages are usable; page ids are 0..NumPages-1.
 func New(cfg Config) (*Pool, error) {
+	data := cfg.Data
+	cfg.Data = nil // held in Pool.data; kept out of cfg so errors do not print it
 	if cfg.NumPages <= 0 || cfg.PageSize <= 0 || cfg.Layers <= 0 || cfg.KVHeads <= 0 || cfg.HeadDim <= 0 {
 		return nil, fmt.Errorf("%w: config %+v: every size must be positive", ErrBadArg, cfg)
 	}
@@ -200,10 +208,15 @@ func New(cfg Config) (*Pool, error) {
 	if !ok || total > math.MaxInt/4 {
 		return nil, fmt.Errorf("%w: config %+v: pool size overflows", ErrBadArg, cfg)
 	}
+	if data == nil {
+		data = make([]float32, total)
+	} else if len(data) != total {
+		return nil, fmt.Errorf("%w: config %+v: Data holds %d floats, the pool needs %d", ErrBadArg, cfg, len(data), total)
+	}
 	p := &Pool{
 		cfg:        cfg,
 		pageFloats: pf,
-		data:       make([]float32, total),
+		data:       data,
 		pages:      make([]page, cfg.NumPages),
 		free:       make([]int32, cfg.NumPages),
 		seen:       make([]uint64, cfg.NumPages),

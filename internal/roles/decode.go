@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,7 +38,10 @@ type DecodeOptions struct {
 	// itself (tcp): once it refuses a reservation nothing more can land. A
 	// one-sided transport (RDMA puts) must wait for the writer instead.
 	ReceiverWrites bool
-	Log            *slog.Logger
+	// Transport names the KV transport in Reserve replies ("tcp" if empty;
+	// "ucx").
+	Transport string
+	Log       *slog.Logger
 }
 
 // reservation is one live use of decode pages by a handed-over request.
@@ -66,6 +70,7 @@ type Decode struct {
 	recv         transfer.Receiver
 	grpcAddr     string
 	transferAddr string
+	oneSided     bool // the receiver is one-sided: no frames, pages proven at Commit
 	peers        conns
 	draining     atomic.Bool
 	syncer       kernels.PageSyncer
@@ -91,6 +96,38 @@ func NewDecode(o DecodeOptions) *Decode {
 // the addresses peers reach this worker's gRPC server and receiver at.
 func (d *Decode) SetReceiver(r transfer.Receiver, grpcAddr, transferAddr string) {
 	d.recv, d.grpcAddr, d.transferAddr = r, grpcAddr, transferAddr
+	d.oneSided = transfer.IsOneSided(r)
+}
+
+func (d *Decode) transport() string {
+	if d.o.Transport == "" {
+		return "tcp"
+	}
+	return d.o.Transport
+}
+
+// Admit implements transfer.Admitter, the one-sided receiver's gate: a
+// session may write only into a live, still-open reservation, and only the
+// pages it reserved, in order.
+func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
+	res := d.lookup(k)
+	if res == nil {
+		d.o.Metrics.LateDropped.WithLabelValues("admit").Inc()
+		return nil, fmt.Errorf("no live reservation for %s", k)
+	}
+	res.mu.Lock()
+	defer res.mu.Unlock()
+	if !res.open {
+		d.o.Metrics.LateDropped.WithLabelValues("admit").Inc()
+		return nil, fmt.Errorf("reservation %s no longer accepts writes", k)
+	}
+	if res.r.State() == scheduler.StateReserved {
+		if err := res.r.Lifecycle().To(scheduler.StateReceiving, ""); err != nil {
+			return nil, err
+		}
+		res.firstByte = time.Now()
+	}
+	return slices.Clone(res.prompt), nil
 }
 
 // SetPageSyncer names the backend copy of the pool that verified prompt
@@ -127,7 +164,7 @@ func (d *Decode) Close() {
 func (d *Decode) WorkerInfo() *pdv1.WorkerInfo {
 	running, queued := d.o.Engine.Load()
 	info := &pdv1.WorkerInfo{Role: "decode", Layout: d.o.Layout, ContextLength: uint32(d.o.ContextLength), MaxSequenceTokens: uint32(d.o.MaxSeq),
-		Running: uint32(running), Queued: uint32(queued), Transport: "tcp", GrpcAddr: d.grpcAddr}
+		Running: uint32(running), Queued: uint32(queued), Transport: d.transport(), GrpcAddr: d.grpcAddr}
 	info.TransferAddr = d.transferAddr
 	poolInfo(info, d.o.Pool)
 	return info
@@ -178,7 +215,7 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 	})
 	d.o.Log.Info("reserved", "request_id", req.RequestId, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
 	return &pdv1.Reservation{Room: key.Room, Epoch: key.Epoch, Pages: res.prompt, PromptTokens: uint32(len(req.Prompt)),
-		Layout: d.o.Layout, Transport: "tcp", TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr}, nil
+		Layout: d.o.Layout, Transport: d.transport(), TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr}, nil
 }
 
 func (d *Decode) lookup(key transfer.Key) *reservation {
@@ -355,6 +392,18 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 		owner, written, st := d.o.Pool.Owner(p)
 		if faults.On(faults.GuardOwnerTag) && (owner != res.r.Owner() || st != kvpool.PageAllocated) {
 			return "owner_tag", fmt.Errorf("page %d is tagged %v (%s), not %v", p, owner, st, res.r.Owner())
+		}
+		if d.oneSided {
+			// No frame marked anything: what landed is proven by its
+			// checksum over the page contents, then marked written.
+			buf = transfer.Pack(kv, p, want, buf)
+			if got := transfer.Checksum(buf); faults.On(faults.GuardChecksum) && got != c.PageChecksums[i] {
+				return "checksum", fmt.Errorf("page %d checksum %016x, commit claims %016x", p, got, c.PageChecksums[i])
+			}
+			if err := d.o.Pool.MarkWritten(res.r.Owner(), p, want); err != nil {
+				return "coverage", err
+			}
+			continue
 		}
 		if coverage && written != want {
 			return "coverage", fmt.Errorf("page %d holds %d written tokens, %d needed", p, written, want)

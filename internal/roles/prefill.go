@@ -28,6 +28,7 @@ type PrefillOptions struct {
 	Metrics               *metrics.Set
 	Layout                *pdv1.KVLayout
 	Sender                transfer.Sender
+	Transport             string // the Sender's name ("tcp" if empty); must match Reservation.transport
 	ContextLength, MaxSeq int
 	Log                   *slog.Logger
 }
@@ -70,7 +71,7 @@ func (p *Prefill) Close() { p.peers.close() }
 func (p *Prefill) WorkerInfo() *pdv1.WorkerInfo {
 	running, queued := p.o.Engine.Load()
 	info := &pdv1.WorkerInfo{Role: "prefill", Layout: p.o.Layout, ContextLength: uint32(p.o.ContextLength), MaxSequenceTokens: uint32(p.o.MaxSeq),
-		Running: uint32(running), Queued: uint32(queued), Transport: "tcp", GrpcAddr: p.grpcAddr}
+		Running: uint32(running), Queued: uint32(queued), Transport: p.transport(), GrpcAddr: p.grpcAddr}
 	poolInfo(info, p.o.Pool)
 	return info
 }
@@ -138,6 +139,13 @@ func (s *shipper) finish() error {
 	return <-s.done
 }
 
+func (p *Prefill) transport() string {
+	if p.o.Transport == "" {
+		return "tcp"
+	}
+	return p.o.Transport
+}
+
 // Prefill implements the RPC.
 func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.PrefillReply, error) {
 	id := requestID(ctx, req.RequestId)
@@ -157,6 +165,10 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		p.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
 		p.drained(id, res, key, rf.LostDrained)
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
+	}
+	if res.Transport != "" && res.Transport != p.transport() {
+		p.drained(id, res, key, rf.LostDrained)
+		return nil, status.Errorf(codes.FailedPrecondition, "decode reserved over transport %q, this prefill worker speaks %q", res.Transport, p.transport())
 	}
 	if int(res.PromptTokens) != len(req.Prompt) || len(res.Pages) != p.o.Pool.PagesFor(len(req.Prompt)) {
 		p.drained(id, res, key, rf.LostDrained)

@@ -425,7 +425,27 @@ func layoutDiff(p, d *pdv1.KVLayout) string {
 }
 
 func (r *Router) compatibleLocked(p, d *worker) bool {
-	return p.info != nil && d.info != nil && layoutDiff(p.info.Layout, d.info.Layout) == ""
+	return p.info != nil && d.info != nil && pairDiff(p.info, d.info) == ""
+}
+
+// pairDiff is what keeps a prefill and a decode worker from pairing: their
+// KV layouts, or the transport they move KV with.
+func pairDiff(p, d *pdv1.WorkerInfo) string {
+	diff := layoutDiff(p.Layout, d.Layout)
+	if pt, dt := transportName(p), transportName(d); pt != dt {
+		if diff != "" {
+			diff += ", "
+		}
+		diff += fmt.Sprintf("transport (prefill %s, decode %s)", pt, dt)
+	}
+	return diff
+}
+
+func transportName(w *pdv1.WorkerInfo) string {
+	if w.GetTransport() == "" {
+		return "tcp"
+	}
+	return w.GetTransport()
 }
 
 func (r *Router) hasPartnerLocked(d *worker) bool {
@@ -447,7 +467,7 @@ func (r *Router) checkPairsLocked() {
 			if !p.healthy || !d.healthy || p.info == nil || d.info == nil {
 				continue
 			}
-			diff := layoutDiff(p.info.Layout, d.info.Layout)
+			diff := pairDiff(p.info, d.info)
 			if diff == "" {
 				if _, was := r.mismatches[key]; was {
 					r.log.Info("prefill/decode pair now agrees on the KV layout", "prefill", p.url, "decode", d.url)

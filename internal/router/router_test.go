@@ -856,3 +856,15 @@ func TestDialAddr(t *testing.T) {
 		t.Error("bad address accepted")
 	}
 }
+
+func TestPairDiffTransport(t *testing.T) {
+	p := &pdv1.WorkerInfo{Layout: testLayout(), Transport: "ucx"}
+	d := &pdv1.WorkerInfo{Layout: testLayout(), Transport: "tcp"}
+	if got := pairDiff(p, d); !strings.Contains(got, "transport (prefill ucx, decode tcp)") {
+		t.Fatalf("pairDiff = %q", got)
+	}
+	d.Transport = "ucx"
+	if got := pairDiff(p, d); got != "" {
+		t.Fatalf("same transport: %q", got)
+	}
+}
