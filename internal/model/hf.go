@@ -390,6 +390,15 @@ func parseIndex(b []byte) (map[string]string, error) {
 }
 
 // hfWeights is an open set of safetensors files with a tensor-name index.
+var hfLayerNames = layerNames{
+	attnNorm: "model.layers.%d.input_layernorm.weight", q: "model.layers.%d.self_attn.q_proj.weight",
+	k: "model.layers.%d.self_attn.k_proj.weight", v: "model.layers.%d.self_attn.v_proj.weight",
+	o: "model.layers.%d.self_attn.o_proj.weight", ffnNorm: "model.layers.%d.post_attention_layernorm.weight",
+	gate: "model.layers.%d.mlp.gate_proj.weight", up: "model.layers.%d.mlp.up_proj.weight", down: "model.layers.%d.mlp.down_proj.weight",
+	qBias: "model.layers.%d.self_attn.q_proj.bias", kBias: "model.layers.%d.self_attn.k_proj.bias", vBias: "model.layers.%d.self_attn.v_proj.bias",
+	qNorm: "model.layers.%d.self_attn.q_norm.weight", kNorm: "model.layers.%d.self_attn.k_norm.weight",
+}
+
 type hfWeights struct {
 	files  []*SafetensorsFile
 	byName map[string]*SafetensorsFile
@@ -513,7 +522,6 @@ func (w *hfWeights) vector(name string, n int) ([]float32, error) {
 // Matrices stay in the file's dtype (BF16 and F16 are not widened) and
 // point into the mapping; norms and biases are copied as float32.
 func weightsFromHF(w *hfWeights, c *Config, progress func(done, total int)) (*Weights, error) {
-	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	tied := c.TieEmbeddings || !w.has("lm_head.weight")
 	w.total = 2 + c.Layers*9
 	if !tied {
@@ -546,35 +554,12 @@ func weightsFromHF(w *hfWeights, c *Config, progress func(done, total int)) (*We
 				return nil, fmt.Errorf("model: tensor %s: biases on that projection are not supported", p+unsupported)
 			}
 		}
-		var ly Layer
-		steps := []func() error{
-			func() (e error) { ly.AttnNorm, e = w.vector(p+"input_layernorm.weight", c.Dim); return },
-			func() (e error) { ly.Q, e = w.matrix(p+"self_attn.q_proj.weight", qd, c.Dim); return },
-			func() (e error) { ly.K, e = w.matrix(p+"self_attn.k_proj.weight", kvd, c.Dim); return },
-			func() (e error) { ly.V, e = w.matrix(p+"self_attn.v_proj.weight", kvd, c.Dim); return },
-			func() (e error) { ly.O, e = w.matrix(p+"self_attn.o_proj.weight", c.Dim, qd); return },
-			func() (e error) { ly.FFNNorm, e = w.vector(p+"post_attention_layernorm.weight", c.Dim); return },
-			func() (e error) { ly.Gate, e = w.matrix(p+"mlp.gate_proj.weight", c.FF, c.Dim); return },
-			func() (e error) { ly.Up, e = w.matrix(p+"mlp.up_proj.weight", c.FF, c.Dim); return },
-			func() (e error) { ly.Down, e = w.matrix(p+"mlp.down_proj.weight", c.Dim, c.FF); return },
-		}
-		if c.QKVBias {
-			steps = append(steps,
-				func() (e error) { ly.QBias, e = w.vector(p+"self_attn.q_proj.bias", qd); return },
-				func() (e error) { ly.KBias, e = w.vector(p+"self_attn.k_proj.bias", kvd); return },
-				func() (e error) { ly.VBias, e = w.vector(p+"self_attn.v_proj.bias", kvd); return })
-		} else if w.has(p + "self_attn.q_proj.bias") {
+		if !c.QKVBias && w.has(p+"self_attn.q_proj.bias") {
 			return nil, fmt.Errorf("model: %s has q/k/v biases but config.json does not say so", p+"self_attn")
 		}
-		if c.QKNorm {
-			steps = append(steps,
-				func() (e error) { ly.QNorm, e = w.vector(p+"self_attn.q_norm.weight", c.HeadDim); return },
-				func() (e error) { ly.KNorm, e = w.vector(p+"self_attn.k_norm.weight", c.HeadDim); return })
-		}
-		for _, s := range steps {
-			if err := s(); err != nil {
-				return nil, err
-			}
+		ly, err := loadLayer(w, hfLayerNames, c, i)
+		if err != nil {
+			return nil, err
 		}
 		out.Layers = append(out.Layers, ly)
 	}

@@ -147,40 +147,69 @@ func WeightsFromGGUF(f *gguf.File, c *Config, progress func(done, total int)) (*
 			return nil, err
 		}
 	}
-	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	for i := 0; i < c.Layers; i++ {
-		p := fmt.Sprintf("blk.%d.", i)
-		var ly Layer
-		steps := []func() error{
-			func() (e error) { ly.AttnNorm, e = l.vector(p+"attn_norm.weight", c.Dim); return },
-			func() (e error) { ly.Q, e = l.matrix(p+"attn_q.weight", qd, c.Dim); return },
-			func() (e error) { ly.K, e = l.matrix(p+"attn_k.weight", kvd, c.Dim); return },
-			func() (e error) { ly.V, e = l.matrix(p+"attn_v.weight", kvd, c.Dim); return },
-			func() (e error) { ly.O, e = l.matrix(p+"attn_output.weight", c.Dim, qd); return },
-			func() (e error) { ly.FFNNorm, e = l.vector(p+"ffn_norm.weight", c.Dim); return },
-			func() (e error) { ly.Gate, e = l.matrix(p+"ffn_gate.weight", c.FF, c.Dim); return },
-			func() (e error) { ly.Up, e = l.matrix(p+"ffn_up.weight", c.FF, c.Dim); return },
-			func() (e error) { ly.Down, e = l.matrix(p+"ffn_down.weight", c.Dim, c.FF); return },
-		}
-		if c.QKVBias {
-			steps = append(steps,
-				func() (e error) { ly.QBias, e = l.vector(p+"attn_q.bias", qd); return },
-				func() (e error) { ly.KBias, e = l.vector(p+"attn_k.bias", kvd); return },
-				func() (e error) { ly.VBias, e = l.vector(p+"attn_v.bias", kvd); return })
-		}
-		if c.QKNorm {
-			steps = append(steps,
-				func() (e error) { ly.QNorm, e = l.vector(p+"attn_q_norm.weight", c.HeadDim); return },
-				func() (e error) { ly.KNorm, e = l.vector(p+"attn_k_norm.weight", c.HeadDim); return })
-		}
-		for _, s := range steps {
-			if err := s(); err != nil {
-				return nil, err
-			}
+		ly, err := loadLayer(l, ggufLayerNames, c, i)
+		if err != nil {
+			return nil, err
 		}
 		w.Layers = append(w.Layers, ly)
 	}
 	return w, nil
+}
+
+// tensorSource is what loading a layer needs from a file format.
+type tensorSource interface {
+	matrix(name string, rows, cols int) (*kernels.Matrix, error)
+	vector(name string, n int) ([]float32, error)
+}
+
+// layerNames are one format's tensor names for a layer's weights, each with
+// a %d for the layer index.
+type layerNames struct {
+	attnNorm, q, k, v, o, ffnNorm, gate, up, down string
+	qBias, kBias, vBias, qNorm, kNorm             string
+}
+
+var ggufLayerNames = layerNames{
+	attnNorm: "blk.%d.attn_norm.weight", q: "blk.%d.attn_q.weight", k: "blk.%d.attn_k.weight", v: "blk.%d.attn_v.weight",
+	o: "blk.%d.attn_output.weight", ffnNorm: "blk.%d.ffn_norm.weight", gate: "blk.%d.ffn_gate.weight", up: "blk.%d.ffn_up.weight",
+	down: "blk.%d.ffn_down.weight", qBias: "blk.%d.attn_q.bias", kBias: "blk.%d.attn_k.bias", vBias: "blk.%d.attn_v.bias",
+	qNorm: "blk.%d.attn_q_norm.weight", kNorm: "blk.%d.attn_k_norm.weight",
+}
+
+// loadLayer reads layer i's weights with the shapes c gives.
+func loadLayer(src tensorSource, n layerNames, c *Config, i int) (Layer, error) {
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	name := func(f string) string { return fmt.Sprintf(f, i) }
+	var ly Layer
+	steps := []func() error{
+		func() (e error) { ly.AttnNorm, e = src.vector(name(n.attnNorm), c.Dim); return },
+		func() (e error) { ly.Q, e = src.matrix(name(n.q), qd, c.Dim); return },
+		func() (e error) { ly.K, e = src.matrix(name(n.k), kvd, c.Dim); return },
+		func() (e error) { ly.V, e = src.matrix(name(n.v), kvd, c.Dim); return },
+		func() (e error) { ly.O, e = src.matrix(name(n.o), c.Dim, qd); return },
+		func() (e error) { ly.FFNNorm, e = src.vector(name(n.ffnNorm), c.Dim); return },
+		func() (e error) { ly.Gate, e = src.matrix(name(n.gate), c.FF, c.Dim); return },
+		func() (e error) { ly.Up, e = src.matrix(name(n.up), c.FF, c.Dim); return },
+		func() (e error) { ly.Down, e = src.matrix(name(n.down), c.Dim, c.FF); return },
+	}
+	if c.QKVBias {
+		steps = append(steps,
+			func() (e error) { ly.QBias, e = src.vector(name(n.qBias), qd); return },
+			func() (e error) { ly.KBias, e = src.vector(name(n.kBias), kvd); return },
+			func() (e error) { ly.VBias, e = src.vector(name(n.vBias), kvd); return })
+	}
+	if c.QKNorm {
+		steps = append(steps,
+			func() (e error) { ly.QNorm, e = src.vector(name(n.qNorm), c.HeadDim); return },
+			func() (e error) { ly.KNorm, e = src.vector(name(n.kNorm), c.HeadDim); return })
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return Layer{}, err
+		}
+	}
+	return ly, nil
 }
 
 // DummyWeights makes deterministic pseudo-random weights of shape c in
