@@ -37,6 +37,9 @@ type pair struct {
 	prefillAddr string
 }
 
+// testMaxRunning is the batch limit of engines the tests make.
+var testMaxRunning = 32
+
 func newWorkerEngine(t testing.TB, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
 	l, err := model.Load(model.LoadOptions{}, cpu.New(1))
 	if err != nil {
@@ -47,7 +50,7 @@ func newWorkerEngine(t testing.TB, role scheduler.Role, ms *metrics.Set, pages, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := scheduler.NewEngine(l.Model, pool, scheduler.Config{Role: role, ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: 32,
+	e := scheduler.NewEngine(l.Model, pool, scheduler.Config{Role: role, ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: testMaxRunning,
 		IsEOG: func(id int32) bool { return id == 2 }}, ms)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -208,6 +211,35 @@ func TestHandoffGreedyReference(t *testing.T) {
 		wg.Wait()
 		waitAllFree(t, p.dPool, p.pPool)
 	}
+}
+
+// With room for one request in the batch, committed requests wait their turn
+// (holding their pages) and all still produce the reference.
+func TestDecodeQueuesCommittedRequests(t *testing.T) {
+	testMaxRunning = 1
+	defer func() { testMaxRunning = 32 }()
+	want := loadRef(t)
+	p := newPair(t, 16, 512)
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			toks, fin, err := p.handoff(t, want.PromptIDs, 16)
+			if err != nil || fin != "length" || len(toks) != 16 {
+				t.Errorf("handoff: %v %q %d", err, fin, len(toks))
+				return
+			}
+			for j := range toks {
+				if toks[j] != want.GeneratedIDs[j] {
+					t.Errorf("token %d = %d, want %d", j, toks[j], want.GeneratedIDs[j])
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	waitAllFree(t, p.dPool, p.pPool)
 }
 
 // A commit that claims more than was written, or whose checksum does not

@@ -64,6 +64,9 @@ type Engine struct {
 	nRunning, nQueued atomic.Int32
 
 	waiting []*Request // FIFO
+	// ready holds committed decode requests waiting for a batch slot; they
+	// hold their pages already.
+	ready   []*Request
 	running []*Request
 	sampler model.Sampler
 }
@@ -259,7 +262,7 @@ func (e *Engine) takeInbox() {
 		if r.life.State() != StateCommitted {
 			continue // aborted between commit and join; whoever aborted it released it
 		}
-		e.deliverFirst(r)
+		e.ready = append(e.ready, r)
 	}
 	e.gauges()
 }
@@ -284,9 +287,9 @@ func (e *Engine) Load() (running, queued int) {
 // gauges publishes the loop's figures; only the loop calls it.
 func (e *Engine) gauges() {
 	e.nRunning.Store(int32(len(e.running)))
-	e.nQueued.Store(int32(len(e.waiting)))
+	e.nQueued.Store(int32(len(e.waiting) + len(e.ready)))
 	e.m.Running.Set(float64(len(e.running)))
-	e.m.Queued.Set(float64(len(e.waiting)))
+	e.m.Queued.Set(float64(len(e.waiting) + len(e.ready)))
 	e.poolGauges()
 }
 
@@ -311,6 +314,15 @@ func (e *Engine) handleFlags() {
 		keep = append(keep, r)
 	}
 	e.waiting = keep
+	ready := e.ready[:0]
+	for _, r := range e.ready {
+		if cancel, stop := r.flags(); cancel || stop {
+			e.abort(r, "client cancelled")
+			continue
+		}
+		ready = append(ready, r)
+	}
+	e.ready = ready
 	run := e.running[:0]
 	for _, r := range e.running {
 		cancel, stop := r.flags()
@@ -338,6 +350,11 @@ func (e *Engine) dequeued() {
 // and never has to be evicted. FIFO: a large request at the head is not
 // overtaken, so it cannot starve.
 func (e *Engine) admit() {
+	for len(e.ready) > 0 && len(e.running) < e.cfg.MaxRunning {
+		r := e.ready[0]
+		e.ready = e.ready[1:]
+		e.deliverFirst(r)
+	}
 	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxRunning {
 		r := e.waiting[0]
 		need := e.pool.PagesFor(e.maxSeqLen(r))
@@ -666,9 +683,9 @@ func (e *Engine) shutdown() {
 	for _, r := range e.waiting {
 		e.abort(r, "server shutting down")
 	}
-	for _, r := range e.running {
+	for _, r := range append(e.running, e.ready...) {
 		e.abort(r, "server shutting down")
 	}
-	e.waiting, e.running = nil, nil
+	e.waiting, e.running, e.ready = nil, nil, nil
 	e.gauges()
 }
