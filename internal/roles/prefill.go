@@ -100,6 +100,7 @@ type shipper struct {
 	checksums []uint64
 	queue     chan transfer.PageWrite
 	done      chan error
+	firstAt   time.Time // when the first page was queued (engine loop only, read after finish)
 }
 
 func newShipper(res *pdv1.Reservation, pageSize, promptLen int, sess transfer.Session) *shipper {
@@ -129,6 +130,9 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 		tokens := end - i*s.pageSize
 		data := transfer.Pack(kv, pages[i], tokens, make([]byte, 0, transfer.PackedSize(kv, tokens)))
 		s.checksums[i] = transfer.Checksum(data)
+		if s.firstAt.IsZero() {
+			s.firstAt = time.Now()
+		}
 		s.queue <- transfer.PageWrite{Index: i, Page: s.res.Pages[i], Tokens: tokens, Data: data}
 	}
 }
@@ -249,7 +253,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	bytes := sess.Bytes()
 	_ = sess.Close()
 	p.o.Metrics.TransferBytes.Add(float64(bytes))
-	p.o.Metrics.TransferSeconds.Observe(time.Since(start).Seconds())
+	p.o.Metrics.TransferSeconds.Observe(time.Since(ship.firstAt).Seconds())
 
 	cc, err := p.peers.get(res.DecodeAddr)
 	if err == nil {
