@@ -48,6 +48,7 @@ type serveFlags struct {
 	chunkedPrefill  int
 	maxRunning      int
 	maxQueued       int
+	preemptAfter    time.Duration
 	apiKey          string
 	loadFormat      string
 	dummyDType      string
@@ -115,6 +116,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.kvCacheMemory, "kv-cache-memory", "1GiB", "memory budget for the KV pool when --max-total-tokens is not set")
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
+	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
 	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 503")
 	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every API request")
 	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
@@ -383,6 +385,7 @@ func (le *loadedEngine) close() {
 func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set) *scheduler.Engine {
 	return scheduler.NewEngine(le.loaded.Model, le.pool, scheduler.Config{
 		Role: role, ContextLength: le.plan.context, MaxRunning: f.maxRunning, ChunkSize: f.chunkedPrefill, MaxQueue: f.maxQueued, IsEOG: le.tok.IsEOG,
+		PreemptAfter: f.preemptAfter,
 	}, ms)
 }
 

@@ -30,6 +30,7 @@ type Set struct {
 	GenerationTokens   prometheus.Counter
 	ReadGateFailures   prometheus.Counter
 	NaNLogits          prometheus.Counter
+	Preemptions        prometheus.Counter
 	ReleaseErrors      prometheus.Gauge
 	QueuedTotal        prometheus.Counter
 	TransferSessions   prometheus.Counter
@@ -68,6 +69,7 @@ func New(role string) *Set {
 		GenerationTokens:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_generation_tokens_total", Help: "Tokens generated.", ConstLabels: c}),
 		ReadGateFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_gate_failures_total", Help: "Batch entries refused because a page was not the request's own or not written.", ConstLabels: c}),
 		NaNLogits:          prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_nan_logits_total", Help: "Forward passes whose logits held NaN (poisoned KV was read); the request fails instead of sampling.", ConstLabels: c}),
+		Preemptions:        prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_preemptions_total", Help: "Running requests taken off a full batch for one that waited too long; they keep their pages and resume.", ConstLabels: c}),
 		ReleaseErrors:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_release_errors", Help: "Page releases the pool refused (double or wrong-owner releases); anything but 0 is a bug.", ConstLabels: c}),
 		QueuedTotal:        prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_requests_queued_total", Help: "Requests that entered the admission queue.", ConstLabels: c}),
 		TransferSessions:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_transfer_sessions_total", Help: "Transport sessions opened to write KV into a decode worker.", ConstLabels: c}),
@@ -80,7 +82,7 @@ func New(role string) *Set {
 		DrainWait:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_drain_wait_seconds", Help: "Time aborted pages spent in quarantine waiting for their writer.", Buckets: latencyBuckets, ConstLabels: c}),
 	}
 	r.MustRegister(s.KVPagesTotal, s.KVPagesFree, s.KVPagesQuarantined, s.Requests, s.Rejected, s.Running, s.Queued,
-		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures, s.NaNLogits, s.ReleaseErrors, s.QueuedTotal, s.TransferSessions,
+		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.TransferSessions,
 		s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures, s.LateDropped, s.TransferBytes, s.TransferSeconds, s.DrainWait)
 	return s
 }

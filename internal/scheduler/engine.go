@@ -33,6 +33,10 @@ type Config struct {
 	ChunkSize int
 	// MaxQueue caps requests waiting for admission; more are refused with 503.
 	MaxQueue int
+	// PreemptAfter, when positive, lets a request that has waited that long
+	// for a full batch take the slot of the running request that has
+	// generated the most (standalone only); 0 never preempts.
+	PreemptAfter time.Duration
 	// IsEOG says whether a token ends generation (EOS, EOT).
 	IsEOG func(int32) bool
 }
@@ -114,6 +118,7 @@ func (e *Engine) Submit(r *Request) error {
 	e.nextRoom++
 	r.room = e.nextRoom
 	e.queued++
+	r.queuedAt = time.Now()
 	e.inbox = append(e.inbox, r)
 	e.m.QueuedTotal.Inc()
 	e.mu.Unlock()
@@ -234,6 +239,8 @@ func (e *Engine) Run(ctx context.Context) {
 	for {
 		e.takeInbox()
 		e.handleFlags()
+		e.admit()
+		e.maybePreempt()
 		e.admit()
 		if len(e.running) == 0 {
 			select {
@@ -357,7 +364,19 @@ func (e *Engine) admit() {
 	}
 	for len(e.waiting) > 0 && len(e.running) < e.cfg.MaxRunning {
 		r := e.waiting[0]
-		need := e.pool.PagesFor(e.maxSeqLen(r))
+		if r.life.State() == StatePreempted {
+			// Re-admission: it kept its pages, its KV and its sampler; it
+			// resumes where it stopped.
+			e.waiting = e.waiting[1:]
+			e.dequeued()
+			if err := r.life.To(StateAdmitted, ""); err != nil {
+				e.fail(r, err)
+				continue
+			}
+			e.running = append(e.running, r)
+			continue
+		}
+		need := e.needPages(r)
 		if need > e.pool.Free() {
 			break
 		}
@@ -382,6 +401,51 @@ func (e *Engine) admit() {
 		e.running = append(e.running, r)
 	}
 	e.gauges()
+}
+
+// needPages is what admitting r takes from the pool: nothing for a
+// preempted request, which kept its pages.
+func (e *Engine) needPages(r *Request) int {
+	if r.life.State() == StatePreempted {
+		return 0
+	}
+	return e.pool.PagesFor(e.maxSeqLen(r))
+}
+
+// maybePreempt gives a slot of a full batch to a request that has waited
+// longer than PreemptAfter, by taking the running request that has
+// generated the most off the batch. The preempted request keeps its pages
+// and KV and goes to the back of the queue; nothing is preempted unless the
+// waiting request can then be admitted (its pages are free), so preemption
+// can never leave the batch empty and the queue stuck.
+func (e *Engine) maybePreempt() {
+	if e.cfg.PreemptAfter <= 0 || e.cfg.Role != RoleStandalone || len(e.waiting) == 0 || len(e.running) < e.cfg.MaxRunning {
+		return
+	}
+	head := e.waiting[0]
+	if time.Since(head.queuedAt) < e.cfg.PreemptAfter || e.needPages(head) > e.pool.Free() {
+		return
+	}
+	var victim *Request
+	for _, r := range e.running {
+		if r.life.State() == StateDecoding && (victim == nil || r.generated > victim.generated) {
+			victim = r
+		}
+	}
+	if victim == nil {
+		return
+	}
+	e.remove(victim)
+	if err := victim.life.To(StatePreempted, ""); err != nil {
+		e.fail(victim, err)
+		return
+	}
+	victim.queuedAt = time.Now()
+	e.m.Preemptions.Inc()
+	e.waiting = append(e.waiting, victim)
+	e.mu.Lock()
+	e.queued++
+	e.mu.Unlock()
 }
 
 // maxSeqLen is the longest r can grow: its prompt plus max_tokens, or the
@@ -424,7 +488,7 @@ func (e *Engine) step() {
 			e.fail(r, fmt.Errorf("KV read gate refused the batch: %w", err))
 			continue
 		}
-		if r.computed == 0 && r.life.State() == StateAdmitted {
+		if r.life.State() == StateAdmitted {
 			_ = r.life.To(StatePrefilling, "")
 		}
 		q0 := len(b.Tokens)
@@ -510,10 +574,10 @@ func (e *Engine) prefilled(r *Request, tok model.Sampled) {
 
 func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	now := time.Now()
+	if r.life.State() == StatePrefilling { // first token, or first after a re-admission
+		_ = r.life.To(StateDecoding, "")
+	}
 	if r.generated == 0 {
-		if r.life.State() == StatePrefilling {
-			_ = r.life.To(StateDecoding, "")
-		}
 		e.m.TTFT.Observe(now.Sub(r.arrived).Seconds())
 	} else {
 		e.m.ITL.Observe(now.Sub(r.lastToken).Seconds())

@@ -214,3 +214,62 @@ func TestEngineCancelFreesPages(t *testing.T) {
 	}
 	waitFree(t, e)
 }
+
+// With one batch slot and preemption after 1 ms, requests take turns: each
+// is preempted and re-admitted, keeping its pages and KV, and still produces
+// the reference token for token.
+func TestEnginePreemptedRequestsResumeExactly(t *testing.T) {
+	want := loadRef(t)
+	l, err := model.Load(model.LoadOptions{}, ref.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.Model.Config
+	pool, err := kvpool.New(kvpool.Config{NumPages: 64, PageSize: 16, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := metrics.New("standalone")
+	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 1, PreemptAfter: time.Millisecond,
+		IsEOG: func(id int32) bool { return id == 2 }}, ms)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	var reqs []*Request
+	for i := 0; i < 3; i++ {
+		r := NewRequest("p", want.PromptIDs, Params{MaxTokens: 40})
+		if err := e.Submit(r); err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+	}
+	for _, r := range reqs {
+		toks, fin := collect(t, r)
+		if fin != FinishLength || len(toks) != 40 {
+			t.Fatalf("finish %q after %d tokens", fin, len(toks))
+		}
+		for j := range toks {
+			if toks[j].ID != want.GeneratedIDs[j] {
+				t.Fatalf("token %d = %d, want %d", j, toks[j].ID, want.GeneratedIDs[j])
+			}
+		}
+	}
+	if n := testutilValue(t, ms, "baton_preemptions_total"); n == 0 {
+		t.Fatal("nothing was preempted")
+	}
+	waitFree(t, e)
+}
+
+func testutilValue(t *testing.T, ms *metrics.Set, name string) float64 {
+	mfs, err := ms.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}

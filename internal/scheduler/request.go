@@ -77,6 +77,7 @@ type Request struct {
 	writerPages []int32
 	rng         *rand.Rand
 	arrived     time.Time
+	queuedAt    time.Time // when it last entered the waiting queue
 	lastToken   time.Time
 }
 

@@ -70,3 +70,29 @@ func mustInfo(t *testing.T, s *harness.Server) *pdv1.WorkerInfo {
 	}
 	return info
 }
+
+// Preempted requests re-enter admission holding their pages, are never
+// rejected, and still produce the reference token for token.
+func TestGatePreemptedRequestsReenter(t *testing.T) {
+	ref := loadReference(t)
+	s := harness.StartWith(t, harness.Options{Binary: faultsBinary(t)}, "--kv-poison", "--max-running-requests", "1", "--preempt-after", "1ms")
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, text, body := greedy(t, s.URL, ref); code != 200 || text != ref.GeneratedText {
+				t.Errorf("a preempted request: %d %s", code, body)
+			}
+		}()
+	}
+	wg.Wait()
+	m := harness.Metrics(t, s)
+	if m["baton_preemptions_total"] == 0 {
+		t.Fatal("no request was preempted")
+	}
+	if m["baton_requests_rejected_total"] != 0 || m["baton_kv_release_errors"] != 0 || m["baton_nan_logits_total"] != 0 {
+		t.Fatalf("rejections %v, release errors %v, NaN %v", m["baton_requests_rejected_total"], m["baton_kv_release_errors"], m["baton_nan_logits_total"])
+	}
+	harness.WaitPagesFree(t, s)
+}
