@@ -41,6 +41,7 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet $(PKGS)
 	$(GO) vet -tags ucx $(PKGS)
+	$(GO) vet -tags faults $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags ucx $(PKGS)
 
