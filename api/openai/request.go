@@ -57,6 +57,15 @@ type Sampling struct {
 	Logprobs    bool
 	TopLogprobs int
 	IgnoreEOS   bool // keep generating past end-of-sequence (extension)
+	// Given says which of the fields above the request set itself, so a
+	// server can fill the others from the model's own defaults
+	// (generation_config.json) rather than OpenAI's.
+	Given Given
+}
+
+// Given marks the sampling fields a request set explicitly.
+type Given struct {
+	Temperature, TopP, TopK, MinP bool
 }
 
 // Greedy reports whether sampling reduces to argmax, so an engine can skip
@@ -415,7 +424,7 @@ func (f fields) sampling() (Sampling, *Error) {
 		if x < 0 || x > maxTemperature {
 			return s, BadRequest(fmt.Sprintf("temperature must be between 0 and 2, got %g", x), "temperature")
 		}
-		s.Temperature = x
+		s.Temperature, s.Given.Temperature = x, true
 	}
 	if x, ok, e := f.float("top_p"); e != nil {
 		return s, e
@@ -423,13 +432,16 @@ func (f fields) sampling() (Sampling, *Error) {
 		if !(x > 0 && x <= 1) {
 			return s, BadRequest(fmt.Sprintf("top_p must be greater than 0 and at most 1, got %g", x), "top_p")
 		}
-		s.TopP = x
+		s.TopP, s.Given.TopP = x, true
 	}
 	// -1 and 0 both mean "off" because vLLM uses -1 and SGLang/llama.cpp 0.
 	if n, ok, e := f.int("top_k", -1, maxTokensLimit); e != nil {
 		return s, e
-	} else if ok && n > 0 {
-		s.TopK = int(n)
+	} else if ok {
+		s.Given.TopK = true
+		if n > 0 {
+			s.TopK = int(n)
+		}
 	}
 	if x, ok, e := f.float("min_p"); e != nil {
 		return s, e
@@ -437,7 +449,7 @@ func (f fields) sampling() (Sampling, *Error) {
 		if x < 0 || x > 1 {
 			return s, BadRequest(fmt.Sprintf("min_p must be between 0 and 1, got %g", x), "min_p")
 		}
-		s.MinP = x
+		s.MinP, s.Given.MinP = x, true
 	}
 	if n, ok, e := f.int("seed", math.MinInt64, math.MaxInt64); e != nil {
 		return s, e

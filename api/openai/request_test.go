@@ -226,6 +226,7 @@ func TestParseCompletionRequest(t *testing.T) {
 			if e != nil {
 				t.Fatalf("rejected: %v", e)
 			}
+			got.Sampling.Given = Given{} // checked by TestSamplingGiven
 			if !reflect.DeepEqual(*got, c.want) {
 				t.Errorf("got  %+v\nwant %+v", *got, c.want)
 			}
@@ -269,6 +270,7 @@ func TestParseChatRequest(t *testing.T) {
 			if e != nil {
 				t.Fatalf("rejected: %v", e)
 			}
+			got.Sampling.Given = Given{} // checked by TestSamplingGiven
 			if !reflect.DeepEqual(*got, c.want) {
 				t.Errorf("got  %+v\nwant %+v", *got, c.want)
 			}
@@ -287,6 +289,26 @@ func TestSamplingGreedy(t *testing.T) {
 	} {
 		if got := c.s.Greedy(); got != c.want {
 			t.Errorf("%+v: Greedy() = %v", c.s, got)
+		}
+	}
+}
+
+// Given records exactly the sampling fields the request set, so a server can
+// fill the others from the model's defaults.
+func TestSamplingGiven(t *testing.T) {
+	for body, want := range map[string]Given{
+		`{"model":"m","prompt":"a"}`:                                                 {},
+		`{"model":"m","prompt":"a","temperature":1}`:                                 {Temperature: true},
+		`{"model":"m","prompt":"a","top_p":0.5,"top_k":-1}`:                          {TopP: true, TopK: true},
+		`{"model":"m","prompt":"a","min_p":0,"temperature":null}`:                    {MinP: true},
+		`{"model":"m","prompt":"a","temperature":0,"top_p":1,"top_k":3,"min_p":0.1}`: {true, true, true, true},
+	} {
+		got, e := ParseCompletionRequest([]byte(body))
+		if e != nil {
+			t.Fatalf("%s: %v", body, e)
+		}
+		if got.Sampling.Given != want {
+			t.Errorf("%s: Given %+v, want %+v", body, got.Sampling.Given, want)
 		}
 	}
 }

@@ -29,6 +29,14 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if f.servedName != "" {
 		name = f.servedName
 	}
+	var defaults server.SamplingDefaults
+	if dir, ok := model.HFDir(f.modelPath); ok {
+		gen, err := model.ReadGenerationConfig(dir)
+		if err != nil {
+			return err
+		}
+		defaults = samplingDefaults(gen)
+	}
 	tmpl, err := chatTemplate(f, tok, log)
 	if err != nil {
 		return err
@@ -46,7 +54,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	log.Info("router", "model", name, "prefill", f.prefillURLs, "decode", f.decodeURLs, "policy", f.policy,
 		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
 	srv := server.New(server.Options{
-		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms,
+		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
 		Info: map[string]any{"role": "router", "model": name, "policy": f.policy},
 		LiveInfo: func() map[string]any {
 			p, s := rt.Capacity()

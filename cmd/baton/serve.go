@@ -222,6 +222,13 @@ func parseDType(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("unknown dtype %q (f32, f16, bf16, q8_0)", s)
 }
 
+// samplingDefaults are what a request leaves out, taken from the model's
+// generation_config.json as vLLM does (temperature, top_p, top_k, min_p,
+// max_new_tokens).
+func samplingDefaults(g model.GenerationConfig) server.SamplingDefaults {
+	return server.SamplingDefaults{Temperature: g.Temperature, TopP: g.TopP, TopK: g.TopK, MinP: g.MinP, MaxTokens: g.MaxNewTokens}
+}
+
 // loadTokenizer reads a tokenizer alone: a Hugging Face directory's
 // tokenizer files or a GGUF file's metadata (weights are never paged in).
 func loadTokenizer(path string) (*tokenizer.Tokenizer, error) {
@@ -428,7 +435,8 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	eng := le.engine(f, scheduler.RoleStandalone, ms)
 	srv := server.New(server.Options{
 		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
-		Metrics: ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
+		Defaults: samplingDefaults(le.loaded.Generation),
+		Metrics:  ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
 			"kv_pool_tokens": le.plan.pages * le.plan.pageSize, "kv_pool_pages": le.plan.pages, "page_size": le.plan.pageSize, "model": le.name},
 		LiveInfo: func() map[string]any {
 			st := le.pool.Stats()

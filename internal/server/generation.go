@@ -34,6 +34,22 @@ type generation struct {
 
 func (g *generation) params() scheduler.Params {
 	sp := g.sampling
+	d := g.s.o.Defaults
+	if d.Temperature != nil && !sp.Given.Temperature {
+		sp.Temperature = *d.Temperature
+	}
+	if d.TopP != nil && !sp.Given.TopP {
+		sp.TopP = *d.TopP
+	}
+	if d.TopK != nil && !sp.Given.TopK {
+		sp.TopK = max(0, *d.TopK)
+	}
+	if d.MinP != nil && !sp.Given.MinP {
+		sp.MinP = *d.MinP
+	}
+	if d.MaxTokens != nil && sp.MaxTokens == 0 {
+		sp.MaxTokens = *d.MaxTokens
+	}
 	p := scheduler.Params{
 		Sampling:  model.Sampling{Temperature: sp.Temperature, TopP: sp.TopP, TopK: sp.TopK, MinP: sp.MinP},
 		MaxTokens: sp.MaxTokens, StopTokenIDs: sp.StopTokenIDs, IgnoreEOS: sp.IgnoreEOS,

@@ -61,6 +61,16 @@ type Options struct {
 	Info map[string]any
 	// LiveInfo, when set, adds live figures (pool occupancy) to /server_info.
 	LiveInfo func() map[string]any
+	// Defaults are the model's own sampling defaults (generation_config.json),
+	// used for what a request leaves out; nil fields keep OpenAI's defaults.
+	Defaults SamplingDefaults
+}
+
+// SamplingDefaults are a model's default sampling parameters.
+type SamplingDefaults struct {
+	Temperature, TopP, MinP *float64
+	TopK                    *int
+	MaxTokens               *int
 }
 
 // maxBodyBytes bounds a request body; prompts far beyond any context length

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/batonlm/baton/test/harness"
@@ -242,5 +243,50 @@ func TestHFQwenShapedChat(t *testing.T) {
 			waitPagesFree(t, s)
 			cl.WaitClean(t)
 		})
+	}
+}
+
+// generation_config.json's sampling settings fill what a request leaves
+// out, standalone and at the router: top_k 1 there makes a request with no
+// sampling fields greedy, so it returns the reference; a request that sets
+// top_k itself keeps its own.
+func TestGenerationConfigDefaults(t *testing.T) {
+	dir := t.TempDir()
+	src := storiesHFDir(t)
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Name() == "generation_config.json" {
+			b = []byte(`{"bos_token_id": 1, "eos_token_id": 2, "do_sample": true, "top_k": 1, "max_new_tokens": 64}`)
+		}
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := loadReference(t)
+	name := filepath.Base(dir)
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, WorkerArgs: []string{"--model", dir}, RouterArgs: []string{"--model", dir}})
+	sa := startServer(t, "--model", dir)
+	for _, url := range []string{sa.URL, c.Router.URL} {
+		code, _, body := post(t, url+"/v1/completions", `{"model":"`+name+`","prompt":"Once upon a time"}`)
+		var got completion
+		if err := json.Unmarshal(body, &got); err != nil || code != 200 || got.Choices[0].Text != ref.GeneratedText {
+			t.Fatalf("%s: a request without sampling fields did not follow generation_config (greedy, 64 tokens): %d %s", url, code, body)
+		}
+		diverged := false
+		for seed := 1; seed <= 3 && !diverged; seed++ {
+			_, _, body = post(t, url+"/v1/completions", `{"model":"`+name+`","prompt":"Once upon a time","top_k":0,"temperature":1.5,"seed":`+strconv.Itoa(seed)+`}`)
+			_ = json.Unmarshal(body, &got)
+			diverged = len(got.Choices) == 1 && got.Choices[0].Text != ref.GeneratedText
+		}
+		if !diverged {
+			t.Fatalf("%s: a request's own top_k was overridden by generation_config", url)
+		}
 	}
 }
