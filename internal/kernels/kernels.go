@@ -206,6 +206,28 @@ type RoPE struct {
 	Factors []float32
 }
 
+// Frequencies are the rotation frequency of each of the Dim/2 pairs:
+// Theta^(-2i/Dim), divided by Factors[i] when set. Every backend uses this
+// one definition, in float64, so they rotate by the same angles.
+func (r RoPE) Frequencies() []float64 {
+	freq := make([]float64, r.Dim/2)
+	for i := range freq {
+		freq[i] = math.Pow(float64(r.Theta), -2*float64(i)/float64(r.Dim))
+		if r.Factors != nil {
+			freq[i] /= float64(r.Factors[i])
+		}
+	}
+	return freq
+}
+
+// PositionScale is PosScale with its zero value meaning 1.
+func (r RoPE) PositionScale() float64 {
+	if r.PosScale == 0 {
+		return 1
+	}
+	return float64(r.PosScale)
+}
+
 // Backend runs the bulk operations of a forward pass. Activations are
 // row-major float32 slices; n is the number of rows (tokens).
 type Backend interface {

@@ -21,7 +21,6 @@ import "C"
 
 import (
 	"fmt"
-	"math"
 	"runtime"
 	"strings"
 	"sync"
@@ -213,18 +212,8 @@ func (b *Backend) ApplyRoPE(x []float32, positions []int32, heads, headDim int, 
 	if r.Factors != nil {
 		need("RoPE Factors", len(r.Factors), half)
 	}
-	scale := float64(r.PosScale)
-	if scale == 0 {
-		scale = 1
-	}
-	// The reference's frequency formula, evaluated once per call.
-	freq := make([]float64, half)
-	for i := range freq {
-		freq[i] = math.Pow(float64(r.Theta), -2*float64(i)/float64(r.Dim))
-		if r.Factors != nil {
-			freq[i] /= float64(r.Factors[i])
-		}
-	}
+	scale := r.PositionScale()
+	freq := r.Frequencies()
 	neox := C.int(0)
 	if r.NeoX {
 		neox = 1

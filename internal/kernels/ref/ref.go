@@ -52,19 +52,13 @@ func (*Backend) RMSNorm(out, x, weight []float32, n int, eps float32) {
 // ApplyRoPE implements kernels.Backend.
 func (*Backend) ApplyRoPE(x []float32, positions []int32, heads, headDim int, r kernels.RoPE) {
 	half := r.Dim / 2
-	scale := float64(r.PosScale)
-	if scale == 0 {
-		scale = 1
-	}
+	scale := r.PositionScale()
+	freqs := r.Frequencies()
 	for t, pos := range positions {
 		for h := 0; h < heads; h++ {
 			v := x[(t*heads+h)*headDim:]
 			for i := 0; i < half; i++ {
-				freq := math.Pow(float64(r.Theta), -2*float64(i)/float64(r.Dim))
-				if r.Factors != nil {
-					freq /= float64(r.Factors[i])
-				}
-				ang := float64(pos) * scale * freq
+				ang := float64(pos) * scale * freqs[i]
 				s, c := math.Sincos(ang)
 				a, b := 2*i, 2*i+1
 				if r.NeoX {
