@@ -8,9 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 
-	"golang.org/x/sys/unix"
+	"github.com/batonlm/baton/internal/mmap"
 )
 
 // Type is a ggml tensor element type as stored in the tensor directory.
@@ -107,25 +106,13 @@ const maxCount = 1 << 26 // no real file has this many keys, tensors or array it
 
 // Open maps path and parses its header.
 func Open(path string) (*File, error) {
-	fd, err := os.Open(path)
+	data, err := mmap.File(path, 24)
 	if err != nil {
-		return nil, err
-	}
-	defer fd.Close()
-	st, err := fd.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Size() < 24 {
-		return nil, fmt.Errorf("gguf: %s: file too short (%d bytes)", path, st.Size())
-	}
-	data, err := unix.Mmap(int(fd.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("gguf: mmap %s: %w", path, err)
+		return nil, fmt.Errorf("gguf: %w", err)
 	}
 	f, err := Parse(data)
 	if err != nil {
-		_ = unix.Munmap(data)
+		_ = mmap.Unmap(data)
 		return nil, fmt.Errorf("gguf: %s: %w", path, err)
 	}
 	return f, nil
@@ -136,7 +123,7 @@ func (f *File) Close() error {
 	if f.data == nil {
 		return nil
 	}
-	err := unix.Munmap(f.data)
+	err := mmap.Unmap(f.data)
 	f.data = nil
 	return err
 }

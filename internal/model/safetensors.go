@@ -8,11 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/batonlm/baton/internal/mmap"
 )
 
 // The safetensors format: an 8-byte little-endian header length N, N bytes
@@ -69,25 +68,13 @@ type SafetensorsFile struct {
 // OpenSafetensors memory-maps path read-only and parses its header; tensor
 // bytes are served from the mapping, never copied.
 func OpenSafetensors(path string) (*SafetensorsFile, error) {
-	fd, err := os.Open(path)
+	data, err := mmap.File(path, 8)
 	if err != nil {
-		return nil, err
-	}
-	defer fd.Close()
-	st, err := fd.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if st.Size() < 8 {
-		return nil, fmt.Errorf("safetensors: %s: file too short (%d bytes)", path, st.Size())
-	}
-	data, err := unix.Mmap(int(fd.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("safetensors: mmap %s: %w", path, err)
+		return nil, fmt.Errorf("safetensors: %w", err)
 	}
 	f, err := ParseSafetensors(data)
 	if err != nil {
-		_ = unix.Munmap(data)
+		_ = mmap.Unmap(data)
 		return nil, fmt.Errorf("%w (in %s)", err, path)
 	}
 	f.mapped = true
@@ -230,7 +217,7 @@ func (f *SafetensorsFile) Close() error {
 	if !f.mapped || f.data == nil {
 		return nil
 	}
-	err := unix.Munmap(f.data)
+	err := mmap.Unmap(f.data)
 	f.data = nil
 	return err
 }
