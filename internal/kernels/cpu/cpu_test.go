@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/kernelstest"
 	"github.com/batonlm/baton/internal/kernels/ref"
 )
 
@@ -65,78 +66,28 @@ func variants(t testing.TB) []variant {
 }
 
 func randMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) *kernels.Matrix {
-	m := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
-	d := m.Data
-	switch dt {
-	case kernels.F32:
-		for i := 0; i < rows*cols; i++ {
-			binary.LittleEndian.PutUint32(d[4*i:], math.Float32bits(float32(rng.NormFloat64())))
-		}
-	case kernels.F16:
-		for i := 0; i < rows*cols; i++ {
-			binary.LittleEndian.PutUint16(d[2*i:], kernels.F32ToF16(float32(rng.NormFloat64())))
-		}
-	case kernels.BF16:
-		for i := 0; i < rows*cols; i++ {
-			binary.LittleEndian.PutUint16(d[2*i:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
-		}
-	case kernels.Q8_0:
-		for b := 0; b < rows*cols/32; b++ {
-			blk := d[34*b:]
-			binary.LittleEndian.PutUint16(blk, kernels.F32ToF16(float32(0.001+0.05*rng.Float64())))
-			for j := 0; j < 32; j++ {
-				blk[2+j] = byte(int8(rng.IntN(255) - 127))
-			}
-		}
-	}
-	return m
+	return kernelstest.RandMatrix(rng, dt, rows, cols)
 }
 
 func randVec(rng *rand.Rand, n int, scale float64) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = float32(rng.NormFloat64() * scale)
-	}
-	return v
+	return kernelstest.RandVec(rng, n, scale)
 }
 
-// checker collects the worst error relative to the tolerance and reports
-// the first few elements that exceed it.
-type checker struct {
-	t     testing.TB
-	what  string
-	tol   float64
-	worst float64
-	fails int
-}
-
-// check compares one element: |got-want| <= tol*mag + abs.
-func (c *checker) check(i int, got, want float32, mag, abs float64) {
-	d := math.Abs(float64(got) - float64(want))
-	if math.IsNaN(float64(got)) != math.IsNaN(float64(want)) || d > c.tol*mag+abs {
-		c.fails++
-		if c.fails <= 5 {
-			c.t.Errorf("%s: element %d: got %g, want %g (diff %g, allowed %g)", c.what, i, got, want, d, c.tol*mag+abs)
-		}
-	}
-	if mag > 0 && d/mag > c.worst {
-		c.worst = d / mag
-	}
-}
+type checker = kernelstest.Checker
 
 // TestCheckerCatchesErrors shows the comparisons can fail: an error just
 // above the tolerance is reported, one just below is not.
 func TestCheckerCatchesErrors(t *testing.T) {
 	ft := &testing.T{}
-	c := &checker{t: ft, what: "probe", tol: 1e-6}
-	c.check(0, 1+1.5e-6, 1, 1, 0)
-	c.check(1, float32(math.NaN()), 1, 1, 0)
-	if c.fails != 2 {
-		t.Fatalf("checker missed %d of 2 errors", 2-c.fails)
+	c := &checker{T: ft, What: "probe", Tol: 1e-6}
+	c.Check(0, 1+1.5e-6, 1, 1, 0)
+	c.Check(1, float32(math.NaN()), 1, 1, 0)
+	if c.Fails != 2 {
+		t.Fatalf("checker missed %d of 2 errors", 2-c.Fails)
 	}
-	c = &checker{t: ft, what: "probe", tol: 1e-6}
-	c.check(0, 1+5e-7, 1, 1, 0)
-	if c.fails != 0 {
+	c = &checker{T: ft, What: "probe", Tol: 1e-6}
+	c.Check(0, 1+5e-7, 1, 1, 0)
+	if c.Fails != 0 {
 		t.Fatal("checker flagged an error within tolerance")
 	}
 	// And a real kernel output with one element nudged is caught.
@@ -147,12 +98,12 @@ func TestCheckerCatchesErrors(t *testing.T) {
 	ref.New().MatMul(want, x, 1, w)
 	New(1).MatMul(got, x, 1, w)
 	got[3] += float32(math.Abs(float64(got[3]))*1e-4) + 1e-3
-	c = &checker{t: ft, what: "probe", tol: tolMatMul}
+	c = &checker{T: ft, What: "probe", Tol: tolMatMul}
 	for i := range got {
-		c.check(i, got[i], want[i], matMag(w, x, 0, i), 0)
+		c.Check(i, got[i], want[i], matMag(w, x, 0, i), 0)
 	}
-	if c.fails != 1 {
-		t.Fatalf("nudged MatMul output: %d failures, want 1", c.fails)
+	if c.Fails != 1 {
+		t.Fatalf("nudged MatMul output: %d failures, want 1", c.Fails)
 	}
 }
 
@@ -205,16 +156,16 @@ func TestMatMul(t *testing.T) {
 							got[i] = 12345
 						}
 						v.b.MatMul(got, x, n, w)
-						c := &checker{t: t, what: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), tol: tolMatMul}
+						c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
 						for i := range want {
-							c.check(i, got[i], want[i], mag[i], 1e-30)
+							c.Check(i, got[i], want[i], mag[i], 1e-30)
 						}
 						for i := n * rows; i < len(got); i++ {
 							if got[i] != 12345 {
-								t.Fatalf("%s: wrote past the output", c.what)
+								t.Fatalf("%s: wrote past the output", c.What)
 							}
 						}
-						worst[v.name+" "+dt.String()] = max(worst[v.name+" "+dt.String()], c.worst)
+						worst[v.name+" "+dt.String()] = max(worst[v.name+" "+dt.String()], c.Worst)
 					}
 				}
 			}
@@ -230,9 +181,9 @@ func TestMatMul(t *testing.T) {
 			for _, v := range vs {
 				got := make([]float32, n*301)
 				v.b.MatMul(got, x, n, w)
-				c := &checker{t: t, what: fmt.Sprintf("MatMul %s 301x256 n=%d [%s]", dt, n, v.name), tol: tolMatMul}
+				c := &checker{T: t, What: fmt.Sprintf("MatMul %s 301x256 n=%d [%s]", dt, n, v.name), Tol: tolMatMul}
 				for i := range want {
-					c.check(i, got[i], want[i], matMag(w, x, i/301, i%301), 1e-30)
+					c.Check(i, got[i], want[i], matMag(w, x, i/301, i%301), 1e-30)
 				}
 			}
 		}
@@ -257,9 +208,9 @@ func TestMatMulUnaligned(t *testing.T) {
 		for _, v := range variants(t) {
 			got := make([]float32, 5*9)
 			v.b.MatMul(got, x, 5, wu)
-			c := &checker{t: t, what: fmt.Sprintf("unaligned MatMul %s [%s]", dt, v.name), tol: tolMatMul}
+			c := &checker{T: t, What: fmt.Sprintf("unaligned MatMul %s [%s]", dt, v.name), Tol: tolMatMul}
 			for i := range want {
-				c.check(i, got[i], want[i], matMag(w, x, i/9, i%9), 1e-30)
+				c.Check(i, got[i], want[i], matMag(w, x, i/9, i%9), 1e-30)
 			}
 		}
 	}
@@ -276,9 +227,9 @@ func TestRMSNorm(t *testing.T) {
 			for _, v := range variants(t) {
 				got := make([]float32, n*d)
 				v.b.RMSNorm(got, x, w, n, 1e-5)
-				c := &checker{t: t, what: fmt.Sprintf("RMSNorm d=%d n=%d [%s]", d, n, v.name), tol: tolRMSNorm}
+				c := &checker{T: t, What: fmt.Sprintf("RMSNorm d=%d n=%d [%s]", d, n, v.name), Tol: tolRMSNorm}
 				for i := range want {
-					c.check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-37)
+					c.Check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-37)
 				}
 			}
 		}
@@ -320,7 +271,7 @@ func TestRoPE(t *testing.T) {
 			for _, v := range variants(t) {
 				got := append([]float32(nil), x...)
 				v.b.ApplyRoPE(got, pos, c.heads, c.hd, c.r)
-				ck := &checker{t: t, what: fmt.Sprintf("RoPE case %d ntok=%d [%s]", ci, ntok, v.name), tol: tolRoPE}
+				ck := &checker{T: t, What: fmt.Sprintf("RoPE case %d ntok=%d [%s]", ci, ntok, v.name), Tol: tolRoPE}
 				for i := range want {
 					// Magnitude: the larger element of the head (covers
 					// both members of any pair).
@@ -329,7 +280,7 @@ func TestRoPE(t *testing.T) {
 					for _, e := range x[h*c.hd : (h+1)*c.hd] {
 						m = max(m, math.Abs(float64(e)))
 					}
-					ck.check(i, got[i], want[i], m, 1e-37)
+					ck.Check(i, got[i], want[i], m, 1e-37)
 				}
 			}
 		}
@@ -352,9 +303,9 @@ func TestSwiGLUAdd(t *testing.T) {
 		for _, v := range variants(t) {
 			got := make([]float32, n)
 			v.b.SwiGLU(got, g, u)
-			c := &checker{t: t, what: fmt.Sprintf("SwiGLU n=%d [%s]", n, v.name), tol: tolSwiGLU}
+			c := &checker{T: t, What: fmt.Sprintf("SwiGLU n=%d [%s]", n, v.name), Tol: tolSwiGLU}
 			for i := range want {
-				c.check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-30*math.Abs(float64(u[i])))
+				c.Check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-30*math.Abs(float64(u[i])))
 			}
 			v.b.Add(got, g, u)
 			for i := range wantAdd {
@@ -492,12 +443,12 @@ func TestAttention(t *testing.T) {
 				for _, v := range vs {
 					got := make([]float32, len(c.q))
 					v.b.Attention(got, c.q, c.kv, 1, c.seqs, c.heads, scale)
-					ck := &checker{t: t, what: fmt.Sprintf("Attention hd=%d heads=%d/%d ps=%d [%s]", hd, gq.heads, kvh, ps, v.name), tol: tolAttn}
+					ck := &checker{T: t, What: fmt.Sprintf("Attention hd=%d heads=%d/%d ps=%d [%s]", hd, gq.heads, kvh, ps, v.name), Tol: tolAttn}
 					// |V| is ~N(0,1); 5 is above any sample here.
 					for i := range want {
-						ck.check(i, got[i], want[i], 5, 0)
+						ck.Check(i, got[i], want[i], 5, 0)
 					}
-					worst[v.name] = max(worst[v.name], ck.worst)
+					worst[v.name] = max(worst[v.name], ck.Worst)
 				}
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/kernelstest"
 	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -63,79 +64,14 @@ func TestFakeKernels(t *testing.T) { runSuite(t, fakeBackend(t)) }
 func TestGPUKernels(t *testing.T) { runSuite(t, gpuBackend(t)) }
 
 func randMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) *kernels.Matrix {
-	m := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
-	d := m.Data
-	switch dt {
-	case kernels.F32:
-		for i := 0; i < rows*cols; i++ {
-			binary.LittleEndian.PutUint32(d[4*i:], math.Float32bits(float32(rng.NormFloat64())))
-		}
-	case kernels.F16:
-		for i := 0; i < rows*cols; i++ {
-			binary.LittleEndian.PutUint16(d[2*i:], kernels.F32ToF16(float32(rng.NormFloat64())))
-		}
-	case kernels.BF16:
-		for i := 0; i < rows*cols; i++ {
-			binary.LittleEndian.PutUint16(d[2*i:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
-		}
-	case kernels.Q8_0:
-		for b := 0; b < rows*cols/32; b++ {
-			blk := d[34*b:]
-			binary.LittleEndian.PutUint16(blk, kernels.F32ToF16(float32(0.001+0.05*rng.Float64())))
-			for j := 0; j < 32; j++ {
-				blk[2+j] = byte(int8(rng.IntN(255) - 127))
-			}
-		}
-	}
-	return m
+	return kernelstest.RandMatrix(rng, dt, rows, cols)
 }
 
 func randVec(rng *rand.Rand, n int, scale float64) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = float32(rng.NormFloat64() * scale)
-	}
-	return v
+	return kernelstest.RandVec(rng, n, scale)
 }
 
-// checker collects the worst error relative to the magnitude and reports
-// the first few elements beyond the tolerance.
-type checker struct {
-	t     testing.TB
-	what  string
-	tol   float64
-	worst float64
-	fails int
-}
-
-func (c *checker) check(i int, got, want float32, mag, abs float64) {
-	d := math.Abs(float64(got) - float64(want))
-	if math.IsNaN(float64(got)) != math.IsNaN(float64(want)) || d > c.tol*mag+abs {
-		c.fails++
-		if c.fails <= 5 {
-			c.t.Errorf("%s: element %d: got %g, want %g (diff %g, allowed %g)", c.what, i, got, want, d, c.tol*mag+abs)
-		}
-	}
-	if mag > 0 && d/mag > c.worst {
-		c.worst = d / mag
-	}
-}
-
-// TestCheckerCatchesErrors shows the comparisons can fail.
-func TestCheckerCatchesErrors(t *testing.T) {
-	ft := &testing.T{}
-	c := &checker{t: ft, what: "probe", tol: 1e-6}
-	c.check(0, 1+1.5e-6, 1, 1, 0)
-	c.check(1, float32(math.NaN()), 1, 1, 0)
-	if c.fails != 2 {
-		t.Fatalf("checker missed %d of 2 errors", 2-c.fails)
-	}
-	c = &checker{t: ft, what: "probe", tol: 1e-6}
-	c.check(0, 1+5e-7, 1, 1, 0)
-	if c.fails != 0 {
-		t.Fatal("checker flagged an error within tolerance")
-	}
-}
+type checker = kernelstest.Checker
 
 // TestFakeCatchesKernelBug: the fake-driver comparison sees a wrong
 // result: a product whose weight was changed after upload (the cache is by
@@ -151,12 +87,12 @@ func TestFakeCatchesKernelBug(t *testing.T) {
 	want := make([]float32, 8)
 	ref.New().MatMul(want, x, 1, w)
 	ft := &testing.T{}
-	c := &checker{t: ft, what: "probe", tol: tolMatMul}
+	c := &checker{T: ft, What: "probe", Tol: tolMatMul}
 	for i := range got {
-		c.check(i, got[i], want[i], matMag(w, x, 0, i), 1e-30)
+		c.Check(i, got[i], want[i], matMag(w, x, 0, i), 1e-30)
 	}
-	if c.fails != 1 {
-		t.Fatalf("%d failures, want 1 (row 3)", c.fails)
+	if c.Fails != 1 {
+		t.Fatalf("%d failures, want 1 (row 3)", c.Fails)
 	}
 }
 
@@ -209,9 +145,9 @@ func checkMatMul(t *testing.T, b *Backend, what string, w *kernels.Matrix, x []f
 		got[i] = 12345
 	}
 	b.MatMul(got, x, n, w)
-	c := &checker{t: t, what: what, tol: mmTol(b, w.DType, n)}
+	c := &checker{T: t, What: what, Tol: mmTol(b, w.DType, n)}
 	for i := range want {
-		c.check(i, got[i], want[i], matMag(w, x, i/w.Rows, i%w.Rows), 1e-30)
+		c.Check(i, got[i], want[i], matMag(w, x, i/w.Rows, i%w.Rows), 1e-30)
 	}
 	for i := n * w.Rows; i < len(got); i++ {
 		if got[i] != 12345 {
@@ -219,8 +155,8 @@ func checkMatMul(t *testing.T, b *Backend, what string, w *kernels.Matrix, x []f
 		}
 	}
 	if worst != nil {
-		k := fmt.Sprintf("%s tol %.0e", w.DType, c.tol)
-		worst[k] = max(worst[k], c.worst)
+		k := fmt.Sprintf("%s tol %.0e", w.DType, c.Tol)
+		worst[k] = max(worst[k], c.Worst)
 	}
 }
 
@@ -306,9 +242,9 @@ func testRMSNorm(t *testing.T, b *Backend) {
 			ref.New().RMSNorm(want, x, w, n, 1e-5)
 			got := make([]float32, n*d)
 			b.RMSNorm(got, x, w, n, 1e-5)
-			c := &checker{t: t, what: fmt.Sprintf("RMSNorm d=%d n=%d", d, n), tol: tolRMSNorm}
+			c := &checker{T: t, What: fmt.Sprintf("RMSNorm d=%d n=%d", d, n), Tol: tolRMSNorm}
 			for i := range want {
-				c.check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-37)
+				c.Check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-37)
 			}
 			// In place, as the model's per-head norm calls it.
 			b.RMSNorm(x, x, w, n, 1e-5)
@@ -354,14 +290,14 @@ func testRoPE(t *testing.T, b *Backend) {
 			ref.New().ApplyRoPE(want, pos, c.heads, c.hd, c.r)
 			got := append([]float32(nil), x...)
 			b.ApplyRoPE(got, pos, c.heads, c.hd, c.r)
-			ck := &checker{t: t, what: fmt.Sprintf("RoPE case %d ntok=%d", ci, ntok), tol: tolRoPE}
+			ck := &checker{T: t, What: fmt.Sprintf("RoPE case %d ntok=%d", ci, ntok), Tol: tolRoPE}
 			for i := range want {
 				h := i / c.hd
 				var m float64
 				for _, e := range x[h*c.hd : (h+1)*c.hd] {
 					m = max(m, math.Abs(float64(e)))
 				}
-				ck.check(i, got[i], want[i], m, 1e-37)
+				ck.Check(i, got[i], want[i], m, 1e-37)
 			}
 		}
 	}
@@ -382,9 +318,9 @@ func testSwiGLUAdd(t *testing.T, b *Backend) {
 		ref.New().Add(wantAdd, g, u)
 		got := make([]float32, n)
 		b.SwiGLU(got, g, u)
-		c := &checker{t: t, what: fmt.Sprintf("SwiGLU n=%d", n), tol: tolSwiGLU}
+		c := &checker{T: t, What: fmt.Sprintf("SwiGLU n=%d", n), Tol: tolSwiGLU}
 		for i := range want {
-			c.check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-30*math.Abs(float64(u[i])))
+			c.Check(i, got[i], want[i], math.Abs(float64(want[i])), 1e-30*math.Abs(float64(u[i])))
 		}
 		b.Add(got, g, u)
 		for i := range wantAdd {
@@ -507,12 +443,12 @@ func checkAttention(t *testing.T, b *Backend, what string, c attnCase, scale flo
 		}
 	}
 	b.Attention(got, c.q, c.kv, 1, c.seqs, c.heads, scale)
-	ck := &checker{t: t, what: what, tol: tolAttn}
+	ck := &checker{T: t, What: what, Tol: tolAttn}
 	for i := range want {
-		ck.check(i, got[i], want[i], 5, 0)
+		ck.Check(i, got[i], want[i], 5, 0)
 	}
 	if worst != nil {
-		*worst = max(*worst, ck.worst)
+		*worst = max(*worst, ck.Worst)
 	}
 }
 
