@@ -75,11 +75,19 @@ func (f *fakeServer) complete(w http.ResponseWriter, r *http.Request) {
 	f.inflight++
 	f.peak = max(f.peak, f.inflight)
 	f.mu.Unlock()
-	defer func() {
-		f.mu.Lock()
-		f.inflight--
-		f.mu.Unlock()
-	}()
+	// The count drops before the last chunk a client may stop at is sent:
+	// once a client has it, the client may start its next request, and
+	// that must not be counted as overlapping this one.
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			f.mu.Lock()
+			f.inflight--
+			f.mu.Unlock()
+		}
+	}
+	defer release()
 	if f.failEvery > 0 && n%f.failEvery == 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusInternalServerError)
@@ -103,9 +111,11 @@ func (f *fakeServer) complete(w http.ResponseWriter, r *http.Request) {
 		finish := "null"
 		if i == body.MaxTokens-1 && !f.noFinish {
 			finish = `"length"`
+			release()
 		}
 		send(fmt.Sprintf(`{"id":"c","object":"text_completion","model":%q,"choices":[{"index":0,"text":" tok%d","logprobs":null,"finish_reason":%s}],"usage":null}`, body.Model, i, finish))
 		if f.midError && i == 0 {
+			release()
 			send(`{"error":{"message":"decode failed","type":"server_error","code":502}}`)
 			return
 		}
