@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -272,4 +273,86 @@ func testutilValue(t *testing.T, ms *metrics.Set, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// manualEngine is an engine whose loop the test drives step by step, so it
+// can change the pool between steps without racing the loop.
+func manualEngine(t *testing.T) (*Engine, *metrics.Set) {
+	t.Helper()
+	l, err := model.Load(model.LoadOptions{}, ref.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.Model.Config
+	pool, err := kvpool.New(kvpool.Config{NumPages: 16, PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := metrics.New("standalone")
+	return NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 4}, ms), ms
+}
+
+// startManual submits the reference prompt and runs the step that prefills
+// it and samples the first token.
+func startManual(t *testing.T, e *Engine) *Request {
+	t.Helper()
+	r := NewRequest("m", loadRef(t).PromptIDs, Params{MaxTokens: 8})
+	if err := e.Submit(r); err != nil {
+		t.Fatal(err)
+	}
+	e.takeInbox()
+	e.admit()
+	e.step()
+	if ev, ok := r.Next(context.Background()); !ok || ev.Token == nil {
+		t.Fatalf("no first token: %+v", ev)
+	}
+	return r
+}
+
+func lastEvent(t *testing.T, r *Request) Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ev, ok := r.Next(ctx)
+	if !ok {
+		t.Fatal("no event")
+	}
+	return ev
+}
+
+// The read gate refuses a batch entry whose pages are no longer the
+// request's own (here freed behind the engine's back, as a bookkeeping bug
+// elsewhere would): the request fails and the refusal is counted, instead of
+// attention reading pages someone else may hold.
+func TestReadGateRefusesPagesNotOwned(t *testing.T) {
+	e, ms := manualEngine(t)
+	r := startManual(t, e)
+	if err := e.pool.Release(r.owner, r.pages); err != nil {
+		t.Fatal(err)
+	}
+	e.step()
+	ev := lastEvent(t, r)
+	if ev.Finish != FinishError || ev.Err == nil || !strings.Contains(ev.Err.Error(), "read gate") {
+		t.Fatalf("event %+v, want a read-gate failure", ev)
+	}
+	if n := testutilValue(t, ms, "baton_kv_read_gate_failures_total"); n != 1 {
+		t.Fatalf("read gate failures %v, want 1", n)
+	}
+}
+
+// Logits with NaN (KV that was never written, under --kv-poison) are never
+// sampled: the request fails and the event is counted.
+func TestNaNLogitsAreNeverSampled(t *testing.T) {
+	e, ms := manualEngine(t)
+	r := startManual(t, e)
+	kv := e.pool.KV()
+	kv.Data[kv.KOffset(int(r.pages[0]), 0, 0)] = float32(math.NaN())
+	e.step()
+	ev := lastEvent(t, r)
+	if ev.Token != nil || ev.Finish != FinishError || !strings.Contains(ev.Err.Error(), "NaN logits") {
+		t.Fatalf("event %+v, want a NaN-logits failure and no token", ev)
+	}
+	if n := testutilValue(t, ms, "baton_nan_logits_total"); n != 1 {
+		t.Fatalf("NaN logits counted %v times, want 1", n)
+	}
 }
