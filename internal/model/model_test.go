@@ -1,35 +1,17 @@
 package model
 
 import (
-	"encoding/json"
 	"math"
-	"os"
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/ref"
+	testref "github.com/batonlm/baton/test/reference"
 )
 
-type reference struct {
-	PromptIDs    []int32 `json:"prompt_token_ids"`
-	GeneratedIDs []int32 `json:"generated_token_ids"`
-	Top5         [][]struct {
-		ID      int32   `json:"id"`
-		Logprob float64 `json:"logprob"`
-	} `json:"top5_logprobs_per_position"`
-}
+type reference = testref.Greedy
 
-func loadReference(t testing.TB) reference {
-	b, err := os.ReadFile("../../testdata/stories260K-greedy-once-upon-a-time.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r reference
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
+func loadReference(t testing.TB) reference { return testref.Load(t) }
 
 // generate runs greedy decoding through Forward with a simple page table
 // (pages in reverse order, so the page indirection is exercised), feeding

@@ -2,11 +2,9 @@ package roles
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/tcp"
+	testref "github.com/batonlm/baton/test/reference"
 )
 
 type pair struct {
@@ -106,24 +105,11 @@ func newPair(t testing.TB, pageSize, chunk int) *pair {
 	return p
 }
 
-type reference struct {
-	PromptIDs    []int32 `json:"prompt_token_ids"`
-	GeneratedIDs []int32 `json:"generated_token_ids"`
-}
+type reference = testref.Greedy
 
 func loadRef(t *testing.T) reference { return loadRefTB(t) }
 
-func loadRefTB(t testing.TB) reference {
-	b, err := os.ReadFile("../../testdata/stories260K-greedy-once-upon-a-time.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r reference
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
+func loadRefTB(t testing.TB) reference { return testref.Load(t) }
 
 // handoff plays the router: Reserve, Stream, Prefill; it returns the tokens.
 func (p *pair) handoff(t *testing.T, prompt []int32, maxTokens int) ([]int32, string, error) {

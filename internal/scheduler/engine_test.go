@@ -2,9 +2,7 @@ package scheduler
 
 import (
 	"context"
-	"encoding/json"
 	"math"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -14,28 +12,12 @@ import (
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
+	testref "github.com/batonlm/baton/test/reference"
 )
 
-type reference struct {
-	PromptIDs    []int32 `json:"prompt_token_ids"`
-	GeneratedIDs []int32 `json:"generated_token_ids"`
-	Top5         [][]struct {
-		ID      int32   `json:"id"`
-		Logprob float64 `json:"logprob"`
-	} `json:"top5_logprobs_per_position"`
-}
+type reference = testref.Greedy
 
-func loadRef(t *testing.T) reference {
-	b, err := os.ReadFile("../../testdata/stories260K-greedy-once-upon-a-time.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r reference
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
+func loadRef(t *testing.T) reference { return testref.Load(t) }
 
 func newEngine(t *testing.T, pageSize, pages, chunk int) (*Engine, context.CancelFunc) {
 	t.Helper()

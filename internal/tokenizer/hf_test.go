@@ -10,6 +10,7 @@ import (
 
 	"github.com/batonlm/baton/internal/gguf"
 	"github.com/batonlm/baton/internal/tokenizer/chat"
+	testref "github.com/batonlm/baton/test/reference"
 )
 
 const (
@@ -194,19 +195,7 @@ func TestHFStoriesMatchesGGUF(t *testing.T) {
 		}
 	}
 	// The public reference: prompt + generated ids decode to its text.
-	var ref struct {
-		Prompt        string  `json:"prompt"`
-		PromptIDs     []int32 `json:"prompt_token_ids"`
-		GeneratedIDs  []int32 `json:"generated_token_ids"`
-		GeneratedText string  `json:"generated_text"`
-	}
-	b, err := os.ReadFile("../../testdata/stories260K-greedy-once-upon-a-time.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &ref); err != nil {
-		t.Fatal(err)
-	}
+	ref := testref.Load(t)
 	if got := hf.Encode(ref.Prompt, true, false); !slices.Equal(got, ref.PromptIDs) {
 		t.Fatalf("reference prompt ids %v, want %v", got, ref.PromptIDs)
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	testref "github.com/batonlm/baton/test/reference"
 	"io"
 	"math"
 	"net"
@@ -19,28 +20,9 @@ import (
 	"unicode/utf8"
 )
 
-type reference struct {
-	Prompt        string `json:"prompt"`
-	GeneratedText string `json:"generated_text"`
-	GeneratedIDs  []int  `json:"generated_token_ids"`
-	Top5          [][]struct {
-		ID      int     `json:"id"`
-		Token   string  `json:"token"`
-		Logprob float64 `json:"logprob"`
-	} `json:"top5_logprobs_per_position"`
-}
+type reference = testref.Greedy
 
-func loadReference(t *testing.T) reference {
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "testdata", "stories260K-greedy-once-upon-a-time.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r reference
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
+func loadReference(t *testing.T) reference { return testref.Load(t) }
 
 type completion struct {
 	Choices []struct {

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/test/harness"
+	testref "github.com/batonlm/baton/test/reference"
 )
 
 func TestMain(m *testing.M) {
@@ -75,23 +75,9 @@ func requireClean(t *testing.T, v violations) {
 	}
 }
 
-type reference struct {
-	Prompt        string `json:"prompt"`
-	GeneratedText string `json:"generated_text"`
-	GeneratedIDs  []int  `json:"generated_token_ids"`
-}
+type reference = testref.Greedy
 
-func loadReference(t *testing.T) reference {
-	b, err := os.ReadFile(filepath.Join(harness.RepoRoot(t), "testdata", "stories260K-greedy-once-upon-a-time.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r reference
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
+func loadReference(t *testing.T) reference { return testref.Load(t) }
 
 // greedy asks for the reference continuation; it returns the status and the
 // text (empty unless 200).

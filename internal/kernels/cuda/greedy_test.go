@@ -1,14 +1,13 @@
 package cuda
 
 import (
-	"encoding/json"
 	"math"
-	"os"
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/model"
+	testref "github.com/batonlm/baton/test/reference"
 )
 
 // The stories260K greedy reference (llama.cpp, CPU) through this backend:
@@ -16,26 +15,9 @@ import (
 // the prompt fed whole, one token at a time and in chunks, over a pool
 // poisoned with NaN so that reading any unwritten slot would show.
 
-type greedyRef struct {
-	PromptIDs    []int32 `json:"prompt_token_ids"`
-	GeneratedIDs []int32 `json:"generated_token_ids"`
-	Top5         [][]struct {
-		ID      int32   `json:"id"`
-		Logprob float64 `json:"logprob"`
-	} `json:"top5_logprobs_per_position"`
-}
+type greedyRef = testref.Greedy
 
-func loadGreedyRef(t testing.TB) greedyRef {
-	b, err := os.ReadFile("../../../testdata/stories260K-greedy-once-upon-a-time.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r greedyRef
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
+func loadGreedyRef(t testing.TB) greedyRef { return testref.Load(t) }
 
 // generate is greedy decoding through Forward with pages in reverse order,
 // the prompt in chunks of chunk tokens.
