@@ -12,11 +12,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/batonlm/baton/internal/metrics"
 )
 
 // Options say which deployment to check.
@@ -144,20 +144,13 @@ func (c *checker) discover(ctx context.Context) error {
 	return nil
 }
 
-var metricLine = regexp.MustCompile(`(?m)^(baton_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+|NaN)$`)
-
 // metrics sums each baton_ metric of a worker over its labels.
 func (c *checker) metrics(ctx context.Context, w worker) (map[string]float64, error) {
 	code, b, err := c.do(ctx, http.MethodGet, w.URL+"/metrics", "", false)
 	if err != nil || code != 200 {
 		return nil, fmt.Errorf("%s/metrics: HTTP %d %v", w.URL, code, err)
 	}
-	out := map[string]float64{}
-	for _, m := range metricLine.FindAllStringSubmatch(string(b), -1) {
-		v, _ := strconv.ParseFloat(m[3], 64)
-		out[m[1]] += v
-	}
-	return out, nil
+	return metrics.ParseText(string(b)), nil
 }
 
 // totals sums metrics over every worker of a role ("" for all).

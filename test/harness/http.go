@@ -3,12 +3,12 @@ package harness
 import (
 	"io"
 	"net/http"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/batonlm/baton/internal/metrics"
 )
 
 // Post sends a JSON body and returns status, headers and body; header holds
@@ -44,8 +44,6 @@ func Get(t testing.TB, url string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-var metricLine = regexp.MustCompile(`(?m)^(baton_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+|NaN)$`)
-
 // Metrics scrapes a server's /metrics. Each baton_ series is keyed by name
 // plus labels as printed, and each name alone holds the sum of its series.
 func Metrics(t testing.TB, s *Server) map[string]float64 {
@@ -54,13 +52,7 @@ func Metrics(t testing.TB, s *Server) map[string]float64 {
 	if code != 200 {
 		t.Fatalf("%s/metrics: %d", s.URL, code)
 	}
-	out := map[string]float64{}
-	for _, m := range metricLine.FindAllStringSubmatch(string(body), -1) {
-		v, _ := strconv.ParseFloat(m[3], 64)
-		out[m[1]+m[2]] += v
-		out[m[1]] += v
-	}
-	return out
+	return metrics.ParseText(string(body))
 }
 
 // WaitPagesFree waits until every KV page of s is back on the free list.
