@@ -154,22 +154,12 @@ func (b *Backend) parallel(total, align int, work int, fn func(lo, hi int)) {
 
 func fptr(s []float32) *C.float { return (*C.float)(unsafe.Pointer(unsafe.SliceData(s))) }
 
-func need(what string, have, want int) {
-	if have < want {
-		panic(fmt.Sprintf("cpu: %s has %d elements, needs %d", what, have, want))
-	}
-}
-
 // MatMul implements kernels.Backend.
 func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 	if n <= 0 {
 		return
 	}
-	if err := w.Validate(); err != nil {
-		panic(err)
-	}
-	need("MatMul x", len(x), n*w.Cols)
-	need("MatMul out", len(out), n*w.Rows)
+	kernels.CheckMatMul(out, x, n, w)
 	wp := unsafe.Pointer(unsafe.SliceData(w.Data))
 	work := n * w.Rows * w.Cols
 	if w.DType == kernels.F32 && b.blasMinN > 0 && n >= b.blasMinN && uintptr(wp)%4 == 0 {
@@ -191,8 +181,7 @@ func (b *Backend) RMSNorm(out, x, weight []float32, n int, eps float32) {
 	if n <= 0 || d == 0 {
 		return
 	}
-	need("RMSNorm x", len(x), n*d)
-	need("RMSNorm out", len(out), n*d)
+	kernels.CheckRMSNorm(out, x, n, d)
 	b.parallel(n, 1, 4*n*d, func(lo, hi int) {
 		C.bk_rmsnorm(b.simdFlag(), fptr(out), fptr(x), fptr(weight), C.int64_t(d), C.float(eps),
 			C.int64_t(lo), C.int64_t(hi))
@@ -205,13 +194,7 @@ func (b *Backend) ApplyRoPE(x []float32, positions []int32, heads, headDim int, 
 	if len(positions) == 0 || half <= 0 || heads <= 0 {
 		return
 	}
-	if r.Dim > headDim {
-		panic(fmt.Sprintf("cpu: RoPE dim %d > head dim %d", r.Dim, headDim))
-	}
-	need("ApplyRoPE x", len(x), len(positions)*heads*headDim)
-	if r.Factors != nil {
-		need("RoPE Factors", len(r.Factors), half)
-	}
+	kernels.CheckRoPE(x, len(positions), heads, headDim, r)
 	scale := r.PositionScale()
 	freq := r.Frequencies()
 	neox := C.int(0)
@@ -232,8 +215,7 @@ func (b *Backend) SwiGLU(out, gate, up []float32) {
 	if n == 0 {
 		return
 	}
-	need("SwiGLU up", len(up), n)
-	need("SwiGLU out", len(out), n)
+	kernels.CheckElementwise("SwiGLU", n, up, out)
 	b.parallel(n, 64, 12*n, func(lo, hi int) {
 		C.bk_swiglu(b.simdFlag(), fptr(out[lo:]), fptr(gate[lo:]), fptr(up[lo:]), C.int64_t(hi-lo))
 	})
@@ -245,8 +227,7 @@ func (b *Backend) Add(out, a, bb []float32) {
 	if n == 0 {
 		return
 	}
-	need("Add a", len(a), n)
-	need("Add b", len(bb), n)
+	kernels.CheckElementwise("Add", n, a, bb)
 	b.parallel(n, 64, 3*n, func(lo, hi int) {
 		C.bk_add(b.simdFlag(), fptr(out[lo:]), fptr(a[lo:]), fptr(bb[lo:]), C.int64_t(hi-lo))
 	})
@@ -257,15 +238,7 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 	if len(ids) == 0 {
 		return
 	}
-	if err := table.Validate(); err != nil {
-		panic(err)
-	}
-	for _, id := range ids {
-		if id < 0 || int(id) >= table.Rows {
-			panic(fmt.Sprintf("cpu: Embed id %d out of range [0,%d)", id, table.Rows))
-		}
-	}
-	need("Embed out", len(out), len(ids)*table.Cols)
+	kernels.CheckEmbed(out, table, ids)
 	C.bk_dequant_rows(b.simdFlag(), fptr(out), (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(table.Data))),
 		C.int(table.DType), C.int64_t(table.Cols), (*C.int32_t)(unsafe.Pointer(&ids[0])), C.int64_t(len(ids)))
 }
@@ -273,6 +246,7 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 // StoreKV implements kernels.Backend. It is a plain copy (Go's memmove is
 // as fast as anything C would do).
 func (*Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []float32) {
+	kernels.CheckStoreKV(kv, layer, slots, k, v)
 	rf := kv.RowFloats()
 	for i, s := range slots {
 		p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
@@ -291,45 +265,26 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 	if len(seqs) == 0 {
 		return
 	}
+	kernels.CheckAttention(len(out), len(q), kv, layer, seqs, heads)
 	hd := kv.HeadDim
-	if kv.KVHeads <= 0 || hd <= 0 || kv.PageSize <= 0 || heads <= 0 || heads%kv.KVHeads != 0 {
-		panic(fmt.Sprintf("cpu: Attention with %d heads, %d KV heads, head dim %d, page size %d",
-			heads, kv.KVHeads, hd, kv.PageSize))
-	}
-	if layer < 0 || layer >= kv.Layers {
-		panic(fmt.Sprintf("cpu: Attention layer %d of %d", layer, kv.Layers))
-	}
 	group := heads / kv.KVHeads
-	npages := len(kv.Data) / kv.PageFloats()
 	maxMembers := int(C.BK_ATTN_MAX_MEMBERS)
 	nh := min(group, maxMembers)
 	rowsPer := max(1, maxMembers/nh)
 
 	var (
-		pages   []int32
-		sdesc   = make([]int64, 0, len(seqs)*int(C.BK_SEQ_FIELDS))
-		items   []int32
-		cost    []int
-		total   int
-		rowSize = heads * hd
+		pages []int32
+		sdesc = make([]int64, 0, len(seqs)*int(C.BK_SEQ_FIELDS))
+		items []int32
+		cost  []int
+		total int
 	)
 	for si, s := range seqs {
 		if s.QLen <= 0 {
 			sdesc = append(sdesc, 0, 0, 0, 0)
 			continue
 		}
-		if s.KVLen < s.QLen || s.QStart < 0 {
-			panic(fmt.Sprintf("cpu: Attention seq %d: QStart %d QLen %d KVLen %d", si, s.QStart, s.QLen, s.KVLen))
-		}
-		need("Attention q", len(q), (s.QStart+s.QLen)*rowSize)
-		need("Attention out", len(out), (s.QStart+s.QLen)*rowSize)
 		used := (s.KVLen + kv.PageSize - 1) / kv.PageSize
-		need("Attention Pages", len(s.Pages), used)
-		for _, p := range s.Pages[:used] {
-			if p < 0 || int(p) >= npages {
-				panic(fmt.Sprintf("cpu: Attention page %d out of range [0,%d)", p, npages))
-			}
-		}
 		sdesc = append(sdesc, int64(len(pages)), int64(s.QStart), int64(s.QLen), int64(s.KVLen))
 		pages = append(pages, s.Pages[:used]...)
 		for kh := 0; kh < kv.KVHeads; kh++ {

@@ -493,12 +493,6 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 		C.uint(bx), C.uint(smem), C.uintptr_t(b.stream), (*C.uint64_t)(unsafe.Pointer(&b.args[0])), C.int(len(args))))
 }
 
-func need(what string, have, want int) {
-	if have < want {
-		panic(fmt.Sprintf("cuda: %s has %d elements, needs %d", what, have, want))
-	}
-}
-
 // ---- weights ----
 
 // weight returns the device copy of w, uploading it the first time.
@@ -594,18 +588,11 @@ func (b *Backend) kvMirror(kv kernels.PagedKV) *devKV {
 	return m
 }
 
-func kvPages(kv kernels.PagedKV) int {
-	if kv.PageFloats() <= 0 {
-		return 0
-	}
-	return len(kv.Data) / kv.PageFloats()
-}
-
 // SyncPages uploads pages of kv's host pool to its device mirror: call it
 // after anything other than this backend wrote those pages (received KV
 // unpacked into the pool) and before attention reads them.
 func (b *Backend) SyncPages(kv kernels.PagedKV, pages []int32) (err error) {
-	np, pf := kvPages(kv), kv.PageFloats()
+	np, pf := kv.Pages(), kv.PageFloats()
 	for _, p := range pages {
 		if p < 0 || int(p) >= np {
 			return fmt.Errorf("cuda: SyncPages: page %d outside the pool of %d", p, np)
@@ -698,8 +685,8 @@ func (b *Backend) UnpackPage(kv kernels.PagedKV, page int32, tokens int, src []b
 }
 
 func checkPage(kv kernels.PagedKV, page int32, tokens int) error {
-	if page < 0 || int(page) >= kvPages(kv) {
-		return fmt.Errorf("cuda: page %d outside the pool of %d", page, kvPages(kv))
+	if page < 0 || int(page) >= kv.Pages() {
+		return fmt.Errorf("cuda: page %d outside the pool of %d", page, kv.Pages())
 	}
 	if tokens < 0 || tokens > kv.PageSize {
 		return fmt.Errorf("cuda: %d tokens in a page of %d", tokens, kv.PageSize)
@@ -714,11 +701,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 	if n <= 0 {
 		return
 	}
-	if err := w.Validate(); err != nil {
-		panic(err)
-	}
-	need("MatMul x", len(x), n*w.Cols)
-	need("MatMul out", len(out), n*w.Rows)
+	kernels.CheckMatMul(out, x, n, w)
 	b.lock()
 	defer b.unlock()
 	m := b.weight(w)
@@ -781,8 +764,7 @@ func (b *Backend) RMSNorm(out, x, weight []float32, n int, eps float32) {
 	if n <= 0 || d == 0 {
 		return
 	}
-	need("RMSNorm x", len(x), n*d)
-	need("RMSNorm out", len(out), n*d)
+	kernels.CheckRMSNorm(out, x, n, d)
 	b.lock()
 	defer b.unlock()
 	dx := upload(b, sX, x[:n*d])
@@ -798,14 +780,8 @@ func (b *Backend) ApplyRoPE(x []float32, positions []int32, heads, headDim int, 
 	if len(positions) == 0 || half <= 0 || heads <= 0 {
 		return
 	}
-	if r.Dim > headDim {
-		panic(fmt.Sprintf("cuda: RoPE dim %d > head dim %d", r.Dim, headDim))
-	}
+	kernels.CheckRoPE(x, len(positions), heads, headDim, r)
 	n := len(positions) * heads * headDim
-	need("ApplyRoPE x", len(x), n)
-	if r.Factors != nil {
-		need("RoPE Factors", len(r.Factors), half)
-	}
 	scale := r.PositionScale()
 	freq := r.Frequencies()
 	neox := 0
@@ -828,8 +804,7 @@ func (b *Backend) SwiGLU(out, gate, up []float32) {
 	if n == 0 {
 		return
 	}
-	need("SwiGLU up", len(up), n)
-	need("SwiGLU out", len(out), n)
+	kernels.CheckElementwise("SwiGLU", n, up, out)
 	b.lock()
 	defer b.unlock()
 	dg := upload(b, sX, gate)
@@ -845,8 +820,7 @@ func (b *Backend) Add(out, a, bb []float32) {
 	if n == 0 {
 		return
 	}
-	need("Add a", len(a), n)
-	need("Add b", len(bb), n)
+	kernels.CheckElementwise("Add", n, a, bb)
 	b.lock()
 	defer b.unlock()
 	da := upload(b, sX, a[:n])
@@ -861,16 +835,8 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 	if len(ids) == 0 {
 		return
 	}
-	if err := table.Validate(); err != nil {
-		panic(err)
-	}
-	for _, id := range ids {
-		if id < 0 || int(id) >= table.Rows {
-			panic(fmt.Sprintf("cuda: Embed id %d out of range [0,%d)", id, table.Rows))
-		}
-	}
+	kernels.CheckEmbed(out, table, ids)
 	n := len(ids) * table.Cols
-	need("Embed out", len(out), n)
 	b.lock()
 	defer b.unlock()
 	m := b.weight(table)
@@ -886,19 +852,9 @@ func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []f
 	if len(slots) == 0 {
 		return
 	}
+	kernels.CheckStoreKV(kv, layer, slots, k, v)
 	rf := kv.RowFloats()
-	if layer < 0 || layer >= kv.Layers {
-		panic(fmt.Sprintf("cuda: StoreKV layer %d of %d", layer, kv.Layers))
-	}
-	total := kvPages(kv) * kv.PageSize
-	for _, s := range slots {
-		if s < 0 || int(s) >= total {
-			panic(fmt.Sprintf("cuda: StoreKV slot %d outside the pool of %d", s, total))
-		}
-	}
 	n := len(slots) * rf
-	need("StoreKV k", len(k), n)
-	need("StoreKV v", len(v), n)
 	for i, s := range slots {
 		p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
 		copy(kv.Data[kv.KOffset(p, layer, o):][:rf], k[i*rf:(i+1)*rf])
@@ -929,39 +885,20 @@ type attnPlan struct {
 }
 
 func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads, qlen, outlen int) attnPlan {
+	kernels.CheckAttention(outlen, qlen, kv, layer, seqs, heads)
 	hd := kv.HeadDim
-	if kv.KVHeads <= 0 || hd <= 0 || kv.PageSize <= 0 || heads <= 0 || heads%kv.KVHeads != 0 {
-		panic(fmt.Sprintf("cuda: Attention with %d heads, %d KV heads, head dim %d, page size %d",
-			heads, kv.KVHeads, hd, kv.PageSize))
-	}
 	if hd > attnMaxHD {
 		panic(fmt.Sprintf("cuda: Attention head dim %d > %d is not supported", hd, attnMaxHD))
 	}
-	if layer < 0 || layer >= kv.Layers {
-		panic(fmt.Sprintf("cuda: Attention layer %d of %d", layer, kv.Layers))
-	}
 	group := heads / kv.KVHeads
-	npages := kvPages(kv)
 	nh := min(group, attnMaxMembers)
 	rowsPer := max(1, attnMaxMembers/nh)
-	rowSize := heads * hd
 	pl := attnPlan{contiguous: true, layer: layer}
-	for si, s := range seqs {
+	for _, s := range seqs {
 		if s.QLen <= 0 {
 			continue
 		}
-		if s.KVLen < s.QLen || s.QStart < 0 {
-			panic(fmt.Sprintf("cuda: Attention seq %d: QStart %d QLen %d KVLen %d", si, s.QStart, s.QLen, s.KVLen))
-		}
-		need("Attention q", qlen, (s.QStart+s.QLen)*rowSize)
-		need("Attention out", outlen, (s.QStart+s.QLen)*rowSize)
 		used := (s.KVLen + kv.PageSize - 1) / kv.PageSize
-		need("Attention Pages", len(s.Pages), used)
-		for _, p := range s.Pages[:used] {
-			if p < 0 || int(p) >= npages {
-				panic(fmt.Sprintf("cuda: Attention page %d out of range [0,%d)", p, npages))
-			}
-		}
 		if s.QStart != pl.rows {
 			pl.contiguous = false
 		}

@@ -1,0 +1,44 @@
+package kernels
+
+import (
+	"strings"
+	"testing"
+)
+
+func mustPanic(t *testing.T, want string, f func()) {
+	t.Helper()
+	defer func() {
+		if r, _ := recover().(string); !strings.Contains(r, want) {
+			t.Errorf("panic %q, want one naming %q", r, want)
+		}
+	}()
+	f()
+}
+
+// The argument checks every backend shares refuse what would read or write
+// outside a slice, and accept what fits.
+func TestArgumentChecks(t *testing.T) {
+	kv := PagedKV{PageSize: 4, Layers: 2, KVHeads: 1, HeadDim: 8}
+	kv.Data = make([]float32, 3*kv.PageFloats())
+	row := make([]float32, 8)
+	mustPanic(t, "slot 12 outside the pool", func() { CheckStoreKV(kv, 0, []int32{12}, row, row) })
+	mustPanic(t, "StoreKV layer 2", func() { CheckStoreKV(kv, 2, []int32{0}, row, row) })
+	mustPanic(t, "page 3 out of range", func() {
+		CheckAttention(8, 8, kv, 0, []AttnSeq{{Pages: []int32{3}, QLen: 1, KVLen: 1}}, 1)
+	})
+	mustPanic(t, "Attention Pages", func() {
+		CheckAttention(8, 8, kv, 0, []AttnSeq{{Pages: []int32{0}, QLen: 1, KVLen: 5}}, 1)
+	})
+	mustPanic(t, "Attention q", func() { CheckAttention(8, 7, kv, 0, []AttnSeq{{Pages: []int32{0}, QLen: 1, KVLen: 1}}, 1) })
+	mustPanic(t, "Add operand 1", func() { CheckElementwise("Add", 8, row, row[:7]) })
+	w := &Matrix{DType: F32, Rows: 2, Cols: 8, Data: make([]byte, 64)}
+	mustPanic(t, "Embed id 2 out of range", func() { CheckEmbed(make([]float32, 8), w, []int32{2}) })
+	mustPanic(t, "MatMul x", func() { CheckMatMul(make([]float32, 2), row[:7], 1, w) })
+	mustPanic(t, "RoPE dim 10 > head dim 8", func() { CheckRoPE(row, 1, 1, 8, RoPE{Dim: 10}) })
+
+	// What fits passes.
+	CheckStoreKV(kv, 1, []int32{11}, row, row)
+	CheckAttention(8, 8, kv, 1, []AttnSeq{{Pages: []int32{2, 0}, QLen: 1, KVLen: 5}}, 1)
+	CheckEmbed(make([]float32, 16), w, []int32{1, 0})
+	CheckMatMul(make([]float32, 2), row, 1, w)
+}
