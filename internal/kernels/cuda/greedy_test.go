@@ -19,49 +19,20 @@ type greedyRef = testref.Greedy
 
 func loadGreedyRef(t testing.TB) greedyRef { return testref.Load(t) }
 
-// generate is greedy decoding through Forward with pages in reverse order,
-// the prompt in chunks of chunk tokens.
+// generate is Model.GreedyDecode with the top-5 alternatives, split into
+// token ids and alternatives.
 func generate(t testing.TB, m *model.Model, prompt []int32, steps, pageSize, chunk int) ([]int32, [][]model.TokenLogprob) {
-	c := &m.Config
-	npages := (len(prompt)+steps)/pageSize + 2
-	kv := kernels.PagedKV{PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
-	kv.Data = make([]float32, npages*kv.PageFloats())
-	for i := range kv.Data {
-		kv.Data[i] = float32(math.NaN())
+	t.Helper()
+	res, err := m.GreedyDecode(prompt, steps, pageSize, chunk, 5)
+	if err != nil {
+		t.Fatal(err)
 	}
-	pages := make([]int32, npages)
-	for i := range pages {
-		pages[i] = int32(npages - 1 - i)
+	ids := make([]int32, len(res))
+	tops := make([][]model.TokenLogprob, len(res))
+	for i, r := range res {
+		ids[i], tops[i] = r.ID, r.Top
 	}
-	slot := func(pos int) int32 { return pages[pos/pageSize]*int32(pageSize) + int32(pos%pageSize) }
-	var s model.Sampler
-	seq := append([]int32(nil), prompt...)
-	var out []int32
-	var tops [][]model.TokenLogprob
-	done := 0
-	for len(out) < steps {
-		end := min(len(seq), done+chunk)
-		b := &model.Batch{}
-		for p := done; p < end; p++ {
-			b.Tokens = append(b.Tokens, seq[p])
-			b.Positions = append(b.Positions, int32(p))
-			b.Slots = append(b.Slots, slot(p))
-		}
-		b.Seqs = []kernels.AttnSeq{{Pages: pages, QStart: 0, QLen: end - done, KVLen: end}}
-		logits, err := m.Forward(b, kv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done = end
-		if done < len(seq) {
-			continue
-		}
-		r := s.Sample(logits[:c.Vocab], model.Sampling{TopLogprobs: 5}, nil)
-		out = append(out, r.ID)
-		tops = append(tops, r.Top)
-		seq = append(seq, r.ID)
-	}
-	return out, tops
+	return ids, tops
 }
 
 func checkGreedy(t *testing.T, b *Backend) {
