@@ -36,7 +36,11 @@ func TestBenchAgainstStandalone(t *testing.T) {
 	if rep.TotalInputTokens < n*16 {
 		t.Errorf("input tokens %d for %d prompts of 16 words", rep.TotalInputTokens, n)
 	}
-	if rep.ITL.N != n*(out-1) || rep.TTFT.N != n || rep.TTFT.P50 <= 0 || rep.E2E.P50 < rep.TTFT.P50 {
+	// One gap per text chunk after the first: a token that ends inside a
+	// UTF-8 character (stories260K has byte tokens) shares its chunk with
+	// the next, and which tokens come out can vary with batching, so at
+	// most out-1 gaps per request, and most of them.
+	if rep.ITL.N > n*(out-1) || rep.ITL.N < n*(out-1)*3/4 || rep.TTFT.N != n || rep.TTFT.P50 <= 0 || rep.E2E.P50 < rep.TTFT.P50 {
 		t.Errorf("latencies: TTFT %+v ITL %+v E2E %+v", rep.TTFT, rep.ITL, rep.E2E)
 	}
 	if rep.MaxConcurrentRequests != 4 || rep.OutputThroughput <= 0 {
