@@ -293,9 +293,13 @@ type loadedEngine struct {
 	name    string
 	log     *slog.Logger
 	backend kernels.Backend
-	// region is the decode pool's memory when UCX allocated it (ucx
-	// transport); freed last, after the receiver and the engine stopped.
-	region *ucx.Region
+	// devKV is the pool's memory when the backend holds it (a GPU's).
+	devKV kernels.DeviceKV
+	// region is memory UCX allocated for a decode worker (ucx transport):
+	// the pool itself, or landing when the pool is in GPU memory; freed
+	// last, after the receiver and the engine stopped.
+	region  *ucx.Region
+	landing kernels.PagedKV
 }
 
 func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
@@ -342,51 +346,82 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		loaded.Model.Close()
 		return nil, err
 	}
-	pc := kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: f.kvPoison}
-	var region *ucx.Region
-	if f.role == "decode" && f.transport == "ucx" {
-		// Memory UCX allocates is memory a local prefill writes with its own
-		// stores: one-sided for real (see internal/transfer/ucx).
-		region, err = ucx.AllocKV(plan.pages*2*plan.pageSize*c.Layers*c.KVHeads*c.HeadDim, ucxOptions(f)...)
-		if err != nil {
-			loaded.Model.Close()
-			return nil, err
-		}
-		pc.Data = region.Floats()
-	}
-	pool, err := kvpool.New(pc)
-	if err != nil {
-		if region != nil {
-			_ = region.Free()
-		}
-		loaded.Model.Close()
-		return nil, err
-	}
 	name := f.servedName
 	if name == "" {
 		name = loaded.Name
 	}
+	le := &loadedEngine{loaded: loaded, tok: tok, plan: plan, name: name, log: log, backend: be}
+	fail := func(err error) (*loadedEngine, error) {
+		le.close()
+		return nil, err
+	}
+	layout := kernels.PagedKV{PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+	pc := kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: f.kvPoison}
+	where := "host"
+	if a, ok := be.(kernels.KVAllocator); ok {
+		// The backend's kernels read the pool in its own memory (a GPU's).
+		dev, err := a.AllocKV(layout, plan.pages)
+		if err != nil {
+			return fail(fmt.Errorf("KV pool of %d pages: %w", plan.pages, err))
+		}
+		le.devKV, pc.Device, where = dev, dev, be.Name()
+	}
+	if f.role == "decode" && f.transport == "ucx" {
+		// Memory UCX allocates is memory a local prefill writes with its own
+		// stores: one-sided for real (see internal/transfer/ucx). A pool in
+		// GPU memory gets it as a landing zone of the same pages, verified
+		// and copied into the pool at Commit.
+		region, err := ucx.AllocKV(plan.pages*layout.PageFloats(), ucxOptions(f)...)
+		if err != nil {
+			return fail(err)
+		}
+		le.region = region
+		if pc.Device == nil {
+			pc.Data = region.Floats()
+		} else {
+			le.landing = layout
+			le.landing.Data = region.Floats()
+			where += ", ucx landing zone in host memory"
+		}
+	}
+	pool, err := kvpool.New(pc)
+	if err != nil {
+		return fail(err)
+	}
+	le.pool = pool
 	log.Info("model", "name", name, "arch", c.Arch, "params", loaded.Model.Weights.Params(), "weights", loaded.Model.Weights.DType().String(),
 		"layers", c.Layers, "heads", c.Heads, "kv_heads", c.KVHeads, "vocab", c.Vocab, "backend", be.Name())
 	log.Info("kv pool", "pages", plan.pages, "page_size", plan.pageSize, "capacity_tokens", plan.pages*plan.pageSize,
-		"bytes", int64(plan.pages)*int64(pool.PageBytes()), "context_length", plan.modelContext, "poison", f.kvPoison)
+		"bytes", int64(plan.pages)*int64(pool.PageBytes()), "memory", where, "context_length", plan.modelContext, "poison", f.kvPoison)
 	if plan.lowered {
 		log.Warn("context length exceeds the KV pool; lowering the effective maximum to the pool",
 			"context_length", plan.modelContext, "pool_tokens", plan.pages*plan.pageSize, "effective_max", plan.context)
 	}
-	return &loadedEngine{loaded: loaded, tok: tok, plan: plan, pool: pool, name: name, log: log, backend: be, region: region}, nil
+	return le, nil
 }
 
-// close releases the weights' mapping, the backend's device memory and
-// the pool's UCX memory.
+// close releases the weights' mapping, the pool's device memory, the
+// backend's and the pool's UCX memory.
 func (le *loadedEngine) close() {
 	le.loaded.Model.Close()
+	if le.devKV != nil {
+		_ = le.devKV.Close()
+	}
 	if c, ok := le.backend.(io.Closer); ok {
 		_ = c.Close()
 	}
 	if le.region != nil {
 		_ = le.region.Free()
 	}
+}
+
+// transferKV is the memory a one-sided transport writes into: the landing
+// zone when the pool is out of its reach, else the pool.
+func (le *loadedEngine) transferKV() kernels.PagedKV {
+	if le.landing.Data != nil {
+		return le.landing
+	}
+	return le.pool.KV()
 }
 
 func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set) *scheduler.Engine {

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/roles"
 	"github.com/batonlm/baton/internal/scheduler"
@@ -69,14 +68,12 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	case "decode":
 		eng = le.engine(f, scheduler.RoleDecode, ms)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, ReceiverWrites: f.transport == "tcp", Transport: f.transport, Log: le.log})
-		if ps, ok := le.backend.(kernels.PageSyncer); ok {
-			d.SetPageSyncer(ps)
-		}
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, ReceiverWrites: f.transport == "tcp", Transport: f.transport,
+			Landing: le.landing, Log: le.log})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver
 		if f.transport == "ucx" {
-			recv, err = ucx.Listen(addr, d, le.pool.KV(), append(ucxOptions(f), ucx.WithMemory(le.region))...)
+			recv, err = ucx.Listen(addr, d, le.transferKV(), append(ucxOptions(f), ucx.WithMemory(le.region))...)
 		} else {
 			recv, err = tcp.Listen(addr, d)
 		}

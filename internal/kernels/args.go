@@ -58,8 +58,11 @@ func CheckEmbed(out []float32, table *Matrix, ids []int32) {
 	need("Embed out", len(out), len(ids)*table.Cols)
 }
 
-// Pages is the number of whole pages kv.Data holds.
+// Pages is the number of whole pages the pool holds.
 func (kv PagedKV) Pages() int {
+	if kv.Device != nil {
+		return kv.Device.Pages()
+	}
 	if kv.PageFloats() <= 0 {
 		return 0
 	}

@@ -162,9 +162,53 @@ func F32ToF16(f float32) uint16 {
 // block then a V block, each [PageSize][KVHeads][HeadDim] float32; so one
 // page is one contiguous range (what a transfer moves), and a token's K for
 // one layer is one contiguous row of KVHeads*HeadDim.
+//
+// The memory is either Data, in Go, or Device: memory a backend holds
+// itself (a GPU's), which only that backend's kernels address and
+// everything else reaches a page at a time. Exactly one of them is set.
 type PagedKV struct {
 	Data                               []float32
+	Device                             DeviceKV
 	PageSize, Layers, KVHeads, HeadDim int
+}
+
+// PackedBytes is the size of the first tokens slots of one page in the
+// packed layout DeviceKV and transfers use: for every layer its K rows
+// then its V rows, little-endian float32.
+func (kv PagedKV) PackedBytes(tokens int) int { return kv.Layers * 2 * tokens * kv.RowFloats() * 4 }
+
+// DeviceKV is KV pool memory a backend holds outside Go memory. Its
+// methods are safe for concurrent use with each other and with the
+// backend's kernels, as long as no two of them touch the same page at once
+// (the pool's bookkeeping sees to that).
+type DeviceKV interface {
+	// Pages is the number of pages it holds.
+	Pages() int
+	// ReadPage copies the first tokens slots of page, packed, into dst
+	// (grown as needed) after every kernel queued before it has run.
+	ReadPage(page int32, tokens int, dst []byte) ([]byte, error)
+	// WritePage writes packed rows into the first tokens slots of page;
+	// they are in place, for every kernel queued later, when it returns.
+	WritePage(page int32, tokens int, src []byte) error
+	// Fill sets every float of the given pages (all of them for nil) to v.
+	Fill(pages []int32, v float32) error
+	// Close frees the memory.
+	Close() error
+}
+
+// KVAllocator is a backend that holds the KV pool in its own memory:
+// PagedKV values it reads and writes must have Device set to memory from
+// its AllocKV. The memory starts zeroed.
+type KVAllocator interface {
+	AllocKV(layout PagedKV, pages int) (DeviceKV, error)
+}
+
+// CheckHostKV panics unless kv's memory is in Go (Data): for code that
+// reads or writes the pool directly; who names it in the message.
+func CheckHostKV(who string, kv PagedKV) {
+	if kv.Device != nil || kv.Data == nil {
+		panic(fmt.Sprintf("kernels: %s needs the KV pool in host memory (PagedKV.Data)", who))
+	}
 }
 
 // RowFloats is KVHeads*HeadDim: one token's K (or V) for one layer.
@@ -251,12 +295,4 @@ type Backend interface {
 	// grouped-query heads (query head h reads KV head h/(heads/KVHeads)).
 	// out has the shape of q.
 	Attention(out, q []float32, kv PagedKV, layer int, seqs []AttnSeq, heads int, scale float32)
-}
-
-// PageSyncer is implemented by backends that keep their own copy of the KV
-// pool (a GPU's): pages written into PagedKV.Data by someone other than the
-// backend (a transport receiving a prompt's KV) must be pushed to that copy
-// before the backend reads them.
-type PageSyncer interface {
-	SyncPages(kv PagedKV, pages []int32) error
 }

@@ -72,6 +72,10 @@ type Config struct {
 	// (ucx.AllocKV). The pool never reallocates it; the caller keeps it
 	// valid for the pool's life. Config() returns it as nil.
 	Data []float32
+	// Device, if set, is the pool's memory instead: a backend's own (a
+	// GPU's, from kernels.KVAllocator) of exactly NumPages pages. The
+	// caller closes it after the pool's last use. Config() returns it as nil.
+	Device kernels.DeviceKV
 }
 
 // Owner names one use of a page: the request's room and the epoch of the
@@ -175,6 +179,7 @@ type Pool struct {
 	cfg        Config
 	pageFloats int
 	data       []float32
+	dev        kernels.DeviceKV // the memory, when a backend holds it (data is nil then)
 
 	mu        sync.RWMutex
 	pages     []page
@@ -191,8 +196,8 @@ type Pool struct {
 
 // New makes a pool. All NumPages pages are usable; page ids are 0..NumPages-1.
 func New(cfg Config) (*Pool, error) {
-	data := cfg.Data
-	cfg.Data = nil // held in Pool.data; kept out of cfg so errors do not print it
+	data, dev := cfg.Data, cfg.Device
+	cfg.Data, cfg.Device = nil, nil // held in Pool; kept out of cfg so errors do not print them
 	if cfg.NumPages <= 0 || cfg.PageSize <= 0 || cfg.Layers <= 0 || cfg.KVHeads <= 0 || cfg.HeadDim <= 0 {
 		return nil, fmt.Errorf("%w: config %+v: every size must be positive", ErrBadArg, cfg)
 	}
@@ -208,15 +213,23 @@ func New(cfg Config) (*Pool, error) {
 	if !ok || total > math.MaxInt/4 {
 		return nil, fmt.Errorf("%w: config %+v: pool size overflows", ErrBadArg, cfg)
 	}
-	if data == nil {
+	switch {
+	case dev != nil && data != nil:
+		return nil, fmt.Errorf("%w: config %+v: both Data and Device set", ErrBadArg, cfg)
+	case dev != nil:
+		if dev.Pages() != cfg.NumPages {
+			return nil, fmt.Errorf("%w: config %+v: Device holds %d pages", ErrBadArg, cfg, dev.Pages())
+		}
+	case data == nil:
 		data = make([]float32, total)
-	} else if len(data) != total {
+	case len(data) != total:
 		return nil, fmt.Errorf("%w: config %+v: Data holds %d floats, the pool needs %d", ErrBadArg, cfg, len(data), total)
 	}
 	p := &Pool{
 		cfg:        cfg,
 		pageFloats: pf,
 		data:       data,
+		dev:        dev,
 		pages:      make([]page, cfg.NumPages),
 		free:       make([]int32, cfg.NumPages),
 		seen:       make([]uint64, cfg.NumPages),
@@ -227,7 +240,9 @@ func New(cfg Config) (*Pool, error) {
 		p.free[i] = int32(cfg.NumPages - 1 - i)
 	}
 	if cfg.Poison {
-		fillNaN(p.data)
+		if err := p.poison(nil); err != nil {
+			return nil, err
+		}
 	}
 	p.stats.Total = cfg.NumPages
 	p.stats.Free = cfg.NumPages
@@ -245,6 +260,23 @@ func mulOK(xs ...int) (int, bool) {
 	return r, true
 }
 
+// poison fills pages (all for nil) with NaN.
+func (p *Pool) poison(ids []int32) error {
+	if p.dev != nil {
+		if err := p.dev.Fill(ids, float32(math.NaN())); err != nil {
+			return fmt.Errorf("kvpool: poisoning pages: %w", err)
+		}
+		return nil
+	}
+	if ids == nil {
+		fillNaN(p.data)
+	}
+	for _, id := range ids {
+		fillNaN(p.PageData(id))
+	}
+	return nil
+}
+
 func fillNaN(s []float32) {
 	if len(s) == 0 {
 		return
@@ -257,12 +289,16 @@ func fillNaN(s []float32) {
 
 // KV exposes the pool memory for kernels.
 func (p *Pool) KV() kernels.PagedKV {
-	return kernels.PagedKV{Data: p.data, PageSize: p.cfg.PageSize, Layers: p.cfg.Layers, KVHeads: p.cfg.KVHeads, HeadDim: p.cfg.HeadDim}
+	return kernels.PagedKV{Data: p.data, Device: p.dev, PageSize: p.cfg.PageSize, Layers: p.cfg.Layers, KVHeads: p.cfg.KVHeads, HeadDim: p.cfg.HeadDim}
 }
 
 // PageData is the memory of one page (all layers, K then V), the unit a
-// transfer moves. It panics on an id outside the pool, like a slice would.
+// transfer moves, for a pool in Go memory (nil for one in device memory).
+// It panics on an id outside the pool, like a slice would.
 func (p *Pool) PageData(id int32) []float32 {
+	if p.dev != nil {
+		return nil
+	}
 	o := int(id) * p.pageFloats
 	return p.data[o : o+p.pageFloats : o+p.pageFloats]
 }
@@ -632,8 +668,11 @@ func (p *Pool) freePage(id int32) {
 	p.pages[id] = page{state: PageFree}
 	if p.cfg.Poison {
 		// Under the lock on purpose: the page must not be handed out again
-		// before it is poisoned, and poison is a test mode.
-		fillNaN(p.PageData(id))
+		// before it is poisoned, and poison is a test mode (where a device
+		// that cannot be written is a failure to show at once).
+		if err := p.poison([]int32{id}); err != nil {
+			panic(err)
+		}
 	}
 	p.free = append(p.free, id)
 	p.stats.Free++

@@ -55,7 +55,7 @@ func (b *Batch) Validate(c *Config, kv kernels.PagedKV) error {
 			return fmt.Errorf("model: token %d outside vocabulary of %d", t, c.Vocab)
 		}
 	}
-	total := kv.PageSize * (len(kv.Data) / max(1, kv.PageFloats()))
+	total := kv.PageSize * kv.Pages()
 	for _, s := range b.Slots {
 		if s < 0 || int(s) >= total {
 			return fmt.Errorf("model: slot %d outside the pool", s)

@@ -17,9 +17,21 @@ func (m *Model) GreedyDecode(prompt []int32, steps, pageSize, chunk, topLogprobs
 	c := &m.Config
 	npages := (len(prompt)+steps)/pageSize + 2
 	kv := kernels.PagedKV{PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
-	kv.Data = make([]float32, npages*kv.PageFloats())
-	for i := range kv.Data {
-		kv.Data[i] = float32(math.NaN())
+	if a, ok := m.be.(kernels.KVAllocator); ok {
+		dev, err := a.AllocKV(kv, npages)
+		if err != nil {
+			return nil, err
+		}
+		defer dev.Close()
+		if err := dev.Fill(nil, float32(math.NaN())); err != nil {
+			return nil, err
+		}
+		kv.Device = dev
+	} else {
+		kv.Data = make([]float32, npages*kv.PageFloats())
+		for i := range kv.Data {
+			kv.Data[i] = float32(math.NaN())
+		}
 	}
 	pages := make([]int32, npages)
 	for i := range pages {

@@ -41,7 +41,13 @@ type DecodeOptions struct {
 	// Transport names the KV transport in Reserve replies ("tcp" if empty;
 	// "ucx").
 	Transport string
-	Log       *slog.Logger
+	// Landing, when set, is where a one-sided transport's writes land
+	// instead of the pool: host memory the transport registered, page for
+	// page the pool's shape, for a pool the transport cannot reach (GPU
+	// memory). Commit verifies each page there and then copies it into
+	// the pool.
+	Landing kernels.PagedKV
+	Log     *slog.Logger
 }
 
 // reservation is one live use of decode pages by a handed-over request.
@@ -73,7 +79,6 @@ type Decode struct {
 	oneSided     bool // the receiver is one-sided: no frames, pages proven at Commit
 	peers        conns
 	draining     atomic.Bool
-	syncer       kernels.PageSyncer
 
 	mu    sync.Mutex
 	rooms map[transfer.Key]*reservation
@@ -129,10 +134,6 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 	}
 	return slices.Clone(res.prompt), nil
 }
-
-// SetPageSyncer names the backend copy of the pool that verified prompt
-// pages must be pushed to before they are decoded (a GPU backend's).
-func (d *Decode) SetPageSyncer(ps kernels.PageSyncer) { d.syncer = ps }
 
 // SetDraining makes Reserve refuse new work (the worker is shutting down);
 // what it already holds runs to the end.
@@ -342,14 +343,6 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 		d.maybeEnd(res)
 		return nil, status.Errorf(codes.FailedPrecondition, "commit refused by the %s check: %v", reason, err)
 	}
-	if d.syncer != nil {
-		// The receiver wrote the prompt's KV into host memory; the backend
-		// reads its own copy.
-		if err := d.syncer.SyncPages(d.o.Pool.KV(), res.prompt); err != nil {
-			d.o.Engine.FailReserved(res.r, fmt.Errorf("KV handoff: upload to the device failed: %w", err))
-			return nil, status.Errorf(codes.Internal, "upload of verified pages failed: %v", err)
-		}
-	}
 	if err := res.r.Lifecycle().To(scheduler.StateCommitted, ""); err != nil {
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s: %v", key, err)
@@ -396,9 +389,20 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 		if d.oneSided {
 			// No frame marked anything: what landed is proven by its
 			// checksum over the page contents, then marked written.
-			buf = transfer.Pack(kv, p, want, buf)
-			if got := transfer.Checksum(buf); faults.On(faults.GuardChecksum) && got != c.PageChecksums[i] {
-				return "checksum", fmt.Errorf("page %d checksum %016x, commit claims %016x", p, got, c.PageChecksums[i])
+			landed := kv
+			if d.o.Landing.Data != nil {
+				landed = d.o.Landing
+			}
+			var err error
+			if buf, err = checkLanded(landed, p, want, c.PageChecksums[i], buf); err != nil {
+				return "checksum", err
+			}
+			if d.o.Landing.Data != nil {
+				// The verified bytes, not the landing zone again: a late
+				// write there cannot slip in between check and copy.
+				if err := transfer.Unpack(kv, p, want, buf); err != nil {
+					return "checksum", fmt.Errorf("copying verified page %d into the pool: %w", p, err)
+				}
 			}
 			if err := d.o.Pool.MarkWritten(res.r.Owner(), p, want); err != nil {
 				return "coverage", err
@@ -413,12 +417,26 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 			// read gate would refuse them otherwise): the incident's shape.
 			_ = d.o.Pool.MarkWritten(res.r.Owner(), p, want)
 		}
-		buf = transfer.Pack(kv, p, want, buf)
-		if got := transfer.Checksum(buf); faults.On(faults.GuardChecksum) && got != c.PageChecksums[i] {
-			return "checksum", fmt.Errorf("page %d checksum %016x, commit claims %016x", p, got, c.PageChecksums[i])
+		var err error
+		if buf, err = checkLanded(kv, p, want, c.PageChecksums[i], buf); err != nil {
+			return "checksum", err
 		}
 	}
 	return "", nil
+}
+
+// checkLanded reads back the first tokens slots of page as they are in the
+// pool (device memory included) and compares their checksum with the
+// commit's claim. buf is reused.
+func checkLanded(kv kernels.PagedKV, page int32, tokens int, claim uint64, buf []byte) ([]byte, error) {
+	buf, err := transfer.ReadPage(kv, page, tokens, buf)
+	if err != nil {
+		return buf, fmt.Errorf("reading page %d back: %w", page, err)
+	}
+	if got := transfer.Checksum(buf); faults.On(faults.GuardChecksum) && got != claim {
+		return buf, fmt.Errorf("page %d checksum %016x, commit claims %016x", page, got, claim)
+	}
+	return buf, nil
 }
 
 // abortReserved aborts a reservation that has not joined the batch, or asks

@@ -3,6 +3,7 @@ package roles
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -101,6 +102,7 @@ type shipper struct {
 	queue     chan transfer.PageWrite
 	done      chan error
 	firstAt   time.Time // when the first page was queued (engine loop only, read after finish)
+	packErr   error     // a page that could not be read from the pool (engine loop only, read after finish)
 }
 
 func newShipper(res *pdv1.Reservation, pageSize, promptLen int, sess transfer.Session) *shipper {
@@ -128,7 +130,14 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 			break
 		}
 		tokens := end - i*s.pageSize
-		data := transfer.Pack(kv, pages[i], tokens, make([]byte, 0, transfer.PackedSize(kv, tokens)))
+		if s.packErr != nil {
+			return
+		}
+		data, err := transfer.ReadPage(kv, pages[i], tokens, make([]byte, 0, transfer.PackedSize(kv, tokens)))
+		if err != nil {
+			s.packErr = fmt.Errorf("reading page %d of the prompt: %w", i, err)
+			return
+		}
 		s.checksums[i] = transfer.Checksum(data)
 		if s.firstAt.IsZero() {
 			s.firstAt = time.Now()
@@ -140,7 +149,10 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 // finish waits until every queued page was handed to the session.
 func (s *shipper) finish() error {
 	close(s.queue)
-	return <-s.done
+	if err := <-s.done; err != nil {
+		return err
+	}
+	return s.packErr
 }
 
 func (p *Prefill) transport() string {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cpu"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -40,12 +41,25 @@ type pair struct {
 var testMaxRunning = 32
 
 func newWorkerEngine(t testing.TB, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
-	l, err := model.Load(model.LoadOptions{}, cpu.New(1))
+	return newWorkerEngineOn(t, cpu.New(1), role, ms, pages, pageSize, chunk)
+}
+
+// newWorkerEngineOn runs the bundled model on be; a backend that holds the
+// KV pool in its own memory (kernels.KVAllocator) gets the pool there.
+func newWorkerEngineOn(t testing.TB, be kernels.Backend, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
+	l, err := model.Load(model.LoadOptions{}, be)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := l.Model.Config
-	pool, err := kvpool.New(kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
+	pc := kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true}
+	if a, ok := be.(kernels.KVAllocator); ok {
+		layout := kernels.PagedKV{PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+		if pc.Device, err = a.AllocKV(layout, pages); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool, err := kvpool.New(pc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,11 +94,16 @@ func dial(t testing.TB, addr string) *grpc.ClientConn {
 }
 
 func newPair(t testing.TB, pageSize, chunk int) *pair {
+	return newPairOn(t, cpu.New(1), pageSize, chunk)
+}
+
+// newPairOn is a prefill and a decode worker over tcp, both on be.
+func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int) *pair {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	p := &pair{dm: metrics.New("decode"), pm: metrics.New("prefill")}
 	pages := 4096 / pageSize
-	de, dpool, c := newWorkerEngine(t, scheduler.RoleDecode, p.dm, pages, pageSize, chunk)
-	pe, ppool, _ := newWorkerEngine(t, scheduler.RolePrefill, p.pm, pages, pageSize, chunk)
+	de, dpool, c := newWorkerEngineOn(t, be, scheduler.RoleDecode, p.dm, pages, pageSize, chunk)
+	pe, ppool, _ := newWorkerEngineOn(t, be, scheduler.RolePrefill, p.pm, pages, pageSize, chunk)
 	p.dPool, p.pPool = dpool, ppool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
 	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, ReceiverWrites: true, Log: log})

@@ -126,15 +126,15 @@ type Session interface {
 	Bytes() int64
 }
 
-// PackedSize is the size of a page's packed rows for tokens slots.
-func PackedSize(kv kernels.PagedKV, tokens int) int {
-	return kv.Layers * 2 * tokens * kv.RowFloats() * 4
-}
+// PackedSize is the size of tokens slots of one page, packed.
+func PackedSize(kv kernels.PagedKV, tokens int) int { return kv.PackedBytes(tokens) }
 
-// Pack copies the first tokens slots of a page, for every layer its K rows
-// then its V rows, into dst (little-endian float32). Only written slots are
-// packed, so neither side's stale data ever travels or enters a checksum.
+// Pack copies the first tokens slots of a page of a pool in Go memory, for
+// every layer its K rows then its V rows, into dst (little-endian float32).
+// Only written slots are packed, so neither side's stale data ever travels
+// or enters a checksum.
 func Pack(kv kernels.PagedKV, page int32, tokens int, dst []byte) []byte {
+	kernels.CheckHostKV("transfer.Pack", kv)
 	rf := kv.RowFloats()
 	n := tokens * rf
 	dst = dst[:0]
@@ -148,10 +148,23 @@ func Pack(kv kernels.PagedKV, page int32, tokens int, dst []byte) []byte {
 	return dst
 }
 
-// Unpack writes packed rows into a page: the inverse of Pack.
+// ReadPage is Pack for any pool: one in device memory is read through its
+// DeviceKV (an error is the device's).
+func ReadPage(kv kernels.PagedKV, page int32, tokens int, dst []byte) ([]byte, error) {
+	if kv.Device != nil {
+		return kv.Device.ReadPage(page, tokens, dst)
+	}
+	return Pack(kv, page, tokens, dst), nil
+}
+
+// Unpack writes packed rows into a page of any pool: the inverse of
+// ReadPage.
 func Unpack(kv kernels.PagedKV, page int32, tokens int, src []byte) error {
 	if len(src) != PackedSize(kv, tokens) {
 		return fmt.Errorf("transfer: page payload of %d bytes, want %d for %d tokens", len(src), PackedSize(kv, tokens), tokens)
+	}
+	if kv.Device != nil {
+		return kv.Device.WritePage(page, tokens, src)
 	}
 	rf := kv.RowFloats()
 	n := tokens * rf

@@ -53,3 +53,21 @@ func serverInfoOf(t *testing.T, s *server) map[string]any {
 	}
 	return info
 }
+
+// A decode worker on the cuda backend with --transport ucx: UCX puts land
+// in a host landing zone that Commit verifies and copies into the GPU pool.
+func TestPDOverUCXOnFakeCUDA(t *testing.T) {
+	ref := loadReference(t)
+	env := fakeCUDAEnv(t)
+	bin := harness.Build(t, "ucx")
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: bin, PrefillEnv: env, DecodeEnv: env,
+		WorkerArgs: []string{"--transport", "ucx", "--device", "cuda", "--max-total-tokens", "1024", "--page-size", "4"}})
+	checkOnCUDA(t, c.Decode[0], "ucx landing zone in host memory")
+	code, _, body := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
+	var got completion
+	if err := json.Unmarshal(body, &got); err != nil || code != 200 {
+		t.Fatalf("status %d: %s", code, body)
+	}
+	checkGreedy(t, ref, got)
+	c.WaitClean(t)
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cuda"
+	"github.com/batonlm/baton/internal/kernels/kernelstest"
 	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/model"
 )
@@ -29,12 +30,22 @@ func matrices(w *model.Weights) []*kernels.Matrix {
 	return ms
 }
 
-// pool makes a KV pool of seqs sequences of up to tokens positions each.
-func pool(c *model.Config, seqs, tokens int) (kernels.PagedKV, [][]int32) {
+// pool makes a KV pool of seqs sequences of up to tokens positions each,
+// in the backend's memory when it holds the pool (a GPU's; freed with tb).
+func pool(tb testing.TB, be kernels.Backend, c *model.Config, seqs, tokens int) (kernels.PagedKV, [][]int32) {
 	const ps = 16
 	kv := kernels.PagedKV{PageSize: ps, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
 	per := (tokens + ps - 1) / ps
-	kv.Data = make([]float32, seqs*per*kv.PageFloats())
+	if a, ok := be.(kernels.KVAllocator); ok {
+		dev, err := a.AllocKV(kv, seqs*per)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { dev.Close() })
+		kv.Device = dev
+	} else {
+		kv.Data = make([]float32, seqs*per*kv.PageFloats())
+	}
 	tables := make([][]int32, seqs)
 	for s := range tables {
 		for p := 0; p < per; p++ {
@@ -53,8 +64,8 @@ func checkLogits(t testing.TB, logits []float32) {
 }
 
 // prefill is batch sequences of plen prompt tokens each, in one step.
-func prefill(c *model.Config, batch, plen int) (*model.Batch, kernels.PagedKV) {
-	kv, tables := pool(c, batch, plen)
+func prefill(tb testing.TB, be kernels.Backend, c *model.Config, batch, plen int) (*model.Batch, kernels.PagedKV) {
+	kv, tables := pool(tb, be, c, batch, plen)
 	bt := &model.Batch{}
 	for s := 0; s < batch; s++ {
 		q0 := len(bt.Tokens)
@@ -69,8 +80,8 @@ func prefill(c *model.Config, batch, plen int) (*model.Batch, kernels.PagedKV) {
 }
 
 // decode is one new token for each of batch sequences at position ctx.
-func decode(c *model.Config, batch, ctx int) (*model.Batch, kernels.PagedKV) {
-	kv, tables := pool(c, batch, ctx+1)
+func decode(tb testing.TB, be kernels.Backend, c *model.Config, batch, ctx int) (*model.Batch, kernels.PagedKV) {
+	kv, tables := pool(tb, be, c, batch, ctx+1)
 	bt := &model.Batch{}
 	for s := 0; s < batch; s++ {
 		bt.Tokens = append(bt.Tokens, int32((s*13+5)%c.Vocab))
@@ -111,7 +122,7 @@ func BenchmarkGPUModel1B(b *testing.B) {
 	for _, batch := range []int{1, 32} {
 		plen := map[int]int{1: 512, 32: 128}[batch]
 		b.Run(fmt.Sprintf("prefill/batch%d/prompt%d", batch, plen), func(b *testing.B) {
-			bt, kv := prefill(&c, batch, plen)
+			bt, kv := prefill(b, be, &c, batch, plen)
 			logits, err := m.Forward(bt, kv)
 			if err != nil {
 				b.Fatal(err)
@@ -126,7 +137,7 @@ func BenchmarkGPUModel1B(b *testing.B) {
 			b.ReportMetric(float64(batch*plen*b.N)/b.Elapsed().Seconds(), "tok/s")
 		})
 		b.Run(fmt.Sprintf("decode/batch%d/ctx512", batch), func(b *testing.B) {
-			bt, kv := decode(&c, batch, 512)
+			bt, kv := decode(b, be, &c, batch, 512)
 			logits, err := m.Forward(bt, kv)
 			if err != nil {
 				b.Fatal(err)
@@ -155,7 +166,9 @@ func TestParams(t *testing.T) {
 }
 
 // TestBatchesSmoke runs the benchmark's batches through a tiny model on the
-// reference backend, so their construction is checked without a GPU.
+// reference backend, with the pool in host memory and in memory the
+// backend holds (as on the GPU), so their construction is checked without
+// a GPU.
 func TestBatchesSmoke(t *testing.T) {
 	c := model.Config{Arch: "llama", Vocab: 300, Dim: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, FF: 64,
 		ContextLength: 64, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 8, Theta: 10000}, TieEmbeddings: true}
@@ -163,24 +176,26 @@ func TestBatchesSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := model.New(c, w, ref.New())
 	if got := len(matrices(w)); got != 2+7*c.Layers {
 		t.Fatalf("%d matrices", got)
 	}
-	for _, batch := range []int{1, 3} {
-		for _, mk := range []func() (*model.Batch, kernels.PagedKV){
-			func() (*model.Batch, kernels.PagedKV) { return prefill(&c, batch, 20) },
-			func() (*model.Batch, kernels.PagedKV) { return decode(&c, batch, 40) },
-		} {
-			bt, kv := mk()
-			logits, err := m.Forward(bt, kv)
-			if err != nil {
-				t.Fatal(err)
+	for _, be := range []kernels.Backend{ref.New(), kernelstest.Device{Backend: ref.New()}} {
+		m := model.New(c, w, be)
+		for _, batch := range []int{1, 3} {
+			for _, mk := range []func() (*model.Batch, kernels.PagedKV){
+				func() (*model.Batch, kernels.PagedKV) { return prefill(t, be, &c, batch, 20) },
+				func() (*model.Batch, kernels.PagedKV) { return decode(t, be, &c, batch, 40) },
+			} {
+				bt, kv := mk()
+				logits, err := m.Forward(bt, kv)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(logits) != batch*c.Vocab {
+					t.Fatalf("%d logits", len(logits))
+				}
+				checkLogits(t, logits)
 			}
-			if len(logits) != batch*c.Vocab {
-				t.Fatalf("%d logits", len(logits))
-			}
-			checkLogits(t, logits)
 		}
 	}
 }

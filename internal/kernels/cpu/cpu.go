@@ -246,6 +246,7 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 // StoreKV implements kernels.Backend. It is a plain copy (Go's memmove is
 // as fast as anything C would do).
 func (*Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []float32) {
+	kernels.CheckHostKV("the cpu backend", kv)
 	kernels.CheckStoreKV(kv, layer, slots, k, v)
 	rf := kv.RowFloats()
 	for i, s := range slots {
@@ -265,6 +266,7 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 	if len(seqs) == 0 {
 		return
 	}
+	kernels.CheckHostKV("the cpu backend", kv)
 	kernels.CheckAttention(len(out), len(q), kv, layer, seqs, heads)
 	hd := kv.HeadDim
 	group := heads / kv.KVHeads

@@ -34,10 +34,15 @@ func copyGBs(be *Backend, bytes, iters int) float64 {
 func attnDecodeGBs(be *Backend, seqs, kvlen, heads, kvHeads, hd, ps, iters int) (float64, int) {
 	kv := kernels.PagedKV{PageSize: ps, Layers: 1, KVHeads: kvHeads, HeadDim: hd}
 	per := (kvlen + ps - 1) / ps
-	kv.Data = make([]float32, seqs*per*kv.PageFloats())
-	for i := range kv.Data {
-		kv.Data[i] = float32(i%977-488) * 1e-3
+	dk, err := be.AllocKV(kv, seqs*per)
+	if err != nil {
+		panic(err)
 	}
+	defer dk.Close()
+	if err := dk.Fill(nil, 1e-3); err != nil {
+		panic(err)
+	}
+	kv.Device = dk
 	ss := make([]kernels.AttnSeq, seqs)
 	for s := range ss {
 		pages := make([]int32, per)

@@ -12,11 +12,9 @@
 // what lives long and copies the rest per call:
 //   - weights: each *kernels.Matrix is uploaded once and cached by
 //     pointer (freed when the Matrix is garbage collected);
-//   - KV: each PagedKV pool (keyed by &kv.Data[0]) has a device mirror,
-//     uploaded whole the first time it is seen. StoreKV writes both the
-//     host pool and the mirror; Attention reads the mirror. Anything else
-//     that writes the host pool (a decode worker unpacking received pages)
-//     must call SyncPages before attention reads those pages;
+//   - KV: the pool lives in GPU memory only (AllocKV, kv.go); StoreKV and
+//     Attention take PagedKV values whose Device is such a pool, and
+//     transfers reach its pages through pinned staging buffers;
 //   - activations: copied host to device and back on every call, on one
 //     stream (correct first; the copies cost about 2*bytes/PCIe bandwidth
 //     per call, which dominates small decode steps).
@@ -28,8 +26,9 @@
 // sgemm. Without a loadable cuBLAS every product uses the own kernels.
 //
 // Attention handles head dims up to 256. The backend runs on the device's
-// primary context, on a stream of its own. The KV mirror must fit in GPU
-// memory next to the weights (size the pool for the GPU).
+// primary context, on a stream of its own (each KV pool's page copies on
+// another). The KV pool must fit in GPU memory next to the weights (size
+// it with --kv-cache-memory).
 //
 // The tests run everything on a fake libcuda/libcublas built from
 // testdata/fakecuda, which executes the same kernels on the CPU; the
@@ -133,19 +132,10 @@ type devMatrix struct {
 	bytes      int
 }
 
-type devKV struct {
-	ptr    dptr
-	floats int
-}
-
-// pendingFree is device memory whose host owner was garbage collected;
-// freed at the start of the next call (cleanups run on their own goroutine,
-// without the context).
-type pendingFree struct {
-	matrix weak.Pointer[kernels.Matrix]
-	kv     weak.Pointer[float32]
-	isKV   bool
-}
+// pendingFree is a weight's device copy whose Matrix was garbage
+// collected; freed at the start of the next call (cleanups run on their
+// own goroutine, without the context).
+type pendingFree = weak.Pointer[kernels.Matrix]
 
 // Backend runs kernels.Backend on one GPU.
 type Backend struct {
@@ -169,7 +159,7 @@ type Backend struct {
 
 	scratch [numScratch]devBuf
 	weights map[weak.Pointer[kernels.Matrix]]*devMatrix
-	kvs     map[weak.Pointer[float32]]*devKV
+	pools   map[*KVPool]struct{}
 	hostQ   []float32 // Attention: gathered q rows / compact output
 	args    []uint64
 
@@ -236,7 +226,7 @@ func open(l libs, index int) (*Backend, error) {
 		return nil, errors.New("cuda: kernels not built (run make kernels)")
 	}
 	b := &Backend{drv: d, driverVersion: ver, info: info, weights: map[weak.Pointer[kernels.Matrix]]*devMatrix{},
-		kvs: map[weak.Pointer[float32]]*devKV{}, gemvMax: gemvMaxN}
+		pools: map[*KVPool]struct{}{}, gemvMax: gemvMaxN}
 
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -350,15 +340,15 @@ func (b *Backend) release() {
 	for _, m := range b.weights {
 		C.bk_mem_free(d, C.bk_dptr(m.ptr))
 	}
-	for _, m := range b.kvs {
-		C.bk_mem_free(d, C.bk_dptr(m.ptr))
+	for kp := range b.pools {
+		kp.release()
 	}
 	for i := range b.scratch {
 		if b.scratch[i].ptr != 0 {
 			C.bk_mem_free(d, C.bk_dptr(b.scratch[i].ptr))
 		}
 	}
-	b.weights, b.kvs, b.scratch = nil, nil, [numScratch]devBuf{}
+	b.weights, b.pools, b.scratch = nil, nil, [numScratch]devBuf{}
 	if b.blasH != 0 {
 		C.bk_blas_destroy(b.blas, C.uintptr_t(b.blasH))
 		b.blasH = 0
@@ -508,7 +498,7 @@ func (b *Backend) weight(w *kernels.Matrix) *devMatrix {
 	m.ptr = b.alloc(m.bytes, fmt.Sprintf("a %dx%d %s weight", w.Rows, w.Cols, w.DType))
 	b.h2d(m.ptr, unsafe.Pointer(unsafe.SliceData(w.Data)), m.bytes)
 	b.weights[key] = m
-	runtime.AddCleanup(w, b.queueFree, pendingFree{matrix: key})
+	runtime.AddCleanup(w, b.queueFree, key)
 	return m
 }
 
@@ -549,149 +539,12 @@ func (b *Backend) freePending() {
 	p := b.pending
 	b.pending = nil
 	b.freeMu.Unlock()
-	for _, f := range p {
-		if f.isKV {
-			if m := b.kvs[f.kv]; m != nil {
-				delete(b.kvs, f.kv)
-				b.free(m.ptr)
-			}
-		} else if m := b.weights[f.matrix]; m != nil {
-			delete(b.weights, f.matrix)
+	for _, key := range p {
+		if m := b.weights[key]; m != nil {
+			delete(b.weights, key)
 			b.free(m.ptr)
 		}
 	}
-}
-
-// ---- KV mirrors ----
-
-// kvMirror returns the device mirror of kv's pool, creating it from the
-// host pool the first time.
-func (b *Backend) kvMirror(kv kernels.PagedKV) *devKV {
-	if len(kv.Data) == 0 {
-		panic("cuda: empty KV pool")
-	}
-	key := weak.Make(&kv.Data[0])
-	m := b.kvs[key]
-	if m != nil && m.floats == len(kv.Data) {
-		return m
-	}
-	if m != nil { // the same memory seen with another length: start over from the host
-		delete(b.kvs, key)
-		b.free(m.ptr)
-	} else {
-		runtime.AddCleanup(&kv.Data[0], b.queueFree, pendingFree{kv: key, isKV: true})
-	}
-	m = &devKV{floats: len(kv.Data)}
-	m.ptr = b.alloc(4*m.floats, "the KV pool mirror")
-	b.h2d(m.ptr, unsafe.Pointer(&kv.Data[0]), 4*m.floats)
-	b.kvs[key] = m
-	return m
-}
-
-// SyncPages uploads pages of kv's host pool to its device mirror: call it
-// after anything other than this backend wrote those pages (received KV
-// unpacked into the pool) and before attention reads them.
-func (b *Backend) SyncPages(kv kernels.PagedKV, pages []int32) (err error) {
-	np, pf := kv.Pages(), kv.PageFloats()
-	for _, p := range pages {
-		if p < 0 || int(p) >= np {
-			return fmt.Errorf("cuda: SyncPages: page %d outside the pool of %d", p, np)
-		}
-	}
-	if len(pages) == 0 {
-		return nil
-	}
-	defer catch(&err)
-	b.lock()
-	defer b.unlock()
-	if _, ok := b.kvs[weak.Make(&kv.Data[0])]; !ok {
-		b.kvMirror(kv) // a new mirror is a copy of the whole host pool
-		b.sync()
-		return nil
-	}
-	m := b.kvMirror(kv)
-	for i := 0; i < len(pages); {
-		j := i + 1 // copy runs of consecutive pages at once
-		for j < len(pages) && pages[j] == pages[j-1]+1 {
-			j++
-		}
-		p0, n := int(pages[i]), j-i
-		b.h2d(m.ptr+uint64(4*p0*pf), unsafe.Pointer(&kv.Data[p0*pf]), 4*n*pf)
-		i = j
-	}
-	b.sync()
-	return nil
-}
-
-// PackPage copies the first tokens slots of page from the device mirror
-// in internal/transfer.Pack's layout (for every layer its K rows then its
-// V rows, little-endian float32) into dst, grown as needed.
-func (b *Backend) PackPage(kv kernels.PagedKV, page int32, tokens int, dst []byte) (out []byte, err error) {
-	if err := checkPage(kv, page, tokens); err != nil {
-		return dst, err
-	}
-	size := kv.Layers * 2 * tokens * kv.RowFloats() * 4
-	if cap(dst) < size {
-		dst = make([]byte, size)
-	}
-	dst = dst[:size]
-	if size == 0 {
-		return dst, nil
-	}
-	defer catch(&err)
-	b.lock()
-	defer b.unlock()
-	m := b.kvMirror(kv)
-	p := b.buf(sOut, size)
-	b.launch(kPagePack, blocks(size/4, elemThreads), 1, elemThreads, 0, p, m.ptr, argI(int(page)), argI(tokens),
-		argI(kv.Layers), argI(kv.PageSize), argI(kv.PageFloats()), argI(kv.RowFloats()))
-	b.d2h(unsafe.Pointer(&dst[0]), p, size)
-	return dst, nil
-}
-
-// UnpackPage writes packed rows (PackPage's layout) into page, in the host
-// pool and its device mirror: the inverse of PackPage.
-func (b *Backend) UnpackPage(kv kernels.PagedKV, page int32, tokens int, src []byte) (err error) {
-	if err := checkPage(kv, page, tokens); err != nil {
-		return err
-	}
-	rf := kv.RowFloats()
-	size := kv.Layers * 2 * tokens * rf * 4
-	if len(src) != size {
-		return fmt.Errorf("cuda: page payload of %d bytes, want %d for %d tokens", len(src), size, tokens)
-	}
-	if size == 0 {
-		return nil
-	}
-	i := 0
-	for l := 0; l < kv.Layers; l++ {
-		for _, off := range []int{kv.KOffset(int(page), l, 0), kv.VOffset(int(page), l, 0)} {
-			dst := kv.Data[off : off+tokens*rf]
-			for j := range dst {
-				dst[j] = math.Float32frombits(uint32(src[i]) | uint32(src[i+1])<<8 | uint32(src[i+2])<<16 | uint32(src[i+3])<<24)
-				i += 4
-			}
-		}
-	}
-	defer catch(&err)
-	b.lock()
-	defer b.unlock()
-	m := b.kvMirror(kv)
-	p := upload(b, sX, src)
-	b.launch(kPageUnpack, blocks(size/4, elemThreads), 1, elemThreads, 0, m.ptr, p, argI(int(page)), argI(tokens),
-		argI(kv.Layers), argI(kv.PageSize), argI(kv.PageFloats()), argI(rf))
-	b.sync()
-	return nil
-}
-
-func checkPage(kv kernels.PagedKV, page int32, tokens int) error {
-	if page < 0 || int(page) >= kv.Pages() {
-		return fmt.Errorf("cuda: page %d outside the pool of %d", page, kv.Pages())
-	}
-	if tokens < 0 || tokens > kv.PageSize {
-		return fmt.Errorf("cuda: %d tokens in a page of %d", tokens, kv.PageSize)
-	}
-	return nil
 }
 
 // ---- kernels.Backend ----
@@ -847,7 +700,7 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 	download(b, out[:n], do)
 }
 
-// StoreKV implements kernels.Backend: the host pool and its device mirror.
+// StoreKV implements kernels.Backend: kv must be this backend's GPU pool.
 func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []float32) {
 	if len(slots) == 0 {
 		return
@@ -855,18 +708,13 @@ func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []f
 	kernels.CheckStoreKV(kv, layer, slots, k, v)
 	rf := kv.RowFloats()
 	n := len(slots) * rf
-	for i, s := range slots {
-		p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
-		copy(kv.Data[kv.KOffset(p, layer, o):][:rf], k[i*rf:(i+1)*rf])
-		copy(kv.Data[kv.VOffset(p, layer, o):][:rf], v[i*rf:(i+1)*rf])
-	}
 	b.lock()
 	defer b.unlock()
-	m := b.kvMirror(kv)
+	pool := b.devKV(kv)
 	ds := upload(b, sIdx1, slots)
 	dk := upload(b, sX, k[:n])
 	dv := upload(b, sX2, v[:n])
-	b.launch(kStoreKV, blocks(n, elemThreads), 1, elemThreads, 0, m.ptr, ds, dk, dv, argI(len(slots)), argI(layer),
+	b.launch(kStoreKV, blocks(n, elemThreads), 1, elemThreads, 0, pool, ds, dk, dv, argI(len(slots)), argI(layer),
 		argI(kv.PageSize), argI(kv.PageFloats()), argI(rf))
 	// The copies from pageable memory are staged before they return and the
 	// kernel is ordered before any later call on the stream: no wait here.
@@ -934,8 +782,7 @@ func (b *Backend) splits(items, maxLen int) int {
 	return max(1, min((target+items-1)/items, (maxLen+attnSplitLen-1)/attnSplitLen, 64))
 }
 
-// Attention implements kernels.Backend. It reads K and V from the device
-// mirror of kv (see SyncPages).
+// Attention implements kernels.Backend: kv must be this backend's GPU pool.
 func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads int, scale float32) {
 	if len(seqs) == 0 {
 		return
@@ -984,10 +831,9 @@ type attnCall struct {
 	scale                float32
 }
 
-// attnUpload uploads a plan's tables (after the mirror of kv).
+// attnUpload uploads a plan's tables.
 func (b *Backend) attnUpload(kv kernels.PagedKV, pl *attnPlan, heads int, scale float32) attnCall {
-	m := b.kvMirror(kv)
-	a := attnCall{kv: m.ptr, nitems: len(pl.items) / attnItemFields, rows: pl.rows, heads: heads, hd: kv.HeadDim,
+	a := attnCall{kv: b.devKV(kv), nitems: len(pl.items) / attnItemFields, rows: pl.rows, heads: heads, hd: kv.HeadDim,
 		ps: kv.PageSize, pf: kv.PageFloats(), rf: kv.RowFloats(), layer: pl.layer, scale: scale}
 	a.nsplit = b.splits(a.nitems, pl.maxLen)
 	a.pages = upload(b, sIdx1, pl.pages)

@@ -40,6 +40,7 @@ typedef struct bk_cuda {
   bk_res (*cuMemcpyHtoDAsync)(bk_dptr, const void*, size_t, bk_h);
   bk_res (*cuMemcpyDtoHAsync)(void*, bk_dptr, size_t, bk_h);
   bk_res (*cuMemcpyDtoDAsync)(bk_dptr, bk_dptr, size_t, bk_h);
+  bk_res (*cuMemsetD32Async)(bk_dptr, unsigned, size_t, bk_h);
   bk_res (*cuLaunchKernel)(bk_h, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, bk_h, void**,
                            void**);
   bk_res (*cuStreamCreate)(bk_h*, unsigned);
@@ -48,10 +49,11 @@ typedef struct bk_cuda {
   bk_res (*cuEventCreate)(bk_h*, unsigned);
   bk_res (*cuEventDestroy)(bk_h);
   bk_res (*cuEventRecord)(bk_h, bk_h);
+  bk_res (*cuStreamWaitEvent)(bk_h, bk_h, unsigned);
   bk_res (*cuEventSynchronize)(bk_h);
   bk_res (*cuEventElapsedTime)(float*, bk_h, bk_h);
   bk_res (*cuGetErrorString)(bk_res, const char**);
-  // Optional: resolved when present, unused by the first version.
+  // Optional: resolved when present (pinned staging falls back to pageable memory).
   bk_res (*cuMemHostRegister)(void*, size_t, unsigned);
   bk_res (*cuMemHostUnregister)(void*);
   bk_res (*cuMemHostAlloc)(void**, size_t, unsigned);
@@ -130,6 +132,9 @@ static inline bk_res bk_dtoh(bk_cuda* d, void* dst, bk_dptr src, size_t n, uintp
 static inline bk_res bk_dtod(bk_cuda* d, bk_dptr dst, bk_dptr src, size_t n, uintptr_t s) {
   return d->cuMemcpyDtoDAsync(dst, src, n, (bk_h)s);
 }
+static inline bk_res bk_memset32(bk_cuda* d, bk_dptr dst, unsigned v, size_t n, uintptr_t s) {
+  return d->cuMemsetD32Async(dst, v, n, (bk_h)s);
+}
 static inline bk_res bk_stream_create(bk_cuda* d, uintptr_t* s) {
   bk_h h = 0;
   bk_res r = d->cuStreamCreate(&h, 1 /* CU_STREAM_NON_BLOCKING */);
@@ -146,6 +151,14 @@ static inline bk_res bk_event_create(bk_cuda* d, uintptr_t* e) {
 }
 static inline bk_res bk_event_destroy(bk_cuda* d, uintptr_t e) { return d->cuEventDestroy((bk_h)e); }
 static inline bk_res bk_event_record(bk_cuda* d, uintptr_t e, uintptr_t s) { return d->cuEventRecord((bk_h)e, (bk_h)s); }
+static inline bk_res bk_stream_wait(bk_cuda* d, uintptr_t s, uintptr_t e) {
+  return d->cuStreamWaitEvent((bk_h)s, (bk_h)e, 0);
+}
+static inline bk_res bk_host_alloc(bk_cuda* d, void** p, size_t n) {
+  if (!d->cuMemHostAlloc || !d->cuMemFreeHost) return BK_ERR_MISSING;
+  return d->cuMemHostAlloc(p, n, 0);
+}
+static inline bk_res bk_host_free(bk_cuda* d, void* p) { return d->cuMemFreeHost(p); }
 static inline bk_res bk_event_sync(bk_cuda* d, uintptr_t e) { return d->cuEventSynchronize((bk_h)e); }
 static inline bk_res bk_event_elapsed(bk_cuda* d, float* ms, uintptr_t a, uintptr_t b) {
   return d->cuEventElapsedTime(ms, (bk_h)a, (bk_h)b);

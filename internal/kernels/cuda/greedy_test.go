@@ -80,8 +80,7 @@ func checkDummyModels(t *testing.T, b *Backend) {
 		mr, mc := model.New(c, w, ref.New()), model.New(c, w, b)
 		kvr := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
 		kvr.Data = make([]float32, 8*kvr.PageFloats())
-		kvc := kvr
-		kvc.Data = make([]float32, len(kvr.Data))
+		kvc := toDevice(t, b, kvr)
 		pages := []int32{7, 2, 5, 0, 1}
 		var worst float64
 		for step, n := range []int{12, 1, 1} {

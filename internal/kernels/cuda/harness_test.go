@@ -1,19 +1,25 @@
 package cuda
 
 import (
+	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
+	"github.com/batonlm/baton/internal/transfer"
 )
 
 // Two ways to run the kernel tests:
 //
 //   - TestFake*: the real Go backend (dlopen, launches, cuBLAS calls, KV
-//     mirror) on a fake libcuda.so.1 and libcublas.so.12 built here from
-//     testdata/fakecuda with g++, which run kernels/baton.cu on the CPU
-//     (bk_emu.h). Runs in CI on any machine with g++.
+//     pools and their page copies) on a fake libcuda.so.1 and
+//     libcublas.so.12 built by fakecuda.Build from testdata/fakecuda with
+//     g++, which run kernels/baton.cu on the CPU (bk_emu.h). Runs in CI on
+//     any machine with g++. The fake runs every call synchronously, so
+//     ordering between streams is only exercised on a GPU.
 //   - TestGPU*: the same checks on a real GPU through libcuda.so.1; they
 //     skip, saying so, where Open(0) fails. test/gpu/run.sh runs them.
 
@@ -43,32 +49,14 @@ func TestMain(m *testing.M) {
 func fakeLibs(t testing.TB) libs {
 	t.Helper()
 	fakeOnce.Do(func() {
-		cxx, err := exec.LookPath("g++")
-		if err != nil {
-			fakeErr, fakeSkip = "g++ not found: the fake-driver tests need a C++ compiler", true
-			return
-		}
 		dir, err := os.MkdirTemp("", "baton-fakecuda-")
 		if err != nil {
 			fakeErr = err.Error()
 			return
 		}
 		fakeDir = dir
-		if err := os.Mkdir(filepath.Join(dir, "noprimary"), 0o755); err != nil {
-			fakeErr = err.Error()
-			return
-		}
-		flags := []string{"-std=c++17", "-O2", "-fPIC", "-shared", "-fno-strict-aliasing", "-Wall", "-Wno-unknown-pragmas"}
-		for _, c := range [][]string{
-			append(flags, "-DBK_EMU", "-Itestdata/fakecuda", "-Ikernels", "-o", filepath.Join(dir, "libcuda.so.1"), "testdata/fakecuda/fakecuda.cc"),
-			append(flags, "-o", filepath.Join(dir, "libcublas.so.12"), "testdata/fakecuda/fakecublas.cc"),
-			append(flags, "-DBK_EMU", "-DFAKE_NO_PRIMARY", "-Itestdata/fakecuda", "-Ikernels", "-o",
-				filepath.Join(dir, "noprimary", "libcuda.so.1"), "testdata/fakecuda/fakecuda.cc"),
-		} {
-			if out, err := exec.Command(cxx, c...).CombinedOutput(); err != nil {
-				fakeErr = "building the fake driver: " + err.Error() + "\n" + string(out)
-				return
-			}
+		if err := fakecuda.Build(dir); err != nil {
+			fakeErr, fakeSkip = err.Error(), errors.Is(err, fakecuda.ErrNoCompiler)
 		}
 	})
 	if fakeErr != "" {
@@ -108,3 +96,40 @@ func gpuBackend(t testing.TB) *Backend {
 }
 
 func requireGPU() bool { return os.Getenv("BATON_REQUIRE_GPU") == "1" }
+
+// toDevice copies a host pool into a new GPU pool of b (freed with the
+// test) and returns it as a PagedKV.
+func toDevice(t testing.TB, b *Backend, host kernels.PagedKV) kernels.PagedKV {
+	t.Helper()
+	dk, err := b.AllocKV(host, host.Pages())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dk.Close() })
+	for p := range host.Pages() {
+		if err := dk.WritePage(int32(p), host.PageSize, transfer.Pack(host, int32(p), host.PageSize, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dev := host
+	dev.Data, dev.Device = nil, dk
+	return dev
+}
+
+// fromDevice reads a GPU pool back into host memory.
+func fromDevice(t testing.TB, dev kernels.PagedKV) []float32 {
+	t.Helper()
+	host := dev
+	host.Device = nil
+	host.Data = make([]float32, dev.Pages()*dev.PageFloats())
+	for p := range dev.Pages() {
+		page, err := dev.Device.ReadPage(int32(p), dev.PageSize, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := transfer.Unpack(host, int32(p), dev.PageSize, page); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return host.Data
+}

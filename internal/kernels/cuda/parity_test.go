@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -53,8 +54,9 @@ func runSuite(t *testing.T, b *Backend) {
 	t.Run("AttentionLong", func(t *testing.T) { testAttentionLong(t, b) })
 	t.Run("AttentionNaN", func(t *testing.T) { testAttentionNaN(t, b) })
 	t.Run("StoreKV", func(t *testing.T) { testStoreKV(t, b) })
-	t.Run("PackUnpack", func(t *testing.T) { testPackUnpack(t, b) })
-	t.Run("SyncPages", func(t *testing.T) { testSyncPages(t, b) })
+	t.Run("KVPool", func(t *testing.T) { testKVPool(t, b) })
+	t.Run("PageOpsConcurrent", func(t *testing.T) { testPageOpsConcurrent(t, b) })
+	t.Run("HostKVRefused", func(t *testing.T) { testHostKVRefused(t, b) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, b) })
 	t.Run("BadArgs", func(t *testing.T) { testBadArgs(t, b) })
 }
@@ -442,7 +444,7 @@ func checkAttention(t *testing.T, b *Backend, what string, c attnCase, scale flo
 			}
 		}
 	}
-	b.Attention(got, c.q, c.kv, 1, c.seqs, c.heads, scale)
+	b.Attention(got, c.q, toDevice(t, b, c.kv), 1, c.seqs, c.heads, scale)
 	ck := &checker{T: t, What: what, Tol: tolAttn}
 	for i := range want {
 		ck.Check(i, got[i], want[i], 5, 0)
@@ -505,7 +507,7 @@ func testAttentionNaN(t *testing.T, b *Backend) {
 	p := 9
 	c.kv.Data[c.kv.KOffset(int(s.Pages[p/4]), 1, p%4)] = float32(math.NaN())
 	got := make([]float32, len(c.q))
-	b.Attention(got, c.q, c.kv, 1, c.seqs, 4, 0.25)
+	b.Attention(got, c.q, toDevice(t, b, c.kv), 1, c.seqs, 4, 0.25)
 	rs := 4 * 16
 	for r := 0; r < 3; r++ {
 		nan := 0
@@ -523,110 +525,184 @@ func testAttentionNaN(t *testing.T, b *Backend) {
 
 func testStoreKV(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(15, 16))
-	kv := kernels.PagedKV{PageSize: 16, Layers: 3, KVHeads: 2, HeadDim: 8}
-	kv.Data = randVec(rng, 5*kv.PageFloats(), 1)
-	want := kv
-	want.Data = append([]float32(nil), kv.Data...)
+	want := kernels.PagedKV{PageSize: 16, Layers: 3, KVHeads: 2, HeadDim: 8}
+	want.Data = randVec(rng, 5*want.PageFloats(), 1)
+	kv := toDevice(t, b, want)
 	slots := []int32{0, 17, 79, 40, 41}
 	k := randVec(rng, len(slots)*kv.RowFloats(), 1)
 	v := randVec(rng, len(slots)*kv.RowFloats(), 1)
 	ref.New().StoreKV(want, 2, slots, k, v)
 	b.StoreKV(kv, 2, slots, k, v)
+	// Read back through the pool's own stream: it waits for StoreKV.
+	got := fromDevice(t, kv)
 	for i := range want.Data {
-		if kv.Data[i] != want.Data[i] {
-			t.Fatalf("StoreKV host pool: element %d differs", i)
-		}
-	}
-	// The device mirror holds the same pool.
-	for p := int32(0); p < 5; p++ {
-		got, err := b.PackPage(kv, p, 16, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if w := transfer.Pack(want, p, 16, nil); string(got) != string(w) {
-			t.Fatalf("StoreKV device mirror: page %d differs", p)
+		if got[i] != want.Data[i] {
+			t.Fatalf("StoreKV: element %d is %g, want %g", i, got[i], want.Data[i])
 		}
 	}
 }
 
-func testPackUnpack(t *testing.T, b *Backend) {
+// testKVPool: the GPU pool's page operations against transfer.Pack and
+// Unpack on a host copy, its fills, and its refusals.
+func testKVPool(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(17, 18))
-	kv := kernels.PagedKV{PageSize: 8, Layers: 4, KVHeads: 3, HeadDim: 4}
-	kv.Data = randVec(rng, 6*kv.PageFloats(), 1)
+	host := kernels.PagedKV{PageSize: 8, Layers: 4, KVHeads: 3, HeadDim: 4}
+	dk, err := b.AllocKV(host, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dk.Close()
+	kv := host
+	kv.Device = dk
+	if !dk.(*KVPool).Pinned() {
+		t.Error("page staging is not pinned host memory")
+	}
+	host.Data = make([]float32, 6*host.PageFloats())
+	for i, f := range fromDevice(t, kv) {
+		if f != 0 {
+			t.Fatalf("a new pool holds %g at %d, want zeros", f, i)
+		}
+	}
+	host.Data = randVec(rng, 6*host.PageFloats(), 1)
+	for p := range int32(6) {
+		if err := dk.WritePage(p, 8, transfer.Pack(host, p, 8, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tokens := range []int{0, 1, 5, 8} {
-		got, err := b.PackPage(kv, 4, tokens, nil)
+		got, err := dk.ReadPage(4, tokens, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := transfer.Pack(kv, 4, tokens, nil); string(got) != string(want) {
-			t.Fatalf("PackPage %d tokens differs from transfer.Pack", tokens)
+		if want := transfer.Pack(host, 4, tokens, nil); string(got) != string(want) {
+			t.Fatalf("ReadPage %d tokens differs from transfer.Pack", tokens)
 		}
 	}
-	// Unpack a payload into page 2: host pool and mirror, as transfer.Unpack.
-	src := kernels.PagedKV{PageSize: 8, Layers: 4, KVHeads: 3, HeadDim: 4, Data: randVec(rng, kv.PageFloats(), 1)}
+	// A partial page lands in its first slots only, as transfer.Unpack.
+	src := kernels.PagedKV{PageSize: 8, Layers: 4, KVHeads: 3, HeadDim: 4, Data: randVec(rng, host.PageFloats(), 1)}
 	payload := transfer.Pack(src, 0, 5, nil)
-	want := kv
-	want.Data = append([]float32(nil), kv.Data...)
-	if err := transfer.Unpack(want, 2, 5, payload); err != nil {
+	if err := transfer.Unpack(host, 2, 5, payload); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.UnpackPage(kv, 2, 5, payload); err != nil {
+	if err := transfer.Unpack(kv, 2, 5, payload); err != nil {
 		t.Fatal(err)
 	}
-	for i := range want.Data {
-		if kv.Data[i] != want.Data[i] {
-			t.Fatalf("UnpackPage host pool: element %d differs", i)
+	if got := fromDevice(t, kv); !slices.Equal(got, host.Data) {
+		t.Fatal("WritePage of 5 tokens: the pool differs from transfer.Unpack's")
+	}
+	// Fill: the pages named, then all.
+	if err := dk.Fill([]int32{1, 4}, float32(math.NaN())); err != nil {
+		t.Fatal(err)
+	}
+	got := fromDevice(t, kv)
+	pf := host.PageFloats()
+	for i := range got {
+		p := i / pf
+		if nan := math.IsNaN(float64(got[i])); nan != (p == 1 || p == 4) || !nan && got[i] != host.Data[i] {
+			t.Fatalf("after Fill of pages 1 and 4: element %d (page %d) is %g", i, p, got[i])
 		}
 	}
-	got, _ := b.PackPage(kv, 2, 8, nil)
-	if string(got) != string(transfer.Pack(want, 2, 8, nil)) {
-		t.Fatal("UnpackPage device mirror differs")
+	if err := dk.Fill(nil, 2.5); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := b.PackPage(kv, 6, 1, nil); err == nil {
-		t.Fatal("PackPage of a page outside the pool")
+	for i, f := range fromDevice(t, kv) {
+		if f != 2.5 {
+			t.Fatalf("after Fill of every page: element %d is %g", i, f)
+		}
 	}
-	if err := b.UnpackPage(kv, 1, 5, payload[1:]); err == nil {
-		t.Fatal("UnpackPage of a short payload")
+	if _, err := dk.ReadPage(6, 1, nil); err == nil {
+		t.Error("ReadPage of a page outside the pool")
+	}
+	if _, err := dk.ReadPage(0, 9, nil); err == nil {
+		t.Error("ReadPage of 9 tokens of a page of 8")
+	}
+	if err := dk.WritePage(1, 5, payload[1:]); err == nil {
+		t.Error("WritePage of a short payload")
+	}
+	if err := dk.Fill([]int32{-1}, 0); err == nil {
+		t.Error("Fill of page -1")
+	}
+	if _, err := b.AllocKV(kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 300}, 2); err == nil ||
+		!strings.Contains(err.Error(), "head dim 300") {
+		t.Errorf("AllocKV with head dim 300: %v", err)
+	}
+	if err := dk.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dk.ReadPage(0, 1, nil); err == nil || !strings.Contains(err.Error(), "after Close") {
+		t.Errorf("ReadPage after Close: %v", err)
 	}
 }
 
-// testSyncPages: pages written to the host pool behind the backend's back
-// (as transfer.Unpack does on a decode worker) are not seen by attention
-// until SyncPages uploads them.
-func testSyncPages(t *testing.T, b *Backend) {
-	rng := rand.New(rand.NewPCG(19, 20))
+// testPageOpsConcurrent: page copies on the pool's stream run while other
+// goroutines run forward-pass kernels on the backend's, without either
+// seeing the other's half-done work.
+func testPageOpsConcurrent(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(21, 22))
 	c := newAttnCase(rng, 4, 2, 16, 4, [][2]int{{1, 12}}).inOrder()
-	got := make([]float32, len(c.q))
-	b.Attention(got, c.q, c.kv, 1, c.seqs, 4, 0.25) // creates the mirror
-	pages := c.seqs[0].Pages
-	for _, p := range pages[1:] {
-		for i := range c.kv.PageFloats() {
-			c.kv.Data[int(p)*c.kv.PageFloats()+i] = float32(rng.NormFloat64() * 3)
-		}
-	}
 	want := make([]float32, len(c.q))
 	ref.New().Attention(want, c.q, c.kv, 1, c.seqs, 4, 0.25)
-	b.Attention(got, c.q, c.kv, 1, c.seqs, 4, 0.25)
-	stale := false
-	for i := range want {
-		stale = stale || math.Abs(float64(got[i]-want[i])) > 1e-3
+	kv := toDevice(t, b, c.kv)
+	used := map[int32]bool{}
+	for _, p := range c.seqs[0].Pages {
+		used[p] = true
 	}
-	if !stale {
-		t.Fatal("attention saw host writes without SyncPages: the device mirror is not what it reads")
+	var free []int32
+	for p := range int32(kv.Pages()) {
+		if !used[p] {
+			free = append(free, p)
+		}
 	}
-	if err := b.SyncPages(c.kv, pages[1:]); err != nil {
-		t.Fatal(err)
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		got := make([]float32, len(c.q))
+		for range 20 {
+			b.Attention(got, c.q, kv, 1, c.seqs, 4, 0.25)
+			for i := range want {
+				if d := math.Abs(float64(got[i] - want[i])); d > 1e-4 {
+					errs <- fmt.Sprintf("Attention element %d off by %g while pages were copied", i, d)
+					return
+				}
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		page := randVec(rand.New(rand.NewPCG(1, 2)), kv.PageFloats(), 1)
+		src := kernels.PagedKV{PageSize: kv.PageSize, Layers: kv.Layers, KVHeads: kv.KVHeads, HeadDim: kv.HeadDim, Data: page}
+		packed := transfer.Pack(src, 0, kv.PageSize, nil)
+		for i := range 40 {
+			p := free[i%len(free)]
+			if err := kv.Device.WritePage(p, kv.PageSize, packed); err != nil {
+				errs <- err.Error()
+				return
+			}
+			got, err := kv.Device.ReadPage(p, kv.PageSize, nil)
+			if err != nil || string(got) != string(packed) {
+				errs <- fmt.Sprintf("page %d read back differs (%v)", p, err)
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
-	checkAttention(t, b, "after SyncPages", c, 0.25, nil)
-	if err := b.SyncPages(c.kv, []int32{-1}); err == nil {
-		t.Fatal("SyncPages of page -1")
-	}
-	// A pool the backend has not seen is uploaded whole.
-	c2 := newAttnCase(rng, 4, 2, 16, 4, [][2]int{{2, 9}}).inOrder()
-	if err := b.SyncPages(c2.kv, c2.seqs[0].Pages[:1]); err != nil {
-		t.Fatal(err)
-	}
-	checkAttention(t, b, "new pool via SyncPages", c2, 0.25, nil)
+}
+
+// testHostKVRefused: a pool in host memory is a caller's bug, named.
+func testHostKVRefused(t *testing.T, b *Backend) {
+	c := newAttnCase(rand.New(rand.NewPCG(3, 4)), 2, 1, 8, 4, [][2]int{{1, 5}})
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "GPU memory of this backend") {
+			t.Errorf("Attention over a host pool: recovered %v", r)
+		}
+	}()
+	b.Attention(make([]float32, len(c.q)), c.q, c.kv, 1, c.seqs, 2, 1)
 }
 
 // testConcurrent: calls from several goroutines are serialised correctly.
@@ -639,6 +715,7 @@ func testConcurrent(t *testing.T, b *Backend) {
 	c := newAttnCase(rng, 8, 2, 64, 16, [][2]int{{1, 40}, {7, 30}})
 	wantA := make([]float32, len(c.q))
 	ref.New().Attention(wantA, c.q, c.kv, 1, c.seqs, 8, 0.125)
+	kv := toDevice(t, b, c.kv)
 	var wg sync.WaitGroup
 	errs := make(chan string, 4)
 	for g := 0; g < 4; g++ {
@@ -649,7 +726,7 @@ func testConcurrent(t *testing.T, b *Backend) {
 			gotA := make([]float32, len(wantA))
 			for it := 0; it < 10; it++ {
 				b.MatMul(got, x, 3, w)
-				b.Attention(gotA, c.q, c.kv, 1, c.seqs, 8, 0.125)
+				b.Attention(gotA, c.q, kv, 1, c.seqs, 8, 0.125)
 				for i := range want {
 					if d := math.Abs(float64(got[i] - want[i])); d > 1e-3 {
 						errs <- fmt.Sprintf("MatMul element %d off by %g", i, d)
@@ -692,6 +769,7 @@ func testBadArgs(t *testing.T, b *Backend) {
 	})
 	kv.HeadDim = 8
 	kv.Data = make([]float32, 2*kv.PageFloats())
+	kv = toDevice(t, b, kv)
 	mustPanic("page", "page 9 out of range", func() {
 		b.Attention(make([]float32, 8), make([]float32, 8), kv, 0, []kernels.AttnSeq{{Pages: []int32{9}, QLen: 1, KVLen: 1}}, 1, 1)
 	})
@@ -704,8 +782,8 @@ func testBadArgs(t *testing.T, b *Backend) {
 	}
 }
 
-// TestFakeWeightsFreed: device copies of weights and pools are freed once
-// their host memory is garbage collected.
+// TestFakeWeightsFreed: device copies of weights are freed once their
+// host memory is garbage collected.
 func TestFakeWeightsFreed(t *testing.T) {
 	b := fakeBackend(t)
 	rng := rand.New(rand.NewPCG(25, 26))
@@ -713,19 +791,44 @@ func TestFakeWeightsFreed(t *testing.T) {
 		for i := 0; i < 5; i++ {
 			w := randMatrix(rng, kernels.F16, 16, 64)
 			b.MatMul(make([]float32, 16), randVec(rng, 64, 1), 1, w)
-			c := newAttnCase(rng, 2, 1, 8, 4, [][2]int{{1, 5}})
-			b.Attention(make([]float32, len(c.q)), c.q, c.kv, 1, c.seqs, 2, 1)
 		}
 	}()
-	if len(b.weights) < 5 || len(b.kvs) < 5 {
-		t.Fatalf("%d weights, %d pools cached", len(b.weights), len(b.kvs))
+	if len(b.weights) < 5 {
+		t.Fatalf("%d weights cached", len(b.weights))
 	}
-	for i := 0; i < 20 && (len(b.weights) > 0 || len(b.kvs) > 0); i++ {
+	for i := 0; i < 20 && len(b.weights) > 0; i++ {
 		runtime.GC()
 		runtime.Gosched()
 		b.Add(make([]float32, 1), []float32{1}, []float32{1}) // frees what cleanups queued
 	}
-	if len(b.weights) != 0 || len(b.kvs) != 0 {
-		t.Fatalf("after GC: %d weights, %d pools still on the device", len(b.weights), len(b.kvs))
+	if len(b.weights) != 0 {
+		t.Fatalf("after GC: %d weights still on the device", len(b.weights))
+	}
+}
+
+// TestFakeKVPoolsFreed: pools are freed by their Close, and those still
+// open by the backend's.
+func TestFakeKVPoolsFreed(t *testing.T) {
+	b, err := open(fakeLibs(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout := kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8}
+	a, _ := b.AllocKV(layout, 3)
+	c, _ := b.AllocKV(layout, 3)
+	if len(b.pools) != 2 {
+		t.Fatalf("%d pools tracked, want 2", len(b.pools))
+	}
+	if err := a.Close(); err != nil || len(b.pools) != 1 {
+		t.Fatalf("after one Close: %v, %d pools tracked", err, len(b.pools))
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Fill(nil, 0); err == nil {
+		t.Fatal("Fill of a pool the backend's Close freed")
 	}
 }

@@ -95,6 +95,7 @@ func (*Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 
 // StoreKV implements kernels.Backend.
 func (*Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []float32) {
+	kernels.CheckHostKV("the ref backend", kv)
 	rf := kv.RowFloats()
 	for i, s := range slots {
 		p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
@@ -105,6 +106,7 @@ func (*Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []flo
 
 // Attention implements kernels.Backend.
 func (*Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads int, scale float32) {
+	kernels.CheckHostKV("the ref backend", kv)
 	hd := kv.HeadDim
 	group := heads / kv.KVHeads
 	for _, s := range seqs {

@@ -1,0 +1,309 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include "driver.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/batonlm/baton/internal/kernels"
+)
+
+// KVPool is a KV pool in GPU memory (kernels.DeviceKV), made by AllocKV.
+// The backend's kernels address it directly; everything else (a transfer
+// packing a prompt's pages, a decode worker unpacking received ones,
+// poisoning freed pages) goes a page at a time through pinned host memory
+// on a stream of the pool's own, so a page copy does not queue behind a
+// forward pass and a forward pass does not wait for the network.
+type KVPool struct {
+	b      *Backend
+	layout kernels.PagedKV // sizes only
+	pages  int
+	ptr    dptr
+
+	// mu serialises page operations: they share the staging buffers and
+	// the stream. It is never held while taking the backend's lock.
+	mu     sync.Mutex
+	closed bool
+	stream uintptr
+	// event marks the work queued on the backend's stream so far; page
+	// operations wait for it, so a page is read after the kernels that
+	// wrote it and written after the kernels that read its last owner.
+	event uintptr
+	// host is the staging buffer of one packed page: pinned (page-locked,
+	// so copies are DMA at full speed) when the driver allows, else
+	// pageable C memory.
+	host   unsafe.Pointer
+	pinned bool
+	// stage is one packed page on the device: the pack and unpack kernels
+	// move rows between it and the pool.
+	stage dptr
+	args  []uint64
+}
+
+var _ kernels.DeviceKV = (*KVPool)(nil)
+var _ kernels.KVAllocator = (*Backend)(nil)
+
+// AllocKV implements kernels.KVAllocator: pages pages of layout's shape
+// in GPU memory, zeroed.
+func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV, err error) {
+	layout.Data, layout.Device = nil, nil
+	if pages <= 0 || layout.PageSize <= 0 || layout.Layers <= 0 || layout.KVHeads <= 0 || layout.HeadDim <= 0 {
+		return nil, fmt.Errorf("cuda: KV pool of %d pages of %+v", pages, layout)
+	}
+	if layout.HeadDim > attnMaxHD {
+		return nil, fmt.Errorf("cuda: head dim %d > %d is not supported", layout.HeadDim, attnMaxHD)
+	}
+	bytes := int64(pages) * int64(layout.PageFloats()) * 4
+	if bytes/int64(pages) != int64(layout.PageFloats())*4 || bytes > math.MaxInt/2 {
+		return nil, fmt.Errorf("cuda: KV pool of %d pages of %d floats overflows", pages, layout.PageFloats())
+	}
+	defer catch(&err)
+	b.lock()
+	defer b.unlock()
+	kp := &KVPool{b: b, layout: layout, pages: pages}
+	defer func() {
+		if err != nil {
+			kp.release()
+		}
+	}()
+	kp.ptr = b.alloc(int(bytes), "the KV pool")
+	b.must("cuMemsetD32Async", C.bk_memset32(b.drv.c, C.bk_dptr(kp.ptr), 0, C.size_t(bytes/4), C.uintptr_t(b.stream)))
+	page := layout.PackedBytes(layout.PageSize)
+	kp.stage = b.alloc(page, "KV page staging")
+	var s, e C.uintptr_t
+	b.must("cuStreamCreate", C.bk_stream_create(b.drv.c, &s))
+	kp.stream = uintptr(s)
+	b.must("cuEventCreate", C.bk_event_create(b.drv.c, &e))
+	kp.event = uintptr(e)
+	var h unsafe.Pointer
+	if C.bk_host_alloc(b.drv.c, &h, C.size_t(page)) == 0 {
+		kp.host, kp.pinned = h, true
+	} else if kp.host = C.malloc(C.size_t(page)); kp.host == nil {
+		panic(errors.New("cuda: out of host memory for KV page staging"))
+	}
+	b.sync()
+	b.pools[kp] = struct{}{}
+	return kp, nil
+}
+
+// Pages implements kernels.DeviceKV.
+func (kp *KVPool) Pages() int { return kp.pages }
+
+// Pinned reports whether page copies are staged through page-locked host
+// memory (the driver may refuse it; copies then stage through pageable
+// memory, correct but slower).
+func (kp *KVPool) Pinned() bool { return kp.pinned }
+
+// enter starts a page operation: the pool's lock, this OS thread, the
+// context current, and the pool's stream after the backend's work so far.
+func (kp *KVPool) enter() error {
+	kp.mu.Lock()
+	if kp.closed {
+		kp.mu.Unlock()
+		return errors.New("cuda: KV pool used after Close")
+	}
+	runtime.LockOSThread()
+	d := kp.b.drv
+	if err := d.check("cuCtxSetCurrent", C.bk_ctx_set(d.c, C.uintptr_t(kp.b.ctx))); err != nil {
+		kp.leave()
+		return err
+	}
+	if err := d.check("cuEventRecord", C.bk_event_record(d.c, C.uintptr_t(kp.event), C.uintptr_t(kp.b.stream))); err != nil {
+		kp.leave()
+		return err
+	}
+	if err := d.check("cuStreamWaitEvent", C.bk_stream_wait(d.c, C.uintptr_t(kp.stream), C.uintptr_t(kp.event))); err != nil {
+		kp.leave()
+		return err
+	}
+	return nil
+}
+
+func (kp *KVPool) leave() {
+	runtime.UnlockOSThread()
+	kp.mu.Unlock()
+}
+
+func (kp *KVPool) check(page int32, tokens int) error {
+	if page < 0 || int(page) >= kp.pages {
+		return fmt.Errorf("cuda: page %d outside the pool of %d", page, kp.pages)
+	}
+	if tokens < 0 || tokens > kp.layout.PageSize {
+		return fmt.Errorf("cuda: %d tokens in a page of %d", tokens, kp.layout.PageSize)
+	}
+	return nil
+}
+
+// launch queues kernel k on the pool's stream.
+func (kp *KVPool) launch(k, gx, bx int, args ...uint64) error {
+	kp.args = append(kp.args[:0], args...)
+	d := kp.b.drv
+	return d.check("cuLaunchKernel "+kernelNames[k], C.bk_launch(d.c, C.uintptr_t(kp.b.fn[k]), C.uint(gx), 1,
+		C.uint(bx), 0, C.uintptr_t(kp.stream), (*C.uint64_t)(unsafe.Pointer(&kp.args[0])), C.int(len(args))))
+}
+
+func (kp *KVPool) sync() error {
+	d := kp.b.drv
+	return d.check("cuStreamSynchronize", C.bk_stream_sync(d.c, C.uintptr_t(kp.stream)))
+}
+
+// ReadPage implements kernels.DeviceKV: the pack kernel gathers the rows
+// into the device staging page, one copy brings them to pinned memory.
+func (kp *KVPool) ReadPage(page int32, tokens int, dst []byte) ([]byte, error) {
+	if err := kp.check(page, tokens); err != nil {
+		return dst, err
+	}
+	size := kp.layout.PackedBytes(tokens)
+	if cap(dst) < size {
+		dst = make([]byte, size)
+	}
+	dst = dst[:size]
+	if size == 0 {
+		return dst, nil
+	}
+	if err := kp.enter(); err != nil {
+		return dst, err
+	}
+	defer kp.leave()
+	l, d := kp.layout, kp.b.drv
+	if err := kp.launch(kPagePack, blocks(size/4, elemThreads), elemThreads, kp.stage, kp.ptr, argI(int(page)),
+		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageFloats()), argI(l.RowFloats())); err != nil {
+		return dst, err
+	}
+	if err := d.check("cuMemcpyDtoHAsync", C.bk_dtoh(d.c, kp.host, C.bk_dptr(kp.stage), C.size_t(size), C.uintptr_t(kp.stream))); err != nil {
+		return dst, err
+	}
+	if err := kp.sync(); err != nil {
+		return dst, err
+	}
+	copy(dst, unsafe.Slice((*byte)(kp.host), size))
+	return dst, nil
+}
+
+// WritePage implements kernels.DeviceKV: the inverse of ReadPage.
+func (kp *KVPool) WritePage(page int32, tokens int, src []byte) error {
+	if err := kp.check(page, tokens); err != nil {
+		return err
+	}
+	size := kp.layout.PackedBytes(tokens)
+	if len(src) != size {
+		return fmt.Errorf("cuda: page payload of %d bytes, want %d for %d tokens", len(src), size, tokens)
+	}
+	if size == 0 {
+		return nil
+	}
+	if err := kp.enter(); err != nil {
+		return err
+	}
+	defer kp.leave()
+	l, d := kp.layout, kp.b.drv
+	copy(unsafe.Slice((*byte)(kp.host), size), src)
+	if err := d.check("cuMemcpyHtoDAsync", C.bk_htod(d.c, C.bk_dptr(kp.stage), kp.host, C.size_t(size), C.uintptr_t(kp.stream))); err != nil {
+		return err
+	}
+	if err := kp.launch(kPageUnpack, blocks(size/4, elemThreads), elemThreads, kp.ptr, kp.stage, argI(int(page)),
+		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageFloats()), argI(l.RowFloats())); err != nil {
+		return err
+	}
+	return kp.sync()
+}
+
+// Fill implements kernels.DeviceKV.
+func (kp *KVPool) Fill(pages []int32, v float32) error {
+	for _, p := range pages {
+		if err := kp.check(p, 0); err != nil {
+			return err
+		}
+	}
+	if err := kp.enter(); err != nil {
+		return err
+	}
+	defer kp.leave()
+	d, pf := kp.b.drv, kp.layout.PageFloats()
+	fill := func(first, n int) error {
+		return d.check("cuMemsetD32Async", C.bk_memset32(d.c, C.bk_dptr(kp.ptr+uint64(4*first*pf)), C.uint(math.Float32bits(v)),
+			C.size_t(n*pf), C.uintptr_t(kp.stream)))
+	}
+	if pages == nil {
+		if err := fill(0, kp.pages); err != nil {
+			return err
+		}
+	}
+	for _, p := range pages {
+		if err := fill(int(p), 1); err != nil {
+			return err
+		}
+	}
+	return kp.sync()
+}
+
+// Close implements kernels.DeviceKV: frees the pool's device and host
+// memory. Kernels must not be given it after.
+func (kp *KVPool) Close() error {
+	b := kp.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed { // the backend's Close freed it
+		return nil
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := b.drv.check("cuCtxSetCurrent", C.bk_ctx_set(b.drv.c, C.uintptr_t(b.ctx))); err != nil {
+		return err
+	}
+	b.sync() // no kernel still reads it
+	kp.release()
+	delete(b.pools, kp)
+	return nil
+}
+
+// release frees what AllocKV made, with the backend's lock held and its
+// context current.
+func (kp *KVPool) release() {
+	kp.mu.Lock()
+	defer kp.mu.Unlock()
+	if kp.closed {
+		return
+	}
+	kp.closed = true
+	d := kp.b.drv.c
+	if kp.stream != 0 {
+		C.bk_stream_sync(d, C.uintptr_t(kp.stream))
+		C.bk_stream_destroy(d, C.uintptr_t(kp.stream))
+	}
+	if kp.event != 0 {
+		C.bk_event_destroy(d, C.uintptr_t(kp.event))
+	}
+	if kp.pinned {
+		C.bk_host_free(d, kp.host)
+	} else if kp.host != nil {
+		C.free(kp.host)
+	}
+	for _, p := range []dptr{kp.ptr, kp.stage} {
+		if p != 0 {
+			C.bk_mem_free(d, C.bk_dptr(p))
+		}
+	}
+	kp.host, kp.ptr, kp.stage = nil, 0, 0
+}
+
+// devKV is the device address of kv's pool, which must be this backend's.
+func (b *Backend) devKV(kv kernels.PagedKV) dptr {
+	kp, ok := kv.Device.(*KVPool)
+	if !ok || kp.b != b {
+		panic("cuda: the KV pool must be GPU memory of this backend (AllocKV), not host memory")
+	}
+	if kp.ptr == 0 {
+		panic("cuda: KV pool used after Close")
+	}
+	return kp.ptr
+}

@@ -1,0 +1,118 @@
+package roles
+
+import (
+	"context"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kernels/cpu"
+	"github.com/batonlm/baton/internal/kernels/kernelstest"
+	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/transfer"
+	"github.com/batonlm/baton/internal/transfer/tcp"
+)
+
+func deviceMemory(t *testing.T, pool *kvpool.Pool) *kernelstest.Memory {
+	t.Helper()
+	m, ok := pool.KV().Device.(*kernelstest.Memory)
+	if !ok {
+		t.Fatalf("pool memory is %T, not a backend's", pool.KV().Device)
+	}
+	return m
+}
+
+// With both pools in a backend's own memory (as on GPUs), the handoff goes
+// a page at a time through the pools' page operations: prefill reads each
+// page it ships, decode writes each received page and reads it back to
+// check what landed, and freed pages are poisoned there.
+func TestHandoffDevicePool(t *testing.T) {
+	want := loadRef(t)
+	for _, tc := range []struct{ page, chunk int }{{16, 512}, {1, 2}, {64, 3}} {
+		p := newPairOn(t, kernelstest.Device{Backend: cpu.New(1)}, tc.page, tc.chunk)
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				toks, fin, err := p.handoff(t, want.PromptIDs, len(want.GeneratedIDs))
+				if err != nil || fin != "length" {
+					t.Errorf("page %d: finish %q, %v", tc.page, fin, err)
+					return
+				}
+				for j := range toks {
+					if toks[j] != want.GeneratedIDs[j] {
+						t.Errorf("page %d chunk %d: token %d = %d, want %d", tc.page, tc.chunk, j, toks[j], want.GeneratedIDs[j])
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		waitAllFree(t, p.dPool, p.pPool)
+		pages := int64(4 * p.pPool.PagesFor(len(want.PromptIDs)))
+		pm, dm := deviceMemory(t, p.pPool), deviceMemory(t, p.dPool)
+		if r := pm.Reads.Load(); r != pages {
+			t.Errorf("page %d: prefill read %d pages from its pool, want %d", tc.page, r, pages)
+		}
+		if w, r := dm.Writes.Load(), dm.Reads.Load(); w != pages || r != pages {
+			t.Errorf("page %d: decode wrote %d and read back %d pages, want %d each", tc.page, w, r, pages)
+		}
+		for i, f := range dm.Snapshot() {
+			if !math.IsNaN(float64(f)) {
+				t.Fatalf("page %d: freed decode pool holds %g at %d, want the poison", tc.page, f, i)
+			}
+		}
+	}
+}
+
+// Decode checks the checksum of what is in its device pool, not of the
+// frames it received: a page that differs there fails the commit.
+func TestDevicePoolChecksumReadsBack(t *testing.T) {
+	want := loadRef(t)
+	p := newPairOn(t, kernelstest.Device{Backend: cpu.New(1)}, 4, 512)
+	ctx := context.Background()
+	prompt := want.PromptIDs[:8]
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "x", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
+		Layout: p.layout, Writer: p.prefillAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, transfer.Key{Room: res.Room, Epoch: res.Epoch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	kv := p.dPool.KV()
+	var sums []uint64
+	for i, pg := range res.Pages {
+		data := make([]byte, transfer.PackedSize(kv, 4))
+		for j := 0; j < len(data); j += 4 {
+			data[j+3] = 0x3f // 0.5-ish floats, distinct per page
+			data[j] = byte(i + 1)
+		}
+		if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: 4, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+		sums = append(sums, transfer.Checksum(data))
+	}
+	if err := sess.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The second page changes in device memory after it landed.
+	if err := kv.Device.WritePage(res.Pages[1], 4, make([]byte, transfer.PackedSize(kv, 4))); err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(prompt)),
+		PageChecksums: sums, FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr})
+	if err == nil || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("commit over a page that changed on the device: %v", err)
+	}
+	sess.Close()
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllFree(t, p.dPool)
+}

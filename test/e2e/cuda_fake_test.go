@@ -1,0 +1,74 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
+	"github.com/batonlm/baton/test/harness"
+)
+
+// The real binary with --device cuda, on the emulated CUDA driver and
+// cuBLAS (internal/kernels/cuda/fakecuda, found through LD_LIBRARY_PATH as
+// a real installation would be): the whole CUDA backend above the driver
+// runs, KV pools in "GPU" memory included. A real GPU runs the same path
+// in test/gpu/run.sh.
+
+// fakeCUDAEnv builds the fake driver and returns the environment that
+// makes a process load it.
+func fakeCUDAEnv(t *testing.T) []string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := fakecuda.Build(dir); err != nil {
+		if errors.Is(err, fakecuda.ErrNoCompiler) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	return []string{"LD_LIBRARY_PATH=" + dir}
+}
+
+// checkOnCUDA fails unless the worker runs the cuda backend with its KV
+// pool in device memory (what its start-up log says).
+func checkOnCUDA(t *testing.T, s *server, memory string) {
+	t.Helper()
+	log := s.Stderr()
+	if !strings.Contains(log, "device=\"device cuda:0:") || !strings.Contains(log, memory) {
+		t.Fatalf("%s does not run on cuda with %s:\n%s", s.URL, memory, log)
+	}
+}
+
+// Prefill and decode on the cuda backend over tcp: the prompt's pages go
+// from one GPU pool through pinned staging and the network into the
+// other, and the greedy output equals the public reference.
+func TestPDOnFakeCUDA(t *testing.T) {
+	ref := loadReference(t)
+	env := fakeCUDAEnv(t)
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, PrefillEnv: env, DecodeEnv: env,
+		WorkerArgs: []string{"--device", "cuda", "--max-total-tokens", "1024", "--page-size", "4", "--chunked-prefill-size", "8"}})
+	for _, w := range c.Workers() {
+		checkOnCUDA(t, w, "memory=cuda")
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, _, body := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
+			var got completion
+			if err := json.Unmarshal(body, &got); err != nil || code != 200 {
+				t.Errorf("status %d: %s", code, body)
+				return
+			}
+			checkGreedy(t, ref, got)
+		}()
+	}
+	wg.Wait()
+	c.WaitClean(t)
+	if m := metricsOf(t, c.Decode[0]); m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
+		t.Fatalf("decode: %v handoff failures, %v NaN logits", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])
+	}
+}
