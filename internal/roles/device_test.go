@@ -2,9 +2,9 @@ package roles
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
@@ -32,26 +32,7 @@ func TestHandoffDevicePool(t *testing.T) {
 	want := loadRef(t)
 	for _, tc := range []struct{ page, chunk int }{{16, 512}, {1, 2}, {64, 3}} {
 		p := newPairOn(t, kernelstest.Device{Backend: cpu.New(1)}, tc.page, tc.chunk)
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				toks, fin, err := p.handoff(t, want.PromptIDs, len(want.GeneratedIDs))
-				if err != nil || fin != "length" {
-					t.Errorf("page %d: finish %q, %v", tc.page, fin, err)
-					return
-				}
-				for j := range toks {
-					if toks[j] != want.GeneratedIDs[j] {
-						t.Errorf("page %d chunk %d: token %d = %d, want %d", tc.page, tc.chunk, j, toks[j], want.GeneratedIDs[j])
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		waitAllFree(t, p.dPool, p.pPool)
+		handoffsMatch(t, p, want, 4, fmt.Sprintf("page %d chunk %d", tc.page, tc.chunk))
 		pages := int64(4 * p.pPool.PagesFor(len(want.PromptIDs)))
 		pm, dm := deviceMemory(t, p.pPool), deviceMemory(t, p.dPool)
 		if r := pm.Reads.Load(); r != pages {

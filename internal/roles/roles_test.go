@@ -2,9 +2,11 @@ package roles
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -41,18 +43,19 @@ type pair struct {
 var testMaxRunning = 32
 
 func newWorkerEngine(t testing.TB, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
-	return newWorkerEngineOn(t, cpu.New(1), role, ms, pages, pageSize, chunk)
+	return newWorkerEngineOn(t, cpu.New(1), role, ms, pages, pageSize, chunk, nil)
 }
 
 // newWorkerEngineOn runs the bundled model on be; a backend that holds the
-// KV pool in its own memory (kernels.KVAllocator) gets the pool there.
-func newWorkerEngineOn(t testing.TB, be kernels.Backend, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
+// KV pool in its own memory (kernels.KVAllocator) gets the pool there, else
+// it is data when given (memory a transport allocated) or Go memory.
+func newWorkerEngineOn(t testing.TB, be kernels.Backend, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int, data []float32) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
 	l, err := model.Load(model.LoadOptions{}, be)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := l.Model.Config
-	pc := kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true}
+	pc := kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true, Data: data}
 	if a, ok := be.(kernels.KVAllocator); ok {
 		layout := kernels.PagedKV{PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
 		if pc.Device, err = a.AllocKV(layout, pages); err != nil {
@@ -102,8 +105,8 @@ func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int) *pair {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	p := &pair{dm: metrics.New("decode"), pm: metrics.New("prefill")}
 	pages := 4096 / pageSize
-	de, dpool, c := newWorkerEngineOn(t, be, scheduler.RoleDecode, p.dm, pages, pageSize, chunk)
-	pe, ppool, _ := newWorkerEngineOn(t, be, scheduler.RolePrefill, p.pm, pages, pageSize, chunk)
+	de, dpool, c := newWorkerEngineOn(t, be, scheduler.RoleDecode, p.dm, pages, pageSize, chunk, nil)
+	pe, ppool, _ := newWorkerEngineOn(t, be, scheduler.RolePrefill, p.pm, pages, pageSize, chunk, nil)
 	p.dPool, p.pPool = dpool, ppool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
 	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, ReceiverWrites: true, Log: log})
@@ -190,32 +193,31 @@ func waitAllFree(t *testing.T, pools ...*kvpool.Pool) {
 func TestHandoffGreedyReference(t *testing.T) {
 	want := loadRef(t)
 	for _, tc := range []struct{ page, chunk int }{{16, 512}, {1, 2}, {64, 3}, {2, 3}} {
-		p := newPair(t, tc.page, tc.chunk)
-		var wg sync.WaitGroup
-		for i := 0; i < 4; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				toks, fin, err := p.handoff(t, want.PromptIDs, len(want.GeneratedIDs))
-				if err != nil {
-					t.Errorf("page %d: %v", tc.page, err)
-					return
-				}
-				if fin != "length" || len(toks) != len(want.GeneratedIDs) {
-					t.Errorf("page %d: finish %q after %d tokens", tc.page, fin, len(toks))
-					return
-				}
-				for j := range toks {
-					if toks[j] != want.GeneratedIDs[j] {
-						t.Errorf("page %d chunk %d: token %d = %d, want %d", tc.page, tc.chunk, j, toks[j], want.GeneratedIDs[j])
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		waitAllFree(t, p.dPool, p.pPool)
+		handoffsMatch(t, newPair(t, tc.page, tc.chunk), want, 4, fmt.Sprintf("page %d chunk %d", tc.page, tc.chunk))
 	}
+}
+
+// handoffsMatch runs the reference prompt through the pair n times at
+// once, checks every token of each, and then that every page came back.
+func handoffsMatch(t *testing.T, p *pair, want reference, n int, what string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			toks, fin, err := p.handoff(t, want.PromptIDs, len(want.GeneratedIDs))
+			if err != nil || fin != "length" {
+				t.Errorf("%s: finish %q, %v", what, fin, err)
+				return
+			}
+			if !slices.Equal(toks, want.GeneratedIDs) {
+				t.Errorf("%s: tokens %v, want %v", what, toks, want.GeneratedIDs)
+			}
+		}()
+	}
+	wg.Wait()
+	waitAllFree(t, p.dPool, p.pPool)
 }
 
 // With room for one request in the batch, committed requests wait their turn

@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"encoding/json"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
@@ -52,21 +50,7 @@ func TestPDOnFakeCUDA(t *testing.T) {
 	for _, w := range c.Workers() {
 		checkOnCUDA(t, w, "memory=cuda")
 	}
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			code, _, body := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
-			var got completion
-			if err := json.Unmarshal(body, &got); err != nil || code != 200 {
-				t.Errorf("status %d: %s", code, body)
-				return
-			}
-			checkGreedy(t, ref, got)
-		}()
-	}
-	wg.Wait()
+	greedyConcurrently(t, c.Router.URL, ref, 2)
 	c.WaitClean(t)
 	if m := metricsOf(t, c.Decode[0]); m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
 		t.Fatalf("decode: %v handoff failures, %v NaN logits", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])

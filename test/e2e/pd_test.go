@@ -24,31 +24,32 @@ func startCluster(t *testing.T, nPrefill, nDecode int, workerArgs, decodeArgs []
 	return harness.StartCluster(t, harness.ClusterOptions{Prefill: nPrefill, Decode: nDecode, WorkerArgs: workerArgs, DecodeArgs: decodeArgs})
 }
 
+// greedyConcurrently sends n greedy reference requests at once and checks
+// that each gets the reference text.
+func greedyConcurrently(t *testing.T, url string, ref reference, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, _, body := post(t, url+"/v1/completions", greedyBody(ref))
+			var got completion
+			if err := json.Unmarshal(body, &got); err != nil || code != 200 {
+				t.Errorf("concurrency %d request %d: status %d: %s", n, i, code, body)
+				return
+			}
+			checkGreedy(t, ref, got)
+		}()
+	}
+	wg.Wait()
+}
+
 func TestPDGreedyReference(t *testing.T) {
 	ref := loadReference(t)
 	c := startCluster(t, 1, 1, nil, nil)
 	for _, n := range []int{1, 16} {
-		var wg sync.WaitGroup
-		results := make([]completion, n)
-		codes := make([]int, n)
-		for i := 0; i < n; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				code, _, body := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
-				codes[i] = code
-				if err := json.Unmarshal(body, &results[i]); err != nil {
-					t.Errorf("request %d: %s", i, body)
-				}
-			}()
-		}
-		wg.Wait()
-		for i := range results {
-			if codes[i] != 200 {
-				t.Fatalf("concurrency %d request %d: status %d", n, i, codes[i])
-			}
-			checkGreedy(t, ref, results[i])
-		}
+		greedyConcurrently(t, c.Router.URL, ref, n)
 	}
 	c.WaitClean(t)
 	m := metricsOf(t, c.Decode[0])

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"sync"
 	"testing"
 
 	"github.com/batonlm/baton/test/harness"
@@ -23,21 +22,7 @@ func TestPDOverUCX(t *testing.T) {
 			t.Fatalf("%s serves transport %v", w.URL, info["transport"])
 		}
 	}
-	var wg sync.WaitGroup
-	for i := 0; i < 16; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			code, _, body := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
-			var got completion
-			if err := json.Unmarshal(body, &got); err != nil || code != 200 {
-				t.Errorf("status %d: %s", code, body)
-				return
-			}
-			checkGreedy(t, ref, got)
-		}()
-	}
-	wg.Wait()
+	greedyConcurrently(t, c.Router.URL, ref, 16)
 	c.WaitClean(t)
 	if m := metricsOf(t, c.Decode[0]); m["baton_handoff_failures_total"] != 0 || m["baton_kv_reservations_total"] != 16 {
 		t.Fatalf("decode: %v handoff failures, %v reservations", m["baton_handoff_failures_total"], m["baton_kv_reservations_total"])
@@ -63,11 +48,6 @@ func TestPDOverUCXOnFakeCUDA(t *testing.T) {
 	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: bin, PrefillEnv: env, DecodeEnv: env,
 		WorkerArgs: []string{"--transport", "ucx", "--device", "cuda", "--max-total-tokens", "1024", "--page-size", "4"}})
 	checkOnCUDA(t, c.Decode[0], "ucx landing zone in host memory")
-	code, _, body := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
-	var got completion
-	if err := json.Unmarshal(body, &got); err != nil || code != 200 {
-		t.Fatalf("status %d: %s", code, body)
-	}
-	checkGreedy(t, ref, got)
+	greedyConcurrently(t, c.Router.URL, ref, 2)
 	c.WaitClean(t)
 }
