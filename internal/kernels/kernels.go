@@ -296,3 +296,42 @@ type Backend interface {
 	// out has the shape of q.
 	Attention(out, q []float32, kv PagedKV, layer int, seqs []AttnSeq, heads int, scale float32)
 }
+
+// Resident is a backend that can keep activation buffers in memory of its
+// own (a GPU's) between calls, so that a forward pass copies in only its
+// inputs and copies out only what the host reads. A buffer is kept with
+// Keep (the whole capacity of the slice): from then on a result written to
+// it stays in the backend's memory and the host slice is stale until Host
+// brings it up to date, and whoever writes the host slice says so with
+// Changed. A slice that starts inside a kept buffer but not at its start
+// is refused (panics): it would read stale host memory. Buffers not kept
+// behave as with any backend. Weight vectors (norms, biases) may be kept
+// too: they are uploaded once.
+type Resident interface {
+	Keep(bufs ...[]float32)
+	Host(bufs ...[]float32)
+	Changed(bufs ...[]float32)
+}
+
+// Keep calls be.Keep when be is Resident.
+func Keep(be Backend, bufs ...[]float32) {
+	if r, ok := be.(Resident); ok {
+		r.Keep(bufs...)
+	}
+}
+
+// Host calls be.Host when be is Resident: call it before reading a kept
+// buffer on the host.
+func Host(be Backend, bufs ...[]float32) {
+	if r, ok := be.(Resident); ok {
+		r.Host(bufs...)
+	}
+}
+
+// Changed calls be.Changed when be is Resident: call it after writing a
+// kept buffer on the host.
+func Changed(be Backend, bufs ...[]float32) {
+	if r, ok := be.(Resident); ok {
+		r.Changed(bufs...)
+	}
+}

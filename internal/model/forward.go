@@ -15,6 +15,8 @@ type Model struct {
 	be      kernels.Backend
 	s       scratch
 	closer  func() error
+	// keptWeights: the weight vectors were handed to kernels.Keep.
+	keptWeights bool
 }
 
 // New binds weights to a backend.
@@ -100,6 +102,13 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 	s.k, s.v = grow(s.k, n*kvd), grow(s.v, n*kvd)
 	s.o = grow(s.o, n*c.Dim)
 	s.gate, s.up = grow(s.gate, n*c.FF), grow(s.up, n*c.FF)
+	// On a backend that keeps activations in its own memory (a GPU's) the
+	// layers run there; the host reads s.x back only for the last rows.
+	kernels.Keep(be, s.x, s.h, s.q, s.k, s.v, s.attn, s.o, s.gate, s.up)
+	if !m.keptWeights {
+		kernels.Keep(be, w.vectors()...)
+		m.keptWeights = true
+	}
 
 	be.Embed(s.x, w.Embed, b.Tokens)
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
@@ -110,9 +119,11 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 		be.MatMul(s.k, s.h, n, ly.K)
 		be.MatMul(s.v, s.h, n, ly.V)
 		if ly.QBias != nil {
+			kernels.Host(be, s.q, s.k, s.v)
 			addBias(s.q, ly.QBias)
 			addBias(s.k, ly.KBias)
 			addBias(s.v, ly.VBias)
+			kernels.Changed(be, s.q, s.k, s.v)
 		}
 		if ly.QNorm != nil {
 			// Per-head RMSNorm: each head is a row of HeadDim.
@@ -134,6 +145,7 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 	}
 	ns := len(b.Seqs)
 	s.last = grow(s.last, ns*c.Dim)
+	kernels.Host(be, s.x)
 	for i, sq := range b.Seqs {
 		r := sq.QStart + sq.QLen - 1
 		copy(s.last[i*c.Dim:(i+1)*c.Dim], s.x[r*c.Dim:(r+1)*c.Dim])

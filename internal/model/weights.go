@@ -32,6 +32,16 @@ type Weights struct {
 	Layers  []Layer
 }
 
+// vectors are the weight vectors the backend reads (the norms).
+func (w *Weights) vectors() [][]float32 {
+	vs := [][]float32{w.OutNorm}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		vs = append(vs, l.AttnNorm, l.FFNNorm, l.QNorm, l.KNorm)
+	}
+	return vs
+}
+
 // Params counts the parameters.
 func (w *Weights) Params() int64 {
 	n := int64(0)

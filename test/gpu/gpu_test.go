@@ -95,8 +95,9 @@ func decode(tb testing.TB, be kernels.Backend, c *model.Config, batch, ctx int) 
 // BenchmarkGPUModel1B: tokens per second of a dummy 1B model with f16
 // weights on GPU 0, prefill (batch 1 x 512 prompt tokens, batch 32 x 128)
 // and decode (one token per sequence at context 512, batch 1 and 32).
-// Every call copies activations host <-> device: these figures include
-// that cost.
+// Activations stay on the device (kernels.Resident); each step copies in
+// its token ids, positions and slots and copies out the last rows and the
+// logits, and these figures include that.
 func BenchmarkGPUModel1B(b *testing.B) {
 	be, err := cuda.Open(0)
 	if err != nil {

@@ -15,9 +15,11 @@
 //   - KV: the pool lives in GPU memory only (AllocKV, kv.go); StoreKV and
 //     Attention take PagedKV values whose Device is such a pool, and
 //     transfers reach its pages through pinned staging buffers;
-//   - activations: copied host to device and back on every call, on one
-//     stream (correct first; the copies cost about 2*bytes/PCIe bandwidth
-//     per call, which dominates small decode steps).
+//   - activations: buffers handed to Keep (kernels.Resident, resident.go;
+//     the model keeps its scratch) stay on the device, so a forward pass
+//     queues its kernels back to back and copies in only token ids,
+//     positions and slots and out only the last rows and the logits; any
+//     other slice is copied in and out on each call.
 //
 // Products of up to 8 rows use own kernels that read f32, f16, bf16 and
 // q8_0 weights directly; larger ones use cuBLAS: sgemm for f32 weights,
@@ -132,10 +134,13 @@ type devMatrix struct {
 	bytes      int
 }
 
-// pendingFree is a weight's device copy whose Matrix was garbage
-// collected; freed at the start of the next call (cleanups run on their
-// own goroutine, without the context).
-type pendingFree = weak.Pointer[kernels.Matrix]
+// pendingFree is device memory whose host owner (a weight's Matrix, a
+// kept activation buffer) was garbage collected; freed at the start of the
+// next call (cleanups run on their own goroutine, without the context).
+type pendingFree struct {
+	matrix weak.Pointer[kernels.Matrix]
+	act    weak.Pointer[float32]
+}
 
 // Backend runs kernels.Backend on one GPU.
 type Backend struct {
@@ -160,6 +165,7 @@ type Backend struct {
 	scratch [numScratch]devBuf
 	weights map[weak.Pointer[kernels.Matrix]]*devMatrix
 	pools   map[*KVPool]struct{}
+	kept    map[weak.Pointer[float32]]*keptBuf
 	hostQ   []float32 // Attention: gathered q rows / compact output
 	args    []uint64
 
@@ -226,7 +232,7 @@ func open(l libs, index int) (*Backend, error) {
 		return nil, errors.New("cuda: kernels not built (run make kernels)")
 	}
 	b := &Backend{drv: d, driverVersion: ver, info: info, weights: map[weak.Pointer[kernels.Matrix]]*devMatrix{},
-		pools: map[*KVPool]struct{}{}, gemvMax: gemvMaxN}
+		pools: map[*KVPool]struct{}{}, kept: map[weak.Pointer[float32]]*keptBuf{}, gemvMax: gemvMaxN}
 
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -343,12 +349,15 @@ func (b *Backend) release() {
 	for kp := range b.pools {
 		kp.release()
 	}
+	for _, e := range b.kept {
+		C.bk_mem_free(d, C.bk_dptr(e.dev))
+	}
 	for i := range b.scratch {
 		if b.scratch[i].ptr != 0 {
 			C.bk_mem_free(d, C.bk_dptr(b.scratch[i].ptr))
 		}
 	}
-	b.weights, b.pools, b.scratch = nil, nil, [numScratch]devBuf{}
+	b.weights, b.pools, b.kept, b.scratch = nil, nil, nil, [numScratch]devBuf{}
 	if b.blasH != 0 {
 		C.bk_blas_destroy(b.blas, C.uintptr_t(b.blasH))
 		b.blasH = 0
@@ -498,7 +507,7 @@ func (b *Backend) weight(w *kernels.Matrix) *devMatrix {
 	m.ptr = b.alloc(m.bytes, fmt.Sprintf("a %dx%d %s weight", w.Rows, w.Cols, w.DType))
 	b.h2d(m.ptr, unsafe.Pointer(unsafe.SliceData(w.Data)), m.bytes)
 	b.weights[key] = m
-	runtime.AddCleanup(w, b.queueFree, key)
+	runtime.AddCleanup(w, b.queueFree, pendingFree{matrix: key})
 	return m
 }
 
@@ -539,10 +548,14 @@ func (b *Backend) freePending() {
 	p := b.pending
 	b.pending = nil
 	b.freeMu.Unlock()
-	for _, key := range p {
-		if m := b.weights[key]; m != nil {
-			delete(b.weights, key)
+	for _, f := range p {
+		if m := b.weights[f.matrix]; m != nil {
+			delete(b.weights, f.matrix)
 			b.free(m.ptr)
+		}
+		if e := b.kept[f.act]; e != nil {
+			delete(b.kept, f.act)
+			b.free(e.dev)
 		}
 	}
 }
@@ -558,10 +571,10 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 	b.lock()
 	defer b.unlock()
 	m := b.weight(w)
-	dx := upload(b, sX, x[:n*w.Cols])
-	do := b.buf(sOut, 4*n*w.Rows)
+	dx := b.in(sX, x[:n*w.Cols])
+	do, done := b.out(sOut, out, n*w.Rows)
 	b.matmul(do, dx, n, m)
-	download(b, out[:n*w.Rows], do)
+	done()
 }
 
 // matmul: out[n, rows] = x[n, cols] · wᵀ on the device.
@@ -620,11 +633,11 @@ func (b *Backend) RMSNorm(out, x, weight []float32, n int, eps float32) {
 	kernels.CheckRMSNorm(out, x, n, d)
 	b.lock()
 	defer b.unlock()
-	dx := upload(b, sX, x[:n*d])
-	dw := upload(b, sVec, weight)
-	do := b.buf(sOut, 4*n*d)
+	dx := b.in(sX, x[:n*d])
+	dw := b.in(sVec, weight)
+	do, done := b.out(sOut, out, n*d)
 	b.launch(kRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dw, argI(n), argI(d), argF(eps))
-	download(b, out[:n*d], do)
+	done()
 }
 
 // ApplyRoPE implements kernels.Backend.
@@ -643,12 +656,12 @@ func (b *Backend) ApplyRoPE(x []float32, positions []int32, heads, headDim int, 
 	}
 	b.lock()
 	defer b.unlock()
-	dx := upload(b, sX, x[:n])
+	dx, done := b.inOut(sX, x[:n])
 	dp := upload(b, sIdx1, positions)
 	df := upload(b, sVec, freq)
 	b.launch(kRoPE, blocks(len(positions)*half, elemThreads), 1, elemThreads, 0, dx, dp, argI(len(positions)),
 		argI(heads), argI(headDim), argI(half), argI(neox), argD(scale), df)
-	download(b, x[:n], dx)
+	done()
 }
 
 // SwiGLU implements kernels.Backend.
@@ -660,11 +673,11 @@ func (b *Backend) SwiGLU(out, gate, up []float32) {
 	kernels.CheckElementwise("SwiGLU", n, up, out)
 	b.lock()
 	defer b.unlock()
-	dg := upload(b, sX, gate)
-	du := upload(b, sX2, up[:n])
-	do := b.buf(sOut, 4*n)
+	dg := b.in(sX, gate)
+	du := b.in(sX2, up[:n])
+	do, done := b.out(sOut, out, n)
 	b.launch(kSwiGLU, blocks(n, elemThreads), 1, elemThreads, 0, do, dg, du, argI(n))
-	download(b, out[:n], do)
+	done()
 }
 
 // Add implements kernels.Backend.
@@ -676,11 +689,11 @@ func (b *Backend) Add(out, a, bb []float32) {
 	kernels.CheckElementwise("Add", n, a, bb)
 	b.lock()
 	defer b.unlock()
-	da := upload(b, sX, a[:n])
-	db := upload(b, sX2, bb[:n])
-	do := b.buf(sOut, 4*n)
+	da := b.in(sX, a[:n])
+	db := b.in(sX2, bb[:n])
+	do, done := b.out(sOut, out, n)
 	b.launch(kAdd, blocks(n, elemThreads), 1, elemThreads, 0, do, da, db, argI(n))
-	download(b, out, do)
+	done()
 }
 
 // Embed implements kernels.Backend.
@@ -694,10 +707,10 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 	defer b.unlock()
 	m := b.weight(table)
 	di := upload(b, sIdx1, ids)
-	do := b.buf(sOut, 4*n)
+	do, done := b.out(sOut, out, n)
 	b.launch(kDequantRows, blocks(n, elemThreads), 1, elemThreads, 0, do, m.ptr, argI(int(m.dtype)), argI(m.cols),
 		di, 0, argI(len(ids)))
-	download(b, out[:n], do)
+	done()
 }
 
 // StoreKV implements kernels.Backend: kv must be this backend's GPU pool.
@@ -712,8 +725,8 @@ func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []f
 	defer b.unlock()
 	pool := b.devKV(kv)
 	ds := upload(b, sIdx1, slots)
-	dk := upload(b, sX, k[:n])
-	dv := upload(b, sX2, v[:n])
+	dk := b.in(sX, k[:n])
+	dv := b.in(sX2, v[:n])
 	b.launch(kStoreKV, blocks(n, elemThreads), 1, elemThreads, 0, pool, ds, dk, dv, argI(len(slots)), argI(layer),
 		argI(kv.PageSize), argI(kv.PageFloats()), argI(rf))
 	// The copies from pageable memory are staged before they return and the
@@ -796,8 +809,9 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 	defer b.unlock()
 	var dq dptr
 	if pl.contiguous {
-		dq = upload(b, sX, q[:pl.rows*rowSize])
+		dq = b.in(sX, q[:pl.rows*rowSize])
 	} else {
+		b.toHost(q) // rows gathered on the host
 		b.hostQ = b.hostQ[:0]
 		for _, s := range pl.spans {
 			b.hostQ = append(b.hostQ, q[s[0]*rowSize:(s[0]+s[1])*rowSize]...)
@@ -805,12 +819,16 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 		dq = upload(b, sX, b.hostQ)
 	}
 	a := b.attnUpload(kv, &pl, heads, scale)
-	do := b.buf(sOut, 4*pl.rows*rowSize)
-	b.attnLaunch(a, dq, do)
 	if pl.contiguous {
-		download(b, out[:pl.rows*rowSize], do)
+		do, done := b.out(sOut, out, pl.rows*rowSize)
+		b.attnLaunch(a, dq, do)
+		done()
 		return
 	}
+	do := b.buf(sOut, 4*pl.rows*rowSize)
+	b.attnLaunch(a, dq, do)
+	b.toHost(out) // rows scattered on the host
+	b.hostWrote(out)
 	b.hostQ = b.hostQ[:pl.rows*rowSize]
 	download(b, b.hostQ, do)
 	r := 0
