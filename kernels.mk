@@ -34,9 +34,11 @@ kernels-check:
 	@want=$$(cat $(CUDA_PKG)/kernels.sha256); have=$$($(CUDA_STAMP)); \
 	if [ "$$want" != "$$have" ]; then echo "kernel sources changed since kernels.fatbin was built ($$have, stamp $$want): run make kernels"; exit 1; fi
 
+# Stripped, so that all four fit what a device run carries along.
 gpu-test-bins:
 	mkdir -p test/gpu/bin
-	$(GO) build -o test/gpu/bin/baton ./cmd/baton
-	$(GO) test -c -o test/gpu/bin/cuda.test ./$(CUDA_PKG)
-	$(GO) test -c -o test/gpu/bin/gpu.test ./test/gpu
+	$(GO) build -ldflags "-s -w" -o test/gpu/bin/baton ./cmd/baton
+	$(GO) test -c -ldflags "-s -w" -o test/gpu/bin/cuda.test ./$(CUDA_PKG)
+	$(GO) test -c -ldflags "-s -w" -o test/gpu/bin/gpu.test ./test/gpu
+	$(GO) test -c -ldflags "-s -w" -o test/gpu/bin/e2e.test ./test/e2e
 	@ls -l test/gpu/bin

@@ -41,9 +41,9 @@ func serverInfoOf(t *testing.T, s *server) map[string]any {
 
 // A decode worker on the cuda backend with --transport ucx: UCX puts land
 // in a host landing zone that Commit verifies and copies into the GPU pool.
-func TestPDOverUCXOnFakeCUDA(t *testing.T) {
+func TestPDOverUCXOnCUDA(t *testing.T) {
 	ref := loadReference(t)
-	env := fakeCUDAEnv(t)
+	env := cudaEnv(t)
 	bin := harness.Build(t, "ucx")
 	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: bin, PrefillEnv: env, DecodeEnv: env,
 		WorkerArgs: []string{"--transport", "ucx", "--device", "cuda", "--max-total-tokens", "1024", "--page-size", "4"}})

@@ -17,6 +17,9 @@
 #   3. bandwidth   paged decode attention GB/s against cuMemcpyDtoD, and the
 #                  gemv / cuBLAS products in GB/s of weights
 #   4. model       dummy 1B (f16) prefill and decode tokens/s, batch 1 and 32
+#   5. serve       the baton binary as router + prefill + decode with
+#                  --device cuda on loopback: KV pools in GPU memory, pages
+#                  over tcp through pinned buffers, the greedy reference
 #
 # Exit status: 0 when every step passed; the GPU tests must not skip here.
 set -uo pipefail
@@ -29,7 +32,7 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib
 # The GPU tests fail, rather than skip, when the GPU cannot be opened.
 export BATON_REQUIRE_GPU=1
 
-for f in cuda.test gpu.test; do
+for f in baton cuda.test gpu.test e2e.test; do
   if [ ! -x "$BIN/$f" ]; then
     echo "missing $BIN/$f: run 'make gpu-test-bins' on a machine with Go and carry test/gpu/bin" >&2
     exit 2
@@ -67,12 +70,13 @@ step device 60 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^(TestO
 step kernels 240 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^TestGPU' -test.v -test.timeout 230s
 step bandwidth 120 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x -test.v -test.timeout 110s
 step model 180 "$ROOT/test/gpu" "$BIN/gpu.test" -test.run '^$' -test.bench 'GPUModel1B' -test.benchtime 3x -test.v -test.timeout 170s
+step serve 90 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^TestPDOnCUDA$' -test.v -test.timeout 80s
 
 {
   echo "baton GPU run $(date -u +%FT%TZ)"
   cat "$OUT/nvidia-smi.log" 2>/dev/null
   grep -h -E 'TestOpenHere|open_test' "$OUT/device.log"
-  grep -h -E '^(--- (PASS|FAIL|SKIP)|ok|FAIL)' "$OUT/kernels.log"
+  grep -h -E '^(--- (PASS|FAIL|SKIP)|ok|FAIL)' "$OUT/kernels.log" "$OUT/serve.log"
   grep -h -E 'worst|tokens match' "$OUT/kernels.log"
   grep -h -E '^Benchmark' "$OUT/bandwidth.log" "$OUT/model.log"
   grep -h 'dummy 1B' "$OUT/model.log"

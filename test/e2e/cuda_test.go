@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -9,16 +10,20 @@ import (
 	"github.com/batonlm/baton/test/harness"
 )
 
-// The real binary with --device cuda, on the emulated CUDA driver and
-// cuBLAS (internal/kernels/cuda/fakecuda, found through LD_LIBRARY_PATH as
-// a real installation would be): the whole CUDA backend above the driver
-// runs, KV pools in "GPU" memory included. A real GPU runs the same path
-// in test/gpu/run.sh.
+// The real binary with --device cuda. Here it runs on the emulated CUDA
+// driver and cuBLAS (internal/kernels/cuda/fakecuda, found through
+// LD_LIBRARY_PATH as a real installation would be): the whole CUDA backend
+// above the driver runs, KV pools in "GPU" memory included. With
+// BATON_REQUIRE_GPU=1 (test/gpu/run.sh) the same tests run on the real
+// driver and GPU.
 
-// fakeCUDAEnv builds the fake driver and returns the environment that
-// makes a process load it.
-func fakeCUDAEnv(t *testing.T) []string {
+// cudaEnv is the environment that makes a worker load the fake driver
+// (built here), or nothing on a GPU machine.
+func cudaEnv(t *testing.T) []string {
 	t.Helper()
+	if os.Getenv("BATON_REQUIRE_GPU") == "1" {
+		return nil
+	}
 	dir := t.TempDir()
 	if err := fakecuda.Build(dir); err != nil {
 		if errors.Is(err, fakecuda.ErrNoCompiler) {
@@ -42,9 +47,9 @@ func checkOnCUDA(t *testing.T, s *server, memory string) {
 // Prefill and decode on the cuda backend over tcp: the prompt's pages go
 // from one GPU pool through pinned staging and the network into the
 // other, and the greedy output equals the public reference.
-func TestPDOnFakeCUDA(t *testing.T) {
+func TestPDOnCUDA(t *testing.T) {
 	ref := loadReference(t)
-	env := fakeCUDAEnv(t)
+	env := cudaEnv(t)
 	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, PrefillEnv: env, DecodeEnv: env,
 		WorkerArgs: []string{"--device", "cuda", "--max-total-tokens", "1024", "--page-size", "4", "--chunked-prefill-size", "8"}})
 	for _, w := range c.Workers() {
