@@ -70,8 +70,9 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	b.lock()
 	defer b.unlock()
 	kp := &KVPool{b: b, layout: layout, pages: pages}
+	made := false
 	defer func() {
-		if err != nil {
+		if !made { // a driver call panicked: free what was made so far
 			kp.release()
 		}
 	}()
@@ -92,6 +93,7 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	}
 	b.sync()
 	b.pools[kp] = struct{}{}
+	made = true
 	return kp, nil
 }
 
