@@ -307,8 +307,13 @@ type Backend interface {
 // is refused (panics): it would read stale host memory. Buffers not kept
 // behave as with any backend. Weight vectors (norms, biases) may be kept
 // too: they are uploaded once.
+//
+// Keep takes Go memory only. A kept buffer's device copy is freed when its
+// slice is garbage collected, or at once by Forget (for a buffer its owner
+// replaces).
 type Resident interface {
 	Keep(bufs ...[]float32)
+	Forget(bufs ...[]float32)
 	Host(bufs ...[]float32)
 	Changed(bufs ...[]float32)
 }
@@ -317,6 +322,13 @@ type Resident interface {
 func Keep(be Backend, bufs ...[]float32) {
 	if r, ok := be.(Resident); ok {
 		r.Keep(bufs...)
+	}
+}
+
+// Forget calls be.Forget when be is Resident.
+func Forget(be Backend, bufs ...[]float32) {
+	if r, ok := be.(Resident); ok {
+		r.Forget(bufs...)
 	}
 }
 

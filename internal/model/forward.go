@@ -80,8 +80,14 @@ type scratch struct {
 	x, h, q, k, v, attn, o, gate, up, last, logits []float32
 }
 
-func grow(s []float32, n int) []float32 {
+// grow returns s with length n, reallocated when it has no room; the old
+// slice's copy in the backend's memory (if kept) goes at once rather than
+// when the collector gets to it.
+func (m *Model) grow(s []float32, n int) []float32 {
 	if cap(s) < n {
+		if cap(s) > 0 {
+			kernels.Forget(m.be, s)
+		}
 		return make([]float32, n)
 	}
 	return s[:n]
@@ -97,11 +103,11 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 	be, w, s := m.be, m.Weights, &m.s
 	n := len(b.Tokens)
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
-	s.x, s.h = grow(s.x, n*c.Dim), grow(s.h, n*c.Dim)
-	s.q, s.attn = grow(s.q, n*qd), grow(s.attn, n*qd)
-	s.k, s.v = grow(s.k, n*kvd), grow(s.v, n*kvd)
-	s.o = grow(s.o, n*c.Dim)
-	s.gate, s.up = grow(s.gate, n*c.FF), grow(s.up, n*c.FF)
+	s.x, s.h = m.grow(s.x, n*c.Dim), m.grow(s.h, n*c.Dim)
+	s.q, s.attn = m.grow(s.q, n*qd), m.grow(s.attn, n*qd)
+	s.k, s.v = m.grow(s.k, n*kvd), m.grow(s.v, n*kvd)
+	s.o = m.grow(s.o, n*c.Dim)
+	s.gate, s.up = m.grow(s.gate, n*c.FF), m.grow(s.up, n*c.FF)
 	// On a backend that keeps activations in its own memory (a GPU's) the
 	// layers run there; the host reads s.x back only for the last rows.
 	kernels.Keep(be, s.x, s.h, s.q, s.k, s.v, s.attn, s.o, s.gate, s.up)
@@ -144,15 +150,15 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 		be.Add(s.x, s.x, s.o)
 	}
 	ns := len(b.Seqs)
-	s.last = grow(s.last, ns*c.Dim)
+	s.last = m.grow(s.last, ns*c.Dim)
 	kernels.Host(be, s.x)
 	for i, sq := range b.Seqs {
 		r := sq.QStart + sq.QLen - 1
 		copy(s.last[i*c.Dim:(i+1)*c.Dim], s.x[r*c.Dim:(r+1)*c.Dim])
 	}
-	s.h = grow(s.h, max(n, ns)*c.Dim)
+	s.h = m.grow(s.h, max(n, ns)*c.Dim)
 	be.RMSNorm(s.h[:ns*c.Dim], s.last, w.OutNorm, ns, c.NormEps)
-	s.logits = grow(s.logits, ns*c.Vocab)
+	s.logits = m.grow(s.logits, ns*c.Vocab)
 	be.MatMul(s.logits, s.h[:ns*c.Dim], ns, w.Output)
 	return s.logits, nil
 }

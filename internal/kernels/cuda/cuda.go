@@ -139,7 +139,7 @@ type devMatrix struct {
 // next call (cleanups run on their own goroutine, without the context).
 type pendingFree struct {
 	matrix weak.Pointer[kernels.Matrix]
-	act    weak.Pointer[float32]
+	act    *keptBuf
 }
 
 // Backend runs kernels.Backend on one GPU.
@@ -165,8 +165,8 @@ type Backend struct {
 	scratch [numScratch]devBuf
 	weights map[weak.Pointer[kernels.Matrix]]*devMatrix
 	pools   map[*KVPool]struct{}
-	kept    map[weak.Pointer[float32]]*keptBuf
-	hostQ   []float32 // Attention: gathered q rows / compact output
+	kept    map[uintptr]*keptBuf // by the host slice's address
+	hostQ   []float32            // Attention: gathered q rows / compact output
 	args    []uint64
 
 	freeMu  sync.Mutex
@@ -232,7 +232,7 @@ func open(l libs, index int) (*Backend, error) {
 		return nil, errors.New("cuda: kernels not built (run make kernels)")
 	}
 	b := &Backend{drv: d, driverVersion: ver, info: info, weights: map[weak.Pointer[kernels.Matrix]]*devMatrix{},
-		pools: map[*KVPool]struct{}{}, kept: map[weak.Pointer[float32]]*keptBuf{}, gemvMax: gemvMaxN}
+		pools: map[*KVPool]struct{}{}, kept: map[uintptr]*keptBuf{}, gemvMax: gemvMaxN}
 
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -432,7 +432,9 @@ func (b *Backend) buf(i, bytes int) dptr {
 		return s.ptr
 	}
 	if s.ptr != 0 {
-		// cuMemFree waits for the device, so no queued work still uses it.
+		// Calls queue their kernels without waiting: one still queued may
+		// read this buffer.
+		b.sync()
 		b.free(s.ptr)
 		s.ptr = 0
 	}
@@ -543,19 +545,26 @@ func (b *Backend) queueFree(p pendingFree) {
 	b.freeMu.Unlock()
 }
 
+// freePending frees what cleanups queued. It runs inside lock, before the
+// caller can unlock on a panic, so it does not panic: a device that fails
+// here fails the next call.
 func (b *Backend) freePending() {
 	b.freeMu.Lock()
 	p := b.pending
 	b.pending = nil
 	b.freeMu.Unlock()
+	if len(p) == 0 {
+		return
+	}
+	d := b.drv.c
+	C.bk_stream_sync(d, C.uintptr_t(b.stream)) // queued kernels may still read them
 	for _, f := range p {
 		if m := b.weights[f.matrix]; m != nil {
 			delete(b.weights, f.matrix)
-			b.free(m.ptr)
+			C.bk_mem_free(d, C.bk_dptr(m.ptr))
 		}
-		if e := b.kept[f.act]; e != nil {
-			delete(b.kept, f.act)
-			b.free(e.dev)
+		if f.act != nil {
+			b.forget(f.act)
 		}
 	}
 }

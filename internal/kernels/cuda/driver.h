@@ -143,9 +143,10 @@ static inline bk_res bk_stream_create(bk_cuda* d, uintptr_t* s) {
 }
 static inline bk_res bk_stream_destroy(bk_cuda* d, uintptr_t s) { return d->cuStreamDestroy((bk_h)s); }
 static inline bk_res bk_stream_sync(bk_cuda* d, uintptr_t s) { return d->cuStreamSynchronize((bk_h)s); }
-static inline bk_res bk_event_create(bk_cuda* d, uintptr_t* e) {
+// flags: 0, or 2 (CU_EVENT_DISABLE_TIMING) for an event only used to order streams.
+static inline bk_res bk_event_create(bk_cuda* d, uintptr_t* e, unsigned flags) {
   bk_h h = 0;
-  bk_res r = d->cuEventCreate(&h, 0);
+  bk_res r = d->cuEventCreate(&h, flags);
   *e = (uintptr_t)h;
   return r;
 }

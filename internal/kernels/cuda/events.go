@@ -14,9 +14,9 @@ import "unsafe"
 func (b *Backend) timed(fn func()) float64 {
 	d := b.drv.c
 	var e0, e1 C.uintptr_t
-	b.must("cuEventCreate", C.bk_event_create(d, &e0))
+	b.must("cuEventCreate", C.bk_event_create(d, &e0, 0))
 	defer C.bk_event_destroy(d, e0)
-	b.must("cuEventCreate", C.bk_event_create(d, &e1))
+	b.must("cuEventCreate", C.bk_event_create(d, &e1, 0))
 	defer C.bk_event_destroy(d, e1)
 	b.must("cuEventRecord", C.bk_event_record(d, e0, C.uintptr_t(b.stream)))
 	fn()

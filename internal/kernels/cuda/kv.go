@@ -83,7 +83,7 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	var s, e C.uintptr_t
 	b.must("cuStreamCreate", C.bk_stream_create(b.drv.c, &s))
 	kp.stream = uintptr(s)
-	b.must("cuEventCreate", C.bk_event_create(b.drv.c, &e))
+	b.must("cuEventCreate", C.bk_event_create(b.drv.c, &e, 2 /* CU_EVENT_DISABLE_TIMING */))
 	kp.event = uintptr(e)
 	var h unsafe.Pointer
 	if C.bk_host_alloc(b.drv.c, &h, C.size_t(page)) == 0 {
@@ -259,13 +259,16 @@ func (kp *KVPool) Close() error {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := b.drv.check("cuCtxSetCurrent", C.bk_ctx_set(b.drv.c, C.uintptr_t(b.ctx))); err != nil {
+	d := b.drv
+	if err := d.check("cuCtxSetCurrent", C.bk_ctx_set(d.c, C.uintptr_t(b.ctx))); err != nil {
 		return err
 	}
-	b.sync() // no kernel still reads it
+	// No kernel may still read it; a device that fails here has failed
+	// already, and the memory goes all the same.
+	err := d.check("cuStreamSynchronize", C.bk_stream_sync(d.c, C.uintptr_t(b.stream)))
 	kp.release()
 	delete(b.pools, kp)
-	return nil
+	return err
 }
 
 // release frees what AllocKV made, with the backend's lock held and its
@@ -298,7 +301,8 @@ func (kp *KVPool) release() {
 	kp.host, kp.ptr, kp.stage = nil, 0, 0
 }
 
-// devKV is the device address of kv's pool, which must be this backend's.
+// devKV is the device address of kv's pool, which must be this backend's
+// and of the layout kv describes (the kernels address it by that layout).
 func (b *Backend) devKV(kv kernels.PagedKV) dptr {
 	kp, ok := kv.Device.(*KVPool)
 	if !ok || kp.b != b {
@@ -306,6 +310,11 @@ func (b *Backend) devKV(kv kernels.PagedKV) dptr {
 	}
 	if kp.ptr == 0 {
 		panic("cuda: KV pool used after Close")
+	}
+	l := kp.layout
+	if kv.PageSize != l.PageSize || kv.Layers != l.Layers || kv.KVHeads != l.KVHeads || kv.HeadDim != l.HeadDim {
+		panic(fmt.Sprintf("cuda: KV pool allocated as %d layers x %d heads x %d, page %d; used as %d x %d x %d, page %d",
+			l.Layers, l.KVHeads, l.HeadDim, l.PageSize, kv.Layers, kv.KVHeads, kv.HeadDim, kv.PageSize))
 	}
 	return kp.ptr
 }

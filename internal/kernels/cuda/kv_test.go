@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -18,4 +19,24 @@ func TestFakeAllocKVTooLarge(t *testing.T) {
 	if len(b.pools) != 0 {
 		t.Fatalf("%d pools tracked after a failed AllocKV", len(b.pools))
 	}
+}
+
+// TestFakeKVLayoutMismatch: kernels refuse a pool described with another
+// layout than it was allocated with (they would address past it).
+func TestFakeKVLayoutMismatch(t *testing.T) {
+	b := fakeBackend(t)
+	layout := kernels.PagedKV{PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8}
+	dk, err := b.AllocKV(layout, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dk.Close()
+	kv := layout
+	kv.Device, kv.HeadDim = dk, 16
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "used as") {
+			t.Fatalf("StoreKV into a pool of another layout: recovered %v", r)
+		}
+	}()
+	b.StoreKV(kv, 0, []int32{0}, make([]float32, 32), make([]float32, 32))
 }

@@ -1,5 +1,10 @@
 package cuda
 
+/*
+#include "driver.h"
+*/
+import "C"
+
 import (
 	"fmt"
 	"runtime"
@@ -12,9 +17,9 @@ import (
 // keptBuf is an activation buffer kept on the device (kernels.Resident):
 // a device copy of the host slice's whole capacity.
 type keptBuf struct {
-	key  weak.Pointer[float32]
-	base uintptr // the host slice's first element
-	n    int     // floats: its capacity
+	key  weak.Pointer[float32] // the host slice's first element, while it lives
+	base uintptr               // its address
+	n    int                   // floats: its capacity
 	dev  dptr
 	// hostOK: the host slice holds the current value; devOK: the device
 	// copy does. At least one is true; both when they agree.
@@ -23,7 +28,7 @@ type keptBuf struct {
 
 var _ kernels.Resident = (*Backend)(nil)
 
-// Keep implements kernels.Resident.
+// Keep implements kernels.Resident. The slices must be Go memory.
 func (b *Backend) Keep(bufs ...[]float32) {
 	b.lock()
 	defer b.unlock()
@@ -35,11 +40,42 @@ func (b *Backend) Keep(bufs ...[]float32) {
 		if b.keptOf(s) != nil {
 			continue
 		}
-		key := weak.Make(&s[0])
-		e := &keptBuf{key: key, base: uintptr(unsafe.Pointer(&s[0])), n: len(s), hostOK: true}
+		p := uintptr(unsafe.Pointer(&s[0]))
+		if old := b.kept[p]; old != nil { // a collected slice's, not freed yet
+			b.sync()
+			b.forget(old)
+		}
+		e := &keptBuf{key: weak.Make(&s[0]), base: p, n: len(s), hostOK: true}
 		e.dev = b.alloc(4*e.n, "an activation buffer")
-		b.kept[key] = e
-		runtime.AddCleanup(&s[0], b.queueFree, pendingFree{act: key})
+		b.kept[p] = e
+		runtime.AddCleanup(&s[0], b.queueFree, pendingFree{act: e})
+	}
+}
+
+// Forget implements kernels.Resident.
+func (b *Backend) Forget(bufs ...[]float32) {
+	b.lock()
+	defer b.unlock()
+	synced := false
+	for _, s := range bufs {
+		if e := b.keptOf(s); e != nil {
+			if !synced { // queued kernels may still use it
+				b.sync()
+				synced = true
+			}
+			b.forget(e)
+		}
+	}
+}
+
+// forget frees a kept buffer's device copy (nothing queued may use it).
+func (b *Backend) forget(e *keptBuf) {
+	if b.kept[e.base] == e {
+		delete(b.kept, e.base)
+	}
+	if e.dev != 0 {
+		C.bk_mem_free(b.drv.c, C.bk_dptr(e.dev))
+		e.dev = 0
 	}
 }
 
@@ -63,18 +99,21 @@ func (b *Backend) Changed(bufs ...[]float32) {
 
 // keptOf is the kept buffer that s starts, or nil; it panics on a slice
 // that starts inside a kept buffer (its host memory may be stale, and its
-// device copy is not addressed from there).
+// device copy is not addressed from there). Lookups go by address (s may
+// be memory Go does not own); an entry counts only while its slice lives,
+// since a collected slice's address can be reused.
 func (b *Backend) keptOf(s []float32) *keptBuf {
 	if len(b.kept) == 0 || cap(s) == 0 {
 		return nil
 	}
-	s = s[:1]
-	if e := b.kept[weak.Make(&s[0])]; e != nil {
-		return e
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(s)))
+	if e := b.kept[p]; e != nil {
+		if e.key.Value() != nil {
+			return e
+		}
+		return nil
 	}
-	p := uintptr(unsafe.Pointer(&s[0]))
 	for _, e := range b.kept {
-		// Only a live buffer still owns its address range.
 		if p > e.base && p < e.base+uintptr(4*e.n) && e.key.Value() != nil {
 			panic(fmt.Sprintf("cuda: a slice starting %d floats into a kept activation buffer", (p-e.base)/4))
 		}

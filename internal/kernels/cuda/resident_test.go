@@ -6,7 +6,9 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/ref"
@@ -135,4 +137,49 @@ func TestFakeResidentFreed(t *testing.T) {
 	if len(b.kept) != 0 {
 		t.Fatalf("after GC: %d kept buffers still on the device", len(b.kept))
 	}
+}
+
+// TestFakeResidentForeignMemory: with buffers kept, slices of memory Go does
+// not own (a mapping) still work as plain arguments.
+func TestFakeResidentForeignMemory(t *testing.T) {
+	b := fakeBackend(t)
+	out := make([]float32, 64)
+	b.Keep(out)
+	m, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(m)
+	w := unsafe.Slice((*float32)(unsafe.Pointer(&m[0])), 64)
+	for i := range w {
+		w[i] = 2
+	}
+	for i := range out {
+		out[i] = 1
+	}
+	b.Changed(out)
+	b.RMSNorm(out, out, w, 1, 0)
+	b.Host(out)
+	if out[0] != 2 || out[63] != 2 {
+		t.Fatalf("RMSNorm of ones by a mapped weight of twos: %g %g", out[0], out[63])
+	}
+}
+
+// TestFakeResidentForget: Forget frees a kept buffer's device copy at once.
+func TestFakeResidentForget(t *testing.T) {
+	b := fakeBackend(t)
+	x, y := make([]float32, 32), make([]float32, 32)
+	b.Keep(x, y)
+	b.Forget(x)
+	if len(b.kept) != 1 {
+		t.Fatalf("%d buffers kept after forgetting one of two", len(b.kept))
+	}
+	// x is a plain slice again: results come back at once.
+	a := make([]float32, 32)
+	a[1] = 3
+	b.Add(x, a, make([]float32, 32))
+	if x[1] != 3 {
+		t.Fatal("a forgotten buffer still held its result on the device")
+	}
+	runtime.KeepAlive(y)
 }
