@@ -180,12 +180,15 @@ func (kv PagedKV) PackedBytes(tokens int) int { return kv.Layers * 2 * tokens * 
 // DeviceKV is KV pool memory a backend holds outside Go memory. Its
 // methods are safe for concurrent use with each other and with the
 // backend's kernels, as long as no two of them touch the same page at once
-// (the pool's bookkeeping sees to that).
+// (the pool's bookkeeping sees to that) and a page is written or filled
+// only when no kernel still queued reads it (a forward pass returns with
+// its kernels done, and pages change hands between forward passes).
 type DeviceKV interface {
 	// Pages is the number of pages it holds.
 	Pages() int
 	// ReadPage copies the first tokens slots of page, packed, into dst
-	// (grown as needed) after every kernel queued before it has run.
+	// (grown as needed), after the kernels queued before it that store
+	// into that page.
 	ReadPage(page int32, tokens int, dst []byte) ([]byte, error)
 	// WritePage writes packed rows into the first tokens slots of page;
 	// they are in place, for every kernel queued later, when it returns.

@@ -54,6 +54,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 	"weak"
 
@@ -165,6 +166,9 @@ type Backend struct {
 	scratch [numScratch]devBuf
 	weights map[weak.Pointer[kernels.Matrix]]*devMatrix
 	pools   map[*KVPool]struct{}
+	// stores counts StoreKV calls queued; storesDone is the count at the
+	// start of the last completed stream sync (all of those have run).
+	stores, storesDone atomic.Uint64
 	kept    map[uintptr]*keptBuf // by the host slice's address
 	hostQ   []float32            // Attention: gathered q rows / compact output
 	args    []uint64
@@ -462,7 +466,9 @@ func (b *Backend) d2h(dst unsafe.Pointer, src dptr, bytes int) {
 }
 
 func (b *Backend) sync() {
+	stores := b.stores.Load()
 	b.must("cuStreamSynchronize", C.bk_stream_sync(b.drv.c, C.uintptr_t(b.stream)))
+	b.storesDone.Store(stores) // only this thread (holding mu) moves it
 }
 
 // upload copies a host slice into scratch buffer i.
@@ -740,6 +746,11 @@ func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []f
 		argI(kv.PageSize), argI(kv.PageFloats()), argI(rf))
 	// The copies from pageable memory are staged before they return and the
 	// kernel is ordered before any later call on the stream: no wait here.
+	// The pages remember this store, so that a page read waits for it.
+	kp, seq := kv.Device.(*KVPool), b.stores.Add(1)
+	for _, s := range slots {
+		kp.stored[int(s)/kv.PageSize].Store(seq)
+	}
 }
 
 // attnPlan is an Attention call cut into kernel work.

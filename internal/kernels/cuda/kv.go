@@ -12,6 +12,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
@@ -34,10 +35,11 @@ type KVPool struct {
 	mu     sync.Mutex
 	closed bool
 	stream uintptr
-	// event marks the work queued on the backend's stream so far; page
-	// operations wait for it, so a page is read after the kernels that
-	// wrote it and written after the kernels that read its last owner.
-	event uintptr
+	// stored is, per page, the number of the last StoreKV into it (the
+	// backend's count). A read of a page whose store may still be queued
+	// waits for the backend's stream through event.
+	stored []atomic.Uint64
+	event  uintptr
 	// host is the staging buffer of one packed page: pinned (page-locked,
 	// so copies are DMA at full speed) when the driver allows, else
 	// pageable C memory.
@@ -69,7 +71,7 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	defer catch(&err)
 	b.lock()
 	defer b.unlock()
-	kp := &KVPool{b: b, layout: layout, pages: pages}
+	kp := &KVPool{b: b, layout: layout, pages: pages, stored: make([]atomic.Uint64, pages)}
 	made := false
 	defer func() {
 		if !made { // a driver call panicked: free what was made so far
@@ -106,20 +108,31 @@ func (kp *KVPool) Pages() int { return kp.pages }
 func (kp *KVPool) Pinned() bool { return kp.pinned }
 
 // enter starts a page operation: the pool's lock, this OS thread, the
-// context current, and the pool's stream after the backend's work so far.
-func (kp *KVPool) enter() error {
+// context current. For a read of page (-1: none), the pool's stream is
+// ordered after the backend's work so far when a store into that page may
+// still be queued there.
+//
+// Writes and fills do not wait for the backend's stream: the pool hands a
+// page to a transfer, or frees it, only once no forward pass uses it, and a
+// forward pass returns with its kernels done (it reads its logits back).
+// So a transfer's page copies never queue behind the forward passes that
+// run meanwhile.
+func (kp *KVPool) enter(read int32) error {
 	kp.mu.Lock()
 	if kp.closed {
 		kp.mu.Unlock()
 		return errors.New("cuda: KV pool used after Close")
 	}
 	runtime.LockOSThread()
-	d := kp.b.drv
-	if err := d.check("cuCtxSetCurrent", C.bk_ctx_set(d.c, C.uintptr_t(kp.b.ctx))); err != nil {
+	b, d := kp.b, kp.b.drv
+	if err := d.check("cuCtxSetCurrent", C.bk_ctx_set(d.c, C.uintptr_t(b.ctx))); err != nil {
 		kp.leave()
 		return err
 	}
-	if err := d.check("cuEventRecord", C.bk_event_record(d.c, C.uintptr_t(kp.event), C.uintptr_t(kp.b.stream))); err != nil {
+	if read < 0 || kp.stored[read].Load() <= b.storesDone.Load() {
+		return nil
+	}
+	if err := d.check("cuEventRecord", C.bk_event_record(d.c, C.uintptr_t(kp.event), C.uintptr_t(b.stream))); err != nil {
 		kp.leave()
 		return err
 	}
@@ -172,7 +185,7 @@ func (kp *KVPool) ReadPage(page int32, tokens int, dst []byte) ([]byte, error) {
 	if size == 0 {
 		return dst, nil
 	}
-	if err := kp.enter(); err != nil {
+	if err := kp.enter(page); err != nil {
 		return dst, err
 	}
 	defer kp.leave()
@@ -203,7 +216,7 @@ func (kp *KVPool) WritePage(page int32, tokens int, src []byte) error {
 	if size == 0 {
 		return nil
 	}
-	if err := kp.enter(); err != nil {
+	if err := kp.enter(-1); err != nil {
 		return err
 	}
 	defer kp.leave()
@@ -226,7 +239,7 @@ func (kp *KVPool) Fill(pages []int32, v float32) error {
 			return err
 		}
 	}
-	if err := kp.enter(); err != nil {
+	if err := kp.enter(-1); err != nil {
 		return err
 	}
 	defer kp.leave()

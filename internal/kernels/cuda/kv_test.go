@@ -40,3 +40,30 @@ func TestFakeKVLayoutMismatch(t *testing.T) {
 	}()
 	b.StoreKV(kv, 0, []int32{0}, make([]float32, 32), make([]float32, 32))
 }
+
+// TestFakeKVReadOrdering: a page read waits for the backend's stream only
+// while a store into that page may still be queued there; a read of other
+// pages, or after the stream was drained (as every forward pass ends), does
+// not.
+func TestFakeKVReadOrdering(t *testing.T) {
+	b := fakeBackend(t)
+	layout := kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8}
+	dk, err := b.AllocKV(layout, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dk.Close()
+	kp := dk.(*KVPool)
+	kv := layout
+	kv.Device = dk
+	pending := func(page int) bool { return kp.stored[page].Load() > b.storesDone.Load() }
+	b.StoreKV(kv, 0, []int32{5, 6}, make([]float32, 16), make([]float32, 16)) // page 1
+	if !pending(1) || pending(0) || pending(2) {
+		t.Fatalf("after a store into page 1: pending %v %v %v", pending(0), pending(1), pending(2))
+	}
+	out := make([]float32, 8)
+	b.Add(out, make([]float32, 8), make([]float32, 8)) // reads its result back: the stream is drained
+	if pending(1) {
+		t.Fatal("page 1 still counts a store as queued after the stream was drained")
+	}
+}
