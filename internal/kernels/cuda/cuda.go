@@ -169,9 +169,9 @@ type Backend struct {
 	// stores counts StoreKV calls queued; storesDone is the count at the
 	// start of the last completed stream sync (all of those have run).
 	stores, storesDone atomic.Uint64
-	kept    map[uintptr]*keptBuf // by the host slice's address
-	hostQ   []float32            // Attention: gathered q rows / compact output
-	args    []uint64
+	kept               map[uintptr]*keptBuf // by the host slice's address
+	hostQ              []float32            // Attention: gathered q rows / compact output
+	args               []uint64
 
 	freeMu  sync.Mutex
 	pending []pendingFree
