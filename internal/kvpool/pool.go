@@ -1,6 +1,6 @@
 // Package kvpool is the paged KV pool: one block of float32 memory cut into
-// pages, and the bookkeeping that decides who may read, write and free each
-// page.
+// pages (in Go memory, or a backend's own such as a GPU's), and the
+// bookkeeping that decides who may read, write and free each page.
 //
 // The bookkeeping exists because of two incidents (see DESIGN.md): a decode
 // worker attended over pages that still held another user's KV, and a decode
