@@ -42,3 +42,24 @@ func TestArgumentChecks(t *testing.T) {
 	CheckEmbed(make([]float32, 16), w, []int32{1, 0})
 	CheckMatMul(make([]float32, 2), row, 1, w)
 }
+
+// A pool in a backend's own memory is refused by code that reads Data.
+func TestCheckHostKV(t *testing.T) {
+	kv := PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8}
+	mustPanic(t, "the cpu backend needs the KV pool in host memory", func() { CheckHostKV("the cpu backend", kv) })
+	kv.Device = fakeDeviceKV{}
+	mustPanic(t, "needs the KV pool in host memory", func() { CheckHostKV("x", kv) })
+	kv.Device, kv.Data = nil, make([]float32, kv.PageFloats())
+	CheckHostKV("x", kv)
+	if kv.Pages() != 1 || (PagedKV{Device: fakeDeviceKV{}}).Pages() != 7 {
+		t.Fatal("Pages does not count the memory that holds the pool")
+	}
+}
+
+type fakeDeviceKV struct{}
+
+func (fakeDeviceKV) Pages() int                                  { return 7 }
+func (fakeDeviceKV) ReadPage(int32, int, []byte) ([]byte, error) { return nil, nil }
+func (fakeDeviceKV) WritePage(int32, int, []byte) error          { return nil }
+func (fakeDeviceKV) Fill([]int32, float32) error                 { return nil }
+func (fakeDeviceKV) Close() error                                { return nil }

@@ -97,3 +97,29 @@ func TestDevicePoolChecksumReadsBack(t *testing.T) {
 	}
 	waitAllFree(t, p.dPool)
 }
+
+// A prefill worker whose pool cannot be read fails the request instead of
+// shipping or committing anything, and once the router aborts the
+// reservation every page on both sides comes back.
+func TestPrefillDeviceReadFails(t *testing.T) {
+	want := loadRef(t)
+	p := newPairOn(t, kernelstest.Device{Backend: cpu.New(1)}, 16, 512)
+	deviceMemory(t, p.pPool).FailReads.Store(true)
+	ctx := context.Background()
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "r", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 8},
+		Layout: p.layout, Writer: p.prefillAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: "r", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 8}, Reservation: res})
+	if err == nil || !strings.Contains(err.Error(), "device read failed") {
+		t.Fatalf("prefill from an unreadable pool: %v", err)
+	}
+	if w := deviceMemory(t, p.dPool).Writes.Load(); w != 0 {
+		t.Fatalf("%d pages reached the decode pool", w)
+	}
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "prefill failed"}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllFree(t, p.dPool, p.pPool)
+}

@@ -59,13 +59,15 @@ func own(kv kernels.PagedKV) kernels.PagedKV {
 }
 
 // Memory is a Device's KV pool. The counters say how often each page
-// operation ran.
+// operation ran; FailReads makes ReadPage fail, as a device that has
+// failed would.
 type Memory struct {
 	mu     sync.Mutex
 	host   kernels.PagedKV
 	closed bool
 
 	Reads, Writes, Fills atomic.Int64
+	FailReads            atomic.Bool
 }
 
 func (m *Memory) check(page int32, tokens int) error {
@@ -87,6 +89,9 @@ func (m *Memory) ReadPage(page int32, tokens int, dst []byte) ([]byte, error) {
 	defer m.mu.Unlock()
 	if err := m.check(page, tokens); err != nil {
 		return dst, err
+	}
+	if m.FailReads.Load() {
+		return dst, errors.New("kernelstest: device read failed")
 	}
 	m.Reads.Add(1)
 	return transfer.Pack(m.host, page, tokens, dst), nil
