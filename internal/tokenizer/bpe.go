@@ -102,24 +102,7 @@ func (t *Tokenizer) encodeBPE(text string, out []int32) []int32 {
 			}
 			h.push(bigram{key: -float64(rank), left: left, right: right, size: l.n + r.n})
 		}
-		for i := 1; i < len(syms); i++ {
-			tryAdd(int32(i-1), int32(i))
-		}
-		for len(h) > 0 {
-			b := h.pop()
-			l, r := &syms[b.left], &syms[b.right]
-			if l.n == 0 || r.n == 0 || l.n+r.n != b.size {
-				continue
-			}
-			l.n += r.n
-			r.n = 0
-			l.next = r.next
-			if r.next >= 0 {
-				syms[r.next].prev = b.left
-			}
-			tryAdd(l.prev, b.left)
-			tryAdd(b.left, l.next)
-		}
+		mergeAll(syms, &h, tryAdd)
 		for i := int32(0); i != -1; i = syms[i].next {
 			sym := syms[i]
 			piece := w[sym.start : sym.start+sym.n]

@@ -676,15 +676,7 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 		}
 	}
 	t.buildPieces()
-	for i := range t.tokens {
-		switch t.types[i] {
-		case typeControl, typeUserDefined, typeUnknown:
-			t.special = append(t.special, int32(i))
-		}
-	}
-	slices.SortStableFunc(t.special, func(a, b int32) int {
-		return len(t.tokens[b]) - len(t.tokens[a])
-	})
+	t.indexSpecial()
 	return t, nil
 }
 

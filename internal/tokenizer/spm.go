@@ -100,6 +100,31 @@ func (h *bigramHeap) pop() bigram {
 	return top
 }
 
+// mergeAll offers every adjacent pair to tryAdd (which pushes the ones that
+// may merge onto h), then merges best first: a popped bigram merges only if
+// both its symbols are still as they were when it was pushed, and the new
+// symbol's neighbours are offered in turn.
+func mergeAll(syms []symbol, h *bigramHeap, tryAdd func(left, right int32)) {
+	for i := 1; i < len(syms); i++ {
+		tryAdd(int32(i-1), int32(i))
+	}
+	for len(*h) > 0 {
+		b := h.pop()
+		l, r := &syms[b.left], &syms[b.right]
+		if l.n == 0 || r.n == 0 || l.n+r.n != b.size {
+			continue
+		}
+		l.n += r.n
+		r.n = 0
+		l.next = r.next
+		if r.next >= 0 {
+			syms[r.next].prev = b.left
+		}
+		tryAdd(l.prev, b.left)
+		tryAdd(b.left, l.next)
+	}
+}
+
 // encodeSPM merges the symbols of s (already space-escaped) by token score,
 // or by merge rank for tokenizer.json vocabularies, and appends the
 // resulting ids to out.
@@ -128,24 +153,7 @@ func (t *Tokenizer) encodeSPM(s string, out []int32) []int32 {
 		}
 		h.push(bigram{key: float64(t.scores[id]), left: left, right: right, size: int32(len(text))})
 	}
-	for i := 1; i < len(syms); i++ {
-		tryAdd(int32(i-1), int32(i))
-	}
-	for len(h) > 0 {
-		b := h.pop()
-		l, r := &syms[b.left], &syms[b.right]
-		if l.n == 0 || r.n == 0 || l.n+r.n != b.size {
-			continue
-		}
-		l.n += r.n
-		r.n = 0
-		l.next = r.next
-		if r.next >= 0 {
-			syms[r.next].prev = b.left
-		}
-		tryAdd(l.prev, b.left)
-		tryAdd(b.left, l.next)
-	}
+	mergeAll(syms, &h, tryAdd)
 	lastUnk := false
 	for i := int32(0); i != -1; i = syms[i].next {
 		sym := syms[i]

@@ -218,6 +218,14 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 	t.findEOG()
 	t.buildByteTokens()
 	t.buildPieces()
+	t.indexSpecial()
+	return t, nil
+}
+
+// indexSpecial lists the tokens matched whole in text before any
+// splitting (control, user-defined, unknown), longest first.
+func (t *Tokenizer) indexSpecial() {
+	t.special = t.special[:0]
 	for i := range t.tokens {
 		switch t.types[i] {
 		case typeControl, typeUserDefined, typeUnknown:
@@ -227,7 +235,6 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 	slices.SortStableFunc(t.special, func(a, b int32) int {
 		return len(t.tokens[b]) - len(t.tokens[a])
 	})
-	return t, nil
 }
 
 // eogTexts are tokens that end a turn in common chat formats even when the
