@@ -509,13 +509,7 @@ func (w *hfWeights) vector(name string, n int) ([]float32, error) {
 	if len(t.Shape) != 1 || t.Shape[0] != int64(n) {
 		return nil, fmt.Errorf("model: tensor %s has shape %s, want [%d]", name, describeShape(t.Shape), n)
 	}
-	m := &kernels.Matrix{DType: dt, Rows: 1, Cols: n, Data: data}
-	if err := m.Validate(); err != nil {
-		return nil, err
-	}
-	out := make([]float32, n)
-	m.Row(0, out)
-	return out, nil
+	return vectorOf(dt, n, data)
 }
 
 // weightsFromHF maps a Hugging Face checkpoint's tensors into Weights.

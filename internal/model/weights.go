@@ -117,6 +117,12 @@ func (l *ggufLoader) vector(name string, n int) ([]float32, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", name, err)
 	}
+	return vectorOf(dt, n, data)
+}
+
+// vectorOf copies a tensor of n elements of dtype dt to float32: norms and
+// biases are small and read on every step, so they are not left mapped.
+func vectorOf(dt kernels.DType, n int, data []byte) ([]float32, error) {
 	m := &kernels.Matrix{DType: dt, Rows: 1, Cols: n, Data: data}
 	if err := m.Validate(); err != nil {
 		return nil, err
