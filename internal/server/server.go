@@ -183,19 +183,31 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *openai.Error) {
 	return b, nil
 }
 
-func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+// parseRequest reads a request body with parse and checks that it names
+// the served model; on failure it has written the error and returns false.
+func parseRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte) (T, *openai.Error), model func(T) string) (T, bool) {
+	fail := func(e *openai.Error) (T, bool) {
+		openai.WriteError(w, e)
+		var zero T
+		return zero, false
+	}
 	body, e := readBody(w, r)
 	if e != nil {
-		openai.WriteError(w, e)
-		return
+		return fail(e)
 	}
-	req, e := openai.ParseCompletionRequest(body)
+	req, e := parse(body)
 	if e != nil {
-		openai.WriteError(w, e)
-		return
+		return fail(e)
 	}
-	if req.Model != s.o.ModelName {
-		openai.WriteError(w, s.unknownModel(req.Model))
+	if m := model(req); m != s.o.ModelName {
+		return fail(s.unknownModel(m))
+	}
+	return req, true
+}
+
+func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
+	req, ok := parseRequest(s, w, r, openai.ParseCompletionRequest, func(c *openai.CompletionRequest) string { return c.Model })
+	if !ok {
 		return
 	}
 	prompt := req.PromptTokenIDs
@@ -208,18 +220,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	body, e := readBody(w, r)
-	if e != nil {
-		openai.WriteError(w, e)
-		return
-	}
-	req, e := openai.ParseChatRequest(body)
-	if e != nil {
-		openai.WriteError(w, e)
-		return
-	}
-	if req.Model != s.o.ModelName {
-		openai.WriteError(w, s.unknownModel(req.Model))
+	req, ok := parseRequest(s, w, r, openai.ParseChatRequest, func(c *openai.ChatRequest) string { return c.Model })
+	if !ok {
 		return
 	}
 	msgs := make([]chat.Message, len(req.Messages))
