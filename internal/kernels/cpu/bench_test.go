@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/kernelstest"
 )
 
 // benchBackends: the backend's own kernels with the AVX2 path ("simd") and
@@ -78,8 +79,8 @@ func BenchmarkAttention(b *testing.B) {
 		for i := range shapes {
 			shapes[i] = [2]int{c.qlen, c.kvlen}
 		}
-		ac := newAttnCase(rng, heads, c.kvh, hd, ps, shapes)
-		out := make([]float32, len(ac.q))
+		ac := kernelstest.NewAttnCase(rng, heads, c.kvh, hd, ps, shapes)
+		out := make([]float32, len(ac.Q))
 		var flops float64
 		for r := 0; r < c.qlen; r++ {
 			flops += float64(c.nseq) * heads * float64(c.kvlen-c.qlen+r+1) * 4 * hd
@@ -89,7 +90,7 @@ func BenchmarkAttention(b *testing.B) {
 		for _, v := range benchBackends() {
 			b.Run(c.name+"/"+v.name, func(b *testing.B) {
 				for b.Loop() {
-					v.b.Attention(out, ac.q, ac.kv, 1, ac.seqs, heads, scale)
+					v.b.Attention(out, ac.Q, ac.KV, 1, ac.Seqs, heads, scale)
 				}
 				sec := b.Elapsed().Seconds()
 				b.ReportMetric(float64(b.N)*flops/sec/1e9, "GFLOP/s")

@@ -100,22 +100,11 @@ func TestCheckerCatchesErrors(t *testing.T) {
 	got[3] += float32(math.Abs(float64(got[3]))*1e-4) + 1e-3
 	c = &checker{T: ft, What: "probe", Tol: tolMatMul}
 	for i := range got {
-		c.Check(i, got[i], want[i], matMag(w, x, 0, i), 0)
+		c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, 0, i), 0)
 	}
 	if c.Fails != 1 {
 		t.Fatalf("nudged MatMul output: %d failures, want 1", c.Fails)
 	}
-}
-
-// matMag is Σ|w[r,c]·x[i,c]|.
-func matMag(w *kernels.Matrix, x []float32, i, r int) float64 {
-	row := make([]float32, w.Cols)
-	w.Row(r, row)
-	var s float64
-	for c, v := range row {
-		s += math.Abs(float64(v) * float64(x[i*w.Cols+c]))
-	}
-	return s
 }
 
 func TestMatMul(t *testing.T) {
@@ -147,7 +136,7 @@ func TestMatMul(t *testing.T) {
 					mag := make([]float64, n*rows)
 					for i := 0; i < n; i++ {
 						for r := 0; r < rows; r++ {
-							mag[i*rows+r] = matMag(w, x, i, r)
+							mag[i*rows+r] = kernelstest.MatMag(w, x, i, r)
 						}
 					}
 					for _, v := range vs {
@@ -183,7 +172,7 @@ func TestMatMul(t *testing.T) {
 				v.b.MatMul(got, x, n, w)
 				c := &checker{T: t, What: fmt.Sprintf("MatMul %s 301x256 n=%d [%s]", dt, n, v.name), Tol: tolMatMul}
 				for i := range want {
-					c.Check(i, got[i], want[i], matMag(w, x, i/301, i%301), 1e-30)
+					c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/301, i%301), 1e-30)
 				}
 			}
 		}
@@ -210,7 +199,7 @@ func TestMatMulUnaligned(t *testing.T) {
 			v.b.MatMul(got, x, 5, wu)
 			c := &checker{T: t, What: fmt.Sprintf("unaligned MatMul %s [%s]", dt, v.name), Tol: tolMatMul}
 			for i := range want {
-				c.Check(i, got[i], want[i], matMag(w, x, i/9, i%9), 1e-30)
+				c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/9, i%9), 1e-30)
 			}
 		}
 	}
@@ -238,46 +227,25 @@ func TestRMSNorm(t *testing.T) {
 
 func TestRoPE(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
-	type tc struct {
-		heads, hd int
-		r         kernels.RoPE
-	}
-	factors := func(n int) []float32 {
-		f := make([]float32, n)
-		for i := range f {
-			f[i] = float32(1 + 7*rng.Float64())
-		}
-		return f
-	}
-	cases := []tc{
-		{4, 64, kernels.RoPE{Dim: 64, Theta: 10000}},
-		{4, 64, kernels.RoPE{Dim: 64, Theta: 10000, NeoX: true}},
-		{3, 128, kernels.RoPE{Dim: 128, Theta: 500000, NeoX: true, Factors: factors(64)}},
-		{3, 128, kernels.RoPE{Dim: 128, Theta: 500000, Factors: factors(64)}},
-		{2, 80, kernels.RoPE{Dim: 32, Theta: 10000, PosScale: 0.25}},
-		{2, 80, kernels.RoPE{Dim: 32, Theta: 10000, PosScale: 0.25, NeoX: true}},
-		{5, 8, kernels.RoPE{Dim: 6, Theta: 1e6, NeoX: true}},
-		{1, 10, kernels.RoPE{Dim: 2, Theta: 10000}},
-	}
-	for ci, c := range cases {
+	for ci, c := range kernelstest.RoPECases(rng) {
 		for _, ntok := range []int{1, 3, 17} {
 			pos := make([]int32, ntok)
 			for i := range pos {
 				pos[i] = int32(rng.IntN(1 << uint(rng.IntN(18))))
 			}
-			x := randVec(rng, ntok*c.heads*c.hd, 2)
+			x := randVec(rng, ntok*c.Heads*c.HD, 2)
 			want := append([]float32(nil), x...)
-			ref.New().ApplyRoPE(want, pos, c.heads, c.hd, c.r)
+			ref.New().ApplyRoPE(want, pos, c.Heads, c.HD, c.R)
 			for _, v := range variants(t) {
 				got := append([]float32(nil), x...)
-				v.b.ApplyRoPE(got, pos, c.heads, c.hd, c.r)
+				v.b.ApplyRoPE(got, pos, c.Heads, c.HD, c.R)
 				ck := &checker{T: t, What: fmt.Sprintf("RoPE case %d ntok=%d [%s]", ci, ntok, v.name), Tol: tolRoPE}
 				for i := range want {
 					// Magnitude: the larger element of the head (covers
 					// both members of any pair).
-					h := i / c.hd
+					h := i / c.HD
 					var m float64
-					for _, e := range x[h*c.hd : (h+1)*c.hd] {
+					for _, e := range x[h*c.HD : (h+1)*c.HD] {
 						m = max(m, math.Abs(float64(e)))
 					}
 					ck.Check(i, got[i], want[i], m, 1e-37)
@@ -317,13 +285,6 @@ func TestSwiGLUAdd(t *testing.T) {
 	}
 }
 
-func sameBits(a, b float32) bool {
-	if math.IsNaN(float64(a)) {
-		return math.IsNaN(float64(b))
-	}
-	return math.Float32bits(a) == math.Float32bits(b)
-}
-
 func TestEmbed(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0} {
@@ -339,7 +300,7 @@ func TestEmbed(t *testing.T) {
 				got := make([]float32, len(ids)*cols)
 				v.b.Embed(got, w, ids)
 				for i := range want {
-					if !sameBits(got[i], want[i]) {
+					if !kernelstest.SameBits(got[i], want[i]) {
 						t.Fatalf("Embed %s cols=%d [%s]: element %d: got %g want %g", dt, cols, v.name, i, got[i], want[i])
 					}
 				}
@@ -356,7 +317,7 @@ func TestEmbed(t *testing.T) {
 		got := make([]float32, 65536)
 		v.b.Embed(got, all, []int32{0})
 		for i := range got {
-			if want := kernels.F16ToF32(uint16(i)); !sameBits(got[i], want) {
+			if want := kernels.F16ToF32(uint16(i)); !kernelstest.SameBits(got[i], want) {
 				t.Fatalf("f16 %#04x [%s]: got %g (%#x), want %g (%#x)", i, v.name, got[i], math.Float32bits(got[i]), want, math.Float32bits(want))
 			}
 		}
@@ -371,48 +332,6 @@ func TestEmbedBadID(t *testing.T) {
 	}()
 	w := randMatrix(rand.New(rand.NewPCG(1, 1)), kernels.F32, 4, 32)
 	New(1).Embed(make([]float32, 32), w, []int32{4})
-}
-
-// attnCase builds a pool and sequences: pages of each sequence are drawn
-// at random from the pool, so neighbours in position are not neighbours in
-// memory, and everything not written stays random garbage.
-type attnCase struct {
-	kv    kernels.PagedKV
-	seqs  []kernels.AttnSeq
-	q     []float32
-	heads int
-	rows  int
-}
-
-func newAttnCase(rng *rand.Rand, heads, kvHeads, hd, ps int, shapes [][2]int) attnCase {
-	totalPages := 0
-	for _, s := range shapes {
-		totalPages += (s[1] + ps - 1) / ps
-	}
-	totalPages += 3
-	kv := kernels.PagedKV{PageSize: ps, Layers: 2, KVHeads: kvHeads, HeadDim: hd}
-	kv.Data = randVec(rng, totalPages*kv.PageFloats(), 1)
-	perm := rng.Perm(totalPages)
-	c := attnCase{kv: kv, heads: heads}
-	// Query rows of the sequences are laid out in reverse order, so QStart
-	// is not monotone.
-	for i := len(shapes) - 1; i >= 0; i-- {
-		c.rows += shapes[i][0]
-	}
-	row := c.rows
-	for _, s := range shapes {
-		qlen, kvlen := s[0], s[1]
-		np := (kvlen + ps - 1) / ps
-		pages := make([]int32, np)
-		for j := range pages {
-			pages[j] = int32(perm[0])
-			perm = perm[1:]
-		}
-		row -= qlen
-		c.seqs = append(c.seqs, kernels.AttnSeq{Pages: pages, QStart: row, QLen: qlen, KVLen: kvlen})
-	}
-	c.q = randVec(rng, c.rows*heads*hd, 1)
-	return c
 }
 
 func TestAttention(t *testing.T) {
@@ -433,16 +352,16 @@ func TestAttention(t *testing.T) {
 				if testing.Short() && (ps == 16 || kvh == 4) || gq.heads == 32 && (ps != 16 || hd != 64) {
 					continue
 				}
-				c := newAttnCase(rng, gq.heads, kvh, hd, ps, shapes)
+				c := kernelstest.NewAttnCase(rng, gq.heads, kvh, hd, ps, shapes)
 				scale := float32(1 / math.Sqrt(float64(hd)))
 				if hd == 8 {
 					scale = 3 // sharper softmax
 				}
-				want := make([]float32, len(c.q))
-				ref.New().Attention(want, c.q, c.kv, 1, c.seqs, c.heads, scale)
+				want := make([]float32, len(c.Q))
+				ref.New().Attention(want, c.Q, c.KV, 1, c.Seqs, c.Heads, scale)
 				for _, v := range vs {
-					got := make([]float32, len(c.q))
-					v.b.Attention(got, c.q, c.kv, 1, c.seqs, c.heads, scale)
+					got := make([]float32, len(c.Q))
+					v.b.Attention(got, c.Q, c.KV, 1, c.Seqs, c.Heads, scale)
 					ck := &checker{T: t, What: fmt.Sprintf("Attention hd=%d heads=%d/%d ps=%d [%s]", hd, gq.heads, kvh, ps, v.name), Tol: tolAttn}
 					// |V| is ~N(0,1); 5 is above any sample here.
 					for i := range want {
@@ -498,9 +417,9 @@ func TestConcurrentUse(t *testing.T) {
 	x := randVec(rng, 3*256, 1)
 	want := make([]float32, 3*67)
 	ref.New().MatMul(want, x, 3, w)
-	c := newAttnCase(rng, 8, 2, 64, 16, [][2]int{{1, 40}, {7, 30}})
-	wantA := make([]float32, len(c.q))
-	ref.New().Attention(wantA, c.q, c.kv, 1, c.seqs, 8, 0.125)
+	c := kernelstest.NewAttnCase(rng, 8, 2, 64, 16, [][2]int{{1, 40}, {7, 30}})
+	wantA := make([]float32, len(c.Q))
+	ref.New().Attention(wantA, c.Q, c.KV, 1, c.Seqs, 8, 0.125)
 	errs := make(chan string, 8)
 	done := make(chan struct{})
 	for g := 0; g < 4; g++ {
@@ -510,7 +429,7 @@ func TestConcurrentUse(t *testing.T) {
 			gotA := make([]float32, len(wantA))
 			for it := 0; it < 200; it++ {
 				b.MatMul(got, x, 3, w)
-				b.Attention(gotA, c.q, c.kv, 1, c.seqs, 8, 0.125)
+				b.Attention(gotA, c.Q, c.KV, 1, c.Seqs, 8, 0.125)
 				for i := range want {
 					if d := math.Abs(float64(got[i] - want[i])); d > 1e-3 {
 						errs <- fmt.Sprintf("MatMul element %d off by %g", i, d)

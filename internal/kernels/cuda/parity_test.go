@@ -91,21 +91,11 @@ func TestFakeCatchesKernelBug(t *testing.T) {
 	ft := &testing.T{}
 	c := &checker{T: ft, What: "probe", Tol: tolMatMul}
 	for i := range got {
-		c.Check(i, got[i], want[i], matMag(w, x, 0, i), 1e-30)
+		c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, 0, i), 1e-30)
 	}
 	if c.Fails != 1 {
 		t.Fatalf("%d failures, want 1 (row 3)", c.Fails)
 	}
-}
-
-func matMag(w *kernels.Matrix, x []float32, i, r int) float64 {
-	row := make([]float32, w.Cols)
-	w.Row(r, row)
-	var s float64
-	for c, v := range row {
-		s += math.Abs(float64(v) * float64(x[i*w.Cols+c]))
-	}
-	return s
 }
 
 // mmVariant is a way of running products on the backend.
@@ -149,7 +139,7 @@ func checkMatMul(t *testing.T, b *Backend, what string, w *kernels.Matrix, x []f
 	b.MatMul(got, x, n, w)
 	c := &checker{T: t, What: what, Tol: mmTol(b, w.DType, n)}
 	for i := range want {
-		c.Check(i, got[i], want[i], matMag(w, x, i/w.Rows, i%w.Rows), 1e-30)
+		c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/w.Rows, i%w.Rows), 1e-30)
 	}
 	for i := n * w.Rows; i < len(got); i++ {
 		if got[i] != 12345 {
@@ -261,42 +251,22 @@ func testRMSNorm(t *testing.T, b *Backend) {
 
 func testRoPE(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(7, 8))
-	factors := func(n int) []float32 {
-		f := make([]float32, n)
-		for i := range f {
-			f[i] = float32(1 + 7*rng.Float64())
-		}
-		return f
-	}
-	cases := []struct {
-		heads, hd int
-		r         kernels.RoPE
-	}{
-		{4, 64, kernels.RoPE{Dim: 64, Theta: 10000}},
-		{4, 64, kernels.RoPE{Dim: 64, Theta: 10000, NeoX: true}},
-		{3, 128, kernels.RoPE{Dim: 128, Theta: 500000, NeoX: true, Factors: factors(64)}},
-		{3, 128, kernels.RoPE{Dim: 128, Theta: 500000, Factors: factors(64)}},
-		{2, 80, kernels.RoPE{Dim: 32, Theta: 10000, PosScale: 0.25}},
-		{2, 80, kernels.RoPE{Dim: 32, Theta: 10000, PosScale: 0.25, NeoX: true}},
-		{5, 8, kernels.RoPE{Dim: 6, Theta: 1e6, NeoX: true}},
-		{1, 10, kernels.RoPE{Dim: 2, Theta: 10000}},
-	}
-	for ci, c := range cases {
+	for ci, c := range kernelstest.RoPECases(rng) {
 		for _, ntok := range []int{1, 3, 17} {
 			pos := make([]int32, ntok)
 			for i := range pos {
 				pos[i] = int32(rng.IntN(1 << uint(rng.IntN(18))))
 			}
-			x := randVec(rng, ntok*c.heads*c.hd, 2)
+			x := randVec(rng, ntok*c.Heads*c.HD, 2)
 			want := append([]float32(nil), x...)
-			ref.New().ApplyRoPE(want, pos, c.heads, c.hd, c.r)
+			ref.New().ApplyRoPE(want, pos, c.Heads, c.HD, c.R)
 			got := append([]float32(nil), x...)
-			b.ApplyRoPE(got, pos, c.heads, c.hd, c.r)
+			b.ApplyRoPE(got, pos, c.Heads, c.HD, c.R)
 			ck := &checker{T: t, What: fmt.Sprintf("RoPE case %d ntok=%d", ci, ntok), Tol: tolRoPE}
 			for i := range want {
-				h := i / c.hd
+				h := i / c.HD
 				var m float64
-				for _, e := range x[h*c.hd : (h+1)*c.hd] {
+				for _, e := range x[h*c.HD : (h+1)*c.HD] {
 					m = max(m, math.Abs(float64(e)))
 				}
 				ck.Check(i, got[i], want[i], m, 1e-37)
@@ -333,13 +303,6 @@ func testSwiGLUAdd(t *testing.T, b *Backend) {
 	}
 }
 
-func sameBits(a, b float32) bool {
-	if math.IsNaN(float64(a)) {
-		return math.IsNaN(float64(b))
-	}
-	return math.Float32bits(a) == math.Float32bits(b)
-}
-
 func testEmbed(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	for _, dt := range allDTypes {
@@ -354,7 +317,7 @@ func testEmbed(t *testing.T, b *Backend) {
 			got := make([]float32, len(ids)*cols)
 			b.Embed(got, w, ids)
 			for i := range want {
-				if !sameBits(got[i], want[i]) {
+				if !kernelstest.SameBits(got[i], want[i]) {
 					t.Fatalf("Embed %s cols=%d: element %d: got %g want %g", dt, cols, i, got[i], want[i])
 				}
 			}
@@ -368,83 +331,35 @@ func testEmbed(t *testing.T, b *Backend) {
 	got := make([]float32, 65536)
 	b.Embed(got, all, []int32{0})
 	for i := range got {
-		if want := kernels.F16ToF32(uint16(i)); !sameBits(got[i], want) {
+		if want := kernels.F16ToF32(uint16(i)); !kernelstest.SameBits(got[i], want) {
 			t.Fatalf("f16 %#04x: got %g (%#x), want %g (%#x)", i, got[i], math.Float32bits(got[i]), want, math.Float32bits(want))
 		}
 	}
 }
 
-// attnCase builds a pool whose pages are drawn at random, with random
-// garbage everywhere not written.
-type attnCase struct {
-	kv    kernels.PagedKV
-	seqs  []kernels.AttnSeq
-	q     []float32
-	heads int
-	rows  int
-}
-
-func newAttnCase(rng *rand.Rand, heads, kvHeads, hd, ps int, shapes [][2]int) attnCase {
-	totalPages := 3
-	for _, s := range shapes {
-		totalPages += (s[1] + ps - 1) / ps
-	}
-	kv := kernels.PagedKV{PageSize: ps, Layers: 2, KVHeads: kvHeads, HeadDim: hd}
-	kv.Data = randVec(rng, totalPages*kv.PageFloats(), 1)
-	perm := rng.Perm(totalPages)
-	c := attnCase{kv: kv, heads: heads}
-	for i := len(shapes) - 1; i >= 0; i-- {
-		c.rows += shapes[i][0]
-	}
-	row := c.rows // rows in reverse order: QStart is not monotone
-	for _, s := range shapes {
-		qlen, kvlen := s[0], s[1]
-		pages := make([]int32, (kvlen+ps-1)/ps)
-		for j := range pages {
-			pages[j] = int32(perm[0])
-			perm = perm[1:]
-		}
-		row -= qlen
-		c.seqs = append(c.seqs, kernels.AttnSeq{Pages: pages, QStart: row, QLen: qlen, KVLen: kvlen})
-	}
-	c.q = randVec(rng, c.rows*heads*hd, 1)
-	return c
-}
-
-// inOrder lays the rows out as the model does (QStart increasing from 0).
-func (c attnCase) inOrder() attnCase {
-	r := 0
-	c.seqs = append([]kernels.AttnSeq(nil), c.seqs...)
-	for i := range c.seqs {
-		c.seqs[i].QStart = r
-		r += c.seqs[i].QLen
-	}
-	return c
-}
-
-func checkAttention(t *testing.T, b *Backend, what string, c attnCase, scale float32, worst *float64) {
-	want := make([]float32, len(c.q)+5)
-	ref.New().Attention(want, c.q, c.kv, 1, c.seqs, c.heads, scale)
-	got := make([]float32, len(c.q)+5)
+func checkAttention(t *testing.T, b *Backend, what string, c kernelstest.AttnCase, scale float32, worst *float64) {
+	want := make([]float32, len(c.Q)+5)
+	ref.New().Attention(want, c.Q, c.KV, 1, c.Seqs, c.Heads, scale)
+	got := make([]float32, len(c.Q)+5)
 	for i := range got {
 		got[i] = 777 // rows no sequence covers stay as they were
 	}
-	copy(want[len(c.q):], got[len(c.q):])
-	covered := make([]bool, len(c.q)/(c.heads*c.kv.HeadDim))
-	for _, s := range c.seqs {
+	copy(want[len(c.Q):], got[len(c.Q):])
+	covered := make([]bool, len(c.Q)/(c.Heads*c.KV.HeadDim))
+	for _, s := range c.Seqs {
 		for r := s.QStart; r < s.QStart+s.QLen; r++ {
 			covered[r] = true
 		}
 	}
 	for r, ok := range covered {
 		if !ok {
-			rs := c.heads * c.kv.HeadDim
+			rs := c.Heads * c.KV.HeadDim
 			for i := r * rs; i < (r+1)*rs; i++ {
 				want[i] = 777
 			}
 		}
 	}
-	b.Attention(got, c.q, toDevice(t, b, c.kv), 1, c.seqs, c.heads, scale)
+	b.Attention(got, c.Q, toDevice(t, b, c.KV), 1, c.Seqs, c.Heads, scale)
 	ck := &checker{T: t, What: what, Tol: tolAttn}
 	for i := range want {
 		ck.Check(i, got[i], want[i], 5, 0)
@@ -468,7 +383,7 @@ func testAttention(t *testing.T, b *Backend) {
 				if testing.Short() && (ps == 16 || g.kvh == 4) || (g.heads == 32 || hd == 256) && (ps != 16 || hd != 64 && hd != 256) {
 					continue
 				}
-				c := newAttnCase(rng, g.heads, g.kvh, hd, ps, shapes)
+				c := kernelstest.NewAttnCase(rng, g.heads, g.kvh, hd, ps, shapes)
 				scale := float32(1 / math.Sqrt(float64(hd)))
 				if hd == 8 {
 					scale = 3
@@ -478,7 +393,7 @@ func testAttention(t *testing.T, b *Backend) {
 				// Positions cut into parts merged by bk_attn_combine
 				// (including empty parts), and the model's row order.
 				b.forceSplits = 3
-				checkAttention(t, b, name+" splits=3", c.inOrder(), scale, &worst)
+				checkAttention(t, b, name+" splits=3", c.InOrder(), scale, &worst)
 				b.forceSplits = 0
 			}
 		}
@@ -490,24 +405,24 @@ func testAttention(t *testing.T, b *Backend) {
 // each item's positions by itself.
 func testAttentionLong(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(31, 32))
-	c := newAttnCase(rng, 4, 1, 64, 16, [][2]int{{1, 3000}, {1, 1200}, {3, 2049}})
-	if s := b.splits(len(planAttention(c.kv, 1, c.seqs, 4, len(c.q), len(c.q)).items)/attnItemFields, 3000); s < 2 {
+	c := kernelstest.NewAttnCase(rng, 4, 1, 64, 16, [][2]int{{1, 3000}, {1, 1200}, {3, 2049}})
+	if s := b.splits(len(planAttention(c.KV, 1, c.Seqs, 4, len(c.Q), len(c.Q)).items)/attnItemFields, 3000); s < 2 {
 		t.Fatalf("a long decode is not split (%d)", s)
 	}
-	checkAttention(t, b, "long decode", c.inOrder(), 0.125, nil)
+	checkAttention(t, b, "long decode", c.InOrder(), 0.125, nil)
 }
 
 // testAttentionNaN: NaN in a position a row reads reaches that row; NaN
 // in a position past its causal limit does not.
 func testAttentionNaN(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(33, 34))
-	c := newAttnCase(rng, 4, 2, 16, 4, [][2]int{{3, 10}}).inOrder()
-	s := c.seqs[0]
+	c := kernelstest.NewAttnCase(rng, 4, 2, 16, 4, [][2]int{{3, 10}}).InOrder()
+	s := c.Seqs[0]
 	// Position 9 is the last row's own position: only row 2 reads it.
 	p := 9
-	c.kv.Data[c.kv.KOffset(int(s.Pages[p/4]), 1, p%4)] = float32(math.NaN())
-	got := make([]float32, len(c.q))
-	b.Attention(got, c.q, toDevice(t, b, c.kv), 1, c.seqs, 4, 0.25)
+	c.KV.Data[c.KV.KOffset(int(s.Pages[p/4]), 1, p%4)] = float32(math.NaN())
+	got := make([]float32, len(c.Q))
+	b.Attention(got, c.Q, toDevice(t, b, c.KV), 1, c.Seqs, 4, 0.25)
 	rs := 4 * 16
 	for r := 0; r < 3; r++ {
 		nan := 0
@@ -639,12 +554,12 @@ func testKVPool(t *testing.T, b *Backend) {
 // seeing the other's half-done work.
 func testPageOpsConcurrent(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(21, 22))
-	c := newAttnCase(rng, 4, 2, 16, 4, [][2]int{{1, 12}}).inOrder()
-	want := make([]float32, len(c.q))
-	ref.New().Attention(want, c.q, c.kv, 1, c.seqs, 4, 0.25)
-	kv := toDevice(t, b, c.kv)
+	c := kernelstest.NewAttnCase(rng, 4, 2, 16, 4, [][2]int{{1, 12}}).InOrder()
+	want := make([]float32, len(c.Q))
+	ref.New().Attention(want, c.Q, c.KV, 1, c.Seqs, 4, 0.25)
+	kv := toDevice(t, b, c.KV)
 	used := map[int32]bool{}
-	for _, p := range c.seqs[0].Pages {
+	for _, p := range c.Seqs[0].Pages {
 		used[p] = true
 	}
 	var free []int32
@@ -658,9 +573,9 @@ func testPageOpsConcurrent(t *testing.T, b *Backend) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		got := make([]float32, len(c.q))
+		got := make([]float32, len(c.Q))
 		for range 20 {
-			b.Attention(got, c.q, kv, 1, c.seqs, 4, 0.25)
+			b.Attention(got, c.Q, kv, 1, c.Seqs, 4, 0.25)
 			for i := range want {
 				if d := math.Abs(float64(got[i] - want[i])); d > 1e-4 {
 					errs <- fmt.Sprintf("Attention element %d off by %g while pages were copied", i, d)
@@ -696,13 +611,13 @@ func testPageOpsConcurrent(t *testing.T, b *Backend) {
 
 // testHostKVRefused: a pool in host memory is a caller's bug, named.
 func testHostKVRefused(t *testing.T, b *Backend) {
-	c := newAttnCase(rand.New(rand.NewPCG(3, 4)), 2, 1, 8, 4, [][2]int{{1, 5}})
+	c := kernelstest.NewAttnCase(rand.New(rand.NewPCG(3, 4)), 2, 1, 8, 4, [][2]int{{1, 5}})
 	defer func() {
 		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "GPU memory of this backend") {
 			t.Errorf("Attention over a host pool: recovered %v", r)
 		}
 	}()
-	b.Attention(make([]float32, len(c.q)), c.q, c.kv, 1, c.seqs, 2, 1)
+	b.Attention(make([]float32, len(c.Q)), c.Q, c.KV, 1, c.Seqs, 2, 1)
 }
 
 // testConcurrent: calls from several goroutines are serialised correctly.
@@ -712,10 +627,10 @@ func testConcurrent(t *testing.T, b *Backend) {
 	x := randVec(rng, 3*256, 1)
 	want := make([]float32, 3*67)
 	ref.New().MatMul(want, x, 3, w)
-	c := newAttnCase(rng, 8, 2, 64, 16, [][2]int{{1, 40}, {7, 30}})
-	wantA := make([]float32, len(c.q))
-	ref.New().Attention(wantA, c.q, c.kv, 1, c.seqs, 8, 0.125)
-	kv := toDevice(t, b, c.kv)
+	c := kernelstest.NewAttnCase(rng, 8, 2, 64, 16, [][2]int{{1, 40}, {7, 30}})
+	wantA := make([]float32, len(c.Q))
+	ref.New().Attention(wantA, c.Q, c.KV, 1, c.Seqs, 8, 0.125)
+	kv := toDevice(t, b, c.KV)
 	var wg sync.WaitGroup
 	errs := make(chan string, 4)
 	for g := 0; g < 4; g++ {
@@ -726,7 +641,7 @@ func testConcurrent(t *testing.T, b *Backend) {
 			gotA := make([]float32, len(wantA))
 			for it := 0; it < 10; it++ {
 				b.MatMul(got, x, 3, w)
-				b.Attention(gotA, c.q, kv, 1, c.seqs, 8, 0.125)
+				b.Attention(gotA, c.Q, kv, 1, c.Seqs, 8, 0.125)
 				for i := range want {
 					if d := math.Abs(float64(got[i] - want[i])); d > 1e-3 {
 						errs <- fmt.Sprintf("MatMul element %d off by %g", i, d)

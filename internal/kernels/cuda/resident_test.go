@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/kernelstest"
 	"github.com/batonlm/baton/internal/kernels/ref"
 )
 
@@ -91,15 +92,15 @@ func TestFakeResident(t *testing.T) {
 func TestFakeResidentAttention(t *testing.T) {
 	b := fakeBackend(t)
 	rng := rand.New(rand.NewPCG(43, 44))
-	for _, c := range []attnCase{
-		newAttnCase(rng, 4, 2, 16, 4, [][2]int{{1, 9}, {3, 7}}).inOrder(),
-		newAttnCase(rng, 4, 2, 16, 4, [][2]int{{1, 9}, {3, 7}}),
+	for _, c := range []kernelstest.AttnCase{
+		kernelstest.NewAttnCase(rng, 4, 2, 16, 4, [][2]int{{1, 9}, {3, 7}}).InOrder(),
+		kernelstest.NewAttnCase(rng, 4, 2, 16, 4, [][2]int{{1, 9}, {3, 7}}),
 	} {
-		want := make([]float32, len(c.q))
-		ref.New().Attention(want, c.q, c.kv, 1, c.seqs, c.heads, 0.25)
-		got := make([]float32, len(c.q))
-		b.Keep(c.q, got)
-		b.Attention(got, c.q, toDevice(t, b, c.kv), 1, c.seqs, c.heads, 0.25)
+		want := make([]float32, len(c.Q))
+		ref.New().Attention(want, c.Q, c.KV, 1, c.Seqs, c.Heads, 0.25)
+		got := make([]float32, len(c.Q))
+		b.Keep(c.Q, got)
+		b.Attention(got, c.Q, toDevice(t, b, c.KV), 1, c.Seqs, c.Heads, 0.25)
 		b.Host(got)
 		for i := range want {
 			if d := got[i] - want[i]; d > 1e-5 || d < -1e-5 {
