@@ -75,22 +75,11 @@ func randVec(rng *rand.Rand, n int, scale float64) []float32 {
 
 type checker = kernelstest.Checker
 
-// TestCheckerCatchesErrors shows the comparisons can fail: an error just
-// above the tolerance is reported, one just below is not.
+// TestCheckerCatchesErrors shows the comparisons can fail on this
+// backend's output (kernelstest tests the checker itself): a real kernel
+// output with one element nudged is caught.
 func TestCheckerCatchesErrors(t *testing.T) {
 	ft := &testing.T{}
-	c := &checker{T: ft, What: "probe", Tol: 1e-6}
-	c.Check(0, 1+1.5e-6, 1, 1, 0)
-	c.Check(1, float32(math.NaN()), 1, 1, 0)
-	if c.Fails != 2 {
-		t.Fatalf("checker missed %d of 2 errors", 2-c.Fails)
-	}
-	c = &checker{T: ft, What: "probe", Tol: 1e-6}
-	c.Check(0, 1+5e-7, 1, 1, 0)
-	if c.Fails != 0 {
-		t.Fatal("checker flagged an error within tolerance")
-	}
-	// And a real kernel output with one element nudged is caught.
 	rng := rand.New(rand.NewPCG(9, 9))
 	w := randMatrix(rng, kernels.F16, 8, 64)
 	x := randVec(rng, 64, 1)
@@ -98,7 +87,7 @@ func TestCheckerCatchesErrors(t *testing.T) {
 	ref.New().MatMul(want, x, 1, w)
 	New(1).MatMul(got, x, 1, w)
 	got[3] += float32(math.Abs(float64(got[3]))*1e-4) + 1e-3
-	c = &checker{T: ft, What: "probe", Tol: tolMatMul}
+	c := &checker{T: ft, What: "probe", Tol: tolMatMul}
 	for i := range got {
 		c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, 0, i), 0)
 	}
