@@ -308,28 +308,28 @@ func (e *Engine) poolGauges() {
 	e.m.KVPagesQuarantined.Set(float64(st.Quarantined))
 }
 
-// handleFlags acts on Cancel and Stop from readers, between steps.
-func (e *Engine) handleFlags() {
-	keep := e.waiting[:0]
-	for _, r := range e.waiting {
-		cancel, stop := r.flags()
-		if cancel || stop {
-			e.dequeued()
+// dropFlagged aborts the requests of q (not yet running) whose client
+// cancelled or stopped them and returns the rest, in place; queued says q
+// counts toward the queue gauge.
+func (e *Engine) dropFlagged(q []*Request, queued bool) []*Request {
+	keep := q[:0]
+	for _, r := range q {
+		if cancel, stop := r.flags(); cancel || stop {
+			if queued {
+				e.dequeued()
+			}
 			e.abort(r, "client cancelled")
 			continue
 		}
 		keep = append(keep, r)
 	}
-	e.waiting = keep
-	ready := e.ready[:0]
-	for _, r := range e.ready {
-		if cancel, stop := r.flags(); cancel || stop {
-			e.abort(r, "client cancelled")
-			continue
-		}
-		ready = append(ready, r)
-	}
-	e.ready = ready
+	return keep
+}
+
+// handleFlags acts on Cancel and Stop from readers, between steps.
+func (e *Engine) handleFlags() {
+	e.waiting = e.dropFlagged(e.waiting, true)
+	e.ready = e.dropFlagged(e.ready, false)
 	run := e.running[:0]
 	for _, r := range e.running {
 		cancel, stop := r.flags()
