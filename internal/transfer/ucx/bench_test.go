@@ -3,13 +3,12 @@
 package ucx
 
 import (
-	"context"
 	"sync"
 	"testing"
 
-	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/tcp"
+	"github.com/batonlm/baton/internal/transfer/transfertest"
 )
 
 // nopSink admits every key (all pages) and ignores Closed: the benchmark
@@ -27,19 +26,6 @@ func (s *nopSink) Admit(transfer.Key) ([]int32, error) {
 	return s.pages, nil
 }
 
-// unpackSink lands tcp frames the way decode does.
-type unpackSink struct {
-	mu sync.Mutex
-	kv kernels.PagedKV
-}
-
-func (s *unpackSink) Write(_ transfer.Key, w transfer.PageWrite) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return transfer.Unpack(s.kv, w.Page, w.Tokens, w.Data)
-}
-func (s *unpackSink) Closed(transfer.Key, string) {}
-
 // BenchmarkHandoff moves one 512-token prompt of a 12-layer model with 12
 // KV heads of 64 (pages of 16: 32 pages, 37.7 MB) per iteration: Open, 32
 // Writes, Flush, Close, into a decode pool of the same 32 pages. It runs
@@ -47,40 +33,16 @@ func (s *unpackSink) Closed(transfer.Key, string) {}
 // in memory UCX allocated, ucx over tcp, and the tcp transport (landing
 // with Unpack, as decode does), in one run. The MB/s is payload.
 func BenchmarkHandoff(b *testing.B) {
-	const tokens = 512
-	layout := kernels.PagedKV{PageSize: 16, Layers: 12, KVHeads: 12, HeadDim: 64}
-	pages := tokens / layout.PageSize
-	src := layout
-	src.Data = make([]float32, pages*layout.PageFloats())
-	for i := range src.Data {
-		src.Data[i] = float32(i%1000) * 0.001
-	}
-	packed := make([][]byte, pages)
-	ids := make([]int32, pages)
-	for i := range packed {
-		packed[i] = transfer.Pack(src, int32(i), layout.PageSize, nil)
+	p := transfertest.NewBenchPrompt()
+	ids := make([]int32, p.Pages())
+	for i := range ids {
 		ids[i] = int32(i)
 	}
 	run := func(b *testing.B, recv transfer.Receiver, snd transfer.Sender) {
-		ctx := context.Background()
-		b.SetBytes(int64(pages * len(packed[0])))
+		b.SetBytes(p.Bytes())
 		b.ResetTimer()
 		for i := 0; b.Loop(); i++ {
-			s, err := snd.Open(ctx, recv.Addr(), transfer.Key{Room: uint64(i)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			for p := range pages {
-				if err := s.Write(transfer.PageWrite{Index: p, Page: int32(p), Tokens: layout.PageSize, Data: packed[p]}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := s.Flush(ctx); err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Close(); err != nil {
-				b.Fatal(err)
-			}
+			p.Send(b, snd, recv.Addr(), transfer.Key{Room: uint64(i)}, func(i int) []byte { return p.Packed[i] })
 		}
 	}
 	for _, c := range []struct{ name, tls, mem string }{
@@ -89,18 +51,16 @@ func BenchmarkHandoff(b *testing.B) {
 		{"ucx/tls=tcp/mem=go", "tcp", "go"},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			kv := layout
+			kv := p.Pool()
 			opts := []Option{WithTLS(c.tls)}
 			if c.mem == "allockv" {
-				reg, err := AllocKV(pages*layout.PageFloats(), WithTLS(c.tls))
+				reg, err := AllocKV(len(kv.Data), WithTLS(c.tls))
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer reg.Free()
 				kv.Data = reg.Floats()
 				opts = append(opts, WithMemory(reg))
-			} else {
-				kv.Data = make([]float32, pages*layout.PageFloats())
 			}
 			r, err := Listen("127.0.0.1:0", &nopSink{pages: ids}, kv, opts...)
 			if err != nil {
@@ -116,9 +76,7 @@ func BenchmarkHandoff(b *testing.B) {
 		})
 	}
 	b.Run("tcp/sink=unpack", func(b *testing.B) {
-		kv := layout
-		kv.Data = make([]float32, pages*layout.PageFloats())
-		r, err := tcp.Listen("127.0.0.1:0", &unpackSink{kv: kv})
+		r, err := tcp.Listen("127.0.0.1:0", &transfertest.UnpackSink{KV: p.Pool()})
 		if err != nil {
 			b.Fatal(err)
 		}
