@@ -624,22 +624,31 @@ func holdAfterOne(c *cluster) {
 	}
 }
 
+// heldAfterFirstToken starts request id on a warm 1x1 cluster whose
+// decode worker sends one token and then holds the stream; it returns the
+// cluster, the stream past its first token, and the leak check to end with.
+func heldAfterFirstToken(t *testing.T, id string) (*cluster, *stream, func()) {
+	t.Helper()
+	c := newCluster(t, 1, 1, nil)
+	c.refresh()
+	c.warm()
+	done := leakCheck(t)
+	holdAfterOne(c)
+	st, err := c.generate(id, 4, scheduler.Params{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if ev, ok := st.Next(ctx); !ok || ev.Token == nil {
+		t.Fatal("no first token")
+	}
+	return c, st, done
+}
+
 func TestCancelAbortsOnDecode(t *testing.T) {
 	t.Run("after the first token", func(t *testing.T) {
-		c := newCluster(t, 1, 1, nil)
-		c.refresh()
-		c.warm()
-		done := leakCheck(t)
-		holdAfterOne(c)
-		st, err := c.generate("leaver", 4, scheduler.Params{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if ev, ok := st.Next(ctx); !ok || ev.Token == nil {
-			t.Fatal("no first token")
-		}
+		c, st, done := heldAfterFirstToken(t, "leaver")
 		st.Cancel()
 		st.Cancel()
 		d := c.decode[0]
@@ -704,20 +713,7 @@ func TestCancelAbortsOnDecode(t *testing.T) {
 }
 
 func TestStopFinishesOnDecode(t *testing.T) {
-	c := newCluster(t, 1, 1, nil)
-	c.refresh()
-	c.warm()
-	done := leakCheck(t)
-	holdAfterOne(c)
-	st, err := c.generate("stopper", 4, scheduler.Params{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if ev, ok := st.Next(ctx); !ok || ev.Token == nil {
-		t.Fatal("no first token")
-	}
+	c, st, done := heldAfterFirstToken(t, "stopper")
 	st.Stop()
 	d := c.decode[0]
 	eventually(t, "Finish", func() bool { return d.count("Finish") == 1 })
