@@ -75,6 +75,20 @@ func mustAlloc(t *testing.T, p *Pool, room uint64, n int) Allocation {
 	return a
 }
 
+// quarantined allocates n pages to room with a writer attached and
+// releases them: the request let go, the writer has not.
+func quarantined(t *testing.T, p *Pool, room uint64, n int) Allocation {
+	t.Helper()
+	a := mustAlloc(t, p, room, n)
+	if err := p.AttachWriter(a.Owner, a.Pages); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(a.Owner, a.Pages); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 func wantErr(t *testing.T, err, target error) {
 	t.Helper()
 	if !errors.Is(err, target) {
@@ -328,13 +342,7 @@ func TestQuarantineDrainThenRelease(t *testing.T) {
 
 func TestDrainWrongOwner(t *testing.T) {
 	p := newPool(t, 4, false)
-	a := mustAlloc(t, p, 1, 2)
-	if err := p.AttachWriter(a.Owner, a.Pages); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Release(a.Owner, a.Pages); err != nil {
-		t.Fatal(err)
-	}
+	a := quarantined(t, p, 1, 2)
 	wantErr(t, p.WriterDrained(Owner{Room: 1, Epoch: a.Owner.Epoch + 1}, a.Pages), ErrWrongOwner)
 	// Partly wrong: nothing leaves quarantine.
 	wantErr(t, p.WriterDrained(a.Owner, []int32{a.Pages[0], 3}), ErrDoubleRelease)
@@ -346,13 +354,7 @@ func TestDrainWrongOwner(t *testing.T) {
 
 func TestForceReclaim(t *testing.T) {
 	p := newPool(t, 4, false)
-	a := mustAlloc(t, p, 1, 2)
-	if err := p.AttachWriter(a.Owner, a.Pages); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Release(a.Owner, a.Pages); err != nil {
-		t.Fatal(err)
-	}
+	a := quarantined(t, p, 1, 2)
 	// No proof, no free: a timeout alone must never reuse the pages.
 	wantErr(t, p.ForceReclaim(a.Owner, a.Pages, ""), ErrNoProof)
 	if p.Free() != 2 {
