@@ -52,16 +52,7 @@ func BenchmarkHandoff(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			kv := p.Pool()
-			opts := []Option{WithTLS(c.tls)}
-			if c.mem == "allockv" {
-				reg, err := AllocKV(len(kv.Data), WithTLS(c.tls))
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer reg.Free()
-				kv.Data = reg.Floats()
-				opts = append(opts, WithMemory(reg))
-			}
+			opts := inUCXMemory(b, &kv, c.mem, WithTLS(c.tls))
 			r, err := Listen("127.0.0.1:0", &nopSink{pages: ids}, kv, opts...)
 			if err != nil {
 				b.Fatal(err)

@@ -184,16 +184,7 @@ func testLateWrites(t *testing.T, mem string, guard bool) {
 	// kv is the memory pages land in: the pool's own (Go memory), or
 	// memory UCX allocated, with the pool keeping the books.
 	kv := pool.KV()
-	var opts []Option
-	if mem == "allockv" {
-		reg, err := AllocKV(len(kv.Data))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer reg.Free()
-		kv.Data = reg.Floats()
-		opts = append(opts, WithMemory(reg))
-	}
+	opts := inUCXMemory(t, &kv, mem)
 	poison := func(pages []int32) {
 		if mem != "allockv" {
 			return // the pool poisons its own memory when it frees a page

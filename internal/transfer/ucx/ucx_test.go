@@ -145,21 +145,28 @@ func TestRDMADevicesUnknown(t *testing.T) {
 // real: with the receiver's progress goroutine stopped, puts into memory
 // UCX allocated on shared memory still land and flush, while puts into Go
 // memory (emulated with active messages on shm, carried by the receiver on
+// inUCXMemory moves kv's pages into memory UCX allocated (freed with tb)
+// when mem is "allockv", and returns opts with the option that exposes it.
+func inUCXMemory(tb testing.TB, kv *kernels.PagedKV, mem string, opts ...Option) []Option {
+	tb.Helper()
+	if mem != "allockv" {
+		return opts
+	}
+	reg, err := AllocKV(len(kv.Data), opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { reg.Free() })
+	kv.Data = reg.Floats()
+	return append(opts, WithMemory(reg))
+}
+
 // tcp) wait for the receiver.
 func TestOneSidedWithoutReceiverProgress(t *testing.T) {
 	for _, mem := range []string{"go", "allockv"} {
 		t.Run(mem, func(t *testing.T) {
 			kv := smallKV(4)
-			var opts []Option
-			if mem == "allockv" {
-				reg, err := AllocKV(len(kv.Data))
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer reg.Free()
-				kv.Data = reg.Floats()
-				opts = append(opts, WithMemory(reg))
-			}
+			opts := inUCXMemory(t, &kv, mem)
 			r, err := Listen("127.0.0.1:0", &recSink{pages: []int32{0, 1, 2, 3}}, kv, opts...)
 			if err != nil {
 				t.Fatal(err)
