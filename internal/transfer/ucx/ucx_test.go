@@ -145,6 +145,23 @@ func TestRDMADevicesUnknown(t *testing.T) {
 // real: with the receiver's progress goroutine stopped, puts into memory
 // UCX allocated on shared memory still land and flush, while puts into Go
 // memory (emulated with active messages on shm, carried by the receiver on
+// listenAndSend starts a receiver over kv and a sender, both closed with
+// t (the sender first).
+func listenAndSend(t *testing.T, sink transfer.Sink, kv kernels.PagedKV) (*Receiver, *Sender) {
+	t.Helper()
+	r, err := Listen("127.0.0.1:0", sink, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	s, err := NewSender()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return r, s
+}
+
 // inUCXMemory moves kv's pages into memory UCX allocated (freed with tb)
 // when mem is "allockv", and returns opts with the option that exposes it.
 func inUCXMemory(tb testing.TB, kv *kernels.PagedKV, mem string, opts ...Option) []Option {
@@ -241,16 +258,7 @@ func TestRefusedSession(t *testing.T) {
 		kv.Data[i] = -1
 	}
 	sink := &recSink{pages: []int32{0}}
-	r, err := Listen("127.0.0.1:0", sink, kv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	s, err := NewSender()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	r, s := listenAndSend(t, sink, kv)
 	ctx := context.Background()
 	k := transfer.Key{Room: 666, Epoch: 1}
 	ss, err := s.Open(ctx, r.Addr(), k)
@@ -413,16 +421,7 @@ func TestControlEdges(t *testing.T) {
 func TestCloseFlushes(t *testing.T) {
 	kv := smallKV(2)
 	sink := &recSink{pages: []int32{0, 1}}
-	r, err := Listen("127.0.0.1:0", sink, kv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	s, err := NewSender()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	r, s := listenAndSend(t, sink, kv)
 	ctx := context.Background()
 	k := transfer.Key{Room: 5, Epoch: 9}
 	ss, err := s.Open(ctx, r.Addr(), k)
