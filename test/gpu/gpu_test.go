@@ -120,37 +120,31 @@ func BenchmarkGPUModel1B(b *testing.B) {
 	b.Logf("dummy 1B: %.2fB params, f16; built in %v, uploaded in %v; %s", float64(w.Params())/1e9, built,
 		time.Since(start)-built, be.Describe())
 	m := model.New(c, w, be)
+	// step times Forward over the batch mk makes, tokens per call.
+	step := func(name string, tokens int, mk func(b *testing.B) (*model.Batch, kernels.PagedKV)) {
+		b.Run(name, func(b *testing.B) {
+			bt, kv := mk(b)
+			logits, err := m.Forward(bt, kv)
+			if err != nil {
+				b.Fatal(err)
+			}
+			checkLogits(b, logits)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := m.Forward(bt, kv); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(tokens*b.N)/b.Elapsed().Seconds(), "tok/s")
+		})
+	}
 	for _, batch := range []int{1, 32} {
 		plen := map[int]int{1: 512, 32: 128}[batch]
-		b.Run(fmt.Sprintf("prefill/batch%d/prompt%d", batch, plen), func(b *testing.B) {
-			bt, kv := prefill(b, be, &c, batch, plen)
-			logits, err := m.Forward(bt, kv)
-			if err != nil {
-				b.Fatal(err)
-			}
-			checkLogits(b, logits)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := m.Forward(bt, kv); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(batch*plen*b.N)/b.Elapsed().Seconds(), "tok/s")
+		step(fmt.Sprintf("prefill/batch%d/prompt%d", batch, plen), batch*plen, func(b *testing.B) (*model.Batch, kernels.PagedKV) {
+			return prefill(b, be, &c, batch, plen)
 		})
-		b.Run(fmt.Sprintf("decode/batch%d/ctx512", batch), func(b *testing.B) {
-			bt, kv := decode(b, be, &c, batch, 512)
-			logits, err := m.Forward(bt, kv)
-			if err != nil {
-				b.Fatal(err)
-			}
-			checkLogits(b, logits)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := m.Forward(bt, kv); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(batch*b.N)/b.Elapsed().Seconds(), "tok/s")
+		step(fmt.Sprintf("decode/batch%d/ctx512", batch), batch, func(b *testing.B) (*model.Batch, kernels.PagedKV) {
+			return decode(b, be, &c, batch, 512)
 		})
 	}
 }
