@@ -137,9 +137,9 @@ func serverInfo(t *testing.T, s *harness.Server) map[string]any {
 	return info
 }
 
-// decodeClient dials a decode worker's control plane directly, bypassing the
-// router's own gate, to test the worker's door.
-func decodeClient(t *testing.T, s *harness.Server) pdv1.DecodeClient {
+// workerConn dials a worker's control plane (grpc_addr in /server_info)
+// directly, bypassing the router's own gate, to test the worker's door.
+func workerConn(t *testing.T, s *harness.Server) *grpc.ClientConn {
 	t.Helper()
 	addr, _ := serverInfo(t, s)["grpc_addr"].(string)
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -147,18 +147,15 @@ func decodeClient(t *testing.T, s *harness.Server) pdv1.DecodeClient {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	return pdv1.NewDecodeClient(cc)
+	return cc
+}
+
+func decodeClient(t *testing.T, s *harness.Server) pdv1.DecodeClient {
+	return pdv1.NewDecodeClient(workerConn(t, s))
 }
 
 func prefillClient(t *testing.T, s *harness.Server) pdv1.PrefillClient {
-	t.Helper()
-	addr, _ := serverInfo(t, s)["grpc_addr"].(string)
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return pdv1.NewPrefillClient(cc)
+	return pdv1.NewPrefillClient(workerConn(t, s))
 }
 
 func timeout(t *testing.T) context.Context {
