@@ -98,6 +98,43 @@ func (m *Matrix) Row(r int, dst []float32) {
 	}
 }
 
+// EncodeRow stores float32 values in dtype dt (the inverse of Matrix.Row,
+// up to rounding). len(dst) must be dt.RowBytes(len(row)).
+func EncodeRow(dst []byte, row []float32, dt DType) {
+	switch dt {
+	case F32:
+		for i, v := range row {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+	case F16:
+		for i, v := range row {
+			binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(v))
+		}
+	case BF16:
+		for i, v := range row {
+			binary.LittleEndian.PutUint16(dst[2*i:], uint16(math.Float32bits(v)>>16))
+		}
+	case Q8_0:
+		for b := 0; b < len(row)/32; b++ {
+			blk := row[b*32 : b*32+32]
+			var amax float32
+			for _, v := range blk {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			d := amax / 127
+			out := dst[b*34:]
+			binary.LittleEndian.PutUint16(out, F32ToF16(d))
+			inv := float32(0)
+			if d != 0 {
+				inv = 1 / d
+			}
+			for j, v := range blk {
+				out[2+j] = byte(int8(math.Round(float64(v * inv))))
+			}
+		}
+	}
+}
+
 // F16ToF32 converts an IEEE half to float32.
 func F16ToF32(h uint16) float32 {
 	sign := uint32(h>>15) << 31

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cpu"
 	"github.com/batonlm/baton/internal/kernels/ref"
+	"github.com/batonlm/baton/internal/model/hftest"
 )
 
 const storiesHF = "../../testdata/stories260K-hf"
@@ -87,14 +87,14 @@ func TestHFStoriesNeedsNeoXRoPE(t *testing.T) {
 }
 
 // storiesTensors reads the fixture's tensors as float32.
-func storiesTensors(t *testing.T) []stTensor {
+func storiesTensors(t *testing.T) []hftest.Tensor {
 	t.Helper()
 	f, err := OpenSafetensors(filepath.Join(storiesHF, "model.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var out []stTensor
+	var out []hftest.Tensor
 	for _, ti := range f.Tensors {
 		_, data, err := f.Tensor(ti.Name)
 		if err != nil {
@@ -103,7 +103,7 @@ func storiesTensors(t *testing.T) []stTensor {
 		m := kernels.Matrix{DType: kernels.F32, Rows: 1, Cols: int(ti.Elements()), Data: data}
 		vals := make([]float32, m.Cols)
 		m.Row(0, vals)
-		out = append(out, stTensor{name: ti.Name, dtype: ti.DType, shape: ti.Shape, vals: vals})
+		out = append(out, hftest.Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, Vals: vals})
 	}
 	return out
 }
@@ -135,14 +135,14 @@ func TestHFShardedAndHalfPrecision(t *testing.T) {
 	// Two shards, tensors split alternately, with an index.
 	sharded := t.TempDir()
 	copyFile(t, filepath.Join(storiesHF, "config.json"), filepath.Join(sharded, "config.json"))
-	var parts [2][]stTensor
+	var parts [2][]hftest.Tensor
 	wm := map[string]string{}
 	for i, tn := range tensors {
 		parts[i%2] = append(parts[i%2], tn)
-		wm[tn.name] = fmt.Sprintf("model-%05d-of-00002.safetensors", i%2+1)
+		wm[tn.Name] = fmt.Sprintf("model-%05d-of-00002.safetensors", i%2+1)
 	}
 	for i, p := range parts {
-		writeSafetensors(t, filepath.Join(sharded, fmt.Sprintf("model-%05d-of-00002.safetensors", i+1)), p, map[string]string{"format": "pt"})
+		hftest.WriteSafetensors(t, filepath.Join(sharded, fmt.Sprintf("model-%05d-of-00002.safetensors", i+1)), p, map[string]string{"format": "pt"})
 	}
 	idx, _ := json.Marshal(map[string]any{"metadata": map[string]any{"total_size": 0}, "weight_map": wm})
 	if err := os.WriteFile(filepath.Join(sharded, "model.safetensors.index.json"), idx, 0o644); err != nil {
@@ -164,12 +164,12 @@ func TestHFShardedAndHalfPrecision(t *testing.T) {
 	}{{"BF16", kernels.BF16, 0.15}, {"F16", kernels.F16, 0.02}} {
 		dir := t.TempDir()
 		copyFile(t, filepath.Join(storiesHF, "config.json"), filepath.Join(dir, "config.json"))
-		half := make([]stTensor, len(tensors))
+		half := make([]hftest.Tensor, len(tensors))
 		for i, tn := range tensors {
-			tn.dtype = dt.name
+			tn.DType = dt.name
 			half[i] = tn
 		}
-		writeSafetensors(t, filepath.Join(dir, "model.safetensors"), half, nil)
+		hftest.WriteSafetensors(t, filepath.Join(dir, "model.safetensors"), half, nil)
 		for _, be := range []kernels.Backend{ref.New(), cpu.New(2)} {
 			l, err := Load(LoadOptions{Path: dir}, be)
 			if err != nil {
@@ -218,106 +218,12 @@ func lastLogits(t *testing.T, m *Model, prompt []int32) []float32 {
 	return slices.Clone(logits[:c.Vocab])
 }
 
-// hfSpec is a small model of one of the supported architectures, written
-// as a Hugging Face directory with random weights by the test itself.
-type hfSpec struct {
-	arch                                       string // config.json architecture
-	vocab, dim, layers, heads, kvHeads, hd, ff int
-	tie                                        bool
-	dtype                                      string // F32, F16 or BF16
-}
-
-func (s hfSpec) qkNorm() bool  { return s.arch == "Qwen3ForCausalLM" }
-func (s hfSpec) qkvBias() bool { return s.arch == "Qwen2ForCausalLM" }
-
-func (s hfSpec) config() map[string]any {
-	modelType := map[string]string{"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[s.arch]
-	return map[string]any{
-		"architectures": []string{s.arch}, "model_type": modelType, "vocab_size": s.vocab, "hidden_size": s.dim,
-		"num_hidden_layers": s.layers, "num_attention_heads": s.heads, "num_key_value_heads": s.kvHeads, "head_dim": s.hd,
-		"intermediate_size": s.ff, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-		"tie_word_embeddings": s.tie, "hidden_act": "silu", "attention_bias": s.qkvBias(), "rope_scaling": nil,
-		"torch_dtype":  map[string]string{"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[s.dtype],
-		"bos_token_id": 151643, "eos_token_id": 151645,
-	}
-}
-
-func writeJSON(t testing.TB, path string, v any) {
-	t.Helper()
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// writeHFModel writes config.json and model.safetensors into dir and
-// returns every tensor's values as stored (rounded to the dtype).
-func writeHFModel(t testing.TB, dir string, s hfSpec, seed uint64) map[string][]float32 {
-	t.Helper()
-	writeJSON(t, filepath.Join(dir, "config.json"), s.config())
-	rng := rand.New(rand.NewPCG(seed, 7))
-	dt := map[string]kernels.DType{"F32": kernels.F32, "F16": kernels.F16, "BF16": kernels.BF16}[s.dtype]
-	vals := map[string][]float32{}
-	var tensors []stTensor
-	add := func(name string, shape []int64, center, amp float32) {
-		n := 1
-		for _, d := range shape {
-			n *= int(d)
-		}
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = center + amp*(2*rng.Float32()-1)
-		}
-		raw := make([]byte, dt.RowBytes(n))
-		EncodeRow(raw, v, dt)
-		m := kernels.Matrix{DType: dt, Rows: 1, Cols: n, Data: raw}
-		m.Row(0, v) // what the file holds
-		vals[name] = v
-		tensors = append(tensors, stTensor{name: name, dtype: s.dtype, shape: shape, raw: raw})
-	}
-	mat := func(name string, rows, cols int) {
-		add(name, []int64{int64(rows), int64(cols)}, 0, float32(1/math.Sqrt(float64(cols))))
-	}
-	qd, kvd := s.heads*s.hd, s.kvHeads*s.hd
-	mat("model.embed_tokens.weight", s.vocab, s.dim)
-	add("model.norm.weight", []int64{int64(s.dim)}, 1, 0.2)
-	if !s.tie {
-		mat("lm_head.weight", s.vocab, s.dim)
-	}
-	for l := 0; l < s.layers; l++ {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		add(p+"input_layernorm.weight", []int64{int64(s.dim)}, 1, 0.2)
-		add(p+"post_attention_layernorm.weight", []int64{int64(s.dim)}, 1, 0.2)
-		mat(p+"self_attn.q_proj.weight", qd, s.dim)
-		mat(p+"self_attn.k_proj.weight", kvd, s.dim)
-		mat(p+"self_attn.v_proj.weight", kvd, s.dim)
-		mat(p+"self_attn.o_proj.weight", s.dim, qd)
-		mat(p+"mlp.gate_proj.weight", s.ff, s.dim)
-		mat(p+"mlp.up_proj.weight", s.ff, s.dim)
-		mat(p+"mlp.down_proj.weight", s.dim, s.ff)
-		if s.qkvBias() {
-			add(p+"self_attn.q_proj.bias", []int64{int64(qd)}, 0, 0.5)
-			add(p+"self_attn.k_proj.bias", []int64{int64(kvd)}, 0, 0.5)
-			add(p+"self_attn.v_proj.bias", []int64{int64(kvd)}, 0, 0.5)
-		}
-		if s.qkNorm() {
-			add(p+"self_attn.q_norm.weight", []int64{int64(s.hd)}, 1, 0.5)
-			add(p+"self_attn.k_norm.weight", []int64{int64(s.hd)}, 1, 0.5)
-		}
-	}
-	writeSafetensors(t, filepath.Join(dir, "model.safetensors"), tensors, map[string]string{"format": "pt"})
-	return vals
-}
-
 // naiveLogits is an independent float64 forward pass of a Hugging Face
 // Llama/Qwen2/Qwen3 model over tokens, written the way transformers
 // computes it; it returns the last position's logits.
-func naiveLogits(s hfSpec, eps, theta float64, w map[string][]float32, tokens []int32) []float64 {
-	n, d := len(tokens), s.dim
-	qd, kvd, hd := s.heads*s.hd, s.kvHeads*s.hd, s.hd
+func naiveLogits(s hftest.Spec, eps, theta float64, w map[string][]float32, tokens []int32) []float64 {
+	n, d := len(tokens), s.Dim
+	qd, kvd, hd := s.Heads*s.HeadDim, s.KVHeads*s.HeadDim, s.HeadDim
 	matvec := func(name string, x []float64, rows int) []float64 {
 		m, cols := w[name], len(x)
 		out := make([]float64, rows)
@@ -358,13 +264,13 @@ func naiveLogits(s hfSpec, eps, theta float64, w map[string][]float32, tokens []
 			xs[i][j] = float64(w["model.embed_tokens.weight"][int(tok)*d+j])
 		}
 	}
-	for l := 0; l < s.layers; l++ {
+	for l := 0; l < s.Layers; l++ {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		qs, ks, vs := make([][]float64, n), make([][]float64, n), make([][]float64, n)
 		for i := range xs {
 			h := rms(xs[i], w[p+"input_layernorm.weight"])
 			qs[i], ks[i], vs[i] = matvec(p+"self_attn.q_proj.weight", h, qd), matvec(p+"self_attn.k_proj.weight", h, kvd), matvec(p+"self_attn.v_proj.weight", h, kvd)
-			if s.qkvBias() {
+			if s.QKVBias() {
 				for j := range qs[i] {
 					qs[i][j] += float64(w[p+"self_attn.q_proj.bias"][j])
 				}
@@ -373,16 +279,16 @@ func naiveLogits(s hfSpec, eps, theta float64, w map[string][]float32, tokens []
 					vs[i][j] += float64(w[p+"self_attn.v_proj.bias"][j])
 				}
 			}
-			for hh := 0; hh < s.heads; hh++ {
+			for hh := 0; hh < s.Heads; hh++ {
 				q := qs[i][hh*hd : (hh+1)*hd]
-				if s.qkNorm() {
+				if s.QKNorm() {
 					copy(q, rms(q, w[p+"self_attn.q_norm.weight"]))
 				}
 				rope(q, i)
 			}
-			for hh := 0; hh < s.kvHeads; hh++ {
+			for hh := 0; hh < s.KVHeads; hh++ {
 				k := ks[i][hh*hd : (hh+1)*hd]
-				if s.qkNorm() {
+				if s.QKNorm() {
 					copy(k, rms(k, w[p+"self_attn.k_norm.weight"]))
 				}
 				rope(k, i)
@@ -390,8 +296,8 @@ func naiveLogits(s hfSpec, eps, theta float64, w map[string][]float32, tokens []
 		}
 		for i := range xs {
 			attn := make([]float64, qd)
-			for hh := 0; hh < s.heads; hh++ {
-				kvh := hh / (s.heads / s.kvHeads)
+			for hh := 0; hh < s.Heads; hh++ {
+				kvh := hh / (s.Heads / s.KVHeads)
 				q := qs[i][hh*hd : (hh+1)*hd]
 				scores := make([]float64, i+1)
 				maxs := math.Inf(-1)
@@ -419,7 +325,7 @@ func naiveLogits(s hfSpec, eps, theta float64, w map[string][]float32, tokens []
 				xs[i][j] += o[j]
 			}
 			h := rms(xs[i], w[p+"post_attention_layernorm.weight"])
-			g, u := matvec(p+"mlp.gate_proj.weight", h, s.ff), matvec(p+"mlp.up_proj.weight", h, s.ff)
+			g, u := matvec(p+"mlp.gate_proj.weight", h, s.FF), matvec(p+"mlp.up_proj.weight", h, s.FF)
 			for j := range g {
 				g[j] = g[j] / (1 + math.Exp(-g[j])) * u[j]
 			}
@@ -431,10 +337,10 @@ func naiveLogits(s hfSpec, eps, theta float64, w map[string][]float32, tokens []
 	}
 	h := rms(xs[n-1], w["model.norm.weight"])
 	out := "lm_head.weight"
-	if s.tie {
+	if s.Tie {
 		out = "model.embed_tokens.weight"
 	}
-	return matvec(out, h, s.vocab)
+	return matvec(out, h, s.Vocab)
 }
 
 // maxDiff is the largest |a-b| relative to the largest |b|.
@@ -447,7 +353,7 @@ func maxDiff(a []float32, b []float64) float64 {
 	return worst / math.Max(scale, 1e-9)
 }
 
-var qwen3Spec = hfSpec{arch: "Qwen3ForCausalLM", vocab: 151936, dim: 64, layers: 2, heads: 4, kvHeads: 2, hd: 32, ff: 128, tie: true, dtype: "BF16"}
+var qwen3Spec = hftest.Spec{Arch: "Qwen3ForCausalLM", Vocab: 151936, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 32, FF: 128, Tie: true, DType: "BF16"}
 
 // A Qwen3-shaped directory (BF16, tied embeddings, head_dim 32 with
 // heads*head_dim != hidden, per-head q/k norms) loads in place and its
@@ -455,8 +361,8 @@ var qwen3Spec = hfSpec{arch: "Qwen3ForCausalLM", vocab: 151936, dim: 64, layers:
 // norms it would not.
 func TestHFQwen3Shaped(t *testing.T) {
 	dir := t.TempDir()
-	vals := writeHFModel(t, dir, qwen3Spec, 1)
-	writeJSON(t, filepath.Join(dir, "generation_config.json"), map[string]any{
+	vals := hftest.Write(t, dir, qwen3Spec, 1)
+	hftest.WriteJSON(t, filepath.Join(dir, "generation_config.json"), map[string]any{
 		"bos_token_id": 151643, "do_sample": true, "eos_token_id": []int{151645, 151643}, "pad_token_id": 151643,
 		"temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"})
 	prompt := []int32{151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198}
@@ -493,9 +399,9 @@ func TestHFQwen3Shaped(t *testing.T) {
 
 // A Qwen2-shaped directory (F16, separate lm_head, q/k/v biases).
 func TestHFQwen2Shaped(t *testing.T) {
-	spec := hfSpec{arch: "Qwen2ForCausalLM", vocab: 1000, dim: 64, layers: 2, heads: 4, kvHeads: 2, hd: 16, ff: 96, dtype: "F16"}
+	spec := hftest.Spec{Arch: "Qwen2ForCausalLM", Vocab: 1000, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 96, DType: "F16"}
 	dir := t.TempDir()
-	vals := writeHFModel(t, dir, spec, 2)
+	vals := hftest.Write(t, dir, spec, 2)
 	prompt := []int32{5, 900, 17, 42, 3, 999}
 	want := naiveLogits(spec, 1e-6, 1e6, vals, prompt)
 	for _, be := range []kernels.Backend{ref.New(), cpu.New(2)} {
@@ -523,9 +429,9 @@ func TestHFQwen2Shaped(t *testing.T) {
 // Llama and Mistral directories with head_dim given and F32 weights.
 func TestHFLlamaMistralShaped(t *testing.T) {
 	for _, arch := range []string{"LlamaForCausalLM", "MistralForCausalLM"} {
-		spec := hfSpec{arch: arch, vocab: 300, dim: 48, layers: 2, heads: 6, kvHeads: 2, hd: 16, ff: 80, dtype: "F32", tie: arch == "MistralForCausalLM"}
+		spec := hftest.Spec{Arch: arch, Vocab: 300, Dim: 48, Layers: 2, Heads: 6, KVHeads: 2, HeadDim: 16, FF: 80, DType: "F32", Tie: arch == "MistralForCausalLM"}
 		dir := t.TempDir()
-		vals := writeHFModel(t, dir, spec, 3)
+		vals := hftest.Write(t, dir, spec, 3)
 		prompt := []int32{1, 200, 17, 42, 3}
 		l, err := Load(LoadOptions{Path: dir}, cpu.New(2))
 		if err != nil {
@@ -542,9 +448,9 @@ func TestHFDummy(t *testing.T) {
 	// A directory with config.json and tokenizer.json but no weights, with
 	// --load-format dummy: random weights of its shape, tokenizer from Dir.
 	dir := t.TempDir()
-	cfg := qwen3Spec.config()
+	cfg := qwen3Spec.Config()
 	cfg["vocab_size"] = 1000
-	writeJSON(t, filepath.Join(dir, "config.json"), cfg)
+	hftest.WriteJSON(t, filepath.Join(dir, "config.json"), cfg)
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte("{}"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -585,7 +491,7 @@ func TestHFDummy(t *testing.T) {
 
 func TestHFConfig(t *testing.T) {
 	parse := func(extra map[string]any, strict bool) (Config, error) {
-		cfg := hfSpec{arch: "LlamaForCausalLM", vocab: 128256, dim: 4096, layers: 32, heads: 32, kvHeads: 8, hd: 128, ff: 14336, dtype: "BF16"}.config()
+		cfg := hftest.Spec{Arch: "LlamaForCausalLM", Vocab: 128256, Dim: 4096, Layers: 32, Heads: 32, KVHeads: 8, HeadDim: 128, FF: 14336, DType: "BF16"}.Config()
 		delete(cfg, "head_dim")
 		for k, v := range extra {
 			cfg[k] = v
@@ -647,9 +553,9 @@ func TestHFConfig(t *testing.T) {
 }
 
 func TestHFLoadErrors(t *testing.T) {
-	spec := hfSpec{arch: "LlamaForCausalLM", vocab: 64, dim: 32, layers: 1, heads: 2, kvHeads: 1, hd: 16, ff: 48, dtype: "F32"}
+	spec := hftest.Spec{Arch: "LlamaForCausalLM", Vocab: 64, Dim: 32, Layers: 1, Heads: 2, KVHeads: 1, HeadDim: 16, FF: 48, DType: "F32"}
 	good := t.TempDir()
-	writeHFModel(t, good, spec, 4)
+	hftest.Write(t, good, spec, 4)
 	img, err := os.ReadFile(filepath.Join(good, "model.safetensors"))
 	if err != nil {
 		t.Fatal(err)
@@ -658,52 +564,52 @@ func TestHFLoadErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	read := func() []stTensor {
-		var out []stTensor
+	read := func() []hftest.Tensor {
+		var out []hftest.Tensor
 		for _, ti := range sf.Tensors {
 			_, data, _ := sf.Tensor(ti.Name)
-			out = append(out, stTensor{name: ti.Name, dtype: ti.DType, shape: ti.Shape, raw: data})
+			out = append(out, hftest.Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, Raw: data})
 		}
 		return out
 	}
 	cases := []struct {
 		name   string
-		mutate func(dir string, ts []stTensor) []stTensor
+		mutate func(dir string, ts []hftest.Tensor) []hftest.Tensor
 		want   string
 	}{
-		{"missing tensor", func(_ string, ts []stTensor) []stTensor { return ts[1:] }, "no tensor"},
-		{"wrong shape", func(_ string, ts []stTensor) []stTensor {
+		{"missing tensor", func(_ string, ts []hftest.Tensor) []hftest.Tensor { return ts[1:] }, "no tensor"},
+		{"wrong shape", func(_ string, ts []hftest.Tensor) []hftest.Tensor {
 			for i := range ts {
-				if strings.HasSuffix(ts[i].name, "q_proj.weight") {
-					ts[i].shape = []int64{16, 64}
+				if strings.HasSuffix(ts[i].Name, "q_proj.weight") {
+					ts[i].Shape = []int64{16, 64}
 				}
 			}
 			return ts
 		}, "has shape [16 64], want [32 32]"},
-		{"integer weights", func(_ string, ts []stTensor) []stTensor {
+		{"integer weights", func(_ string, ts []hftest.Tensor) []hftest.Tensor {
 			for i := range ts {
-				if strings.HasSuffix(ts[i].name, "up_proj.weight") {
-					ts[i].dtype = "I32"
+				if strings.HasSuffix(ts[i].Name, "up_proj.weight") {
+					ts[i].DType = "I32"
 				}
 			}
 			return ts
 		}, "dtype I32"},
-		{"o_proj bias", func(_ string, ts []stTensor) []stTensor {
-			return append(ts, stTensor{name: "model.layers.0.self_attn.o_proj.bias", dtype: "F32", shape: []int64{32}, vals: make([]float32, 32)})
+		{"o_proj bias", func(_ string, ts []hftest.Tensor) []hftest.Tensor {
+			return append(ts, hftest.Tensor{Name: "model.layers.0.self_attn.o_proj.bias", DType: "F32", Shape: []int64{32}, Vals: make([]float32, 32)})
 		}, "not supported"},
-		{"unannounced q/k/v bias", func(_ string, ts []stTensor) []stTensor {
-			return append(ts, stTensor{name: "model.layers.0.self_attn.q_proj.bias", dtype: "F32", shape: []int64{32}, vals: make([]float32, 32)})
+		{"unannounced q/k/v bias", func(_ string, ts []hftest.Tensor) []hftest.Tensor {
+			return append(ts, hftest.Tensor{Name: "model.layers.0.self_attn.q_proj.bias", DType: "F32", Shape: []int64{32}, Vals: make([]float32, 32)})
 		}, "biases"},
-		{"index names a missing tensor", func(dir string, ts []stTensor) []stTensor {
-			writeSafetensors(t, filepath.Join(dir, "model-00001-of-00001.safetensors"), ts, nil)
-			writeJSON(t, filepath.Join(dir, "model.safetensors.index.json"), map[string]any{"weight_map": map[string]string{"lm_head.weight": "model-00001-of-00001.safetensors", "model.extra.weight": "model-00001-of-00001.safetensors"}})
+		{"index names a missing tensor", func(dir string, ts []hftest.Tensor) []hftest.Tensor {
+			hftest.WriteSafetensors(t, filepath.Join(dir, "model-00001-of-00001.safetensors"), ts, nil)
+			hftest.WriteJSON(t, filepath.Join(dir, "model.safetensors.index.json"), map[string]any{"weight_map": map[string]string{"lm_head.weight": "model-00001-of-00001.safetensors", "model.extra.weight": "model-00001-of-00001.safetensors"}})
 			return nil
 		}, "does not hold it"},
-		{"index escapes the directory", func(dir string, ts []stTensor) []stTensor {
-			writeJSON(t, filepath.Join(dir, "model.safetensors.index.json"), map[string]any{"weight_map": map[string]string{"x": "../model.safetensors"}})
+		{"index escapes the directory", func(dir string, ts []hftest.Tensor) []hftest.Tensor {
+			hftest.WriteJSON(t, filepath.Join(dir, "model.safetensors.index.json"), map[string]any{"weight_map": map[string]string{"x": "../model.safetensors"}})
 			return nil
 		}, "not a file in the model directory"},
-		{"truncated file", func(dir string, ts []stTensor) []stTensor {
+		{"truncated file", func(dir string, ts []hftest.Tensor) []hftest.Tensor {
 			if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), img[:len(img)-4], 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -714,7 +620,7 @@ func TestHFLoadErrors(t *testing.T) {
 		dir := t.TempDir()
 		copyFile(t, filepath.Join(good, "config.json"), filepath.Join(dir, "config.json"))
 		if ts := tc.mutate(dir, read()); ts != nil {
-			writeSafetensors(t, filepath.Join(dir, "model.safetensors"), ts, nil)
+			hftest.WriteSafetensors(t, filepath.Join(dir, "model.safetensors"), ts, nil)
 		}
 		_, err := Load(LoadOptions{Path: dir}, ref.New())
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

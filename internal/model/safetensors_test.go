@@ -1,9 +1,7 @@
 package model
 
 import (
-	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -13,56 +11,8 @@ import (
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/model/hftest"
 )
-
-// stTensor is one tensor for writeSafetensors: values are stored in dtype.
-type stTensor struct {
-	name  string
-	dtype string // F32, F16, BF16, or anything else with raw set
-	shape []int64
-	vals  []float32
-	raw   []byte // used as is when set
-}
-
-// encodeSafetensors lays tensors out in the order given, contiguously, with
-// the header padded to a multiple of 8 as the reference writer does.
-func encodeSafetensors(tensors []stTensor, meta map[string]string) []byte {
-	var header bytes.Buffer
-	header.WriteByte('{')
-	if meta != nil {
-		mb, _ := json.Marshal(meta)
-		fmt.Fprintf(&header, `"__metadata__":%s`, mb)
-	}
-	var data []byte
-	for i, t := range tensors {
-		raw := t.raw
-		if raw == nil {
-			dt := map[string]kernels.DType{"F32": kernels.F32, "F16": kernels.F16, "BF16": kernels.BF16}[t.dtype]
-			raw = make([]byte, dt.RowBytes(len(t.vals)))
-			EncodeRow(raw, t.vals, dt)
-		}
-		if i > 0 || meta != nil {
-			header.WriteByte(',')
-		}
-		shape, _ := json.Marshal(t.shape)
-		fmt.Fprintf(&header, `%q:{"dtype":%q,"shape":%s,"data_offsets":[%d,%d]}`, t.name, t.dtype, shape, len(data), len(data)+len(raw))
-		data = append(data, raw...)
-	}
-	header.WriteByte('}')
-	for header.Len()%8 != 0 {
-		header.WriteByte(' ')
-	}
-	out := binary.LittleEndian.AppendUint64(nil, uint64(header.Len()))
-	out = append(out, header.Bytes()...)
-	return append(out, data...)
-}
-
-func writeSafetensors(t testing.TB, path string, tensors []stTensor, meta map[string]string) {
-	t.Helper()
-	if err := os.WriteFile(path, encodeSafetensors(tensors, meta), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // rawFile builds a file from a literal header and a data buffer.
 func rawFile(header string, data int) []byte {
@@ -73,12 +23,12 @@ func rawFile(header string, data int) []byte {
 
 func TestSafetensorsRoundTrip(t *testing.T) {
 	vals := []float32{1, -2, 3.5, 0.25, 1e-3, -7}
-	img := encodeSafetensors([]stTensor{
-		{name: "a", dtype: "F32", shape: []int64{2, 3}, vals: vals},
-		{name: "b", dtype: "BF16", shape: []int64{6}, vals: vals},
-		{name: "c", dtype: "F16", shape: []int64{3, 2}, vals: vals},
-		{name: "empty", dtype: "F32", shape: []int64{0, 4}, vals: nil},
-		{name: "ids", dtype: "I64", shape: []int64{2}, raw: make([]byte, 16)},
+	img := hftest.EncodeSafetensors([]hftest.Tensor{
+		{Name: "a", DType: "F32", Shape: []int64{2, 3}, Vals: vals},
+		{Name: "b", DType: "BF16", Shape: []int64{6}, Vals: vals},
+		{Name: "c", DType: "F16", Shape: []int64{3, 2}, Vals: vals},
+		{Name: "empty", DType: "F32", Shape: []int64{0, 4}, Vals: nil},
+		{Name: "ids", DType: "I64", Shape: []int64{2}, Raw: make([]byte, 16)},
 	}, map[string]string{"format": "pt"})
 	f, err := ParseSafetensors(img)
 	if err != nil {
@@ -165,9 +115,9 @@ func TestSafetensorsRejectsMalformed(t *testing.T) {
 // FuzzSafetensorsHeader feeds arbitrary images to the parser: it must
 // never panic, and whatever it accepts must be addressable and disjoint.
 func FuzzSafetensorsHeader(f *testing.F) {
-	f.Add(encodeSafetensors([]stTensor{{name: "a", dtype: "F32", shape: []int64{2, 2}, vals: []float32{1, 2, 3, 4}}}, map[string]string{"format": "pt"}))
-	f.Add(encodeSafetensors([]stTensor{{name: "x", dtype: "BF16", shape: []int64{3}, vals: []float32{1, 2, 3}},
-		{name: "y", dtype: "F16", shape: []int64{}, vals: []float32{5}}}, nil))
+	f.Add(hftest.EncodeSafetensors([]hftest.Tensor{{Name: "a", DType: "F32", Shape: []int64{2, 2}, Vals: []float32{1, 2, 3, 4}}}, map[string]string{"format": "pt"}))
+	f.Add(hftest.EncodeSafetensors([]hftest.Tensor{{Name: "x", DType: "BF16", Shape: []int64{3}, Vals: []float32{1, 2, 3}},
+		{Name: "y", DType: "F16", Shape: []int64{}, Vals: []float32{5}}}, nil))
 	f.Add(rawFile(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}`, 12))
 	f.Add(rawFile(`{"__metadata__":{"k":"v"},"t":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}}`, 3))
 	if img, err := os.ReadFile(filepath.Join(storiesHF, "model.safetensors")); err == nil {

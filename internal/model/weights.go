@@ -1,7 +1,6 @@
 package model
 
 import (
-	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -306,44 +305,7 @@ func dummyMatrix(name string, rows, cols int, dt kernels.DType) *kernels.Matrix 
 		for i := range row {
 			row[i] = next() * amp
 		}
-		EncodeRow(m.Data[r*rb:(r+1)*rb], row, dt)
+		kernels.EncodeRow(m.Data[r*rb:(r+1)*rb], row, dt)
 	}
 	return m
-}
-
-// EncodeRow stores float32 values in dtype dt (the inverse of Matrix.Row,
-// up to rounding). len(dst) must be dt.RowBytes(len(row)).
-func EncodeRow(dst []byte, row []float32, dt kernels.DType) {
-	switch dt {
-	case kernels.F32:
-		for i, v := range row {
-			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
-		}
-	case kernels.F16:
-		for i, v := range row {
-			binary.LittleEndian.PutUint16(dst[2*i:], kernels.F32ToF16(v))
-		}
-	case kernels.BF16:
-		for i, v := range row {
-			binary.LittleEndian.PutUint16(dst[2*i:], uint16(math.Float32bits(v)>>16))
-		}
-	case kernels.Q8_0:
-		for b := 0; b < len(row)/32; b++ {
-			blk := row[b*32 : b*32+32]
-			var amax float32
-			for _, v := range blk {
-				amax = max(amax, float32(math.Abs(float64(v))))
-			}
-			d := amax / 127
-			out := dst[b*34:]
-			binary.LittleEndian.PutUint16(out, kernels.F32ToF16(d))
-			inv := float32(0)
-			if d != 0 {
-				inv = 1 / d
-			}
-			for j, v := range blk {
-				out[2+j] = byte(int8(math.Round(float64(v * inv))))
-			}
-		}
-	}
 }

@@ -1,17 +1,13 @@
 package e2e
 
 import (
-	"bytes"
-	"encoding/binary"
 	"encoding/json"
-	"fmt"
-	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
 
+	"github.com/batonlm/baton/internal/model/hftest"
 	"github.com/batonlm/baton/test/harness"
 )
 
@@ -60,126 +56,20 @@ func TestHFStoriesGreedyReference(t *testing.T) {
 	})
 }
 
-// hfShape is a small model with random weights, written as a Hugging Face
-// directory next to a real tokenizer.
-type hfShape struct {
-	arch, modelType                            string
-	vocab, dim, layers, heads, kvHeads, hd, ff int
-	tie, qkvBias, qkNorm                       bool
-	dtype                                      string // BF16 or F16
-
-	rng     *rand.Rand
-	tensors []stEntry
-	data    []byte
-}
-
-type stEntry struct {
-	name  string
-	shape []int
-	begin int
-}
-
-func (h *hfShape) put(name string, shape []int, center, amp float64) {
-	n := 1
-	for _, d := range shape {
-		n *= d
-	}
-	h.tensors = append(h.tensors, stEntry{name, shape, len(h.data)})
-	for i := 0; i < n; i++ {
-		v := float32(center + amp*(2*h.rng.Float64()-1))
-		var bits uint16
-		if h.dtype == "BF16" {
-			bits = uint16(math.Float32bits(v) >> 16)
-		} else {
-			bits = f16(v)
-		}
-		h.data = binary.LittleEndian.AppendUint16(h.data, bits)
-	}
-}
-
-// f16 converts to IEEE half by truncation (values here are small and normal).
-func f16(v float32) uint16 {
-	b := math.Float32bits(v)
-	sign := uint16(b>>16) & 0x8000
-	exp := int32(b>>23&0xff) - 127 + 15
-	if exp <= 0 {
-		return sign
-	}
-	return sign | uint16(exp)<<10 | uint16(b>>13&0x3ff)
-}
-
-// write lays out config.json, generation_config.json, model.safetensors
-// and copies of the tokenizer files into dir.
-func (h *hfShape) write(t *testing.T, dir string) {
+// writeQwenShaped writes a small model with random weights (hftest) as a
+// Hugging Face directory, with a generation_config.json and the real
+// Qwen3 tokenizer files.
+func writeQwenShaped(t *testing.T, dir string, spec hftest.Spec) {
 	t.Helper()
-	h.rng = rand.New(rand.NewPCG(11, 12))
-	mat := func(name string, rows, cols int) { h.put(name, []int{rows, cols}, 0, 1/math.Sqrt(float64(cols))) }
-	qd, kvd := h.heads*h.hd, h.kvHeads*h.hd
-	mat("model.embed_tokens.weight", h.vocab, h.dim)
-	h.put("model.norm.weight", []int{h.dim}, 1, 0.1)
-	if !h.tie {
-		mat("lm_head.weight", h.vocab, h.dim)
-	}
-	for l := 0; l < h.layers; l++ {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		h.put(p+"input_layernorm.weight", []int{h.dim}, 1, 0.1)
-		h.put(p+"post_attention_layernorm.weight", []int{h.dim}, 1, 0.1)
-		mat(p+"self_attn.q_proj.weight", qd, h.dim)
-		mat(p+"self_attn.k_proj.weight", kvd, h.dim)
-		mat(p+"self_attn.v_proj.weight", kvd, h.dim)
-		mat(p+"self_attn.o_proj.weight", h.dim, qd)
-		mat(p+"mlp.gate_proj.weight", h.ff, h.dim)
-		mat(p+"mlp.up_proj.weight", h.ff, h.dim)
-		mat(p+"mlp.down_proj.weight", h.dim, h.ff)
-		if h.qkvBias {
-			h.put(p+"self_attn.q_proj.bias", []int{qd}, 0, 0.3)
-			h.put(p+"self_attn.k_proj.bias", []int{kvd}, 0, 0.3)
-			h.put(p+"self_attn.v_proj.bias", []int{kvd}, 0, 0.3)
-		}
-		if h.qkNorm {
-			h.put(p+"self_attn.q_norm.weight", []int{h.hd}, 1, 0.3)
-			h.put(p+"self_attn.k_norm.weight", []int{h.hd}, 1, 0.3)
-		}
-	}
-	header := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
-	for i, e := range h.tensors {
-		end := len(h.data)
-		if i+1 < len(h.tensors) {
-			end = h.tensors[i+1].begin
-		}
-		header[e.name] = map[string]any{"dtype": h.dtype, "shape": e.shape, "data_offsets": []int{e.begin, end}}
-	}
-	hb, err := json.Marshal(header)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for len(hb)%8 != 0 {
-		hb = append(hb, ' ')
-	}
-	var file bytes.Buffer
-	file.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(hb))))
-	file.Write(hb)
-	file.Write(h.data)
-	files := map[string][]byte{"model.safetensors": file.Bytes()}
-	cfg := map[string]any{
-		"architectures": []string{h.arch}, "model_type": h.modelType, "vocab_size": h.vocab, "hidden_size": h.dim,
-		"num_hidden_layers": h.layers, "num_attention_heads": h.heads, "num_key_value_heads": h.kvHeads, "head_dim": h.hd,
-		"intermediate_size": h.ff, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-		"tie_word_embeddings": h.tie, "hidden_act": "silu", "attention_bias": h.qkvBias, "bos_token_id": 151643, "eos_token_id": 151645,
-	}
-	gen := map[string]any{"bos_token_id": 151643, "eos_token_id": []int{151645, 151643}, "do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95}
-	for name, v := range map[string]any{"config.json": cfg, "generation_config.json": gen} {
-		if files[name], err = json.Marshal(v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	hftest.Write(t, dir, spec, 11)
+	hftest.WriteJSON(t, filepath.Join(dir, "generation_config.json"), map[string]any{"bos_token_id": 151643,
+		"eos_token_id": []int{151645, 151643}, "do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95})
 	src := filepath.Join(repoRoot(t), "testdata", "tokenizers", "qwen3")
 	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		if files[name], err = os.ReadFile(filepath.Join(src, name)); err != nil {
+		b, err := os.ReadFile(filepath.Join(src, name))
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -225,13 +115,13 @@ func chatHello(t *testing.T, url string) chatResult {
 // the real Qwen3 tokenizer and chat template, standalone and in PD mode,
 // with the same greedy answer both ways.
 func TestHFQwenShapedChat(t *testing.T) {
-	for _, shape := range []hfShape{
-		{arch: "Qwen3ForCausalLM", modelType: "qwen3", vocab: 151936, dim: 64, layers: 2, heads: 4, kvHeads: 2, hd: 32, ff: 128, tie: true, qkNorm: true, dtype: "BF16"},
-		{arch: "Qwen2ForCausalLM", modelType: "qwen2", vocab: 151936, dim: 64, layers: 2, heads: 4, kvHeads: 2, hd: 16, ff: 128, qkvBias: true, dtype: "F16"},
+	for _, spec := range []hftest.Spec{
+		{Arch: "Qwen3ForCausalLM", Vocab: 151936, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 32, FF: 128, Tie: true, DType: "BF16"},
+		{Arch: "Qwen2ForCausalLM", Vocab: 151936, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 128, DType: "F16"},
 	} {
-		t.Run(shape.modelType, func(t *testing.T) {
+		t.Run(spec.ModelType(), func(t *testing.T) {
 			dir := t.TempDir()
-			shape.write(t, dir)
+			writeQwenShaped(t, dir, spec)
 			args := []string{"--model", dir, "--served-model-name", "tiny-qwen", "--max-total-tokens", "4096"}
 			s := startServer(t, append([]string{"--kv-poison"}, args...)...)
 			want := chatHello(t, s.URL)
