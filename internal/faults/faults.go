@@ -29,6 +29,13 @@ const (
 	GuardOwnerTag  = "owner_tag"  // a write lands only in a page of its own reservation
 	GuardDrainWait = "drain_wait" // aborted pages wait in quarantine for their writer
 	GuardLateDrop  = "late_drop"  // writes and drains for a room no longer open are dropped
+
+	// The internal plane's guards: against a stranger, not a fault.
+	GuardPeerAuth    = "peer_auth"    // gRPC calls and transfer sessions need cluster credentials and the right role
+	GuardCapability  = "capability"   // every message about a reservation carries its capability
+	GuardSessionBind = "session_bind" // frames, end of writing and Commit come only from the session decode admitted
+	GuardDialKnown   = "dial_known"   // prefill dials only decode workers the router paired it with
+	GuardPeerQuota   = "peer_quota"   // reservations per peer are bounded
 )
 
 // AllGuards lists every guard name.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/kvpool"
@@ -103,6 +105,19 @@ func TokenFromPB(t *pdv1.Token) model.Sampled {
 // processes' logs can be joined on it.
 func withRequestID(ctx context.Context, id string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "x-request-id", id)
+}
+
+// callerID names the caller of an RPC for the per-peer bounds: the host
+// it calls from.
+func callerID(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "unknown"
+	}
+	if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+		return host
+	}
+	return p.Addr.String()
 }
 
 // conns keeps one gRPC connection per peer address.

@@ -2,6 +2,7 @@ package roles
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,24 +48,32 @@ type DecodeOptions struct {
 	// memory). Commit verifies each page there and then copies it into
 	// the pool.
 	Landing kernels.PagedKV
-	Log     *slog.Logger
+	// MaxReservationsPerPeer and MaxPagesPerPeer bound what one caller of
+	// Reserve may hold at once (0: no bound), so that one member gone
+	// wrong cannot take the whole pool.
+	MaxReservationsPerPeer, MaxPagesPerPeer int
+	Log                                     *slog.Logger
 }
 
 // reservation is one live use of decode pages by a handed-over request.
 type reservation struct {
 	r      *scheduler.Request
-	key    transfer.Key
-	writer string // prefill gRPC address
+	key    transfer.Key // with the capability; Session is the bound session
+	writer string       // prefill gRPC address
 	prompt []int32
+	peer   string // who reserved it, for the per-peer bounds
+	held   int    // pages it counts against its peer
 
 	// mu orders page writes against the moments that close the pages to
 	// writers (Commit, abort): after open goes false no write lands.
 	mu        sync.Mutex
 	open      bool
+	bound     bool // a transfer session was admitted: key.Session names it
 	firstByte time.Time
 	abortedAt time.Time
 	ended     time.Time // terminal and writer gone: eligible for removal
 	streamed  bool      // a Stream delivered the last event
+	reader    bool      // a Stream call took the reservation's events
 	timer     *time.Timer
 }
 
@@ -81,7 +90,8 @@ type Decode struct {
 	draining     atomic.Bool
 
 	mu    sync.Mutex
-	rooms map[transfer.Key]*reservation
+	rooms map[transfer.Key]*reservation // by room and epoch alone
+	usage map[string]*peerUse
 	stop  chan struct{}
 	wg    sync.WaitGroup
 }
@@ -91,7 +101,7 @@ func NewDecode(o DecodeOptions) *Decode {
 	if o.HandoffTimeout <= 0 {
 		o.HandoffTimeout = 60 * time.Second
 	}
-	d := &Decode{o: o, rooms: map[transfer.Key]*reservation{}, stop: make(chan struct{})}
+	d := &Decode{o: o, rooms: map[transfer.Key]*reservation{}, usage: map[string]*peerUse{}, stop: make(chan struct{})}
 	d.wg.Add(1)
 	go d.sweep()
 	return d
@@ -111,11 +121,12 @@ func (d *Decode) transport() string {
 	return d.o.Transport
 }
 
-// Admit implements transfer.Admitter, the one-sided receiver's gate: a
-// session may write only into a live, still-open reservation, and only the
-// pages it reserved, in order.
+// Admit implements transfer.Sink, the receiver's gate for sessions: a
+// session may write only into a live, still-open reservation whose
+// capability it presents, only the pages it reserved, in order, and only
+// if no other session was admitted for it before.
 func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
-	res := d.lookup(k)
+	res := d.find("transfer", k.Room, k.Epoch, k.Cap[:])
 	if res == nil {
 		d.o.Metrics.LateDropped.WithLabelValues("admit").Inc()
 		return nil, fmt.Errorf("no live reservation for %s", k)
@@ -126,6 +137,11 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 		d.o.Metrics.LateDropped.WithLabelValues("admit").Inc()
 		return nil, fmt.Errorf("reservation %s no longer accepts writes", k)
 	}
+	if res.bound && res.key.Session != k.Session && faults.On(faults.GuardSessionBind) {
+		d.authFailure("transfer")
+		return nil, fmt.Errorf("reservation %s is already being written by another session", k)
+	}
+	res.key.Session, res.bound = k.Session, true
 	if res.r.State() == scheduler.StateReserved {
 		if err := res.r.Lifecycle().To(scheduler.StateReceiving, ""); err != nil {
 			return nil, err
@@ -196,16 +212,24 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 		d.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
 	}
+	peer := callerID(ctx)
 	r := scheduler.NewRoleRequest(scheduler.RoleDecode, req.RequestId, req.Prompt, ParamsFromPB(req.Sampling))
+	held := d.peerPages(r)
+	if !d.admitPeer(peer, held) {
+		d.o.Log.Warn("reserve refused: the caller holds its share of the pool", "request_id", req.RequestId, "peer", peer)
+		return nil, status.Error(codes.ResourceExhausted, "too many reservations held by this caller")
+	}
 	if err := d.o.Engine.Reserve(r); err != nil {
+		d.releasePeer(peer, held)
 		d.o.Log.Info("reserve refused", "request_id", req.RequestId, "err", err)
 		return nil, rejectStatus(err)
 	}
-	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch}
+	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch, Cap: transfer.NewCapability()}
 	ps := d.o.Pool.PageSize()
-	res := &reservation{r: r, key: key, writer: req.Writer, prompt: r.Pages()[:(len(req.Prompt)+ps-1)/ps], open: true}
+	res := &reservation{r: r, key: key, writer: req.Writer, prompt: r.Pages()[:(len(req.Prompt)+ps-1)/ps], open: true,
+		peer: peer, held: held}
 	d.mu.Lock()
-	d.rooms[key] = res
+	d.rooms[roomKey(key.Room, key.Epoch)] = res
 	d.mu.Unlock()
 	d.o.Metrics.ReservationsTotal.Inc()
 	d.o.Metrics.ReservationsActive.Inc()
@@ -216,20 +240,109 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 	})
 	d.o.Log.Info("reserved", "request_id", req.RequestId, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
 	return &pdv1.Reservation{Room: key.Room, Epoch: key.Epoch, Pages: res.prompt, PromptTokens: uint32(len(req.Prompt)),
-		Layout: d.o.Layout, Transport: d.transport(), TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr}, nil
+		Layout: d.o.Layout, Transport: d.transport(), TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr, Capability: key.Cap[:]}, nil
 }
 
-func (d *Decode) lookup(key transfer.Key) *reservation {
+// roomKey is how reservations are filed: room and epoch alone, so that a
+// message naming a live room with a wrong capability is told apart from a
+// late one (and counted as what it is).
+func roomKey(room, epoch uint64) transfer.Key { return transfer.Key{Room: room, Epoch: epoch} }
+
+// find returns the live reservation a message names, if the message
+// carries its capability. A wrong capability for a live room is a
+// stranger's guess (or a member's bug): it is counted under rpc and
+// answered exactly as an unknown room is.
+func (d *Decode) find(rpc string, room, epoch uint64, capability []byte) *reservation {
+	d.mu.Lock()
+	res := d.rooms[roomKey(room, epoch)]
+	d.mu.Unlock()
+	if res == nil {
+		return nil
+	}
+	if !res.key.Cap.Matches(capability) && faults.On(faults.GuardCapability) {
+		d.authFailure(rpc)
+		d.o.Log.Warn("message with a wrong capability refused", "rpc", rpc, "room", room, "epoch", epoch)
+		return nil
+	}
+	return res
+}
+
+// findSession is find for what a transfer session reports: the session
+// must also be the one admitted for the reservation.
+func (d *Decode) findSession(rpc string, k transfer.Key) *reservation {
+	res := d.find(rpc, k.Room, k.Epoch, k.Cap[:])
+	if res == nil {
+		return nil
+	}
+	res.mu.Lock()
+	ok := res.bound && res.key.Session == k.Session
+	res.mu.Unlock()
+	if !ok && faults.On(faults.GuardSessionBind) {
+		d.authFailure(rpc)
+		return nil
+	}
+	return res
+}
+
+func (d *Decode) authFailure(rpc string) {
+	d.o.Metrics.InternalAuthFailures.WithLabelValues(rpc).Inc()
+}
+
+// peerUse is what one caller of Reserve holds now.
+type peerUse struct{ reservations, pages int }
+
+// peerPages is what a request counts against its caller: the pages it
+// reserves for its whole sequence.
+func (d *Decode) peerPages(r *scheduler.Request) int {
+	tokens := len(r.Prompt) + r.Params.MaxTokens
+	if r.Params.MaxTokens <= 0 || tokens > d.o.MaxSeq {
+		tokens = d.o.MaxSeq
+	}
+	return d.o.Pool.PagesFor(tokens)
+}
+
+// admitPeer counts pages against peer's bounds, or refuses them.
+func (d *Decode) admitPeer(peer string, pages int) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.rooms[key]
+	u := d.usage[peer]
+	if u == nil {
+		u = &peerUse{}
+		d.usage[peer] = u
+	}
+	over := (d.o.MaxReservationsPerPeer > 0 && u.reservations+1 > d.o.MaxReservationsPerPeer) ||
+		(d.o.MaxPagesPerPeer > 0 && u.pages+pages > d.o.MaxPagesPerPeer)
+	if over && faults.On(faults.GuardPeerQuota) {
+		if u.reservations == 0 {
+			delete(d.usage, peer)
+		}
+		return false
+	}
+	u.reservations++
+	u.pages += pages
+	return true
+}
+
+// releasePeer gives back what admitPeer counted.
+func (d *Decode) releasePeer(peer string, pages int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	u := d.usage[peer]
+	if u == nil {
+		return
+	}
+	u.reservations--
+	u.pages -= pages
+	if u.reservations <= 0 {
+		delete(d.usage, peer)
+	}
 }
 
 // Write implements transfer.Sink: the receiver's gate. A frame lands only in
 // a page of a live, still-open reservation, at the index the reservation
 // gave that page, with the token count that page must hold.
 func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
-	res := d.lookup(k)
+	res := d.findSession("transfer", k)
 	if res == nil {
 		if !faults.On(faults.GuardLateDrop) {
 			return d.unguardedWrite(w)
@@ -293,7 +406,7 @@ func (d *Decode) unguardedWrite(w transfer.PageWrite) error {
 // Closed implements transfer.Sink: the session is closed and its receiver
 // joined, which proves no further write of it can land.
 func (d *Decode) Closed(k transfer.Key, proof string) {
-	if res := d.lookup(k); res != nil {
+	if res := d.findSession("transfer", k); res != nil {
 		d.writerGone(res, false, proof)
 	}
 }
@@ -322,11 +435,17 @@ func (d *Decode) writerGone(res *reservation, drained bool, proof string) {
 // request may decode. Any failed check fails the request (its client sees a
 // 5xx naming the check) and is counted.
 func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, error) {
-	key := transfer.Key{Room: c.Room, Epoch: c.Epoch}
-	res := d.lookup(key)
+	key := roomKey(c.Room, c.Epoch)
+	res := d.find("Commit", c.Room, c.Epoch, c.Capability)
 	if res == nil {
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 		return nil, status.Errorf(codes.NotFound, "no live reservation for %s", key)
+	}
+	if !d.fromBoundSession(res, c.SessionId) {
+		// Refused without touching the reservation: its own writer's
+		// Commit may still come.
+		d.authFailure("Commit")
+		return nil, status.Errorf(codes.PermissionDenied, "commit for %s does not come from the session that wrote its pages", key)
 	}
 	res.mu.Lock()
 	res.open = false // nothing lands after the pages are verified
@@ -356,6 +475,17 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 	}
 	d.o.Log.Info("committed", "request_id", res.r.ID, "room", key.Room, "tokens", c.TokensWritten)
 	return &pdv1.Ack{}, nil
+}
+
+// fromBoundSession says whether a Commit names the transfer session that
+// decode admitted for res (the only one that may have written its pages).
+func (d *Decode) fromBoundSession(res *reservation, id []byte) bool {
+	if !faults.On(faults.GuardSessionBind) {
+		return true
+	}
+	res.mu.Lock()
+	defer res.mu.Unlock()
+	return res.bound && len(id) == len(res.key.Session) && subtle.ConstantTimeCompare(res.key.Session[:], id) == 1
 }
 
 // verify checks a Commit against the pages: tokens written equal tokens
@@ -471,6 +601,18 @@ func (d *Decode) abortReserved(res *reservation, why string) bool {
 		// write can land, whether or not the writer is still reachable.
 		d.writerGone(res, false, "no frame landed and the receiver refuses this reservation from now on")
 	}
+	if ev, ok := d.recv.(transfer.Evictor); ok && landed && d.o.Engine.WriterHeld(res.r) {
+		// A writer that neither drains nor closes within the handoff
+		// timeout (gone wrong, or holding its connection to keep the pages
+		// quarantined) is cut off by the receiver, whose goroutine's end
+		// (Closed) is then the proof that nothing more lands.
+		time.AfterFunc(d.o.HandoffTimeout, func() {
+			if d.o.Engine.WriterHeld(res.r) {
+				d.o.Log.Warn("writer still holds its session after an abort; the receiver ends it", "request_id", res.r.ID, "room", res.key.Room)
+				ev.Evict(res.sessionKey())
+			}
+		})
+	}
 	if d.o.Engine.WriterHeld(res.r) {
 		go d.tellWriter(res, why)
 		if !faults.On(faults.GuardDrainWait) {
@@ -492,7 +634,7 @@ func (d *Decode) tellWriter(res *reservation, why string) {
 	ctx, cancel := context.WithTimeout(withRequestID(context.Background(), res.r.ID), 10*time.Second)
 	defer cancel()
 	_, err = pdv1.NewPrefillClient(cc).Abort(ctx, &pdv1.AbortRequest{Room: res.key.Room, Epoch: res.key.Epoch, Reason: why,
-		RequestId: res.r.ID, DecodeAddr: d.grpcAddr})
+		RequestId: res.r.ID, DecodeAddr: d.grpcAddr, Capability: res.key.Cap[:]})
 	if err != nil {
 		// The pages stay quarantined: only Drained or a transport proof frees them.
 		d.o.Log.Warn("abort to prefill failed; pages stay quarantined until the session is proven closed",
@@ -502,7 +644,7 @@ func (d *Decode) tellWriter(res *reservation, why string) {
 
 // CancelReservation implements the RPC (the router gives up on a handoff).
 func (d *Decode) CancelReservation(ctx context.Context, c *pdv1.CancelRequest) (*pdv1.Ack, error) {
-	res := d.lookup(transfer.Key{Room: c.Room, Epoch: c.Epoch})
+	res := d.find("CancelReservation", c.Room, c.Epoch, c.Capability)
 	if res == nil || !d.abortReserved(res, "reservation cancelled: "+c.Reason) {
 		d.o.Metrics.LateDropped.WithLabelValues("cancel").Inc()
 	}
@@ -511,7 +653,7 @@ func (d *Decode) CancelReservation(ctx context.Context, c *pdv1.CancelRequest) (
 
 // Abort implements the RPC (the client left).
 func (d *Decode) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, error) {
-	res := d.lookup(transfer.Key{Room: a.Room, Epoch: a.Epoch})
+	res := d.find("Abort", a.Room, a.Epoch, a.Capability)
 	if res == nil || !d.abortReserved(res, "aborted: "+a.Reason) {
 		d.o.Metrics.LateDropped.WithLabelValues("abort").Inc()
 	}
@@ -520,7 +662,7 @@ func (d *Decode) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, er
 
 // Finish implements the RPC (a stop string matched at the router).
 func (d *Decode) Finish(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, error) {
-	if res := d.lookup(transfer.Key{Room: a.Room, Epoch: a.Epoch}); res != nil {
+	if res := d.find("Finish", a.Room, a.Epoch, a.Capability); res != nil {
 		res.r.Stop()
 	}
 	return &pdv1.Ack{}, nil
@@ -528,7 +670,7 @@ func (d *Decode) Finish(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 
 // Drained implements the RPC: the writer's word that nothing of it is in flight.
 func (d *Decode) Drained(ctx context.Context, dr *pdv1.DrainedRequest) (*pdv1.Ack, error) {
-	res := d.lookup(transfer.Key{Room: dr.Room, Epoch: dr.Epoch})
+	res := d.find("Drained", dr.Room, dr.Epoch, dr.Capability)
 	if res == nil || dr.Writer != res.writer {
 		d.o.Metrics.LateDropped.WithLabelValues("drained").Inc()
 		return &pdv1.Ack{}, nil
@@ -539,9 +681,15 @@ func (d *Decode) Drained(ctx context.Context, dr *pdv1.DrainedRequest) (*pdv1.Ac
 
 // Stream implements the RPC: the generated tokens, to the router.
 func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) error {
-	res := d.lookup(transfer.Key{Room: req.Room, Epoch: req.Epoch})
+	res := d.find("Stream", req.Room, req.Epoch, req.Capability)
 	if res == nil {
 		return status.Errorf(codes.NotFound, "no reservation room %d epoch %d", req.Room, req.Epoch)
+	}
+	if !res.claimStream() {
+		// One reader per reservation: a second Stream would split the
+		// tokens between two callers.
+		d.authFailure("Stream")
+		return status.Errorf(codes.FailedPrecondition, "reservation room %d epoch %d is already being streamed", req.Room, req.Epoch)
 	}
 	ctx := out.Context()
 	for {
@@ -594,7 +742,27 @@ func (d *Decode) maybeEnd(res *reservation) {
 	res.mu.Unlock()
 	if first {
 		d.o.Metrics.ReservationsActive.Dec()
+		d.releasePeer(res.peer, res.held)
 	}
+}
+
+// sessionKey names the session bound to res (the zero session if none
+// was admitted).
+func (res *reservation) sessionKey() transfer.Key {
+	res.mu.Lock()
+	defer res.mu.Unlock()
+	return res.key
+}
+
+// claimStream marks res as having its one reader.
+func (res *reservation) claimStream() bool {
+	res.mu.Lock()
+	defer res.mu.Unlock()
+	if res.reader {
+		return false
+	}
+	res.reader = true
+	return true
 }
 
 // sweep forgets reservations that are over and whose events were streamed

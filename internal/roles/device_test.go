@@ -61,7 +61,7 @@ func TestDevicePoolChecksumReadsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, transfer.Key{Room: res.Room, Epoch: res.Epoch})
+	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,12 +87,12 @@ func TestDevicePoolChecksumReadsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(prompt)),
-		PageChecksums: sums, FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr})
+		PageChecksums: sums, FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr, Capability: res.Capability, SessionId: sidOf(sess)})
 	if err == nil || !strings.Contains(err.Error(), "checksum") {
 		t.Fatalf("commit over a page that changed on the device: %v", err)
 	}
 	sess.Close()
-	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr}); err != nil {
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr, Capability: res.Capability}); err != nil {
 		t.Fatal(err)
 	}
 	waitAllFree(t, p.dPool)
@@ -118,7 +118,7 @@ func TestPrefillDeviceReadFails(t *testing.T) {
 	if w := deviceMemory(t, p.dPool).Writes.Load(); w != 0 {
 		t.Fatalf("%d pages reached the decode pool", w)
 	}
-	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "prefill failed"}); err != nil {
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "prefill failed", Capability: res.Capability}); err != nil {
 		t.Fatal(err)
 	}
 	waitAllFree(t, p.dPool, p.pPool)

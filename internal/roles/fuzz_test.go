@@ -67,12 +67,12 @@ func fuzzBody(t *testing.T, in []byte) {
 		pick := func() (transfer.Key, []int32) {
 			i := next()
 			if len(keys) == 0 || i >= 200 {
-				return transfer.Key{Room: uint64(i), Epoch: uint64(next())}, nil
+				return transfer.Key{Room: uint64(i), Epoch: uint64(next()), Cap: transfer.Capability{byte(next())}}, nil
 			}
 			return keys[i%len(keys)], pages[i%len(keys)]
 		}
 		for len(in) > 0 {
-			switch next() % 8 {
+			switch next() % 9 {
 			case 0: // Reserve a prompt of 1..16 tokens from the reference
 				n := 1 + next()%min(16, len(want.PromptIDs)*3)
 				prompt := make([]int32, n)
@@ -82,7 +82,7 @@ func fuzzBody(t *testing.T, in []byte) {
 				res, err := d.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "f", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: 2},
 					Layout: p.layout, Writer: "w"})
 				if err == nil {
-					keys = append(keys, transfer.Key{Room: res.Room, Epoch: res.Epoch})
+					keys = append(keys, resKey(res))
 					pages = append(pages, res.Pages)
 				}
 			case 1: // a page frame: index, page id and token count from the input
@@ -104,27 +104,30 @@ func fuzzBody(t *testing.T, in []byte) {
 					sums[i] = uint64(next())
 				}
 				_, _ = d.Commit(ctx, &pdv1.CommitRequest{Room: k.Room, Epoch: k.Epoch, TokensWritten: uint32(next() % 20),
-					PageChecksums: sums, FirstToken: &pdv1.Token{Id: int32(next())}, Writer: "w"})
+					PageChecksums: sums, FirstToken: &pdv1.Token{Id: int32(next())}, Writer: "w", Capability: k.Cap[:], SessionId: k.Session[:]})
 			case 3:
 				k, _ := pick()
-				_, _ = d.Drained(ctx, &pdv1.DrainedRequest{Room: k.Room, Epoch: k.Epoch, Writer: "w"})
+				_, _ = d.Drained(ctx, &pdv1.DrainedRequest{Room: k.Room, Epoch: k.Epoch, Writer: "w", Capability: k.Cap[:]})
 			case 4:
 				k, _ := pick()
-				_, _ = d.Abort(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Reason: "fuzz"})
+				_, _ = d.Abort(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Reason: "fuzz", Capability: k.Cap[:]})
 			case 5:
 				k, _ := pick()
-				_, _ = d.CancelReservation(ctx, &pdv1.CancelRequest{Room: k.Room, Epoch: k.Epoch, Reason: "fuzz"})
+				_, _ = d.CancelReservation(ctx, &pdv1.CancelRequest{Room: k.Room, Epoch: k.Epoch, Reason: "fuzz", Capability: k.Cap[:]})
 			case 6:
 				k, _ := pick()
 				d.Closed(k, "fuzz: session closed")
 			case 7:
 				k, _ := pick()
-				_, _ = d.Finish(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch})
+				_, _ = d.Finish(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Capability: k.Cap[:]})
+			case 8: // a transfer session opens (the zero session, as every frame here names)
+				k, _ := pick()
+				_, _ = d.Admit(k)
 			}
 		}
 		// End everything: abort what is live, then prove every writer gone.
 		for _, k := range keys {
-			_, _ = d.Abort(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Reason: "end"})
+			_, _ = d.Abort(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Reason: "end", Capability: k.Cap[:]})
 			d.Closed(k, "end: session closed")
 		}
 		deadline := time.Now().Add(10 * time.Second)

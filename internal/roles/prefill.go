@@ -44,7 +44,28 @@ type Prefill struct {
 
 	mu       sync.Mutex
 	active   map[transfer.Key]context.CancelFunc
+	known    map[string]bool // decode gRPC addresses the router paired this worker with
 	draining atomic.Bool
+}
+
+// maxKnownDecode bounds the decode addresses remembered: a cluster has far
+// fewer decode workers, and a caller cannot grow the table without bound.
+const maxKnownDecode = 4096
+
+// learnDecode remembers a decode worker the router paired this worker
+// with; only those are ever dialled on a decode worker's word.
+func (p *Prefill) learnDecode(addr string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.known) < maxKnownDecode {
+		p.known[addr] = true
+	}
+}
+
+func (p *Prefill) knowsDecode(addr string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.known[addr] || !faults.On(faults.GuardDialKnown)
 }
 
 // SetDraining makes Prefill refuse new work (the worker is shutting down).
@@ -59,7 +80,7 @@ func (p *Prefill) Busy() bool {
 
 // NewPrefill makes a prefill worker.
 func NewPrefill(o PrefillOptions) *Prefill {
-	return &Prefill{o: o, active: map[transfer.Key]context.CancelFunc{}}
+	return &Prefill{o: o, active: map[transfer.Key]context.CancelFunc{}, known: map[string]bool{}}
 }
 
 // SetAddr records the worker's own gRPC address (its identity as a writer).
@@ -169,7 +190,12 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	if res == nil {
 		return nil, status.Error(codes.InvalidArgument, "prefill without a reservation")
 	}
-	key := transfer.Key{Room: res.Room, Epoch: res.Epoch}
+	capability, ok := transfer.CapabilityFrom(res.Capability)
+	if !ok {
+		return nil, status.Error(codes.InvalidArgument, "reservation without a capability")
+	}
+	key := transfer.Key{Room: res.Room, Epoch: res.Epoch, Cap: capability}
+	p.learnDecode(res.DecodeAddr)
 	// Test builds may inject faults here; release builds roll none.
 	rf := faults.ForRequest()
 	if p.draining.Load() {
@@ -274,8 +300,9 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		if rf.OverClaim {
 			claimed++
 		}
+		sid := sess.ID()
 		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: sessKey.Epoch, TokensWritten: claimed,
-			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr})
+			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:]})
 		ccancel()
 	}
 	if err != nil {
@@ -332,7 +359,7 @@ func (p *Prefill) drained(id string, res *pdv1.Reservation, key transfer.Key, lo
 	}
 	ctx, cancel := context.WithTimeout(withRequestID(context.Background(), id), 10*time.Second)
 	defer cancel()
-	if _, err := pdv1.NewDecodeClient(cc).Drained(ctx, &pdv1.DrainedRequest{Room: key.Room, Epoch: key.Epoch, Writer: p.grpcAddr}); err != nil {
+	if _, err := pdv1.NewDecodeClient(cc).Drained(ctx, &pdv1.DrainedRequest{Room: key.Room, Epoch: key.Epoch, Writer: p.grpcAddr, Capability: key.Cap[:]}); err != nil {
 		p.o.Log.Warn("drained not delivered; decode keeps the pages quarantined until the session is proven closed", "request_id", id, "err", err)
 	}
 }
@@ -341,7 +368,8 @@ func (p *Prefill) drained(id string, res *pdv1.Reservation, key transfer.Key, lo
 // is cancelled and says Drained itself once its session is closed; for a
 // room with nothing in progress, Drained goes at once.
 func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, error) {
-	key := transfer.Key{Room: a.Room, Epoch: a.Epoch}
+	capability, _ := transfer.CapabilityFrom(a.Capability)
+	key := transfer.Key{Room: a.Room, Epoch: a.Epoch, Cap: capability}
 	p.mu.Lock()
 	cancel, ok := p.active[key]
 	p.mu.Unlock()
@@ -354,6 +382,12 @@ func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 	}
 	if a.DecodeAddr == "" {
 		return nil, errors.New("abort without a decode address to answer")
+	}
+	if !p.knowsDecode(a.DecodeAddr) {
+		// The answer goes only where the router sent this worker before;
+		// an address taken from the request alone is never dialled.
+		p.o.Metrics.InternalAuthFailures.WithLabelValues("Abort").Inc()
+		return nil, status.Error(codes.PermissionDenied, "abort from a decode worker this prefill worker was never paired with")
 	}
 	go p.drained(a.RequestId, &pdv1.Reservation{DecodeAddr: a.DecodeAddr}, key, false)
 	return &pdv1.Ack{}, nil

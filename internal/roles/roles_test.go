@@ -142,7 +142,7 @@ func (p *pair) handoff(t *testing.T, prompt []int32, maxTokens int) ([]int32, st
 	if err != nil {
 		return nil, "", err
 	}
-	st, err := p.dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch})
+	st, err := p.dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch, Capability: res.Capability})
 	if err != nil {
 		return nil, "", err
 	}
@@ -261,17 +261,26 @@ func TestCommitChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Nothing was written: a commit claiming the whole prompt must fail coverage.
+	// A session opens and writes nothing: a commit claiming the whole
+	// prompt must fail coverage.
+	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
 	_, err = p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(want.PromptIDs)),
-		PageChecksums: make([]uint64, len(res.Pages)), FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr})
+		PageChecksums: make([]uint64, len(res.Pages)), FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr, Capability: res.Capability, SessionId: sidOf(sess)})
 	if err == nil {
 		t.Fatal("a commit over unwritten pages was accepted")
 	}
+	_ = sess.Close()
 	if got := testutilCounter(t, p.dm, "baton_handoff_failures_total"); got < 1 {
 		t.Fatalf("handoff failure not counted")
 	}
 	// The writer never wrote; its Drained releases the quarantined pages.
-	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr}); err != nil {
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr, Capability: res.Capability}); err != nil {
 		t.Fatal(err)
 	}
 	waitAllFree(t, p.dPool)
@@ -285,12 +294,15 @@ func TestCommitChecks(t *testing.T) {
 }
 
 // An abort after a frame landed keeps the pages quarantined until the writer
-// says Drained; a Drained for a stale epoch is dropped and counted. An abort
-// before any frame landed frees at once: the receiver, the only writer of
-// these pages, refuses the reservation from then on.
+// says Drained; a Drained for a stale epoch is dropped and counted. A writer
+// that never says it and holds its session open is cut off by the receiver
+// after the handoff timeout, and that frees the pages. An abort before any
+// frame landed frees at once: the receiver, the only writer of these pages,
+// refuses the reservation from then on.
 func TestAbortQuarantinesUntilDrained(t *testing.T) {
 	want := loadRef(t)
 	p := newPair(t, 4, 512)
+	p.decode.o.HandoffTimeout = time.Second
 	ctx := context.Background()
 	reserve := func() *pdv1.Reservation {
 		// The writer address is not a real prefill: Abort to it fails, so only Drained frees.
@@ -301,20 +313,24 @@ func TestAbortQuarantinesUntilDrained(t *testing.T) {
 		}
 		return res
 	}
-	res := reserve()
-	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, transfer.Key{Room: res.Room, Epoch: res.Epoch})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
 	kv := p.dPool.KV()
-	if err := sess.Write(transfer.PageWrite{Index: 0, Page: res.Pages[0], Tokens: 4, Data: make([]byte, transfer.PackedSize(kv, 4))}); err != nil {
-		t.Fatal(err)
+	landOne := func(res *pdv1.Reservation) transfer.Session {
+		sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sess.Close() })
+		if err := sess.Write(transfer.PageWrite{Index: 0, Page: res.Pages[0], Tokens: 4, Data: make([]byte, transfer.PackedSize(kv, 4))}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sess.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return sess
 	}
-	if err := sess.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "client left"}); err != nil {
+	res := reserve()
+	landOne(res)
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "client left", Capability: res.Capability}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -322,11 +338,11 @@ func TestAbortQuarantinesUntilDrained(t *testing.T) {
 	if st.Quarantined != len(res.Pages) {
 		t.Fatalf("after abort: %d quarantined, want the %d prompt pages; %+v", st.Quarantined, len(res.Pages), st)
 	}
-	_, _ = p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch + 1, Writer: "127.0.0.1:1"})
+	_, _ = p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch + 1, Writer: "127.0.0.1:1", Capability: res.Capability})
 	if p.dPool.Stats().Quarantined != len(res.Pages) {
 		t.Fatal("a Drained for another epoch freed pages")
 	}
-	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: "127.0.0.1:1"}); err != nil {
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: "127.0.0.1:1", Capability: res.Capability}); err != nil {
 		t.Fatal(err)
 	}
 	waitAllFree(t, p.dPool)
@@ -334,11 +350,38 @@ func TestAbortQuarantinesUntilDrained(t *testing.T) {
 		t.Fatal("late Drained not counted")
 	}
 
+	// No Drained, the session held open: the receiver ends it.
 	res = reserve()
-	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "client left"}); err != nil {
+	sess := landOne(res)
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "client left", Capability: res.Capability}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if st := p.dPool.Stats(); st.Quarantined != len(res.Pages) {
+		t.Fatalf("after abort: %d quarantined, want the %d prompt pages; %+v", st.Quarantined, len(res.Pages), st)
+	}
+	waitAllFree(t, p.dPool)
+	if err := sess.Flush(ctx); err == nil {
+		t.Fatal("the session the receiver ended still flushes")
+	}
+
+	res = reserve()
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "client left", Capability: res.Capability}); err != nil {
 		t.Fatal(err)
 	}
 	waitAllFree(t, p.dPool)
+}
+
+// resKey is the transfer key of a reservation, with its capability.
+func resKey(res *pdv1.Reservation) transfer.Key {
+	c, _ := transfer.CapabilityFrom(res.Capability)
+	return transfer.Key{Room: res.Room, Epoch: res.Epoch, Cap: c}
+}
+
+// sidOf is the session ID a Commit carries.
+func sidOf(s transfer.Session) []byte {
+	id := s.ID()
+	return id[:]
 }
 
 func testutilCounter(t *testing.T, ms *metrics.Set, name string) float64 {

@@ -215,7 +215,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 	// goroutine started here returns with relay.
 	ctx, cancel := context.WithCancel(s.md)
 	defer cancel()
-	evs, err := dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch})
+	evs, err := dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch, Capability: res.Capability})
 	if err != nil {
 		f := rpcFailure("stream", "decode token stream failed", err)
 		s.cancelReservation(log, dc, res, "token stream failed: "+err.Error())
@@ -378,7 +378,7 @@ func (s *stream) endOutcome() {
 func (s *stream) tellDecode(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reservation) {
 	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
 	defer cancel()
-	req := &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, RequestId: s.id}
+	req := &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, RequestId: s.id, Capability: res.Capability}
 	var err error
 	if s.quitWhy.Load() == quitStop {
 		req.Reason = "stop string matched"
@@ -399,7 +399,7 @@ func (s *stream) tellDecode(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Re
 func (s *stream) abort(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reservation, reason string) {
 	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
 	defer cancel()
-	if _, err := dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, RequestId: s.id, Reason: reason}); err != nil {
+	if _, err := dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, RequestId: s.id, Reason: reason, Capability: res.Capability}); err != nil {
 		log.Warn("could not tell decode to abort", "reason", reason, "err", err)
 	}
 }
@@ -410,7 +410,7 @@ func (s *stream) abort(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reserva
 func (s *stream) cancelReservation(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reservation, reason string) {
 	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
 	defer cancel()
-	if _, err := dc.CancelReservation(ctx, &pdv1.CancelRequest{Room: res.Room, Epoch: res.Epoch, Reason: reason}); err != nil {
+	if _, err := dc.CancelReservation(ctx, &pdv1.CancelRequest{Room: res.Room, Epoch: res.Epoch, Reason: reason, Capability: res.Capability}); err != nil {
 		log.Warn("could not cancel the reservation", "reason", reason, "err", err)
 		return
 	}

@@ -10,6 +10,8 @@ package transfer
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -32,12 +34,64 @@ var (
 	ErrClosed = errors.New("transfer: session closed")
 )
 
-// Key names one reservation: a decode room and the epoch of its pages.
+// Key names one reservation: a decode room and the epoch of its pages, for
+// logs, and the capability that makes the name worth something.
 type Key struct {
 	Room, Epoch uint64
+	Cap         Capability
+	// Session is the transfer session a write came through, set by the
+	// receiver from the session's handshake (a sender's Open ignores it):
+	// decode binds a reservation to the first session it admits, and takes
+	// writes, the end of writing and Commit only from that one.
+	Session SessionID
 }
 
+// SessionID names one transfer session. Both ends learn it in the
+// session's handshake; nobody else does.
+type SessionID [32]byte
+
+// Reservation is k without its session: the name of the reservation
+// alone, the same for every session that writes it.
+func (k Key) Reservation() Key {
+	k.Session = SessionID{}
+	return k
+}
+
+// String names the reservation for logs; the capability stays out of them.
 func (k Key) String() string { return fmt.Sprintf("room %d epoch %d", k.Room, k.Epoch) }
+
+// Capability is decode's unguessable name for one reservation: 256 random
+// bits made at Reserve. Rooms count up and page ids are reused, so anyone
+// could name a reservation by them; only the router and the one prefill
+// worker it chose learn the capability, and every message about the
+// reservation must carry it.
+type Capability [32]byte
+
+// NewCapability draws a fresh capability from the system's random source.
+func NewCapability() Capability {
+	var c Capability
+	if _, err := rand.Read(c[:]); err != nil {
+		panic("transfer: no randomness for a capability: " + err.Error())
+	}
+	return c
+}
+
+// CapabilityFrom reads a capability off the wire; anything but 32 bytes is
+// not one.
+func CapabilityFrom(b []byte) (Capability, bool) {
+	var c Capability
+	if len(b) != len(c) {
+		return c, false
+	}
+	copy(c[:], b)
+	return c, true
+}
+
+// Matches compares in constant time, so the time a refusal takes says
+// nothing about how much of a guess was right.
+func (c Capability) Matches(b []byte) bool {
+	return len(b) == len(c) && subtle.ConstantTimeCompare(c[:], b) == 1
+}
 
 // PageWrite is one page of KV: the page's position in the reservation
 // (Index), the decode page id it must land in, how many token slots it
@@ -49,32 +103,32 @@ type PageWrite struct {
 	Data   []byte
 }
 
-// Sink is the decode side's gate for incoming writes. A transport calls
-// Write for every page frame it receives and only writes through it; an
-// error refuses the frame (nothing is written) and is reported to the
-// sender. Closed is called once per session after the session's connection
-// is closed and its receiver has returned: from then on no write of that
-// session can land.
+// Sink is the decode side's gate for incoming sessions and writes.
+//
+// A transport calls Admit once per session, when its HELLO (room, epoch,
+// capability) is in and before any of its writes: an error refuses the
+// session, whose writes then all come back from Flush as ErrRefused,
+// carrying the error's text. pages are the reservation's page ids in
+// order, index i to pages[i]; a one-sided receiver (see OneSided) hands
+// them to the sender with the remote key, and the sender refuses, before
+// any byte moves, a write whose page is not pages[Index], whose token
+// count is outside 1..page size, or whose payload is not PackedSize (that
+// stops a confused sender, not a hostile one: whoever holds the remote key
+// can write anywhere in the registered memory, which is why only an
+// admitted member's session gets it).
+//
+// A transport calls Write for every page frame of an admitted session it
+// receives and only writes through it; an error refuses the frame
+// (nothing is written) and is reported to the sender. Closed is called
+// once per session after the session's connection is closed and its
+// receiver has returned: from then on no write of that session can land.
 //
 // w.Data belongs to the transport and is only valid during Write (a
 // transport reuses its receive buffers), so a Sink copies what it keeps.
 type Sink interface {
+	Admit(k Key) (pages []int32, err error)
 	Write(k Key, w PageWrite) error
 	Closed(k Key, proof string)
-}
-
-// Admitter is implemented by a Sink given to a one-sided receiver (see
-// OneSided), which calls Admit once when a session opens, before the
-// sender is given the means to write (the remote key): an error refuses
-// the session (its writes come back from Flush as ErrRefused, carrying the
-// error's text), and pages are the reservation's page ids in order, index
-// i to pages[i]. The sender then refuses, before any byte moves, a write
-// whose page is not pages[Index], whose token count is outside 1..page
-// size, or whose payload is not PackedSize. This is the one-sided form of
-// the Write gate: it stops a confused sender, not a hostile one (whoever
-// holds the remote key can write anywhere in the registered memory).
-type Admitter interface {
-	Admit(k Key) (pages []int32, err error)
 }
 
 // OneSided is implemented by a Receiver whose senders write straight into
@@ -94,6 +148,15 @@ type OneSided interface {
 func IsOneSided(r Receiver) bool {
 	o, ok := r.(OneSided)
 	return ok && o.OneSided()
+}
+
+// Evictor is implemented by a Receiver that can end a session itself. A
+// receiver that writes the pages (tcp) ends the session's connection and
+// joins its goroutine, then calls Sink.Closed with that as the proof: the
+// decode side can free an aborted reservation's pages without waiting for
+// a writer that holds its connection open and never says Drained.
+type Evictor interface {
+	Evict(k Key)
 }
 
 // Receiver is the decode side of a transport.
@@ -124,6 +187,8 @@ type Session interface {
 	Close() error
 	// Bytes counts the payload bytes that landed.
 	Bytes() int64
+	// ID names the session as its handshake did (see Key.Session).
+	ID() SessionID
 }
 
 // PackedSize is the size of tokens slots of one page, packed.

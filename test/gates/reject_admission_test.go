@@ -28,7 +28,7 @@ func TestGateRejectAdmission(t *testing.T) {
 	// Straight to prefill's door, with a reservation that names the real decode worker.
 	dinfo := serverInfo(t, d)
 	_, err := prefillClient(t, p).Prefill(timeout(t), &pdv1.PrefillRequest{RequestId: "reject", Prompt: tokens(100),
-		Reservation: &pdv1.Reservation{Room: 999, Epoch: 999, Pages: make([]int32, 7), PromptTokens: 100,
+		Reservation: &pdv1.Reservation{Room: 999, Epoch: 999, Pages: make([]int32, 7), PromptTokens: 100, Capability: make([]byte, 32),
 			Layout: mustInfo(t, p).Layout, Transport: "tcp", TransferAddr: dinfo["transfer_addr"].(string), DecodeAddr: dinfo["grpc_addr"].(string)}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("prefill door let a 100-token prompt into a 64-token pool: %v", err)

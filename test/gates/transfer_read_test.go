@@ -22,7 +22,7 @@ var handoffFaults = []handoffFault{
 	{"over-claim", "over_claim=1", "over_claim", ""},
 	{"corrupt bytes", "corrupt=1", "checksum", ""},
 	{"misdirected page", "wrong_page=1", "owner_tag", ""},
-	{"wrong epoch", "wrong_epoch=1", "", "write"},
+	{"wrong epoch", "wrong_epoch=1", "", "admit"},
 }
 
 // scenarioHandoffFault injects one fault into every prefill write and checks

@@ -165,6 +165,7 @@ type WorkerInfo struct {
 	Transport         string                 `protobuf:"bytes,11,opt,name=transport,proto3" json:"transport,omitempty"`                           // "tcp"
 	TransferAddr      string                 `protobuf:"bytes,12,opt,name=transfer_addr,json=transferAddr,proto3" json:"transfer_addr,omitempty"` // decode: where its transport receiver listens
 	GrpcAddr          string                 `protobuf:"bytes,13,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	InternalAuth      string                 `protobuf:"bytes,14,opt,name=internal_auth,json=internalAuth,proto3" json:"internal_auth,omitempty"` // how peers are authenticated: "mtls", "secret", "none (...)"
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -286,6 +287,13 @@ func (x *WorkerInfo) GetTransferAddr() string {
 func (x *WorkerInfo) GetGrpcAddr() string {
 	if x != nil {
 		return x.GrpcAddr
+	}
+	return ""
+}
+
+func (x *WorkerInfo) GetInternalAuth() string {
+	if x != nil {
+		return x.InternalAuth
 	}
 	return ""
 }
@@ -476,15 +484,21 @@ func (x *ReserveRequest) GetWriter() string {
 
 // Reservation names one use of pages on a decode worker.
 type Reservation struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Pages         []int32                `protobuf:"varint,3,rep,packed,name=pages,proto3" json:"pages,omitempty"` // page ids for positions [0, prompt_tokens), in order
-	PromptTokens  uint32                 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
-	Layout        *KVLayout              `protobuf:"bytes,5,opt,name=layout,proto3" json:"layout,omitempty"`
-	Transport     string                 `protobuf:"bytes,6,opt,name=transport,proto3" json:"transport,omitempty"`
-	TransferAddr  string                 `protobuf:"bytes,7,opt,name=transfer_addr,json=transferAddr,proto3" json:"transfer_addr,omitempty"`
-	DecodeAddr    string                 `protobuf:"bytes,8,opt,name=decode_addr,json=decodeAddr,proto3" json:"decode_addr,omitempty"` // gRPC address for Commit and Drained
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Room         uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	Epoch        uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Pages        []int32                `protobuf:"varint,3,rep,packed,name=pages,proto3" json:"pages,omitempty"` // page ids for positions [0, prompt_tokens), in order
+	PromptTokens uint32                 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	Layout       *KVLayout              `protobuf:"bytes,5,opt,name=layout,proto3" json:"layout,omitempty"`
+	Transport    string                 `protobuf:"bytes,6,opt,name=transport,proto3" json:"transport,omitempty"`
+	TransferAddr string                 `protobuf:"bytes,7,opt,name=transfer_addr,json=transferAddr,proto3" json:"transfer_addr,omitempty"`
+	DecodeAddr   string                 `protobuf:"bytes,8,opt,name=decode_addr,json=decodeAddr,proto3" json:"decode_addr,omitempty"` // gRPC address for Commit and Drained
+	// capability is decode's unguessable name for this reservation: it is
+	// handed to the router here and by the router to the one prefill worker
+	// it chose, and every later message about the reservation (page frames,
+	// Commit, Drained, Stream, Abort, Finish, Cancel) must present it. Room
+	// and epoch are for logs.
+	Capability    []byte `protobuf:"bytes,9,opt,name=capability,proto3" json:"capability,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,11 +589,19 @@ func (x *Reservation) GetDecodeAddr() string {
 	return ""
 }
 
+func (x *Reservation) GetCapability() []byte {
+	if x != nil {
+		return x.Capability
+	}
+	return nil
+}
+
 type CancelRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
 	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Capability    []byte                 `protobuf:"bytes,4,opt,name=capability,proto3" json:"capability,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -633,6 +655,13 @@ func (x *CancelRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *CancelRequest) GetCapability() []byte {
+	if x != nil {
+		return x.Capability
+	}
+	return nil
 }
 
 type Ack struct {
@@ -913,6 +942,11 @@ type CommitRequest struct {
 	PageChecksums []uint64               `protobuf:"varint,4,rep,packed,name=page_checksums,json=pageChecksums,proto3" json:"page_checksums,omitempty"` // xxh3 of each page's written rows, in reservation order
 	FirstToken    *Token                 `protobuf:"bytes,5,opt,name=first_token,json=firstToken,proto3" json:"first_token,omitempty"`
 	Writer        string                 `protobuf:"bytes,6,opt,name=writer,proto3" json:"writer,omitempty"`
+	Capability    []byte                 `protobuf:"bytes,7,opt,name=capability,proto3" json:"capability,omitempty"`
+	// session_id names the transfer session that wrote the pages (both ends
+	// learn it in the session's handshake); decode accepts a Commit only from
+	// the session it admitted for this reservation.
+	SessionId     []byte `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -989,6 +1023,20 @@ func (x *CommitRequest) GetWriter() string {
 	return ""
 }
 
+func (x *CommitRequest) GetCapability() []byte {
+	if x != nil {
+		return x.Capability
+	}
+	return nil
+}
+
+func (x *CommitRequest) GetSessionId() []byte {
+	if x != nil {
+		return x.SessionId
+	}
+	return nil
+}
+
 type AbortRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
@@ -996,6 +1044,7 @@ type AbortRequest struct {
 	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	RequestId     string                 `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	DecodeAddr    string                 `protobuf:"bytes,5,opt,name=decode_addr,json=decodeAddr,proto3" json:"decode_addr,omitempty"` // decode to prefill: where to send Drained
+	Capability    []byte                 `protobuf:"bytes,6,opt,name=capability,proto3" json:"capability,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1065,6 +1114,13 @@ func (x *AbortRequest) GetDecodeAddr() string {
 	return ""
 }
 
+func (x *AbortRequest) GetCapability() []byte {
+	if x != nil {
+		return x.Capability
+	}
+	return nil
+}
+
 // DrainedRequest is the writer's word that no write of its for this
 // room/epoch is in flight or will be issued.
 type DrainedRequest struct {
@@ -1072,6 +1128,7 @@ type DrainedRequest struct {
 	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
 	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Writer        string                 `protobuf:"bytes,3,opt,name=writer,proto3" json:"writer,omitempty"`
+	Capability    []byte                 `protobuf:"bytes,4,opt,name=capability,proto3" json:"capability,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1127,10 +1184,18 @@ func (x *DrainedRequest) GetWriter() string {
 	return ""
 }
 
+func (x *DrainedRequest) GetCapability() []byte {
+	if x != nil {
+		return x.Capability
+	}
+	return nil
+}
+
 type StreamRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
 	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Capability    []byte                 `protobuf:"bytes,3,opt,name=capability,proto3" json:"capability,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1177,6 +1242,13 @@ func (x *StreamRequest) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *StreamRequest) GetCapability() []byte {
+	if x != nil {
+		return x.Capability
+	}
+	return nil
 }
 
 // TokenEvent is one generated token; the last event carries finish
@@ -1261,7 +1333,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x06layers\x18\x04 \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\x05 \x01(\rR\akvHeads\x12\x19\n" +
 	"\bhead_dim\x18\x06 \x01(\rR\aheadDim\"\r\n" +
-	"\vInfoRequest\"\xc4\x03\n" +
+	"\vInfoRequest\"\xe9\x03\n" +
 	"\n" +
 	"WorkerInfo\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12-\n" +
@@ -1280,7 +1352,8 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	" \x01(\rR\x06queued\x12\x1c\n" +
 	"\ttransport\x18\v \x01(\tR\ttransport\x12#\n" +
 	"\rtransfer_addr\x18\f \x01(\tR\ftransferAddr\x12\x1b\n" +
-	"\tgrpc_addr\x18\r \x01(\tR\bgrpcAddr\"\x9a\x02\n" +
+	"\tgrpc_addr\x18\r \x01(\tR\bgrpcAddr\x12#\n" +
+	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\"\x9a\x02\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
@@ -1300,7 +1373,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\x127\n" +
 	"\bsampling\x18\x03 \x01(\v2\x1b.baton.pd.v1.SamplingParamsR\bsampling\x12-\n" +
 	"\x06layout\x18\x04 \x01(\v2\x15.baton.pd.v1.KVLayoutR\x06layout\x12\x16\n" +
-	"\x06writer\x18\x05 \x01(\tR\x06writer\"\x85\x02\n" +
+	"\x06writer\x18\x05 \x01(\tR\x06writer\"\xa5\x02\n" +
 	"\vReservation\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
@@ -1310,11 +1383,17 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\ttransport\x18\x06 \x01(\tR\ttransport\x12#\n" +
 	"\rtransfer_addr\x18\a \x01(\tR\ftransferAddr\x12\x1f\n" +
 	"\vdecode_addr\x18\b \x01(\tR\n" +
-	"decodeAddr\"Q\n" +
+	"decodeAddr\x12\x1e\n" +
+	"\n" +
+	"capability\x18\t \x01(\fR\n" +
+	"capability\"q\n" +
 	"\rCancelRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x05\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
+	"\n" +
+	"capability\x18\x04 \x01(\fR\n" +
+	"capability\"\x05\n" +
 	"\x03Ack\"\xbc\x01\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
 	"\n" +
@@ -1332,7 +1411,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05Token\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x05R\x02id\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12+\n" +
-	"\x03top\x18\x03 \x03(\v2\x19.baton.pd.v1.TokenLogprobR\x03top\"\xd4\x01\n" +
+	"\x03top\x18\x03 \x03(\v2\x19.baton.pd.v1.TokenLogprobR\x03top\"\x93\x02\n" +
 	"\rCommitRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
@@ -1340,7 +1419,12 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x0epage_checksums\x18\x04 \x03(\x04R\rpageChecksums\x123\n" +
 	"\vfirst_token\x18\x05 \x01(\v2\x12.baton.pd.v1.TokenR\n" +
 	"firstToken\x12\x16\n" +
-	"\x06writer\x18\x06 \x01(\tR\x06writer\"\x90\x01\n" +
+	"\x06writer\x18\x06 \x01(\tR\x06writer\x12\x1e\n" +
+	"\n" +
+	"capability\x18\a \x01(\fR\n" +
+	"capability\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\b \x01(\fR\tsessionId\"\xb0\x01\n" +
 	"\fAbortRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
@@ -1348,14 +1432,23 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12\x1f\n" +
 	"\vdecode_addr\x18\x05 \x01(\tR\n" +
-	"decodeAddr\"R\n" +
+	"decodeAddr\x12\x1e\n" +
+	"\n" +
+	"capability\x18\x06 \x01(\fR\n" +
+	"capability\"r\n" +
 	"\x0eDrainedRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06writer\x18\x03 \x01(\tR\x06writer\"9\n" +
+	"\x06writer\x18\x03 \x01(\tR\x06writer\x12\x1e\n" +
+	"\n" +
+	"capability\x18\x04 \x01(\fR\n" +
+	"capability\"Y\n" +
 	"\rStreamRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"x\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
+	"\n" +
+	"capability\x18\x03 \x01(\fR\n" +
+	"capability\"x\n" +
 	"\n" +
 	"TokenEvent\x12(\n" +
 	"\x05token\x18\x01 \x01(\v2\x12.baton.pd.v1.TokenR\x05token\x12\x16\n" +

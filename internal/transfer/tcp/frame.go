@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+
+	"github.com/batonlm/baton/internal/transfer"
 )
 
 // Wire format. Every frame starts with the same 32-byte header, little
@@ -22,7 +24,8 @@ import (
 //
 // followed by the payload. Per type:
 //
-//	HELLO      a room, b epoch; no payload. First frame of a session, sender to receiver.
+//	HELLO      a room, b epoch; payload the reservation's capability (32 bytes).
+//	           First frame of a session, sender to receiver.
 //	PAGE       a index, b page id (int32 as int64), c tokens; payload the packed rows.
 //	FLUSH      a sequence number; no payload.
 //	FLUSH_ACK  a sequence number, b payload bytes landed so far; payload the
@@ -33,8 +36,9 @@ import (
 // rather than half-understood.
 const (
 	hdrSize = 32
+	capSize = len(transfer.Capability{})
 	magic   = 0xBA
-	version = 1
+	version = 2
 
 	frameHello = 1
 	framePage  = 2
@@ -97,8 +101,8 @@ func decodeHeader(src []byte, maxPayload int) (header, error) {
 	}
 	switch h.typ {
 	case frameHello:
-		if h.length != 0 || h.c != 0 {
-			return header{}, fmt.Errorf("%w: HELLO with payload or extra fields", errMalformed)
+		if h.length != capSize || h.c != 0 {
+			return header{}, fmt.Errorf("%w: HELLO without a capability or with extra fields", errMalformed)
 		}
 	case framePage:
 		if h.length > maxPayload {

@@ -29,13 +29,22 @@ func (s *fuzzSink) Write(_ transfer.Key, w transfer.PageWrite) error {
 
 func (s *fuzzSink) Closed(transfer.Key, string) {}
 
+// Admit refuses sessions whose room is odd, so refused sessions are
+// fuzzed too.
+func (s *fuzzSink) Admit(k transfer.Key) ([]int32, error) {
+	if k.Room%2 == 1 {
+		return nil, errors.New("odd room")
+	}
+	return nil, nil
+}
+
 // FuzzFrame feeds arbitrary bytes to a receiver's frame processing (and to
 // the sender's ack reader): it must never panic, never pass the Sink a
 // write outside the limits, and never hold a buffer past the payload
 // limit. (TestLazyPayloadAlloc checks that a claimed length alone does not
 // allocate; a large limit here would only slow the fuzzer down.)
 func FuzzFrame(f *testing.F) {
-	hello := frame(frameHello, 0, 3, 4, 0, nil)
+	hello := frame(frameHello, capSize, 3, 4, 0, make([]byte, capSize))
 	valid := bytes.Join([][]byte{
 		hello,
 		frame(framePage, 8, 0, 5, 2, []byte{1, 2, 3, 4, 5, 6, 7, 8}),

@@ -10,7 +10,11 @@
 // that was sent) so that a returned Close also means nothing is in flight.
 package tcp
 
-import "time"
+import (
+	"time"
+
+	"github.com/batonlm/baton/internal/transfer"
+)
 
 // Defaults for the options.
 const (
@@ -27,6 +31,7 @@ type config struct {
 	socketBuffer     int
 	handshakeTimeout time.Duration
 	closeTimeout     time.Duration
+	handshake        transfer.Handshake
 }
 
 func newConfig(opts []Option) config {
@@ -36,6 +41,7 @@ func newConfig(opts []Option) config {
 		socketBuffer:     DefaultSocketBuffer,
 		handshakeTimeout: DefaultHandshakeTimeout,
 		closeTimeout:     DefaultCloseTimeout,
+		handshake:        transfer.Plain{},
 	}
 	for _, o := range opts {
 		o(&c)
@@ -46,6 +52,17 @@ func newConfig(opts []Option) config {
 // Option tunes a Receiver or a Sender; each applies to the side(s) named
 // in its doc and is ignored by the other.
 type Option func(*config)
+
+// WithHandshake sets how each connection is authenticated and its session
+// named before any frame (both sides; the default, transfer.Plain,
+// authenticates nobody).
+func WithHandshake(h transfer.Handshake) Option {
+	return func(c *config) {
+		if h != nil {
+			c.handshake = h
+		}
+	}
+}
 
 // WithMaxPayload bounds one page frame's payload (both sides). A receiver
 // drops a connection whose frame claims more, so a hostile or broken peer

@@ -20,8 +20,10 @@ type Receiver struct {
 	cfg  config
 	done chan struct{}
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
+	mu sync.Mutex
+	// conns maps each open connection to its session's key, the zero Key
+	// until its HELLO is in.
+	conns  map[net.Conn]transfer.Key
 	closed bool
 	// wg counts the accept loop and every connection's goroutine; it is
 	// what Close joins.
@@ -45,7 +47,7 @@ func Listen(addr string, sink transfer.Sink, opts ...Option) (*Receiver, error) 
 		sink:  sink,
 		cfg:   newConfig(opts),
 		done:  make(chan struct{}),
-		conns: make(map[net.Conn]struct{}),
+		conns: make(map[net.Conn]transfer.Key),
 	}
 	r.wg.Add(1)
 	go r.acceptLoop()
@@ -77,6 +79,18 @@ func (r *Receiver) Close() error {
 	return r.closeErr
 }
 
+// Evict implements transfer.Evictor: it closes the connection of session
+// k (reservation and session both), whose goroutine then reports Closed.
+func (r *Receiver) Evict(k transfer.Key) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c, ck := range r.conns {
+		if ck == k {
+			_ = c.Close()
+		}
+	}
+}
+
 func (r *Receiver) acceptLoop() {
 	defer r.wg.Done()
 	backoff := 5 * time.Millisecond
@@ -106,7 +120,7 @@ func (r *Receiver) acceptLoop() {
 			_ = c.Close()
 			return
 		}
-		r.conns[c] = struct{}{}
+		r.conns[c] = transfer.Key{}
 		r.wg.Add(1)
 		r.mu.Unlock()
 		go r.serve(c)
@@ -118,15 +132,29 @@ func (r *Receiver) acceptLoop() {
 // one) is done with frames: that order is the drain proof.
 func (r *Receiver) serve(c net.Conn) {
 	defer r.wg.Done()
-	_ = c.SetReadDeadline(time.Now().Add(r.cfg.handshakeTimeout))
+	deadline := time.Now().Add(r.cfg.handshakeTimeout)
+	conn, id, err := r.cfg.handshake.Accept(c, deadline)
+	if err != nil {
+		_ = c.Close()
+		r.mu.Lock()
+		delete(r.conns, c)
+		r.mu.Unlock()
+		return
+	}
+	_ = conn.SetReadDeadline(deadline)
 	var (
 		key   transfer.Key
 		hello bool
 	)
-	st := &connState{cfg: &r.cfg, sink: r.sink}
-	err := st.serveFrames(bufio.NewReaderSize(c, 64<<10), c, func(k transfer.Key) {
+	st := &connState{cfg: &r.cfg, sink: r.sink, session: id}
+	err = st.serveFrames(bufio.NewReaderSize(conn, 64<<10), conn, func(k transfer.Key) {
 		key, hello = k, true
-		_ = c.SetReadDeadline(time.Time{})
+		_ = conn.SetReadDeadline(time.Time{})
+		r.mu.Lock()
+		if _, open := r.conns[c]; open {
+			r.conns[c] = k
+		}
+		r.mu.Unlock()
 	})
 	_ = c.Close()
 	r.mu.Lock()
@@ -152,6 +180,10 @@ type connState struct {
 	ack      []byte
 	firstErr string
 	landed   int64
+	// session names this connection's session for the Sink; refused is
+	// set when the Sink did not admit it.
+	session transfer.SessionID
+	refused bool
 }
 
 // serveFrames reads frames from r until EOF or an error, calling hello
@@ -162,15 +194,22 @@ func (st *connState) serveFrames(r io.Reader, w io.Writer, hello func(transfer.K
 		payload []byte
 		err     error
 	)
-	h, _, st.buf, err = readFrame(r, &st.hdr, st.buf, st.cfg.maxPayload)
+	h, payload, st.buf, err = readFrame(r, &st.hdr, st.buf, st.cfg.maxPayload)
 	if err != nil {
 		return fmt.Errorf("before HELLO: %w", err)
 	}
 	if h.typ != frameHello {
 		return fmt.Errorf("%w: first frame is type %d, not HELLO", errMalformed, h.typ)
 	}
-	key := transfer.Key{Room: h.a, Epoch: h.b}
+	key := transfer.Key{Room: h.a, Epoch: h.b, Session: st.session}
+	key.Cap, _ = transfer.CapabilityFrom(payload) // decodeHeader checked its size
 	hello(key)
+	if _, err := st.sink.Admit(key); err != nil {
+		// Refused sessions stay connected until the sender flushes, so the
+		// refusal reaches it as the ack's text; none of its pages lands.
+		st.firstErr = fmt.Sprintf("session refused: %v", err)
+		st.refused = true
+	}
 	for {
 		h, payload, st.buf, err = readFrame(r, &st.hdr, st.buf, st.cfg.maxPayload)
 		if err == io.EOF {
@@ -181,6 +220,9 @@ func (st *connState) serveFrames(r io.Reader, w io.Writer, hello func(transfer.K
 		}
 		switch h.typ {
 		case framePage:
+			if st.refused {
+				continue
+			}
 			w := transfer.PageWrite{Index: int(h.a), Page: int32(int64(h.b)), Tokens: int(h.c), Data: payload}
 			if err := st.sink.Write(key, w); err != nil {
 				if st.firstErr == "" {

@@ -47,21 +47,31 @@ func (s *Sender) Open(ctx context.Context, addr string, k transfer.Key) (transfe
 		return nil, fmt.Errorf("tcp: dial %s: not a TCP connection", addr)
 	}
 	tuneConn(tc, s.cfg)
-	var hello [hdrSize]byte
-	putHeader(hello[:], frameHello, 0, k.Room, k.Epoch, 0)
-	if dl, ok := ctx.Deadline(); ok {
-		_ = tc.SetWriteDeadline(dl)
+	deadline := time.Now().Add(s.cfg.handshakeTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
 	}
-	if _, err := tc.Write(hello[:]); err != nil {
+	conn, id, err := s.cfg.handshake.Open(tc, deadline)
+	if err != nil {
 		_ = tc.Close()
+		return nil, fmt.Errorf("tcp: session with %s for %v: %w", addr, k, err)
+	}
+	var hello [hdrSize + capSize]byte
+	putHeader(hello[:], frameHello, capSize, k.Room, k.Epoch, 0)
+	copy(hello[hdrSize:], k.Cap[:])
+	_ = conn.SetWriteDeadline(deadline)
+	if _, err := conn.Write(hello[:]); err != nil {
+		_ = conn.Close()
 		return nil, fmt.Errorf("tcp: HELLO to %s for %v: %w", addr, k, err)
 	}
-	_ = tc.SetWriteDeadline(time.Time{})
+	_ = conn.SetWriteDeadline(time.Time{})
 	ss := &Session{
 		cfg:        s.cfg,
 		key:        k,
+		id:         id,
 		addr:       addr,
-		conn:       tc,
+		conn:       conn,
+		raw:        tc,
 		queue:      make(chan item, s.cfg.queueDepth),
 		stop:       make(chan struct{}),
 		dead:       make(chan struct{}),
@@ -91,8 +101,11 @@ type ack struct {
 type Session struct {
 	cfg  config
 	key  transfer.Key
+	id   transfer.SessionID
 	addr string
-	conn *net.TCPConn
+	// conn is what the handshake returned (TLS, say) over raw.
+	conn net.Conn
+	raw  *net.TCPConn
 
 	// queue is bounded: a full queue blocks Write, which is how a slow
 	// receiver slows the prefill side down instead of piling up pages.
@@ -192,6 +205,10 @@ func (s *Session) Flush(ctx context.Context) error {
 	return nil
 }
 
+// ID names the session as its handshake did; decode takes Commit only
+// from the session it admitted.
+func (s *Session) ID() transfer.SessionID { return s.id }
+
 // Bytes counts the payload bytes the receiver's Sink accepted, as of the
 // last flush ack.
 func (s *Session) Bytes() int64 { return s.landed.Load() }
@@ -218,8 +235,8 @@ func (s *Session) end(graceful bool) error {
 		if !graceful {
 			// Linger 0 makes Close send a reset, as when a process dies
 			// with unread data.
-			_ = s.conn.SetLinger(0)
-			_ = s.conn.Close()
+			_ = s.raw.SetLinger(0)
+			_ = s.raw.Close()
 			<-s.writerDone
 			<-s.readerDone
 			return
@@ -228,7 +245,9 @@ func (s *Session) end(graceful bool) error {
 		// is cut short, and the receiver drops a cut frame.
 		_ = s.conn.SetWriteDeadline(time.Now())
 		<-s.writerDone
-		_ = s.conn.CloseWrite()
+		if cw, ok := s.conn.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
 		_ = s.conn.SetReadDeadline(time.Now().Add(s.cfg.closeTimeout))
 		<-s.readerDone
 		_ = s.conn.Close()

@@ -89,3 +89,7 @@ func (s *UnpackSink) Write(_ transfer.Key, w transfer.PageWrite) error {
 
 // Closed implements transfer.Sink.
 func (s *UnpackSink) Closed(transfer.Key, string) {}
+
+// Admit implements transfer.Sink: every session is admitted (the
+// benchmark's senders write only pages of their own).
+func (s *UnpackSink) Admit(transfer.Key) ([]int32, error) { return nil, nil }

@@ -62,9 +62,12 @@ func (s *sink) poison() {
 	}
 }
 
-// Admit implements transfer.Admitter: a one-sided receiver asks it before
-// its sender gets the means to write.
+// Admit implements transfer.Sink: a receiver asks it before the session's
+// first write (a one-sided one before its sender gets the means to write).
+// The reservation's key includes its capability, so a session that names
+// the room and epoch with another capability is refused here.
 func (s *sink) Admit(k transfer.Key) ([]int32, error) {
+	k = k.Reservation()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pages, ok := s.res[k]
@@ -81,6 +84,7 @@ func (s *sink) reserve(k transfer.Key, pages []int32) {
 }
 
 func (s *sink) Write(k transfer.Key, w transfer.PageWrite) error {
+	k = k.Reservation()
 	s.entered.Add(int64(len(w.Data)))
 	if s.delay > 0 {
 		time.Sleep(s.delay)
@@ -114,6 +118,7 @@ func (s *sink) Write(k transfer.Key, w transfer.PageWrite) error {
 }
 
 func (s *sink) Closed(k transfer.Key, proof string) {
+	k = k.Reservation()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if proof == "" {

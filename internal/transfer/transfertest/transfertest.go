@@ -38,8 +38,7 @@ const MaxInFlight = 48 << 20
 // sink, and a sender that can reach it; Run closes the receiver itself
 // (once), then the sender if it has a Close() error method. The sink also
 // has a method KV() kernels.PagedKV, the buffer pages land in, for
-// transports that register the decode side's memory, and implements
-// transfer.Admitter.
+// transports that register the decode side's memory.
 //
 // Checks: pages land byte-exactly for several page sizes and partial last
 // pages; Flush returns only after every earlier write reached the sink,
@@ -198,7 +197,7 @@ func (h *harness) reserve(n int) (transfer.Key, []int32) {
 }
 
 func (h *harness) key() transfer.Key {
-	k := transfer.Key{Room: h.nextRoom, Epoch: 1000 + h.rng.Uint64N(1000)}
+	k := transfer.Key{Room: h.nextRoom, Epoch: 1000 + h.rng.Uint64N(1000), Cap: transfer.NewCapability()}
 	h.nextRoom++
 	return k
 }
@@ -463,6 +462,13 @@ func testRefused(t *testing.T, mk suite) {
 			// The pages are live, but under another key.
 			_, pages := h.reserve(1)
 			return h.key(), nil, h.pages(pages, ps)[0].w
+		}, "no live reservation"},
+		{"WrongCapability", func(h *harness) (transfer.Key, []page, transfer.PageWrite) {
+			// Room and epoch are guessable; the capability is not, and the
+			// transport must carry it to the sink unchanged.
+			k, pages := h.reserve(1)
+			k.Cap[0] ^= 1
+			return k, nil, h.pages(pages, ps)[0].w
 		}, "no live reservation"},
 		{"StaleEpoch", func(h *harness) (transfer.Key, []page, transfer.PageWrite) {
 			k, pages := h.reserve(1)

@@ -5,6 +5,8 @@ package ucx
 // Configuration and host identity, for the cgo side.
 
 import (
+	"github.com/batonlm/baton/internal/transfer"
+
 	"fmt"
 	"os"
 	"strings"
@@ -32,6 +34,7 @@ func newConfig(opts []Option) config {
 		maxInFlight:      DefaultMaxInFlight,
 		handshakeTimeout: DefaultHandshakeTimeout,
 		closeTimeout:     DefaultCloseTimeout,
+		handshake:        transfer.Plain{},
 	}
 	for _, o := range opts {
 		o(&c)

@@ -14,8 +14,8 @@
 //
 // api/pd is unchanged: Reservation.transfer_addr is a TCP address where the
 // receiver serves a small control protocol (proto.go), one connection per
-// session. The sender says HELLO(room, epoch); the receiver asks its Sink
-// (transfer.Admitter, required) whether the reservation is live and
+// session. The sender says HELLO(room, epoch, capability); the receiver
+// asks its Sink (Admit) whether the reservation is live and
 // answers WELCOME with its UCX worker address, the packed remote key, the
 // base address and length of the registered memory, the KV layout and the
 // reservation's page ids, or REFUSE with the reason. This costs one round

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/rdma"
 )
 
@@ -25,6 +26,7 @@ type config struct {
 	maxInFlight      int64
 	handshakeTimeout time.Duration
 	closeTimeout     time.Duration
+	handshake        transfer.Handshake
 	errMode          ErrMode
 	region           *Region
 	spin             time.Duration
@@ -88,6 +90,17 @@ func WithMaxInFlight(n int64) Option {
 	return func(c *config) {
 		if n > 0 {
 			c.maxInFlight = n
+		}
+	}
+}
+
+// WithHandshake sets how each control connection is authenticated and
+// its session named before HELLO (both sides; the default,
+// transfer.Plain, authenticates nobody).
+func WithHandshake(h transfer.Handshake) Option {
+	return func(c *config) {
+		if h != nil {
+			c.handshake = h
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+
+	"github.com/batonlm/baton/internal/transfer"
 )
 
 // The control protocol, one TCP connection per session. Every message is
@@ -19,7 +21,8 @@ import (
 //
 // then the payload. Per type:
 //
-//	HELLO    sender to receiver, first: room u64, epoch u64, pid u32, host id (bytes)
+//	HELLO    sender to receiver, first: room u64, epoch u64, pid u32, host id (bytes),
+//	         capability (bytes, 32)
 //	WELCOME  receiver to sender: worker address (bytes), rkey (bytes), base u64,
 //	         length u64, page size u32, layers u32, KV heads u32, head dim u32,
 //	         host id (bytes), page count u32, then that many page ids (i32)
@@ -34,7 +37,7 @@ import (
 const (
 	ctlHdr     = 8
 	ctlMagic   = 0xBC
-	ctlVersion = 1
+	ctlVersion = 2
 
 	msgHello   = 1
 	msgWelcome = 2
@@ -54,6 +57,7 @@ type hello struct {
 	Room, Epoch uint64
 	PID         uint32
 	Host        string
+	Cap         transfer.Capability
 }
 
 // welcome is what the receiver answers to an admitted session.
@@ -137,13 +141,22 @@ func (h hello) marshal() []byte {
 	e.u64(h.Epoch)
 	e.u32(h.PID)
 	e.bytes([]byte(h.Host))
+	e.bytes(h.Cap[:])
 	return frame(msgHello, e.b)
 }
 
 func parseHello(p []byte) (hello, error) {
 	d := dec{b: p}
 	h := hello{Room: d.u64(), Epoch: d.u64(), PID: d.u32(), Host: string(d.bytes(256))}
-	return h, d.end()
+	c, ok := transfer.CapabilityFrom(d.bytes(len(h.Cap)))
+	if err := d.end(); err != nil {
+		return h, err
+	}
+	if !ok {
+		return h, fmt.Errorf("%w: HELLO without a capability", errMalformed)
+	}
+	h.Cap = c
+	return h, nil
 }
 
 func (w welcome) marshal() []byte {

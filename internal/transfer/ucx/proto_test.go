@@ -84,14 +84,14 @@ func TestWelcomeChecks(t *testing.T) {
 func TestReadMsgLimits(t *testing.T) {
 	cases := map[string][]byte{
 		"BadMagic":     {0xBD, 1, msgEnd, 0, 0, 0, 0, 0},
-		"BadVersion":   {0xBC, 2, msgEnd, 0, 0, 0, 0, 0},
-		"Flags":        {0xBC, 1, msgEnd, 1, 0, 0, 0, 0},
-		"UnknownType":  {0xBC, 1, 99, 0, 0, 0, 0, 0},
-		"EndWithBytes": {0xBC, 1, msgEnd, 0, 1, 0, 0, 0, 7},
-		"HugeHello":    {0xBC, 1, msgHello, 0, 0, 0, 1, 0},
-		"HugeWelcome":  {0xBC, 1, msgWelcome, 0, 0xff, 0xff, 0xff, 0xff},
-		"CutPayload":   {0xBC, 1, msgRefuse, 0, 10, 0, 0, 0, 'a'},
-		"CutHeader":    {0xBC, 1},
+		"BadVersion":   {0xBC, ctlVersion + 1, msgEnd, 0, 0, 0, 0, 0},
+		"Flags":        {0xBC, ctlVersion, msgEnd, 1, 0, 0, 0, 0},
+		"UnknownType":  {0xBC, ctlVersion, 99, 0, 0, 0, 0, 0},
+		"EndWithBytes": {0xBC, ctlVersion, msgEnd, 0, 1, 0, 0, 0, 7},
+		"HugeHello":    {0xBC, ctlVersion, msgHello, 0, 0, 0, 1, 0},
+		"HugeWelcome":  {0xBC, ctlVersion, msgWelcome, 0, 0xff, 0xff, 0xff, 0xff},
+		"CutPayload":   {0xBC, ctlVersion, msgRefuse, 0, 10, 0, 0, 0, 'a'},
+		"CutHeader":    {0xBC, ctlVersion},
 		"HelloEmpty":   append(hello{Host: "x"}.marshal()[:4], 0, 0, 0, 0),
 	}
 	for name, in := range cases {

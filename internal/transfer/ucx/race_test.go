@@ -41,6 +41,7 @@ func (s *raceSink) Write(k transfer.Key, w transfer.PageWrite) error {
 }
 
 func (s *raceSink) Admit(k transfer.Key) ([]int32, error) {
+	k = k.Reservation()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pages, ok := s.live[k]
@@ -51,6 +52,7 @@ func (s *raceSink) Admit(k transfer.Key) ([]int32, error) {
 }
 
 func (s *raceSink) Closed(k transfer.Key, proof string) {
+	k = k.Reservation()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.closed[k]; dup {

@@ -97,12 +97,11 @@ func (r *Region) contains(p, n uintptr) bool {
 // control protocol at Addr, and implements transfer.Receiver and
 // transfer.OneSided.
 type Receiver struct {
-	cfg   config
-	ln    net.Listener
-	sink  transfer.Sink
-	admit transfer.Admitter
-	ctx   *ucpContext
-	eng   *engine
+	cfg  config
+	ln   net.Listener
+	sink transfer.Sink
+	ctx  *ucpContext
+	eng  *engine
 
 	memh   C.ucp_mem_h
 	ownMap bool
@@ -125,7 +124,10 @@ var (
 
 // rconn is one session's control connection on the receiver.
 type rconn struct {
-	c net.Conn
+	c net.Conn // as accepted; closed to cut the session off
+	// cc is the connection the handshake returned (TLS, say), which every
+	// message goes through; set under wmu before welcomed.
+	cc net.Conn
 	// wmu orders the receiver's writes: WELCOME before any CLOSING.
 	wmu      sync.Mutex
 	welcomed bool
@@ -137,8 +139,7 @@ type rconn struct {
 // Go memory is pinned for the receiver's life (runtime.Pinner): the KV
 // pool is allocated once and never reallocated, and Go's collector does
 // not move heap objects, so its address stays valid for UCX and senders.
-// sink must implement transfer.Admitter: without it a one-sided receiver
-// would have no gate at all. Its Write is never called; it gets Admit and
+// sink's Write is never called; it gets Admit, the one-sided gate, and
 // Closed.
 func Listen(addr string, sink transfer.Sink, kv kernels.PagedKV, opts ...Option) (*Receiver, error) {
 	cfg := newConfig(opts)
@@ -149,11 +150,7 @@ func Listen(addr string, sink transfer.Sink, kv kernels.PagedKV, opts ...Option)
 	if pf <= 0 || len(kv.Data) < pf || len(kv.Data)%pf != 0 {
 		return nil, fmt.Errorf("ucx: KV of %d floats is not whole pages of %d", len(kv.Data), pf)
 	}
-	admit, ok := sink.(transfer.Admitter)
-	if !ok {
-		return nil, fmt.Errorf("ucx: sink %T does not implement transfer.Admitter, the one-sided gate", sink)
-	}
-	r := &Receiver{cfg: cfg, sink: sink, admit: admit, conns: map[*rconn]struct{}{}}
+	r := &Receiver{cfg: cfg, sink: sink, conns: map[*rconn]struct{}{}}
 	p, n := uintptr(unsafe.Pointer(&kv.Data[0])), uintptr(len(kv.Data)*4)
 	if reg := cfg.region; reg != nil {
 		reg.mu.Lock()
@@ -293,8 +290,8 @@ func (rc *rconn) sendClosing() {
 	defer rc.wmu.Unlock()
 	rc.closing = true
 	if rc.welcomed {
-		_ = rc.c.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = rc.c.Write(frame(msgClosing, nil))
+		_ = rc.cc.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = rc.cc.Write(frame(msgClosing, nil))
 	}
 }
 
@@ -338,7 +335,16 @@ func (r *Receiver) serve(rc *rconn) {
 		delete(r.conns, rc)
 		r.mu.Unlock()
 	}()
-	_ = c.SetReadDeadline(time.Now().Add(r.cfg.handshakeTimeout))
+	deadline := time.Now().Add(r.cfg.handshakeTimeout)
+	cc, id, err := r.cfg.handshake.Accept(rc.c, deadline)
+	if err != nil {
+		return
+	}
+	c = cc
+	rc.wmu.Lock()
+	rc.cc = cc
+	rc.wmu.Unlock()
+	_ = c.SetReadDeadline(deadline)
 	typ, p, err := readMsg(c)
 	if err != nil || typ != msgHello {
 		return
@@ -348,12 +354,12 @@ func (r *Receiver) serve(rc *rconn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
-	key := transfer.Key{Room: h.Room, Epoch: h.Epoch}
+	key := transfer.Key{Room: h.Room, Epoch: h.Epoch, Cap: h.Cap, Session: id}
 	var (
 		pages  []int32
 		refuse error
 	)
-	pages, refuse = r.admit.Admit(key)
+	pages, refuse = r.sink.Admit(key)
 	if refuse == nil && pages == nil {
 		pages = []int32{}
 	}

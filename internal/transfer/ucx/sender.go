@@ -227,9 +227,16 @@ func (s *Sender) Open(ctx context.Context, addr string, k transfer.Key) (transfe
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
-	_ = c.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
-	_, err = c.Write(hello{Room: k.Room, Epoch: k.Epoch, PID: uint32(os.Getpid()), Host: s.host}.marshal())
+	raw := c
+	c, id, err := s.cfg.handshake.Open(raw, dl)
+	if err != nil {
+		stop()
+		_ = raw.Close()
+		return nil, fmt.Errorf("ucx: session with %s for %v: %w", addr, k, err)
+	}
+	_ = c.SetDeadline(dl)
+	_, err = c.Write(hello{Room: k.Room, Epoch: k.Epoch, PID: uint32(os.Getpid()), Host: s.host, Cap: k.Cap}.marshal())
 	var (
 		typ byte
 		p   []byte
@@ -245,7 +252,7 @@ func (s *Sender) Open(ctx context.Context, addr string, k transfer.Key) (transfe
 		return fail(fmt.Errorf("ucx: handshake with %s for %v: %w", addr, k, err))
 	}
 	_ = c.SetDeadline(time.Time{})
-	ss := &Session{snd: s, key: k, addr: addr, conn: c, readerDone: make(chan struct{})}
+	ss := &Session{snd: s, key: k, id: id, addr: addr, conn: c, readerDone: make(chan struct{})}
 	ss.cond.L = &ss.mu
 	switch typ {
 	case msgRefuse:
@@ -292,6 +299,7 @@ func (s *Sender) Open(ctx context.Context, addr string, k transfer.Key) (transfe
 type Session struct {
 	snd  *Sender
 	key  transfer.Key
+	id   transfer.SessionID
 	addr string
 	conn net.Conn
 
@@ -322,6 +330,10 @@ type Session struct {
 }
 
 var _ transfer.Session = (*Session)(nil)
+
+// ID names the session as its handshake did; decode takes Commit only
+// from the session it admitted.
+func (s *Session) ID() transfer.SessionID { return s.id }
 
 // connect takes a reference on the endpoint and key to the receiver.
 func (s *Session) connect(errPeer bool) error {

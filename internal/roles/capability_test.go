@@ -1,0 +1,180 @@
+package roles
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/transfer"
+	"github.com/batonlm/baton/internal/transfer/tcp"
+)
+
+// Every message about a reservation that names its room and epoch but not
+// its capability is refused, counted under its RPC, and changes nothing:
+// the victim's request still finishes with the reference text and every
+// page comes back. The same goes for a second transfer session (even one
+// with the capability) and for a Commit from another session than the
+// one that wrote the pages.
+func TestMessagesWithoutTheCapability(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 512)
+	ctx := context.Background()
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "victim", Prompt: want.PromptIDs,
+		Sampling: &pdv1.SamplingParams{MaxTokens: uint32(len(want.GeneratedIDs))}, Layout: p.layout, Writer: p.prefillAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Capability) != len(transfer.Capability{}) {
+		t.Fatalf("reservation carries a %d-byte capability", len(res.Capability))
+	}
+	guess := append([]byte(nil), res.Capability...)
+	guess[len(guess)-1] ^= 0x80
+	kv := p.dPool.KV()
+	page := transfer.PageWrite{Index: 0, Page: res.Pages[0], Tokens: 4, Data: make([]byte, transfer.PackedSize(kv, 4))}
+
+	// A session with a guessed capability is refused, its frame lands nowhere.
+	k := resKey(res)
+	copy(k.Cap[:], guess)
+	stranger, err := tcp.NewSender().Open(ctx, res.TransferAddr, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stranger.Write(page); err != nil {
+		t.Fatal(err)
+	}
+	if err := stranger.Flush(ctx); err == nil {
+		t.Fatal("a session with a guessed capability was admitted")
+	}
+	_ = stranger.Close()
+
+	// Control messages with the guess.
+	if _, err := p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(want.PromptIDs)),
+		PageChecksums: make([]uint64, len(res.Pages)), FirstToken: &pdv1.Token{Id: 1}, Writer: p.prefillAddr, Capability: guess}); status.Code(err) != codes.NotFound {
+		t.Fatalf("Commit with a guessed capability: %v", err)
+	}
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Capability: guess}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.dc.Finish(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Capability: guess}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.dc.CancelReservation(ctx, &pdv1.CancelRequest{Room: res.Room, Epoch: res.Epoch, Capability: guess}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr, Capability: guess}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := p.dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch, Capability: guess})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("Stream with a guessed capability: %v", err)
+	}
+	for _, rpc := range []string{"transfer", "Commit", "Abort", "Finish", "CancelReservation", "Drained", "Stream"} {
+		if n := labelled(t, p.dm, "baton_internal_auth_failures_total", "rpc", rpc); n < 1 {
+			t.Errorf("%s with a guessed capability not counted", rpc)
+		}
+	}
+
+	// The real writer's session binds the reservation; a second one, even
+	// with the capability, is refused, and a Commit naming it is too.
+	writer, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Write(page); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Flush(ctx); err == nil {
+		t.Fatal("a second session for a bound reservation was admitted")
+	}
+	if _, err := p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(want.PromptIDs)),
+		PageChecksums: make([]uint64, len(res.Pages)), FirstToken: &pdv1.Token{Id: 1}, Writer: p.prefillAddr, Capability: res.Capability,
+		SessionId: sidOf(second)}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Commit naming another session: %v", err)
+	}
+	_ = second.Close()
+	_ = writer.Close()
+	// The stranger's Abort did nothing; the router's does.
+	if st := p.dPool.Stats(); st.Free == st.Total {
+		t.Fatal("the reservation's pages were freed by messages without its capability")
+	}
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Capability: res.Capability}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllFree(t, p.dPool)
+
+	// And a full handoff still gives the reference.
+	handoffsMatch(t, p, want, 1, "after the stranger")
+}
+
+// One caller holds at most MaxReservationsPerPeer reservations at once;
+// ending one makes room for the next.
+func TestReservationsPerPeer(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 512)
+	p.decode.o.MaxReservationsPerPeer = 2
+	ctx := context.Background()
+	reserve := func() (*pdv1.Reservation, error) {
+		return p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "q", Prompt: want.PromptIDs[:4], Sampling: &pdv1.SamplingParams{MaxTokens: 4},
+			Layout: p.layout, Writer: p.prefillAddr})
+	}
+	var held []*pdv1.Reservation
+	for range 2 {
+		res, err := reserve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, res)
+	}
+	if _, err := reserve(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("third reservation from one caller: %v", err)
+	}
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: held[0].Room, Epoch: held[0].Epoch, Capability: held[0].Capability}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := reserve()
+	if err != nil {
+		t.Fatalf("after one ended: %v", err)
+	}
+	for _, r := range []*pdv1.Reservation{held[1], res} {
+		if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: r.Room, Epoch: r.Epoch, Capability: r.Capability}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitAllFree(t, p.dPool)
+}
+
+// labelled is the value of counter name with label key=value.
+func labelled(t *testing.T, ms *metrics.Set, name, key, value string) float64 {
+	t.Helper()
+	mfs, err := ms.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == key && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
