@@ -1039,6 +1039,15 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"policy selects nothing", "networkpolicy.yaml", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/component: prefill", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/component: prefil", "NetworkPolicy baton-prefill: selects no pod"},
 		{"policy port name", "networkpolicy.yaml", "        - port: transfer", "        - port: xfer", "names port xfer, which is not a container port of baton-decode"},
 		{"policy follows the flag", "decode.yaml", "- --transfer-port=8202", "- --transfer-port=8302", "decode port transfer (8302): reachable from [], want [prefill]"},
+
+		// mTLS (gpu-rdma).
+		{"wrong role URI", "overlays/gpu-rdma/certificates.yaml", "baton://role/prefill", "baton://role/decode", "Deployment baton-prefill: its certificate (Certificate baton-prefill) has URIs [baton://role/decode], want [baton://role/prefill]"},
+		{"another role's cert", "overlays/gpu-rdma/internal-tls.yaml", "secretName: baton-router-tls", "secretName: baton-decode-tls", "Deployment baton-router: its certificate (Certificate baton-decode)"},
+		{"server only", "overlays/gpu-rdma/certificates.yaml", "usages: [digital signature, server auth, client auth]", "usages: [digital signature, server auth]", `Certificate baton-router lacks usage "client auth"`},
+		{"cluster secret kept", "overlays/gpu-rdma/kustomization.yaml", "      - op: remove\n        path: /spec/template/spec/containers/0/args/3\n", "", "both --cluster-secret-file and [internal-tls-cert internal-tls-key internal-tls-ca]"},
+		{"cert not mounted", "overlays/gpu-rdma/internal-tls.yaml", "              mountPath: /etc/baton/tls", "              mountPath: /etc/baton/certs", "--internal-tls-cert=/etc/baton/tls/tls.crt is on no mounted Secret volume"},
+		{"no CA issuer", "overlays/gpu-rdma/certificates.yaml", "  ca:\n    secretName: baton-ca", "  selfSigned: {}", "want a CA Issuer of the build"},
+		{"unknown cert-manager field", "overlays/gpu-rdma/certificates.yaml", "  isCA: true", "  isCA: true\n  subject: {}", "unknown field"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// A file without a directory is the base's; one in an overlay is
