@@ -4,9 +4,18 @@
 package k8s
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"net/url"
 	"os"
 	"os/exec"
@@ -20,6 +29,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,6 +51,50 @@ type manifests struct {
 	services    []*corev1.Service
 	pdbs        []*policyv1.PodDisruptionBudget
 	pvcs        []*corev1.PersistentVolumeClaim
+	policies    []*networkingv1.NetworkPolicy
+	certs       []*certificate
+	issuers     []*issuer
+}
+
+// certificate and issuer are the parts of cert-manager's Certificate and
+// Issuer (cert-manager.io/v1, CRDs: k8s.io/api has no types for them) that
+// the manifests use. Decoded strictly, a field this test does not know
+// fails the build, and must be added here and checked.
+type certificate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		IsCA        bool     `json:"isCA,omitempty"`
+		CommonName  string   `json:"commonName,omitempty"`
+		SecretName  string   `json:"secretName"`
+		URIs        []string `json:"uris,omitempty"`
+		Usages      []string `json:"usages,omitempty"`
+		Duration    string   `json:"duration,omitempty"`
+		RenewBefore string   `json:"renewBefore,omitempty"`
+		PrivateKey  *struct {
+			Algorithm      string `json:"algorithm,omitempty"`
+			Size           int    `json:"size,omitempty"`
+			RotationPolicy string `json:"rotationPolicy,omitempty"`
+		} `json:"privateKey,omitempty"`
+		IssuerRef issuerRef `json:"issuerRef"`
+	} `json:"spec"`
+}
+
+type issuerRef struct {
+	Name  string `json:"name"`
+	Kind  string `json:"kind,omitempty"`
+	Group string `json:"group,omitempty"`
+}
+
+type issuer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		SelfSigned *struct{} `json:"selfSigned,omitempty"`
+		CA         *struct {
+			SecretName string `json:"secretName"`
+		} `json:"ca,omitempty"`
+	} `json:"spec"`
 }
 
 // build runs kustomize in-process on dir of fs, as kubectl apply -k would,
@@ -75,6 +129,18 @@ func build(fs filesys.FileSystem, dir string) (*manifests, error) {
 		case "PersistentVolumeClaim":
 			p := &corev1.PersistentVolumeClaim{}
 			m.pvcs, into, want = append(m.pvcs, p), p, "v1"
+		case "NetworkPolicy":
+			p := &networkingv1.NetworkPolicy{}
+			m.policies, into, want = append(m.policies, p), p, "networking.k8s.io/v1"
+		case "Certificate":
+			c := &certificate{}
+			m.certs, into, want = append(m.certs, c), c, "cert-manager.io/v1"
+		case "Issuer":
+			i := &issuer{}
+			m.issuers, into, want = append(m.issuers, i), i, "cert-manager.io/v1"
+		case "Secret":
+			return nil, fmt.Errorf("%s: a Secret in a kustomization puts its value in git (or in a file beside it); "+
+				"the operator creates it (deploy/README.md) or cert-manager issues it", id)
 		default:
 			return nil, fmt.Errorf("%s: a kind this test does not know; teach it what to check", id)
 		}
@@ -173,19 +239,21 @@ func batonContainer(d *appsv1.Deployment) (*corev1.Container, error) {
 // state; the OpenAI routes are the router's and standalone's only.
 var served = []string{"/health", "/metrics", "/server_info"}
 
+// pod is what the checks know of one Deployment's pods.
+type pod struct {
+	d     *appsv1.Deployment
+	c     *corev1.Container
+	f     map[string][]string
+	role  string
+	ports map[string]int32 // container ports by name
+}
+
 // problems checks one build against what baton serves and how Kubernetes
 // routes to it, and lists everything wrong (nothing when all is well).
 func problems(m *manifests, gpu bool) []string {
 	var out []string
 	bad := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
 
-	type pod struct {
-		d     *appsv1.Deployment
-		c     *corev1.Container
-		f     map[string][]string
-		role  string
-		ports map[string]int32 // container ports by name
-	}
 	var pods []*pod
 	for _, d := range m.deployments {
 		c, err := batonContainer(d)
@@ -496,6 +564,9 @@ func problems(m *manifests, gpu bool) []string {
 		svcRole[s.Name] = s
 	}
 
+	out = append(out, authProblems(m, pods)...)
+	out = append(out, policyProblems(m, pods)...)
+
 	// The router finds each worker role through a headless Service's DNS.
 	for _, r := range roleOf["router"] {
 		for _, role := range []string{"prefill", "decode"} {
@@ -594,13 +665,63 @@ func TestManifests(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(m.deployments) != 3 || len(m.services) != 3 || len(m.pdbs) != 3 {
-				t.Errorf("%d Deployments, %d Services, %d PodDisruptionBudgets; want 3 of each", len(m.deployments), len(m.services), len(m.pdbs))
+			if len(m.deployments) != 3 || len(m.services) != 3 || len(m.pdbs) != 3 || len(m.policies) != 3 {
+				t.Errorf("%d Deployments, %d Services, %d PodDisruptionBudgets, %d NetworkPolicies; want 3 of each",
+					len(m.deployments), len(m.services), len(m.pdbs), len(m.policies))
 			}
 			for _, p := range problems(m, strings.Contains(dir, "gpu")) {
 				t.Error(p)
 			}
 		})
+	}
+}
+
+// secretValues lists the Secrets with data, and the secretGenerators, in
+// one YAML file (of one or more documents): a value there is in git.
+func secretValues(name string, b []byte) []string {
+	var out []string
+	for i, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(string(b), -1) {
+		var o struct {
+			Kind            string         `json:"kind"`
+			Data            map[string]any `json:"data"`
+			StringData      map[string]any `json:"stringData"`
+			SecretGenerator []any          `json:"secretGenerator"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			out = append(out, fmt.Sprintf("%s, document %d: %v", name, i+1, err))
+			continue
+		}
+		if o.Kind == "Secret" && len(o.Data)+len(o.StringData) > 0 {
+			out = append(out, fmt.Sprintf("%s, document %d: a Secret with data", name, i+1))
+		}
+		if len(o.SecretGenerator) > 0 {
+			out = append(out, fmt.Sprintf("%s, document %d: a secretGenerator", name, i+1))
+		}
+	}
+	return out
+}
+
+// TestNoSecretValues: no file under deploy/ holds a Secret's value. The
+// cluster secret is created in the cluster (deploy/README.md), the
+// certificates by cert-manager.
+func TestNoSecretValues(t *testing.T) {
+	if got := secretValues("example", []byte("kind: ConfigMap\n---\nkind: Secret\nstringData:\n  secret: x\n")); len(got) != 1 {
+		t.Errorf("a Secret with stringData: found %q, want it", got)
+	}
+	n := 0
+	err := filepath.WalkDir("..", func(path string, e os.DirEntry, err error) error {
+		if err != nil || e.IsDir() || (filepath.Ext(path) != ".yaml" && filepath.Ext(path) != ".yml") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		n++
+		for _, p := range secretValues(path, b) {
+			t.Error(p)
+		}
+		return err
+	})
+	if err != nil || n == 0 {
+		t.Fatalf("walking deploy/: %v (%d YAML files)", err, n)
 	}
 }
 
@@ -638,11 +759,189 @@ func TestArgsParseWithBaton(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if out, err := dryRun(bin, args, c.Env); err != nil {
+				env := c.Env
+				if authFlagsInBaton {
+					args, env = withAuthFiles(t, args, env)
+				} else {
+					out, err := dryRun(bin, args, env)
+					if err == nil || !unknownAuthFlag(out) {
+						t.Errorf("baton %s --dry-run: want a refusal of an internal-auth flag %v and nothing else; "+
+							"if baton has them now, set authFlagsInBaton: %v\n%s", strings.Join(args, " "), authFlags, err, out)
+					}
+					args, env = withoutAuthFlags(args, env)
+				}
+				if out, err := dryRun(bin, args, env); err != nil {
 					t.Errorf("baton %s --dry-run (build tags %q): %v\n%s", strings.Join(args, " "), tags, err, out)
 				}
 			})
 		}
+	}
+}
+
+// authFlagsInBaton says whether the baton of this tree has the
+// internal-auth flags the manifests pass (--cluster-secret-file,
+// --internal-tls-*). The manifests are written for the baton that has them;
+// until this tree has it, each dry run must be refused for exactly such a
+// flag and is run again without them. Set it to true when the flags land:
+// then every dry run takes them, pointed at files the test writes in place
+// of the mounted Secrets, and a name the manifests and baton spell
+// differently fails here.
+const authFlagsInBaton = false
+
+func isAuthFlag(arg string) bool {
+	name, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+	return strings.HasPrefix(arg, "--") && slices.Contains(authFlags, name)
+}
+
+func authEnv(name string) bool {
+	return slices.ContainsFunc(authFlags, func(f string) bool { return name == envName(f) })
+}
+
+func unknownAuthFlag(out string) bool {
+	return slices.ContainsFunc(authFlags, func(f string) bool { return strings.Contains(out, "unknown flag: --"+f) })
+}
+
+func withoutAuthFlags(args []string, env []corev1.EnvVar) ([]string, []corev1.EnvVar) {
+	return slices.DeleteFunc(slices.Clone(args), isAuthFlag),
+		slices.DeleteFunc(slices.Clone(env), func(e corev1.EnvVar) bool { return authEnv(e.Name) })
+}
+
+// withAuthFiles points the internal-auth flags (and env) at files like the
+// ones the Secrets hold: a cluster secret, and a CA with a certificate for
+// the args' role, as cert-manager writes them.
+func withAuthFiles(t *testing.T, args []string, env []corev1.EnvVar) ([]string, []corev1.EnvVar) {
+	t.Helper()
+	dir := t.TempDir()
+	f, err := flags(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{clusterSecretFlag: filepath.Join(dir, clusterSecretKey)}
+	secret := make([]byte, 48)
+	_, _ = rand.Read(secret)
+	write := func(path string, b []byte) {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(files[clusterSecretFlag], []byte(base64.StdEncoding.EncodeToString(secret)))
+	pems := testCerts(t, last(f, "role", "standalone"))
+	for _, tf := range tlsFlags {
+		files[tf.flag] = filepath.Join(dir, tf.key)
+		write(files[tf.flag], pems[tf.key])
+	}
+	args = slices.Clone(args)
+	for i, a := range args {
+		if isAuthFlag(a) {
+			name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+			args[i] = "--" + name + "=" + files[name]
+		}
+	}
+	env = slices.Clone(env)
+	for i, e := range env {
+		for _, name := range authFlags {
+			if e.Name == envName(name) {
+				env[i] = corev1.EnvVar{Name: e.Name, Value: files[name]}
+			}
+		}
+	}
+	return args, env
+}
+
+// testCerts makes a CA and a certificate for role signed by it, PEM-encoded
+// under the keys cert-manager uses (tls.crt, tls.key, ca.crt).
+func testCerts(t *testing.T, role string) map[string][]byte {
+	t.Helper()
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	caKey, leafKey := key(), key()
+	now := time.Now()
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(roleURIPrefix + role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), URIs: []*url.URL{u},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &leafKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(leafKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string][]byte{
+		"tls.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER}),
+		"tls.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		"ca.crt":  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+	}
+}
+
+// TestAuthFilesForDryRun checks what withAuthFiles gives baton, which no
+// dry run exercises while authFlagsInBaton is false: files in place of
+// every auth flag's, a secret long enough, and a certificate that verifies
+// against the CA for both ends with the role's URI SAN.
+func TestAuthFilesForDryRun(t *testing.T) {
+	in := []string{"serve", "--role=decode", "--host=0.0.0.0", "--cluster-secret-file=/etc/baton/cluster-secret/secret",
+		"--internal-tls-cert=/etc/baton/tls/tls.crt", "--internal-tls-key=/etc/baton/tls/tls.key", "--internal-tls-ca=/etc/baton/tls/ca.crt"}
+	args, env := withAuthFiles(t, in, []corev1.EnvVar{{Name: envName(clusterSecretFlag), Value: "/nowhere"}})
+	f, err := flags(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(path string) []byte {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if b := read(last(f, clusterSecretFlag, "")); len(b) < 32 {
+		t.Errorf("cluster secret of %d bytes, baton wants at least 32", len(b))
+	}
+	if env[0].Value != last(f, clusterSecretFlag, "") {
+		t.Errorf("env %s=%s, want the written secret", env[0].Name, env[0].Value)
+	}
+	pair, err := tls.LoadX509KeyPair(last(f, "internal-tls-cert", ""), last(f, "internal-tls-key", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(read(last(f, "internal-tls-ca", ""))) {
+		t.Fatal("no CA certificate in ca.crt")
+	}
+	for _, u := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{u}}); err != nil {
+			t.Errorf("usage %v: %v", u, err)
+		}
+	}
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != "baton://role/decode" {
+		t.Errorf("URIs %v, want [baton://role/decode]", leaf.URIs)
+	}
+	if a, e := withoutAuthFlags(in, env); !slices.Equal(a, in[:3]) || len(e) != 0 {
+		t.Errorf("without the auth flags: %q, env %v", a, e)
 	}
 }
 
@@ -718,31 +1017,73 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"liveness on health", "decode.yaml", "path: /metrics", "path: /health", "liveness asks /health"},
 		{"router waits for workers", "router.yaml", "              path: /metrics\n              port: http\n            periodSeconds: 2", "              path: /health\n              port: http\n            periodSeconds: 2", "start-up probe asks /health"},
 		{"kv pool", "decode.yaml", "--transfer-port=8202", "--transfer-port=8202\n            - --kv-cache-memory=4GiB", "does not fit the memory limit"},
+
+		// Internal auth.
+		{"no auth", "router.yaml", "            - --cluster-secret-file=/etc/baton/cluster-secret/secret\n", "", "Deployment baton-router: no internal auth"},
+		{"insecure", "prefill.yaml", "--threads=2", "--threads=2\n            - --insecure-internal=true", "--insecure-internal lets any pod"},
+		{"insecure by env", "decode.yaml", "          env:\n", "          env:\n            - name: BATON_INSECURE_INTERNAL\n              value: \"true\"\n", "Deployment baton-decode: --insecure-internal lets any pod"},
+		{"secret not mounted", "decode.yaml", "mountPath: /etc/baton/cluster-secret", "mountPath: /etc/baton/secret", "is on no mounted Secret volume"},
+		{"wrong key", "prefill.yaml", "--cluster-secret-file=/etc/baton/cluster-secret/secret", "--cluster-secret-file=/etc/baton/cluster-secret/token", `want key "secret"`},
+		{"other secret", "router.yaml", "secretName: baton-cluster-secret", "secretName: baton-router-secret", "want baton-cluster-secret"},
+		{"optional secret", "decode.yaml", "optional: false", "optional: true", "is optional"},
+		{"secret in the build", "kustomization.yaml", "resources:\n", "secretGenerator:\n  - name: baton-cluster-secret\n    literals: [secret=0123456789abcdef0123456789abcdef]\nresources:\n", "a Secret in a kustomization"},
+		{"half of mTLS", "decode.yaml", "--shutdown-timeout=120s", "--shutdown-timeout=120s\n            - --internal-tls-cert=/etc/baton/cluster-secret/tls.crt", "both --cluster-secret-file and [internal-tls-cert]"},
+
+		// NetworkPolicy.
+		{"transfer open", "networkpolicy.yaml", "    - from:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: prefill\n      ports:\n        - port: transfer", "    - ports:\n        - port: transfer", "decode port transfer (8202): reachable from [decode outside prefill router stranger], want [prefill]"},
+		{"router cut off", "networkpolicy.yaml", "    - from:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: router\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: prefill\n", "    - from:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: prefill\n", "decode port grpc (8201): reachable from [prefill], want [prefill router]"},
+		{"decode cannot abort", "networkpolicy.yaml", "              app.kubernetes.io/component: decode\n      ports:\n        - port: grpc", "              app.kubernetes.io/component: router\n      ports:\n        - port: grpc", "prefill port grpc (8101): reachable from [router], want [decode router]"},
+		{"all ports", "networkpolicy.yaml", "  ingress:\n    - ports:\n        - port: http\n    # The router reserves", "  ingress:\n    - {}\n    # The router reserves", "decode port grpc (8201): reachable from [decode outside prefill router stranger]"},
+		{"namespace peer", "networkpolicy.yaml", "        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: decode\n", "        - namespaceSelector: {}\n", "prefill port grpc (8101): reachable from [decode outside prefill router stranger]"},
+		{"no policy", "kustomization.yaml", "  - networkpolicy.yaml\n", "", "decode port transfer (8202): reachable from [decode outside prefill router stranger]"},
+		{"policy selects nothing", "networkpolicy.yaml", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/component: prefill", "  podSelector:\n    matchLabels:\n      app.kubernetes.io/component: prefil", "NetworkPolicy baton-prefill: selects no pod"},
+		{"policy port name", "networkpolicy.yaml", "        - port: transfer", "        - port: xfer", "names port xfer, which is not a container port of baton-decode"},
+		{"policy follows the flag", "decode.yaml", "- --transfer-port=8202", "- --transfer-port=8302", "decode port transfer (8302): reachable from [], want [prefill]"},
+
+		// mTLS (gpu-rdma).
+		{"wrong role URI", "overlays/gpu-rdma/certificates.yaml", "baton://role/prefill", "baton://role/decode", "Deployment baton-prefill: its certificate (Certificate baton-prefill) has URIs [baton://role/decode], want [baton://role/prefill]"},
+		{"another role's cert", "overlays/gpu-rdma/internal-tls.yaml", "secretName: baton-router-tls", "secretName: baton-decode-tls", "Deployment baton-router: its certificate (Certificate baton-decode)"},
+		{"server only", "overlays/gpu-rdma/certificates.yaml", "usages: [digital signature, server auth, client auth]", "usages: [digital signature, server auth]", `Certificate baton-router lacks usage "client auth"`},
+		{"cluster secret kept", "overlays/gpu-rdma/kustomization.yaml", "      - op: remove\n        path: /spec/template/spec/containers/0/args/3\n", "", "both --cluster-secret-file and [internal-tls-cert internal-tls-key internal-tls-ca]"},
+		{"cert not mounted", "overlays/gpu-rdma/internal-tls.yaml", "              mountPath: /etc/baton/tls", "              mountPath: /etc/baton/certs", "--internal-tls-cert=/etc/baton/tls/tls.crt is on no mounted Secret volume"},
+		{"no CA issuer", "overlays/gpu-rdma/certificates.yaml", "  ca:\n    secretName: baton-ca", "  selfSigned: {}", "want a CA Issuer of the build"},
+		{"unknown cert-manager field", "overlays/gpu-rdma/certificates.yaml", "  isCA: true", "  isCA: true\n  subject: {}", "unknown field"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// A file without a directory is the base's; one in an overlay is
+			// checked in that overlay's build.
+			file, dir := filepath.Join("base", tc.file), "base"
+			if strings.Contains(tc.file, "/") {
+				file, dir = tc.file, filepath.Dir(tc.file)
+			}
 			fs := filesys.MakeFsInMemory()
-			for _, f := range []string{"kustomization.yaml", "router.yaml", "prefill.yaml", "decode.yaml"} {
-				b, err := os.ReadFile(filepath.Join("base", f))
+			n := 0
+			err := filepath.WalkDir(".", func(path string, e os.DirEntry, err error) error {
+				if err != nil || e.IsDir() || filepath.Ext(path) != ".yaml" {
+					return err
+				}
+				b, err := os.ReadFile(path)
 				if err != nil {
-					t.Fatal(err)
+					return err
 				}
 				s := string(b)
-				if f == tc.file {
+				if path == file {
 					if !strings.Contains(s, tc.old) {
-						t.Fatalf("test setup: %s has no %q", f, tc.old)
+						t.Fatalf("test setup: %s has no %q", path, tc.old)
 					}
-					s = strings.Replace(s, tc.old, tc.new, 1)
+					s, n = strings.Replace(s, tc.old, tc.new, 1), n+1
 				}
-				if err := fs.WriteFile(filepath.Join("/k", f), []byte(s)); err != nil {
-					t.Fatal(err)
-				}
+				return fs.WriteFile(filepath.Join("/k", path), []byte(s))
+			})
+			if err != nil || n != 1 {
+				t.Fatalf("test setup: copying the manifests: %v; %s edited %d times", err, file, n)
 			}
 			var found []string
-			m, err := build(fs, "/k")
+			m, err := build(fs, filepath.Join("/k", dir))
 			if err != nil {
 				found = []string{err.Error()}
 			} else {
-				found = problems(m, false)
+				found = problems(m, strings.Contains(dir, "gpu"))
 			}
 			for _, p := range found {
 				if strings.Contains(p, tc.want) {
@@ -753,4 +1094,376 @@ func TestChecksCatchMistakes(t *testing.T) {
 			t.Errorf("no problem mentions %q; found %q", tc.want, found)
 		})
 	}
+}
+
+// Internal auth: off loopback, baton serves only cluster members, which
+// prove themselves with a shared secret or with mTLS (DESIGN.md, "Who may
+// talk to a worker"). Without either it refuses to start, so every role
+// must be given exactly one, and each file it names must be in a mounted
+// Secret.
+const (
+	clusterSecretFlag = "cluster-secret-file"
+	clusterSecretName = "baton-cluster-secret" // deploy/README.md creates it
+	clusterSecretKey  = "secret"
+	insecureFlag      = "insecure-internal"
+	roleURIPrefix     = "baton://role/"
+)
+
+// tlsFlags are the mTLS flags and the key cert-manager gives each file in
+// the Secrets it writes.
+var tlsFlags = []struct{ flag, key string }{
+	{"internal-tls-cert", "tls.crt"},
+	{"internal-tls-key", "tls.key"},
+	{"internal-tls-ca", "ca.crt"},
+}
+
+// authFlags are the flags of both modes, for the dry run (see
+// TestArgsParseWithBaton).
+var authFlags = []string{clusterSecretFlag, "internal-tls-cert", "internal-tls-key", "internal-tls-ca"}
+
+// setting is a flag's value as baton sees it: the last on the command line,
+// else BATON_<FLAG> from the container's env.
+func setting(p *pod, name string) (string, bool) {
+	if v := p.f[name]; len(v) > 0 {
+		return v[len(v)-1], true
+	}
+	for _, e := range p.c.Env {
+		if e.Name == envName(name) {
+			return e.Value, true
+		}
+	}
+	return "", false
+}
+
+// envName is the variable baton reads a flag from when the command line
+// leaves it out.
+func envName(flag string) string {
+	return "BATON_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// secretFile finds the Secret volume of the container that holds path and
+// the Secret key the file is made from; ok is false when no mounted Secret
+// volume has that file.
+func secretFile(p *pod, path string) (v *corev1.SecretVolumeSource, key string, readOnly, ok bool) {
+	spec := &p.d.Spec.Template.Spec
+	for _, vm := range p.c.VolumeMounts {
+		rel, under := strings.CutPrefix(path, strings.TrimSuffix(vm.MountPath, "/")+"/")
+		if !under || vm.SubPath != "" {
+			continue
+		}
+		for i := range spec.Volumes {
+			sv := spec.Volumes[i].Secret
+			if spec.Volumes[i].Name != vm.Name || sv == nil {
+				continue
+			}
+			if len(sv.Items) == 0 {
+				if rel != "" && !strings.Contains(rel, "/") {
+					return sv, rel, vm.ReadOnly, true
+				}
+				continue
+			}
+			for _, it := range sv.Items {
+				if it.Path == rel {
+					return sv, it.Key, vm.ReadOnly, true
+				}
+			}
+		}
+	}
+	return nil, "", false, false
+}
+
+// authProblems checks that each role runs in exactly one internal-auth
+// mode, that the modes agree (a secret-mode router cannot talk to mTLS
+// workers), and that each file is the right key of a mounted Secret: in
+// secret mode the one every member shares, in mTLS mode a Certificate of
+// the build whose URI SAN is the pod's role, from the CA every member
+// trusts.
+func authProblems(m *manifests, pods []*pod) []string {
+	var out []string
+	bad := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
+	certOf := map[string]*certificate{}
+	for _, c := range m.certs {
+		certOf[c.Spec.SecretName] = c
+	}
+	issuerOf := map[string]*issuer{}
+	for _, i := range m.issuers {
+		issuerOf[i.Name] = i
+	}
+	modes := map[string][]string{}
+	issuers := map[string][]string{}
+	for _, p := range pods {
+		name := p.d.Name
+		if _, on := setting(p, insecureFlag); on {
+			bad("Deployment %s: --%s lets any pod use the control plane and the transfer port", name, insecureFlag)
+		}
+		file := func(flag, wantKey string) *corev1.SecretVolumeSource {
+			path, _ := setting(p, flag)
+			sv, key, ro, ok := secretFile(p, path)
+			switch {
+			case !ok:
+				bad("Deployment %s: --%s=%s is on no mounted Secret volume", name, flag, path)
+				return nil
+			case key != wantKey:
+				bad("Deployment %s: --%s=%s is key %q of Secret %s, want key %q", name, flag, path, key, sv.SecretName, wantKey)
+			case !ro:
+				bad("Deployment %s: --%s: the Secret %s is mounted writable", name, flag, sv.SecretName)
+			}
+			if sv.Optional != nil && *sv.Optional {
+				bad("Deployment %s: Secret volume %s is optional: without it the pod would start and baton refuse, or run without auth", name, sv.SecretName)
+			}
+			return sv
+		}
+		_, secret := setting(p, clusterSecretFlag)
+		var tls []string
+		for _, f := range tlsFlags {
+			if _, ok := setting(p, f.flag); ok {
+				tls = append(tls, f.flag)
+			}
+		}
+		switch {
+		case secret && len(tls) > 0:
+			bad("Deployment %s: both --%s and %v: give one internal-auth mode", name, clusterSecretFlag, tls)
+		case secret:
+			modes["secret"] = append(modes["secret"], name)
+			if sv := file(clusterSecretFlag, clusterSecretKey); sv != nil && sv.SecretName != clusterSecretName {
+				bad("Deployment %s: cluster secret from Secret %s, want %s (every member holds the same one)", name, sv.SecretName, clusterSecretName)
+			}
+		case len(tls) == len(tlsFlags):
+			modes["mTLS"] = append(modes["mTLS"], name)
+			crt, key, ca := file(tlsFlags[0].flag, tlsFlags[0].key), file(tlsFlags[1].flag, tlsFlags[1].key), file(tlsFlags[2].flag, tlsFlags[2].key)
+			if crt == nil || key == nil || ca == nil {
+				continue
+			}
+			if crt.SecretName != key.SecretName {
+				bad("Deployment %s: certificate from Secret %s, key from %s", name, crt.SecretName, key.SecretName)
+			}
+			c := certOf[crt.SecretName]
+			if c == nil {
+				bad("Deployment %s: Secret %s is issued by no Certificate of the build", name, crt.SecretName)
+				continue
+			}
+			if want := []string{roleURIPrefix + p.role}; !slices.Equal(c.Spec.URIs, want) {
+				bad("Deployment %s: its certificate (Certificate %s) has URIs %v, want %v", name, c.Name, c.Spec.URIs, want)
+			}
+			for _, u := range []string{"server auth", "client auth"} {
+				if !slices.Contains(c.Spec.Usages, u) {
+					bad("Deployment %s: Certificate %s lacks usage %q: members both dial and serve", name, c.Name, u)
+				}
+			}
+			if c.Spec.IsCA {
+				bad("Deployment %s: Certificate %s is a CA", name, c.Name)
+			}
+			ref := c.Spec.IssuerRef
+			iss := issuerOf[ref.Name]
+			if (ref.Kind != "" && ref.Kind != "Issuer") || iss == nil || iss.Spec.CA == nil {
+				bad("Deployment %s: Certificate %s is issued by %s %s, want a CA Issuer of the build", name, c.Name, cmp(ref.Kind, "Issuer"), ref.Name)
+				continue
+			}
+			issuers[ref.Name] = append(issuers[ref.Name], name)
+			// cert-manager puts the issuing CA in each Secret it signs as
+			// ca.crt; the CA's own Secret is as good.
+			if ca.SecretName != crt.SecretName && ca.SecretName != iss.Spec.CA.SecretName {
+				bad("Deployment %s: --internal-tls-ca from Secret %s, which holds neither the certificate's CA nor the CA (%s)", name, ca.SecretName, iss.Spec.CA.SecretName)
+			}
+			root := certOf[iss.Spec.CA.SecretName]
+			if root == nil || !root.Spec.IsCA {
+				bad("Issuer %s: its CA Secret %s is issued by no CA Certificate of the build", iss.Name, iss.Spec.CA.SecretName)
+			}
+		case len(tls) > 0:
+			bad("Deployment %s: %v without the rest of %v", name, tls, tlsFlags)
+		default:
+			bad("Deployment %s: no internal auth (--%s or --internal-tls-*): baton will not listen on --host=%s", name, clusterSecretFlag, last(p.f, "host", ""))
+		}
+	}
+	if len(modes) > 1 {
+		bad("members disagree on internal auth and cannot talk: %v", modes)
+	}
+	if len(issuers) > 1 {
+		bad("certificates from different CAs cannot verify each other: %v", issuers)
+	}
+	for _, c := range m.certs {
+		if d, err := time.ParseDuration(cmp(c.Spec.Duration, "2160h")); err != nil {
+			bad("Certificate %s: duration: %v", c.Name, err)
+		} else if rb, err := time.ParseDuration(cmp(c.Spec.RenewBefore, "0s")); err != nil || rb >= d {
+			bad("Certificate %s: renewBefore %s must be shorter than its duration %s (%v)", c.Name, c.Spec.RenewBefore, d, err)
+		}
+	}
+	return out
+}
+
+// NetworkPolicy: who may connect to which port. The gRPC port reserves,
+// commits and aborts KV and the transfer port writes it, so they take
+// connections from the roles that use them and no one else; HTTP ports are
+// open (the router's to clients; a worker's serves only /health, /metrics
+// and /server_info, to the router, probes and scrapers).
+var mayReach = map[string]map[string][]string{
+	"router":  {"http": anyone},
+	"prefill": {"http": anyone, "grpc": {"router", "decode"}},
+	"decode":  {"http": anyone, "grpc": {"router", "prefill"}, "transfer": {"prefill"}},
+}
+
+// anyone is every peer: the three roles, a pod of the namespace with no
+// baton labels, and whatever is not a pod of the namespace (a node, another
+// namespace, outside the cluster).
+var anyone = []string{"router", "prefill", "decode", "stranger", "outside"}
+
+// portFlags are the flags that choose each named port.
+var portFlags = map[string]string{"http": "port", "grpc": "grpc-port", "transfer": "transfer-port"}
+
+// peer is a would-be client; labels nil stands for one that is not a pod of
+// the namespace.
+type peer struct {
+	name   string
+	labels map[string]string
+}
+
+// reaches says whether the policies let from open a TCP connection to port
+// of p's pods, by the NetworkPolicy rules (ingress only: no policy here
+// limits egress). Peers chosen by namespace or IP block are taken to match
+// anyone: the build cannot tell which namespaces or addresses they are.
+func reaches(pols []*networkingv1.NetworkPolicy, from peer, p *pod, port int32) bool {
+	isolated := false
+	for _, np := range pols {
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(p.d.Spec.Template.Labels)) {
+			continue
+		}
+		if len(np.Spec.PolicyTypes) > 0 && !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			continue
+		}
+		isolated = true
+		for _, r := range np.Spec.Ingress {
+			if portMatches(r.Ports, p, port) && peerMatches(r.From, from) {
+				return true
+			}
+		}
+	}
+	return !isolated
+}
+
+func portMatches(ports []networkingv1.NetworkPolicyPort, p *pod, port int32) bool {
+	if len(ports) == 0 {
+		return true
+	}
+	for _, pp := range ports {
+		if pp.Protocol != nil && *pp.Protocol != corev1.ProtocolTCP {
+			continue
+		}
+		switch {
+		case pp.Port == nil:
+			return true
+		case pp.Port.Type == intstr.String:
+			if v, ok := p.ports[pp.Port.StrVal]; ok && v == port {
+				return true
+			}
+		case pp.EndPort != nil:
+			if pp.Port.IntVal <= port && port <= *pp.EndPort {
+				return true
+			}
+		case pp.Port.IntVal == port:
+			return true
+		}
+	}
+	return false
+}
+
+func peerMatches(from []networkingv1.NetworkPolicyPeer, pr peer) bool {
+	if len(from) == 0 {
+		return true
+	}
+	for _, f := range from {
+		if f.IPBlock != nil || f.NamespaceSelector != nil {
+			if f.PodSelector == nil || pr.labels == nil {
+				return true
+			}
+		}
+		if f.PodSelector == nil || pr.labels == nil {
+			continue
+		}
+		if s, err := metav1.LabelSelectorAsSelector(f.PodSelector); err == nil && s.Matches(labels.Set(pr.labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// policyProblems computes who can reach each port of each role and
+// compares it with mayReach, on the ports baton listens on (the flags), and
+// checks that each policy selects pods and names ports they have: a port
+// name a pod lacks matches nothing, silently.
+func policyProblems(m *manifests, pods []*pod) []string {
+	var out []string
+	bad := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
+	peers := []peer{{"stranger", map[string]string{"app": "something-else"}}, {"outside", nil}}
+	for _, p := range pods {
+		peers = append(peers, peer{p.role, p.d.Spec.Template.Labels})
+	}
+	for _, p := range pods {
+		want := mayReach[p.role]
+		if want == nil {
+			bad("Deployment %s: role %s has no row in mayReach", p.d.Name, p.role)
+			continue
+		}
+		// A port nothing should listen on: a rule with no ports would open
+		// it, and with it every port baton adds later.
+		check := map[string]int32{"unused": 1}
+		for n := range want {
+			v, err := strconv.Atoi(last(p.f, portFlags[n], "0"))
+			if err != nil || v == 0 {
+				bad("Deployment %s: --%s=%q", p.d.Name, portFlags[n], last(p.f, portFlags[n], ""))
+			}
+			check[n] = int32(v)
+		}
+		for n, port := range check {
+			var got []string
+			for _, pr := range peers {
+				if reaches(m.policies, pr, p, port) {
+					got = append(got, pr.name)
+				}
+			}
+			slices.Sort(got)
+			w := slices.Sorted(slices.Values(want[n]))
+			if !slices.Equal(got, w) {
+				bad("NetworkPolicy: %s port %s (%d): reachable from %v, want %v", p.role, n, port, got, w)
+			}
+		}
+	}
+	for _, np := range m.policies {
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil {
+			bad("NetworkPolicy %s: %v", np.Name, err)
+			continue
+		}
+		var selected []*pod
+		for _, p := range pods {
+			if sel.Matches(labels.Set(p.d.Spec.Template.Labels)) {
+				selected = append(selected, p)
+			}
+		}
+		if len(selected) == 0 {
+			bad("NetworkPolicy %s: selects no pod of the build", np.Name)
+		}
+		for _, r := range np.Spec.Ingress {
+			for _, pp := range r.Ports {
+				if pp.Port == nil {
+					continue
+				}
+				for _, p := range selected {
+					if resolvePort(*pp.Port, p.ports) == 0 {
+						bad("NetworkPolicy %s: names port %s, which is not a container port of %s", np.Name, pp.Port.String(), p.d.Name)
+					}
+				}
+			}
+			for _, f := range r.From {
+				if f.PodSelector == nil {
+					continue
+				}
+				s, err := metav1.LabelSelectorAsSelector(f.PodSelector)
+				if err != nil || !slices.ContainsFunc(pods, func(p *pod) bool { return s.Matches(labels.Set(p.d.Spec.Template.Labels)) }) {
+					bad("NetworkPolicy %s: allows pods %v, which no Deployment of the build runs", np.Name, f.PodSelector.MatchLabels)
+				}
+			}
+		}
+	}
+	return out
 }
