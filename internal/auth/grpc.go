@@ -7,7 +7,10 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"hash"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,7 +49,7 @@ var b64 = base64.RawURLEncoding
 func (p *Plane) ServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(p.unaryServer), grpc.ChainStreamInterceptor(p.streamServer)}
 	if p.mode == ModeMTLS {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(p.serverTLS("tls"))))
+		opts = append(opts, grpc.Creds(countingCreds{credentials.NewTLS(p.serverTLS("tls")), p}))
 	}
 	return opts
 }
@@ -68,6 +71,27 @@ func (p *Plane) DialOptions(expect Role) []grpc.DialOption {
 	default:
 		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
+}
+
+// countingCreds reports handshakes that fail before verifyPeer could judge
+// them, such as a plaintext client. A connection closed without a word (a TCP
+// probe) is not a refusal and is not counted.
+type countingCreds struct {
+	credentials.TransportCredentials
+	p *Plane
+}
+
+func (c countingCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	nc, ai, err := c.TransportCredentials.ServerHandshake(conn)
+	var ve *verifyError
+	if err != nil && !errors.As(err, &ve) && !errors.Is(err, io.EOF) {
+		c.p.fail("tls", "handshake", "addr", conn.RemoteAddr().String(), "err", err)
+	}
+	return nc, ai, err
+}
+
+func (c countingCreds) Clone() credentials.TransportCredentials {
+	return countingCreds{c.TransportCredentials.Clone(), c.p}
 }
 
 func (p *Plane) unaryClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
