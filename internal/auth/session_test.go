@@ -59,7 +59,10 @@ type result struct {
 
 // handshake runs an acceptor and an opener against each other on c/s.
 func handshake(opener, acceptor *auth.Plane, c, s net.Conn, expect auth.Role, allow ...auth.Role) (o, a result) {
-	deadline := time.Now().Add(time.Second)
+	return handshakeBy(time.Now().Add(time.Second), opener, acceptor, c, s, expect, allow...)
+}
+
+func handshakeBy(deadline time.Time, opener, acceptor *auth.Plane, c, s net.Conn, expect auth.Role, allow ...auth.Role) (o, a result) {
 	done := make(chan result)
 	go func() {
 		conn, sess, err := acceptor.AcceptSession(s, deadline, allow...)
@@ -122,10 +125,6 @@ func TestSessionGood(t *testing.T) {
 				if _, err := io.ReadFull(a.conn, got); err != nil || string(got) != "kv pages" {
 					t.Fatalf("after the handshake read %q, %v", got, err)
 				}
-				// The deadline was for the handshake only.
-				if err := a.conn.SetReadDeadline(time.Time{}); err != nil {
-					t.Fatal(err)
-				}
 				// Closing the raw ends: a TLS close_notify would wait on a pipe nobody reads.
 				c.Close()
 				s.Close()
@@ -140,6 +139,29 @@ func TestSessionGood(t *testing.T) {
 				s.Close()
 			})
 		}
+	}
+}
+
+// TestSessionDeadlineCleared: the deadline bounds the handshake, not the
+// transfer that follows it.
+func TestSessionDeadlineCleared(t *testing.T) {
+	for mode, pl := range planes(t) {
+		t.Run(string(mode), func(t *testing.T) {
+			noLeaks(t)
+			c, s := tcpPair(t)
+			o, a := handshakeBy(time.Now().Add(300*time.Millisecond), pl[0], pl[1], c, s, auth.RoleDecode)
+			if o.err != nil || a.err != nil {
+				t.Fatal(o.err, a.err)
+			}
+			time.Sleep(400 * time.Millisecond)
+			if _, err := o.conn.Write([]byte("late")); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, 4)
+			if _, err := io.ReadFull(a.conn, got); err != nil {
+				t.Fatalf("read after the handshake deadline: %v", err)
+			}
+		})
 	}
 }
 
@@ -242,6 +264,24 @@ func TestSessionRefused(t *testing.T) {
 		refusedBoth(t, prefill, mtlsDecode, nil, "", auth.RolePrefill)
 		of.want(t, "transfer", "role")
 		refusedBoth(t, prefill, mtlsDecode, &f, "role", auth.RoleDecode, auth.RoleRouter)
+	})
+	t.Run("claims another identity than its certificate", func(t *testing.T) {
+		cert, key := ca.Issue(t, auth.RolePrefill)
+		for _, claim := range [][2]string{{"prefill", "someone-else"}, {"decode", "prefill-test"}} {
+			err := attack(t, mtlsDecode, 2*time.Second, func(c net.Conn) {
+				cfg := authtest.RawTLS(t, cert, key)
+				cfg.NextProtos = []string{"baton-transfer/1"}
+				tc := tls.Client(c, cfg)
+				_ = tc.SetDeadline(time.Now().Add(2 * time.Second))
+				readChallenge(t, tc)
+				open := append(auth.Fields([]byte(claim[0]), []byte(claim[1])), make([]byte, 32)...)
+				_, _ = tc.Write(auth.Frame(auth.TypeOpen, append(open, 0)))
+				_, _ = tc.Read(make([]byte, 64))
+			})
+			if !strings.Contains(err.Error(), "identity differs from certificate") {
+				t.Fatalf("claim %q: got %v", claim, err)
+			}
+		}
 	})
 	t.Run("plaintext opener to mtls", func(t *testing.T) {
 		noLeaks(t)
