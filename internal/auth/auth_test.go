@@ -60,7 +60,9 @@ func newPlane(t testing.TB, o auth.Options, f *failures) *auth.Plane {
 	if f != nil {
 		o.OnFailure = f.on
 	}
-	o.Log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	if o.Log == nil {
+		o.Log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	}
 	p, err := auth.New(o)
 	if err != nil {
 		t.Fatal(err)
