@@ -362,11 +362,13 @@ func printable(b []byte) bool {
 	return true
 }
 
-// fields encodes each value as uint8 length + bytes; callers keep values
-// short (roles, names of at most maxNameLen, 32-byte proofs).
+// fields encodes each value as uint8 length + bytes. Values are short
+// (roles, names of at most maxNameLen, 32-byte proofs, reasons); a longer one
+// is cut rather than let its length wrap.
 func fields(vs ...[]byte) []byte {
 	var out []byte
 	for _, v := range vs {
+		v = v[:min(len(v), 255)]
 		out = append(out, byte(len(v)))
 		out = append(out, v...)
 	}
