@@ -50,6 +50,12 @@ func (s *server) count() int {
 
 func serve(t *testing.T, p *auth.Plane, allow ...auth.Role) *server {
 	t.Helper()
+	return serveWith(t, p, nil, allow...)
+}
+
+// serveWith puts extra options between the plane's and the recorder.
+func serveWith(t *testing.T, p *auth.Plane, extra []grpc.ServerOption, allow ...auth.Role) *server {
+	t.Helper()
 	s := &server{}
 	record := func(ctx context.Context, rpc string) error {
 		if len(allow) > 0 {
@@ -62,7 +68,7 @@ func serve(t *testing.T, p *auth.Plane, allow ...auth.Role) *server {
 		s.mu.Unlock()
 		return nil
 	}
-	opts := append(p.ServerOptions(),
+	opts := append(append(p.ServerOptions(), extra...),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			if err := record(ctx, "Check"); err != nil {
 				return nil, err
@@ -409,4 +415,36 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+func TestPolicy(t *testing.T) {
+	policy := map[string][]auth.Role{"/grpc.health.v1.Health/Check": {auth.RoleRouter}}
+	secret := authtest.SecretFile(t)
+	var f failures
+	srv := newPlane(t, authtest.SecretOptions(secret, auth.RolePrefill), &f)
+	s := serveWith(t, srv, srv.Policy(policy))
+
+	router := dial(t, s.addr, newPlane(t, authtest.SecretOptions(secret, auth.RoleRouter), nil), auth.RolePrefill)
+	if err := check(t, router, ctx(t), "kv"); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, watch(t, router, ctx(t)), codes.PermissionDenied)
+	f.want(t, "Watch", "unlisted")
+
+	decode := dial(t, s.addr, newPlane(t, authtest.SecretOptions(secret, auth.RoleDecode), nil), auth.RolePrefill)
+	wantCode(t, check(t, decode, ctx(t), "kv"), codes.PermissionDenied)
+	f.want(t, "Check", "role")
+	if s.count() != 1 {
+		t.Fatalf("%d calls reached the handler, want 1", s.count())
+	}
+
+	none := newPlane(t, auth.Options{Role: auth.RolePrefill}, nil)
+	s = serveWith(t, none, none.Policy(policy))
+	c := dial(t, s.addr, newPlane(t, auth.Options{Role: auth.RoleDecode}, nil), auth.RolePrefill)
+	if err := check(t, c, ctx(t), "kv"); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch(t, c, ctx(t)); err != nil {
+		t.Fatal(err)
+	}
 }
