@@ -10,8 +10,6 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
@@ -100,8 +98,9 @@ type Plane struct {
 	rand      io.Reader
 
 	// mtls
-	cert   tls.Certificate
-	caPool *x509.CertPool
+	tlsFiles [3]string // cert, key, CA
+	creds    atomic.Pointer[tlsCreds]
+	checked  atomic.Int64 // when the files were last looked at, unix ns
 
 	// secret: one key per use, so a MAC made for one can never pass for the other.
 	kGRPC, kXfer []byte

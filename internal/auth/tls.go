@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -18,51 +19,111 @@ func RoleSAN(r Role) string { return "baton://role/" + string(r) }
 // gRPC port (which insists on h2) and the other way round.
 const alpnTransfer = "baton-transfer/1"
 
+// tlsCreds is one consistent load of the three files.
+type tlsCreds struct {
+	cert  tls.Certificate
+	pool  *x509.CertPool
+	stamp string // what the files looked like when read
+}
+
+// reloadEvery is how often a handshake looks at the files: certificates are
+// rotated in place (cert-manager, mounted secrets) without a restart.
+const reloadEvery = 30 * time.Second
+
 func (p *Plane) loadTLS(certFile, keyFile, caFile string) error {
+	p.tlsFiles = [3]string{certFile, keyFile, caFile}
+	c, err := p.readTLS()
+	if err != nil {
+		return err
+	}
+	// Peers can only learn our name from the certificate, so it is our name.
+	p.name = certName(c.cert.Leaf)
+	p.creds.Store(c)
+	p.checked.Store(time.Now().UnixNano())
+	return nil
+}
+
+// readTLS reads and checks the files. Our own certificate must pass the very
+// checks our peers will apply, or every call would fail later with a less
+// helpful message.
+func (p *Plane) readTLS() (*tlsCreds, error) {
+	certFile, keyFile, caFile := p.tlsFiles[0], p.tlsFiles[1], p.tlsFiles[2]
+	stamp := p.tlsStamp()
 	// LoadX509KeyPair refuses a key that does not match the certificate.
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
-		return fmt.Errorf("auth: %s %s / %s %s: %w", FlagTLSCert, certFile, FlagTLSKey, keyFile, err)
+		return nil, fmt.Errorf("auth: %s %s / %s %s: %w", FlagTLSCert, certFile, FlagTLSKey, keyFile, err)
 	}
 	if cert.Leaf == nil {
 		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return fmt.Errorf("auth: %s %s: %w", FlagTLSCert, certFile, err)
+			return nil, fmt.Errorf("auth: %s %s: %w", FlagTLSCert, certFile, err)
 		}
 	}
 	caPEM, err := os.ReadFile(caFile)
 	if err != nil {
-		return fmt.Errorf("auth: %s: %w", FlagTLSCA, err)
+		return nil, fmt.Errorf("auth: %s: %w", FlagTLSCA, err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return fmt.Errorf("auth: %s %s: no PEM certificate in it", FlagTLSCA, caFile)
+		return nil, fmt.Errorf("auth: %s %s: no PEM certificate in it", FlagTLSCA, caFile)
 	}
-	p.cert, p.caPool = cert, pool
-
-	// Our own certificate must pass the very checks our peers will apply,
-	// or every call would fail later with a less helpful message.
 	role, err := roleOf(cert.Leaf)
 	if err != nil {
-		return fmt.Errorf("auth: %s %s: %w; this process is %s and needs %s", FlagTLSCert, certFile, err, p.role, RoleSAN(p.role))
+		return nil, fmt.Errorf("auth: %s %s: %w; this process is %s and needs %s", FlagTLSCert, certFile, err, p.role, RoleSAN(p.role))
 	}
 	if role != p.role {
-		return fmt.Errorf("auth: %s %s is for role %s (%s) but this process is %s", FlagTLSCert, certFile, role, RoleSAN(role), p.role)
+		return nil, fmt.Errorf("auth: %s %s is for role %s (%s) but this process is %s", FlagTLSCert, certFile, role, RoleSAN(role), p.role)
 	}
 	usages := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	if p.role != RoleRouter { // the router only dials; workers also serve
 		usages = append(usages, x509.ExtKeyUsageServerAuth)
 	}
 	for _, u := range usages {
-		if err := p.verifyChain(cert.Leaf, cert.Certificate[1:], u); err != nil {
-			return fmt.Errorf("auth: %s %s does not verify against %s %s: %w", FlagTLSCert, certFile, FlagTLSCA, caFile, err)
+		if err := p.verifyChain(pool, cert.Leaf, cert.Certificate[1:], u); err != nil {
+			return nil, fmt.Errorf("auth: %s %s does not verify against %s %s: %w", FlagTLSCert, certFile, FlagTLSCA, caFile, err)
 		}
 	}
-	// Peers can only learn our name from the certificate, so it is our name.
-	p.name = certName(cert.Leaf)
 	if left := cert.Leaf.NotAfter.Sub(p.now()); left < 72*time.Hour {
 		p.log.Warn("internal plane: our certificate expires soon", "not_after", cert.Leaf.NotAfter, "left", left.Round(time.Minute))
 	}
-	return nil
+	return &tlsCreds{cert: cert, pool: pool, stamp: stamp}, nil
+}
+
+// tlsStamp fingerprints the files' contents: modification times are too
+// coarse for quick successive writes, and mounted secrets change by symlink.
+func (p *Plane) tlsStamp() string {
+	h := sha256.New()
+	for _, f := range p.tlsFiles {
+		b, _ := os.ReadFile(f)
+		writeLP(h, b)
+	}
+	return string(h.Sum(nil))
+}
+
+// current returns the credentials to use now, reloading them when the files have
+// changed. A reload that fails its checks (say the certificate is written
+// but not yet its key) keeps the old credentials and is tried again later.
+func (p *Plane) current() *tlsCreds {
+	c := p.creds.Load()
+	now := time.Now().UnixNano()
+	last := p.checked.Load()
+	if now-last < int64(reloadEvery) || !p.checked.CompareAndSwap(last, now) {
+		return c
+	}
+	if p.tlsStamp() == c.stamp {
+		return c
+	}
+	nc, err := p.readTLS()
+	if err == nil && certName(nc.cert.Leaf) != p.name {
+		err = fmt.Errorf("auth: the new certificate names %q, not %q; restart to change a member's name", certName(nc.cert.Leaf), p.name)
+	}
+	if err != nil {
+		p.log.Error("internal plane: keeping the current certificate, the new files do not load", "err", err)
+		return c
+	}
+	p.creds.Store(nc)
+	p.log.Info("internal plane: reloaded certificate and CA", "not_after", nc.cert.Leaf.NotAfter)
+	return nc
 }
 
 // roleOf reads the one role a certificate is for. Several roles would make
@@ -109,7 +170,7 @@ func certName(c *x509.Certificate) string {
 	return fmt.Sprintf("serial-%x", c.SerialNumber)
 }
 
-func (p *Plane) verifyChain(leaf *x509.Certificate, rest [][]byte, usage x509.ExtKeyUsage) error {
+func (p *Plane) verifyChain(pool *x509.CertPool, leaf *x509.Certificate, rest [][]byte, usage x509.ExtKeyUsage) error {
 	inter := x509.NewCertPool()
 	for _, raw := range rest {
 		c, err := x509.ParseCertificate(raw)
@@ -118,7 +179,7 @@ func (p *Plane) verifyChain(leaf *x509.Certificate, rest [][]byte, usage x509.Ex
 		}
 		inter.AddCert(c)
 	}
-	_, err := leaf.Verify(x509.VerifyOptions{Roots: p.caPool, Intermediates: inter, CurrentTime: p.now(), KeyUsages: []x509.ExtKeyUsage{usage}})
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, CurrentTime: p.now(), KeyUsages: []x509.ExtKeyUsage{usage}})
 	return err
 }
 
@@ -144,7 +205,7 @@ func (p *Plane) verifyPeer(label string, cs tls.ConnectionState, usage x509.ExtK
 		for _, c := range cs.PeerCertificates[1:] {
 			rest = append(rest, c.Raw)
 		}
-		if err := p.verifyChain(leaf, rest, usage); err != nil {
+		if err := p.verifyChain(p.current().pool, leaf, rest, usage); err != nil {
 			var ci x509.CertificateInvalidError
 			if errors.As(err, &ci) && ci.Reason == x509.Expired {
 				reason = "certificate expired"
@@ -166,12 +227,13 @@ func (p *Plane) verifyPeer(label string, cs tls.ConnectionState, usage x509.ExtK
 
 func (p *Plane) serverTLS(label string, alpn ...string) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{p.cert},
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return &p.current().cert, nil
+		},
 		// Requested, not required, so that a missing certificate reaches
 		// verifyPeer and is counted like any other refusal.
 		ClientAuth: tls.RequestClientCert,
-		ClientCAs:  p.caPool,
 		// Every connection runs the full checks; a resumed one would skip
 		// the expiry check of the peer's certificate.
 		SessionTicketsDisabled: true,
@@ -184,8 +246,10 @@ func (p *Plane) serverTLS(label string, alpn ...string) *tls.Config {
 
 func (p *Plane) clientTLS(label string, expect Role, alpn ...string) *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{p.cert},
+		MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return &p.current().cert, nil
+		},
 		// The standard verification would demand a host name; VerifyConnection
 		// does the chain check against the cluster CA and the role instead.
 		InsecureSkipVerify: true,
