@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -14,9 +13,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
@@ -107,23 +106,16 @@ func withRequestID(ctx context.Context, id string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "x-request-id", id)
 }
 
-// callerID names the caller of an RPC for the per-peer bounds: the host
-// it calls from.
-func callerID(ctx context.Context) string {
-	p, ok := peer.FromContext(ctx)
-	if !ok || p.Addr == nil {
-		return "unknown"
-	}
-	if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
-		return host
-	}
-	return p.Addr.String()
-}
+// callerID names the caller of an RPC for the per-peer bounds: its proven
+// identity, else the host it calls from.
+func callerID(ctx context.Context) string { return auth.Caller(ctx).ID() }
 
-// conns keeps one gRPC connection per peer address.
+// conns keeps one gRPC connection per peer address; opts authenticate
+// them (none: plaintext, for tests on loopback).
 type conns struct {
-	mu sync.Mutex
-	m  map[string]*grpc.ClientConn
+	opts []grpc.DialOption
+	mu   sync.Mutex
+	m    map[string]*grpc.ClientConn
 }
 
 func (c *conns) get(addr string) (*grpc.ClientConn, error) {
@@ -132,7 +124,11 @@ func (c *conns) get(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.m[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := c.opts
+	if opts == nil {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	cc, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -178,11 +174,19 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set) http.Handler {
 			"context_length": info.ContextLength, "effective_context_length": info.MaxSequenceTokens,
 			"kv_pool_tokens": info.PoolTokens, "kv_pool_pages": info.PoolPages, "kv_pages_free": info.FreePages,
 			"kv_pages_quarantined": info.QuarantinedPages, "running": info.Running, "queued": info.Queued,
-			"model": info.Layout.GetModel(), "page_size": info.Layout.GetPageSize(),
+			"model": info.Layout.GetModel(), "page_size": info.Layout.GetPageSize(), "internal_auth": info.InternalAuth,
 		})
 	})
 	mux.Handle("GET /metrics", ms.Handler())
 	return mux
+}
+
+// describeAuth says how peers are authenticated, for Info and /server_info.
+func describeAuth(p *auth.Plane) string {
+	if p == nil {
+		return "none (loopback only)"
+	}
+	return p.Describe()
 }
 
 func poolInfo(info *pdv1.WorkerInfo, pool *kvpool.Pool) {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
@@ -52,7 +53,10 @@ type DecodeOptions struct {
 	// Reserve may hold at once (0: no bound), so that one member gone
 	// wrong cannot take the whole pool.
 	MaxReservationsPerPeer, MaxPagesPerPeer int
-	Log                                     *slog.Logger
+	// Auth authenticates this worker's calls to prefill workers (nil:
+	// plaintext, tests on loopback).
+	Auth *auth.Plane
+	Log  *slog.Logger
 }
 
 // reservation is one live use of decode pages by a handed-over request.
@@ -102,6 +106,9 @@ func NewDecode(o DecodeOptions) *Decode {
 		o.HandoffTimeout = 60 * time.Second
 	}
 	d := &Decode{o: o, rooms: map[transfer.Key]*reservation{}, usage: map[string]*peerUse{}, stop: make(chan struct{})}
+	if o.Auth != nil {
+		d.peers.opts = o.Auth.DialOptions(auth.RolePrefill)
+	}
 	d.wg.Add(1)
 	go d.sweep()
 	return d
@@ -183,6 +190,7 @@ func (d *Decode) WorkerInfo() *pdv1.WorkerInfo {
 	info := &pdv1.WorkerInfo{Role: "decode", Layout: d.o.Layout, ContextLength: uint32(d.o.ContextLength), MaxSequenceTokens: uint32(d.o.MaxSeq),
 		Running: uint32(running), Queued: uint32(queued), Transport: d.transport(), GrpcAddr: d.grpcAddr}
 	info.TransferAddr = d.transferAddr
+	info.InternalAuth = describeAuth(d.o.Auth)
 	poolInfo(info, d.o.Pool)
 	return info
 }

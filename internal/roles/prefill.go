@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
@@ -31,7 +32,10 @@ type PrefillOptions struct {
 	Sender                transfer.Sender
 	Transport             string // the Sender's name ("tcp" if empty); must match Reservation.transport
 	ContextLength, MaxSeq int
-	Log                   *slog.Logger
+	// Auth authenticates this worker's calls to decode workers (nil:
+	// plaintext, tests on loopback).
+	Auth *auth.Plane
+	Log  *slog.Logger
 }
 
 // Prefill is the prefill worker: it computes prompts in chunks, writes each
@@ -80,7 +84,11 @@ func (p *Prefill) Busy() bool {
 
 // NewPrefill makes a prefill worker.
 func NewPrefill(o PrefillOptions) *Prefill {
-	return &Prefill{o: o, active: map[transfer.Key]context.CancelFunc{}, known: map[string]bool{}}
+	p := &Prefill{o: o, active: map[transfer.Key]context.CancelFunc{}, known: map[string]bool{}}
+	if o.Auth != nil {
+		p.peers.opts = o.Auth.DialOptions(auth.RoleDecode)
+	}
+	return p
 }
 
 // SetAddr records the worker's own gRPC address (its identity as a writer).
@@ -93,7 +101,7 @@ func (p *Prefill) Close() { p.peers.close() }
 func (p *Prefill) WorkerInfo() *pdv1.WorkerInfo {
 	running, queued := p.o.Engine.Load()
 	info := &pdv1.WorkerInfo{Role: "prefill", Layout: p.o.Layout, ContextLength: uint32(p.o.ContextLength), MaxSequenceTokens: uint32(p.o.MaxSeq),
-		Running: uint32(running), Queued: uint32(queued), Transport: p.transport(), GrpcAddr: p.grpcAddr}
+		Running: uint32(running), Queued: uint32(queued), Transport: p.transport(), GrpcAddr: p.grpcAddr, InternalAuth: describeAuth(p.o.Auth)}
 	poolInfo(info, p.o.Pool)
 	return info
 }
