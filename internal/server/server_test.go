@@ -173,6 +173,23 @@ func TestAPIKeyRoutes(t *testing.T) {
 	}
 }
 
+// noLeak returns a check that every goroutine started since (server,
+// connections, handlers) has ended: a refused body leaves no reader behind.
+func noLeak(t *testing.T) func() {
+	base := runtime.NumGoroutine()
+	return func() {
+		http.DefaultClient.CloseIdleConnections()
+		deadline := time.Now().Add(5 * time.Second)
+		for runtime.NumGoroutine() > base {
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<20)
+				t.Fatalf("goroutines: %d now, %d before\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
 // rawRequest sends head and then whatever body writes on one connection
 // and returns the status line and the response body that came back.
 func rawRequest(t *testing.T, ts *httptest.Server, head string, body func(net.Conn)) (int, []byte) {
@@ -211,7 +228,9 @@ func endless(conn net.Conn) {
 // A request without the key is answered before its body is read, even a
 // body that never ends.
 func TestUnauthorizedBeforeBody(t *testing.T) {
+	defer noLeak(t)()
 	ts, g := newTestServer(t, Options{APIKey: testKey, BodyReadTimeout: time.Hour})
+	defer ts.Close()
 	for _, head := range []string{
 		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n",
@@ -228,7 +247,9 @@ func TestUnauthorizedBeforeBody(t *testing.T) {
 }
 
 func TestOversizeBody(t *testing.T) {
+	defer noLeak(t)()
 	ts, g := newTestServer(t, Options{BodyReadTimeout: time.Hour})
+	defer ts.Close()
 	// Declared too large: refused before a byte of it is read.
 	code, body := rawRequest(t, ts, fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", maxBodyBytes+1), endless)
 	if code != http.StatusRequestEntityTooLarge {
@@ -265,7 +286,9 @@ func TestOversizeBody(t *testing.T) {
 }
 
 func TestSlowBodyTimesOut(t *testing.T) {
+	defer noLeak(t)()
 	ts, g := newTestServer(t, Options{BodyReadTimeout: 300 * time.Millisecond})
+	defer ts.Close()
 	code, body := rawRequest(t, ts, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
 		func(c net.Conn) { _, _ = io.WriteString(c, `{"model":"m",`) })
 	if code != http.StatusRequestTimeout {
