@@ -129,7 +129,7 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 				g.finish = ev.Finish
 				piece += g.text.flush()
 			default:
-				e := eventError(ev.Err)
+				e := g.s.eventError(g.id, ev)
 				if sse != nil {
 					_ = sse.SendError(e)
 					_ = sse.Done()
@@ -169,12 +169,15 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 		Choices: []openai.CompletionChoice{{Text: g.text.out.String(), Logprobs: g.legacy, FinishReason: &finish}}})
 }
 
-// eventError maps a failed generation to the error the client sees: the
-// status the generator attached (a router relays the worker's), else 500.
-func eventError(err error) *openai.Error {
-	msg := "generation failed: " + errText(err)
+// eventError maps a failed generation to the error the client sees. A
+// generator that attached a status (the router) wrote its message for the
+// client; an engine's own failure names pages and checks, which go to the
+// log under the request id while the client learns what it can act on.
+func (s *Server) eventError(id string, ev scheduler.Event) *openai.Error {
+	err := ev.Err
 	var hs interface{ HTTPStatus() int }
 	if errors.As(err, &hs) {
+		msg := "generation failed: " + errText(err)
 		switch st := hs.HTTPStatus(); {
 		case st == http.StatusBadRequest:
 			return openai.BadRequest(msg, "")
@@ -185,8 +188,13 @@ func eventError(err error) *openai.Error {
 			e.Status = st
 			return e
 		}
+		return openai.Internal(msg)
 	}
-	return openai.Internal(msg)
+	s.log.Warn("generation failed", "request_id", id, "finish", ev.Finish, "err", errText(err))
+	if ev.Finish == scheduler.FinishAbort {
+		return openai.ServiceUnavailable("the request was aborted before it finished; retry it", time.Second)
+	}
+	return openai.Internal("generation failed inside the server; its log has the cause under request id " + id)
 }
 
 func errText(err error) string {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -74,6 +75,9 @@ type Options struct {
 	// and its buffer forever. It ends once the body is in: a streamed
 	// answer runs as long as it needs.
 	BodyReadTimeout time.Duration
+	// Logger receives what clients are not told (why a generation
+	// failed); nil discards it.
+	Logger *slog.Logger
 	// MaxPromptTokens, when set, is the longest prompt the generator admits
 	// now (0: unknown). A text that cannot fit it in any tokenization is
 	// refused before it is tokenized.
@@ -96,6 +100,7 @@ const defaultBodyReadTimeout = 60 * time.Second
 // Server serves the OpenAI API.
 type Server struct {
 	o       Options
+	log     *slog.Logger
 	mux     *http.ServeMux
 	ready   atomic.Bool
 	created int64
@@ -109,7 +114,10 @@ func New(o Options) *Server {
 	if o.BodyReadTimeout <= 0 {
 		o.BodyReadTimeout = defaultBodyReadTimeout
 	}
-	s := &Server{o: o, mux: http.NewServeMux(), created: time.Now().Unix()}
+	s := &Server{o: o, log: o.Logger, mux: http.NewServeMux(), created: time.Now().Unix()}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
 	if o.Tokenizer != nil {
 		s.maxTokenBytes = o.Tokenizer.MaxTokenBytes()
 	}

@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,11 +24,13 @@ import (
 	"github.com/batonlm/baton/internal/tokenizer/chat"
 )
 
-// fakeGen answers every request with tokens of id 300, one every delay.
+// fakeGen answers every request with tokens of id 300, one every delay,
+// or with fail as its last event.
 type fakeGen struct {
 	calls  atomic.Int32
 	tokens int
 	delay  time.Duration
+	fail   *scheduler.Event
 }
 
 type fakeStream struct {
@@ -45,6 +50,9 @@ func (s *fakeStream) Next(ctx context.Context) (scheduler.Event, bool) {
 		return scheduler.Event{}, false
 	}
 	s.sent++
+	if s.g.fail != nil {
+		return *s.g.fail, true
+	}
 	ev := scheduler.Event{Token: &model.Sampled{TokenLogprob: model.TokenLogprob{ID: 300}}}
 	if s.sent >= max(1, s.g.tokens) {
 		ev.Finish = scheduler.FinishLength
@@ -370,3 +378,65 @@ func TestHugePromptRefusedBeforeTokenizing(t *testing.T) {
 		t.Fatalf("short prompt: %d %s", code, b)
 	}
 }
+
+type statusErr struct{ status int }
+
+func (e statusErr) Error() string {
+	return "the KV handoff between the prefill and decode workers failed; retry the request"
+}
+func (e statusErr) HTTPStatus() int { return e.status }
+
+// An engine's failure names its pages and checks in the log, under the
+// request id, and not to the client; a generator's own status and words
+// (the router's) pass as they are.
+func TestGenerationErrorsLeakNothing(t *testing.T) {
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	engineErr := errors.New("KV read gate refused the batch: page 12 is owned by room 3 epoch 4")
+	for _, c := range []struct {
+		name   string
+		ev     scheduler.Event
+		status int
+		want   string
+	}{
+		{"engine failure", scheduler.Event{Finish: scheduler.FinishError, Err: engineErr}, 500, "generation failed inside the server"},
+		{"engine abort", scheduler.Event{Finish: scheduler.FinishAbort, Err: errors.New("server shutting down")}, 503, "aborted"},
+		{"router's status", scheduler.Event{Finish: scheduler.FinishError, Err: statusErr{502}}, 502, "the KV handoff"},
+	} {
+		for _, stream := range []bool{false, true} {
+			gen := &fakeGen{fail: &c.ev}
+			ts, _ := newTestServer(t, Options{Generator: gen, Logger: logger})
+			code, hdr, b := do(t, "POST", ts.URL+"/v1/completions", "", fmt.Sprintf(`{"model":"m","prompt":"hi","stream":%v}`, stream))
+			if stream {
+				if code != 200 || !strings.Contains(string(b), c.want) || strings.Contains(string(b), "page 12") {
+					t.Fatalf("%s, streamed: %d %s", c.name, code, b)
+				}
+				continue
+			}
+			if code != c.status {
+				t.Fatalf("%s: status %d %s", c.name, code, b)
+			}
+			e := openAIError(t, c.name, b)
+			if !strings.Contains(e.Error.Message, c.want) || strings.Contains(string(b), "page 12") || strings.Contains(string(b), "room") {
+				t.Fatalf("%s: %s", c.name, b)
+			}
+			if c.status == 503 && hdr.Get("Retry-After") == "" {
+				t.Fatalf("%s: no Retry-After", c.name)
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "page 12 is owned by room 3") || !strings.Contains(logs.String(), "request_id=cmpl-") {
+		t.Fatalf("the cause is not logged with the request id:\n%s", logs.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
