@@ -57,7 +57,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
 		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,
-		Info:            map[string]any{"role": "router", "model": name, "policy": f.policy},
+		Info: map[string]any{"role": "router", "model": name, "policy": f.policy},
 		LiveInfo: func() map[string]any {
 			p, s := rt.Capacity()
 			return map[string]any{"max_prompt_tokens": p, "effective_context_length": s, "workers": rt.Workers()}
