@@ -21,7 +21,7 @@ func (infoWorker) WorkerInfo() *pdv1.WorkerInfo {
 func (infoWorker) SetDraining() {}
 func (infoWorker) Busy() bool   { return false }
 
-func get(t *testing.T, url, auth string) (int, []byte) {
+func workerGet(t *testing.T, url, auth string) (int, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest("GET", url, nil)
 	if auth != "" {
@@ -36,7 +36,7 @@ func get(t *testing.T, url, auth string) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-func checkOpenAIError(t *testing.T, what string, body []byte) {
+func requireWorkerOpenAIError(t *testing.T, what string, body []byte) {
 	t.Helper()
 	var raw map[string]map[string]json.RawMessage
 	if err := json.Unmarshal(body, &raw); err != nil {
@@ -57,35 +57,35 @@ func TestWorkerHTTPKey(t *testing.T) {
 		ts := httptest.NewServer(HTTPHandler(infoWorker{}, &ready, metrics.New("decode"), HTTPOptions{APIKey: key, MetricsRequireKey: keyedMetrics}))
 		for _, auth := range []string{"", "Bearer wrong", "Bearer " + key + "!", key} {
 			for _, path := range []string{"/server_info", "/nope"} {
-				code, body := get(t, ts.URL+path, auth)
+				code, body := workerGet(t, ts.URL+path, auth)
 				if code != http.StatusUnauthorized {
 					t.Fatalf("%s with %q: status %d, want 401", path, auth, code)
 				}
-				checkOpenAIError(t, path, body)
+				requireWorkerOpenAIError(t, path, body)
 				if strings.Contains(string(body), "10.1.2.3") {
 					t.Fatalf("%s: the 401 names an address: %s", path, body)
 				}
 			}
 		}
 		for _, auth := range []string{"Bearer " + key, "bearer " + key, "BEARER " + key} {
-			code, body := get(t, ts.URL+"/server_info", auth)
+			code, body := workerGet(t, ts.URL+"/server_info", auth)
 			if code != http.StatusOK || !strings.Contains(string(body), "10.1.2.3:9000") {
 				t.Fatalf("/server_info with %q: %d %s", auth, code, body)
 			}
-			code, body = get(t, ts.URL+"/nope", auth)
+			code, body = workerGet(t, ts.URL+"/nope", auth)
 			if code != http.StatusNotFound {
 				t.Fatalf("unknown route with the key: %d", code)
 			}
-			checkOpenAIError(t, "404", body)
+			requireWorkerOpenAIError(t, "404", body)
 		}
-		if code, _ := get(t, ts.URL+"/health", ""); code != http.StatusOK {
+		if code, _ := workerGet(t, ts.URL+"/health", ""); code != http.StatusOK {
 			t.Fatalf("/health without a key: %d", code)
 		}
-		code, _ := get(t, ts.URL+"/metrics", "")
+		code, _ := workerGet(t, ts.URL+"/metrics", "")
 		if want := map[bool]int{false: 200, true: 401}[keyedMetrics]; code != want {
 			t.Fatalf("metrics keyed=%v: /metrics without a key got %d, want %d", keyedMetrics, code, want)
 		}
-		if code, _ := get(t, ts.URL+"/metrics", "Bearer "+key); code != http.StatusOK {
+		if code, _ := workerGet(t, ts.URL+"/metrics", "Bearer "+key); code != http.StatusOK {
 			t.Fatalf("/metrics with the key: %d", code)
 		}
 		ts.Close()
@@ -93,7 +93,7 @@ func TestWorkerHTTPKey(t *testing.T) {
 	// Without a key every route is open, as before.
 	ts := httptest.NewServer(HTTPHandler(infoWorker{}, &ready, metrics.New("prefill"), HTTPOptions{}))
 	defer ts.Close()
-	if code, _ := get(t, ts.URL+"/server_info", ""); code != http.StatusOK {
+	if code, _ := workerGet(t, ts.URL+"/server_info", ""); code != http.StatusOK {
 		t.Fatalf("/server_info with no key configured: %d", code)
 	}
 }

@@ -15,9 +15,9 @@ import (
 	"github.com/batonlm/baton/internal/scheduler"
 )
 
-// leak matches what a client must never read: addresses and ports, and the
+// leakInMessage matches what a client must never read: addresses and ports, and the
 // handoff's internals.
-var leak = regexp.MustCompile(`(?i)127\.0\.0\.1|10\.\d+\.\d+\.\d+|:\d{2,5}\b|\broom|\bepoch|\bwriter|\bpages?\b|grpc|rpc error|desc =`)
+var leakInMessage = regexp.MustCompile(`(?i)127\.0\.0\.1|10\.\d+\.\d+\.\d+|:\d{2,5}\b|\broom|\bepoch|\bwriter|\bpages?\b|grpc|rpc error|desc =`)
 
 const doorText = "this model's maximum context length is 512 tokens; the prompt has 600 tokens, leaving no room to generate"
 
@@ -132,8 +132,8 @@ func TestClientErrorsLeakNothing(t *testing.T) {
 			if tc.detail == "" {
 				return // the door's text speaks of the request ("no room to generate" is no room id)
 			}
-			if leak.MatchString(msg) {
-				t.Errorf("the client's message %q leaks %q", msg, leak.FindString(msg))
+			if leakInMessage.MatchString(msg) {
+				t.Errorf("the client's message %q leaks %q", msg, leakInMessage.FindString(msg))
 			}
 			// The worker's words are in the log line of the request.
 			found := false
@@ -158,7 +158,7 @@ func TestNoPairMessageNamesNoWorker(t *testing.T) {
 	if !errors.As(err, &rej) || rej.Status != 503 || rej.RetryAfter < 1 {
 		t.Fatalf("got %v", err)
 	}
-	if leak.MatchString(rej.Message) || strings.Contains(rej.Message, "http") {
+	if leakInMessage.MatchString(rej.Message) || strings.Contains(rej.Message, "http") {
 		t.Fatalf("message %q names a worker", rej.Message)
 	}
 }
