@@ -171,6 +171,13 @@ func TestRequestBodyLimits(t *testing.T) {
 		t.Fatalf("slow body: %d %s", code, b)
 	}
 	requireOpenAIError(t, "408", b)
+	// A route that never reads its body still answers: the body's deadline
+	// ends the upload net/http would otherwise wait out.
+	code, b = rawPost(t, s.URL, "POST /nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", trickle)
+	if code != 404 {
+		t.Fatalf("unknown route, endless body: %d %s", code, b)
+	}
+	requireOpenAIError(t, "404", b)
 	// Declared over the limit: 413 before a byte of it is read.
 	code, b = rawPost(t, s.URL, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: 40000000\r\n\r\n", trickle)
 	if code != 413 {
