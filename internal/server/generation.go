@@ -76,7 +76,13 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 			return openai.ServiceUnavailable(rej.Message, time.Duration(max(1, rej.RetryAfter))*time.Second)
 		}
 	}
-	return openai.Internal(err.Error())
+	e := openai.Internal(err.Error())
+	// A failed handoff is the router's 502 or 504, not the server's 500.
+	var hs interface{ HTTPStatus() int }
+	if errors.As(err, &hs) && hs.HTTPStatus() > 500 {
+		e.Status = hs.HTTPStatus()
+	}
+	return e
 }
 
 func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {

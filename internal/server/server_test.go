@@ -31,6 +31,7 @@ type fakeGen struct {
 	tokens int
 	delay  time.Duration
 	fail   *scheduler.Event
+	refuse error // returned by Generate
 }
 
 type fakeStream struct {
@@ -40,6 +41,9 @@ type fakeStream struct {
 
 func (g *fakeGen) Generate(string, []int32, scheduler.Params) (Stream, error) {
 	g.calls.Add(1)
+	if g.refuse != nil {
+		return nil, g.refuse
+	}
 	return &fakeStream{g: g}, nil
 }
 
@@ -440,3 +444,14 @@ func TestGenerationErrorsLeakNothing(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// A refusal that carries its status (the router's failed handoff before any
+// token) keeps it.
+func TestRefusalKeepsItsStatus(t *testing.T) {
+	ts, _ := newTestServer(t, Options{Generator: &fakeGen{refuse: statusErr{504}}})
+	code, _, b := do(t, "POST", ts.URL+"/v1/completions", "", `{"model":"m","prompt":"hi"}`)
+	if code != 504 {
+		t.Fatalf("status %d %s", code, b)
+	}
+	openAIError(t, "504", b)
+}
