@@ -117,6 +117,16 @@ func Unauthorized(msg string) *Error {
 	return &Error{Status: http.StatusUnauthorized, Message: msg, Type: TypeInvalidRequest, Code: strPtr("invalid_api_key")}
 }
 
+// PayloadTooLarge is a 413: the request body is over the server's limit.
+func PayloadTooLarge(msg string) *Error {
+	return &Error{Status: http.StatusRequestEntityTooLarge, Message: msg, Type: TypeInvalidRequest, Code: strPtr("request_too_large")}
+}
+
+// RequestTimeout is a 408: the client took too long to send its request.
+func RequestTimeout(msg string) *Error {
+	return &Error{Status: http.StatusRequestTimeout, Message: msg, Type: TypeInvalidRequest, Code: strPtr("request_timeout")}
+}
+
 // TooManyRequests is a 429; retryAfter (if positive) becomes Retry-After.
 func TooManyRequests(msg string, retryAfter time.Duration) *Error {
 	return &Error{Status: http.StatusTooManyRequests, Message: msg, Type: TypeRateLimit, Code: strPtr("rate_limit_exceeded"), RetryAfter: retryAfter}

@@ -55,6 +55,8 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
 	srv := server.New(server.Options{
 		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
+		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
+		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,
 		Info: map[string]any{"role": "router", "model": name, "policy": f.policy},
 		LiveInfo: func() map[string]any {
 			p, s := rt.Capacity()

@@ -50,6 +50,8 @@ type serveFlags struct {
 	maxQueued       int
 	preemptAfter    time.Duration
 	apiKey          string
+	metricsKey      bool
+	readTimeout     time.Duration
 	loadFormat      string
 	dummyDType      string
 	kvPoison        bool
@@ -118,7 +120,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
 	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 503")
-	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every API request")
+	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every route but /health and /metrics (workers: /server_info and unknown routes)")
+	fs.BoolVar(&f.metricsKey, "metrics-require-key", false, "require --api-key on /metrics too (default: /metrics is open to scrapers)")
+	fs.DurationVar(&f.readTimeout, "request-read-timeout", 60*time.Second, "how long a client may take to send a request body; a slower upload gets 408")
 	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
@@ -164,6 +168,10 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--page-size must be positive")
 	case f.chunkedPrefill <= 0 || f.maxRunning <= 0 || f.maxQueued <= 0:
 		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
+	case f.readTimeout <= 0:
+		return fmt.Errorf("--request-read-timeout must be positive")
+	case f.metricsKey && f.apiKey == "":
+		return fmt.Errorf("--metrics-require-key needs --api-key")
 	case f.transport != "tcp" && f.transport != "ucx":
 		return fmt.Errorf("unknown --transport %q (tcp, ucx)", f.transport)
 	case f.transport == "ucx" && !ucx.Enabled:
@@ -470,8 +478,9 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	eng := le.engine(f, scheduler.RoleStandalone, ms)
 	srv := server.New(server.Options{
 		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
-		Defaults: samplingDefaults(le.loaded.Generation),
-		Metrics:  ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
+		Defaults: samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
+		MaxPromptTokens: func() int { return le.plan.context - 1 }, Logger: le.log,
+		Metrics: ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
 			"kv_pool_tokens": le.plan.pages * le.plan.pageSize, "kv_pool_pages": le.plan.pages, "page_size": le.plan.pageSize, "model": le.name},
 		LiveInfo: func() map[string]any {
 			st := le.pool.Stats()
@@ -496,7 +505,10 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Logger, ln net.Listener, h http.Handler, setReady func(bool), drain func(context.Context)) error {
 	ctx, stop := signal.NotifyContext(ctxOrBackground(ctx), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// No ReadTimeout: it stays on the connection while an answer streams,
+	// and net/http cancels a request whose connection read times out.
+	// Bodies get a deadline of their own instead (see bodyDeadline).
+	hs := &http.Server{Handler: bodyDeadline(h, f.readTimeout), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	setReady(true)
@@ -520,6 +532,22 @@ func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Log
 		log.Warn("shutdown timeout reached; aborting what is still running")
 	}
 	return nil
+}
+
+// bodyDeadline bounds how long a request's body may take to arrive, so
+// that a slow or endless upload ends even on a route that never reads it
+// (net/http then reads what is left before answering). A handler that
+// reads its body lifts the deadline once it has it (server.Options.BodyReadTimeout).
+func bodyDeadline(h http.Handler, d time.Duration) http.Handler {
+	if d <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func ctxOrBackground(ctx context.Context) context.Context {

@@ -120,7 +120,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		case <-ctx.Done():
 		}
 	}
-	return serveHTTP(ctx, f, logw, le.log, ln, roles.HTTPHandler(worker, &ready, ms), ready.Store, drain)
+	return serveHTTP(ctx, f, logw, le.log, ln, roles.HTTPHandler(worker, &ready, ms, roles.HTTPOptions{APIKey: f.apiKey, MetricsRequireKey: f.metricsKey}), ready.Store, drain)
 }
 
 // advertised is the address peers use for a listener: its port with

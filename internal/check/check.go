@@ -100,7 +100,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	return rep, nil
 }
 
-func (c *checker) do(ctx context.Context, method, url, body string, auth bool) (int, []byte, error) {
+// do sends the key to workers as well as the router: a cluster shares one
+// key, and workers keep /server_info (and, if asked, /metrics) behind it.
+func (c *checker) do(ctx context.Context, method, url, body string) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
 	if err != nil {
 		return 0, nil, err
@@ -108,7 +110,7 @@ func (c *checker) do(ctx context.Context, method, url, body string, auth bool) (
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if auth && c.o.APIKey != "" {
+	if c.o.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.o.APIKey)
 	}
 	resp, err := c.o.Client.Do(req)
@@ -121,7 +123,7 @@ func (c *checker) do(ctx context.Context, method, url, body string, auth bool) (
 }
 
 func (c *checker) discover(ctx context.Context) error {
-	code, b, err := c.do(ctx, http.MethodGet, c.o.Router+"/server_info", "", true)
+	code, b, err := c.do(ctx, http.MethodGet, c.o.Router+"/server_info", "")
 	if err != nil {
 		return fmt.Errorf("router /server_info: %w", err)
 	}
@@ -146,7 +148,7 @@ func (c *checker) discover(ctx context.Context) error {
 
 // metrics sums each baton_ metric of a worker over its labels.
 func (c *checker) metrics(ctx context.Context, w worker) (map[string]float64, error) {
-	code, b, err := c.do(ctx, http.MethodGet, w.URL+"/metrics", "", false)
+	code, b, err := c.do(ctx, http.MethodGet, w.URL+"/metrics", "")
 	if err != nil || code != 200 {
 		return nil, fmt.Errorf("%s/metrics: HTTP %d %v", w.URL, code, err)
 	}
@@ -174,7 +176,7 @@ func (c *checker) totals(ctx context.Context, role string) (map[string]float64, 
 func (c *checker) poolContext(ctx context.Context) Row {
 	row := Row{Gate: "pool/context", Pass: true}
 	for _, w := range c.workers {
-		code, b, err := c.do(ctx, http.MethodGet, w.URL+"/server_info", "", false)
+		code, b, err := c.do(ctx, http.MethodGet, w.URL+"/server_info", "")
 		var info struct {
 			Context   int `json:"context_length"`
 			Effective int `json:"effective_context_length"`
@@ -211,7 +213,7 @@ func (c *checker) rejectPath(ctx context.Context) Row {
 		ids[i] = "3"
 	}
 	body := fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":1}`, c.model, strings.Join(ids, ","))
-	code, b, err := c.do(ctx, http.MethodPost, c.o.Router+"/v1/completions", body, true)
+	code, b, err := c.do(ctx, http.MethodPost, c.o.Router+"/v1/completions", body)
 	after, err2 := c.totals(ctx, "")
 	if err != nil || err2 != nil {
 		return Row{Gate: row.Gate, Evidence: []string{fmt.Sprint(err, err2)}}
@@ -234,7 +236,7 @@ func (c *checker) rejectPath(ctx context.Context) Row {
 // complete sends one greedy completion and returns its text.
 func (c *checker) complete(ctx context.Context, prompt string, maxTokens int) (int, string) {
 	body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":%d,"temperature":0}`, c.model, prompt, maxTokens)
-	code, b, err := c.do(ctx, http.MethodPost, c.o.Router+"/v1/completions", body, true)
+	code, b, err := c.do(ctx, http.MethodPost, c.o.Router+"/v1/completions", body)
 	if err != nil {
 		return 0, ""
 	}

@@ -14,8 +14,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/batonlm/baton/api/openai"
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
+	"github.com/batonlm/baton/internal/httpauth"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
@@ -155,8 +157,18 @@ type Worker interface {
 	Busy() bool
 }
 
+// HTTPOptions are the access rules of a worker's HTTP side.
+type HTTPOptions struct {
+	// APIKey, when set, is required on every route but /health:
+	// /server_info names the worker's internal addresses.
+	APIKey string
+	// MetricsRequireKey puts /metrics behind APIKey too; by default it
+	// stays open for scrapers.
+	MetricsRequireKey bool
+}
+
 // HTTPHandler serves a worker's /health, /metrics and /server_info.
-func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set) http.Handler {
+func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set, o HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(rw http.ResponseWriter, _ *http.Request) {
 		if !ready.Load() {
@@ -166,7 +178,7 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set) http.Handler {
 		}
 		_, _ = rw.Write([]byte(`{"status":"ok"}`))
 	})
-	mux.HandleFunc("GET /server_info", func(rw http.ResponseWriter, _ *http.Request) {
+	mux.Handle("GET /server_info", httpauth.Require(o.APIKey, http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		info := w.WorkerInfo()
 		rw.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(rw).Encode(map[string]any{
@@ -176,8 +188,17 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set) http.Handler {
 			"kv_pages_quarantined": info.QuarantinedPages, "running": info.Running, "queued": info.Queued,
 			"model": info.Layout.GetModel(), "page_size": info.Layout.GetPageSize(), "internal_auth": info.InternalAuth,
 		})
-	})
-	mux.Handle("GET /metrics", ms.Handler())
+	})))
+	var metricsH http.Handler = ms.Handler()
+	if o.MetricsRequireKey {
+		metricsH = httpauth.Require(o.APIKey, metricsH)
+	}
+	mux.Handle("GET /metrics", metricsH)
+	// Unknown routes are keyed too, so that a caller without the key
+	// cannot map what a worker serves.
+	mux.Handle("/", httpauth.Require(o.APIKey, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		openai.WriteError(rw, openai.NotFound("unknown route "+r.Method+" "+r.URL.Path, "not_found"))
+	})))
 	return mux
 }
 

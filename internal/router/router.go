@@ -536,18 +536,11 @@ func (r *Router) noPairLocked() error {
 			healthyD++
 		}
 	}
-	msg := "no healthy prefill and decode workers are available; retry later"
+	msg := msgNoPair
 	if healthyP > 0 && healthyD > 0 {
-		msg = "no healthy prefill/decode pair agrees on the KV layout"
-	outer:
-		for _, p := range r.prefill {
-			for _, d := range r.decode {
-				if diff, ok := r.mismatches[[2]*worker{p, d}]; ok && p.healthy && d.healthy {
-					msg += fmt.Sprintf(" (prefill %s and decode %s differ in %s)", p.url, d.url, diff)
-					break outer
-				}
-			}
-		}
+		// Which workers differ, and in what, is for the operator:
+		// checkPairsLocked logged it with their addresses.
+		msg = "no healthy prefill/decode pair agrees on the KV layout; retry later"
 	}
 	return &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: msg, RetryAfter: 1}
 }

@@ -551,8 +551,12 @@ func TestNonRetryableFailures(t *testing.T) {
 		}
 		_, last := readAll(t, st)
 		var e *Error
-		if !errors.As(last.Err, &e) || e.Status != 500 || !strings.Contains(e.Message, "page_size") {
+		if !errors.As(last.Err, &e) || e.Status != 500 || e.Message != msgMisconfig {
 			t.Fatalf("last %+v", last)
+		}
+		// What differs is for the operator, under the request id.
+		if logs := c.logs.String(); !strings.Contains(logs, "layout mismatch: page_size") || !strings.Contains(logs, "request_id=bad") {
+			t.Fatalf("the detail is not logged: %s", logs)
 		}
 	})
 	t.Run("decode rejects at its door", func(t *testing.T) {

@@ -3,9 +3,11 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,7 +103,9 @@ type failure struct {
 	stage string     // pick, reserve, stream, prefill, decode
 	code  codes.Code // the worker call's status; Unknown when it was not a gRPC status
 	err   error      // what the client would see: *Error, or *scheduler.RejectError from pick
-	retry bool
+	// detail is what happened, in the workers' words, for the log only.
+	detail error
+	retry  bool
 }
 
 // run drives the attempts. started receives nil once the first attempt
@@ -126,7 +130,7 @@ func (s *stream) run(started chan<- error) {
 		}
 		d, p, dc, pc, err := s.r.pick(avoid, len(s.prompt))
 		if err != nil {
-			last = failure{stage: "pick", err: err}
+			last = failure{stage: "pick", err: err, detail: err}
 			break
 		}
 		held = []*worker{d, p}
@@ -158,13 +162,13 @@ func (s *stream) run(started chan<- error) {
 		}
 		s.r.rm.retries.WithLabelValues(f.stage).Inc()
 		s.log.Warn("attempt failed before the first token; retrying on another pair",
-			"stage", f.stage, "decode", d.url, "prefill", p.url, "attempt", attempt+1, "err", f.err)
+			"stage", f.stage, "decode", d.url, "prefill", p.url, "attempt", attempt+1, "err", f.detail)
 	}
+	s.log.Warn("request failed", "stage", last.stage, "code", last.code, "err", last.detail, "client_error", last.err)
 	if started != nil {
 		started <- rejectFrom(last)
 		return
 	}
-	s.log.Warn("request failed", "stage", last.stage, "err", last.err)
 	s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: asError(last.err)})
 }
 
@@ -262,15 +266,11 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 		case it := <-recv:
 			if it.err != nil {
 				if s.gotToken {
-					msg := "decode token stream broke: " + it.err.Error()
-					if errors.Is(it.err, io.EOF) {
-						msg = "decode token stream ended without a finish reason"
-					}
 					log.Warn("stream failed after the first token", "err", it.err)
 					// A decode worker that is still alive may not have seen
 					// the break; the request is over either way.
 					s.abort(log, dc, res, "token stream to the router broke")
-					s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: &Error{Status: http.StatusBadGateway, Message: msg}})
+					s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: &Error{Status: http.StatusBadGateway, Message: msgInterrupted}})
 					s.settle(nil, pending)
 					return nil
 				}
@@ -278,7 +278,8 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				if errors.Is(it.err, io.EOF) {
 					// An orderly end with nothing sent (a decode worker
 					// shutting down) says nothing against trying elsewhere.
-					f = &failure{stage: "stream", retry: true, err: &Error{Status: http.StatusBadGateway, Message: "decode token stream ended before the first token"}}
+					f = &failure{stage: "stream", retry: true, err: handoffError(http.StatusBadGateway),
+						detail: errors.New("decode token stream ended before the first token")}
 				} else {
 					f = rpcFailure("stream", "decode token stream failed", it.err)
 				}
@@ -286,7 +287,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				return f
 			}
 			if done, f := s.forward(log, it.ev, dc, res); f != nil {
-				s.cancelReservation(log, dc, res, "decode failed the request before its first token: "+f.err.Error())
+				s.cancelReservation(log, dc, res, "decode failed the request before its first token: "+f.detail.Error())
 				return f
 			} else if done {
 				s.settle(recv, pending)
@@ -309,15 +310,18 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 	}
 	switch {
 	case te.Error != "":
-		e := &Error{Status: httpStatus(te.Code), Message: te.Error}
-		if !s.gotToken && ev.Token == nil && retryableHTTP(e.Status) {
-			return false, &failure{stage: "decode", err: e, retry: true}
+		st := httpStatus(te.Code)
+		e := decodeEventError(st, te.Error, s.gotToken || ev.Token != nil)
+		if !s.gotToken && ev.Token == nil && retryableHTTP(st) {
+			return false, &failure{stage: "decode", err: e, retry: true, detail: fmt.Errorf("decode error event %d: %s", te.Code, te.Error)}
 		}
+		log.Warn("decode failed the request", "code", te.Code, "err", te.Error)
 		ev.Finish, ev.Err = scheduler.FinishError, e
 	case te.Finish == scheduler.FinishStop || te.Finish == scheduler.FinishLength:
 		ev.Finish = te.Finish
 	case te.Finish != "":
-		ev.Finish, ev.Err = scheduler.FinishError, &Error{Status: http.StatusBadGateway, Message: "decode ended the request: " + te.Finish}
+		log.Warn("decode ended the request with an unknown finish reason", "finish", te.Finish)
+		ev.Finish, ev.Err = scheduler.FinishError, &Error{Status: http.StatusBadGateway, Message: msgDecodeFail}
 	case ev.Token == nil:
 		return false, nil // nothing to pass on
 	}
@@ -332,9 +336,6 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 		s.r.m.GenerationTokens.Inc()
 	}
 	if ev.Finish != "" {
-		if ev.Err != nil {
-			log.Warn("decode failed the request", "err", ev.Err)
-		}
 		s.finish(ev)
 		return true, nil
 	}
@@ -448,31 +449,63 @@ func (s *stream) settle(recv <-chan received, pending <-chan error) {
 // DeadlineExceeded and ResourceExhausted (another pair may have room), and
 // errors below gRPC, are worth another pair; a refusal at a worker's door
 // (InvalidArgument) or a layout mismatch (FailedPrecondition) would be
-// refused again.
+// refused again. The client is told what it can act on; the worker's text
+// is kept as the failure's detail, for the log.
 func rpcFailure(stage, what string, err error) *failure {
+	f := &failure{stage: stage, code: codes.Unknown, detail: fmt.Errorf("%s: %w", what, err)}
 	st, ok := status.FromError(err)
 	if !ok {
-		return &failure{stage: stage, code: codes.Unknown, retry: true, err: &Error{Status: http.StatusBadGateway, Message: what + ": " + err.Error()}}
+		f.retry, f.err = true, handoffError(http.StatusBadGateway)
+		return f
 	}
-	f := &failure{stage: stage, code: st.Code()}
-	e := &Error{Message: what + ": " + st.Message()}
+	f.code = st.Code()
 	switch st.Code() {
 	case codes.InvalidArgument, codes.OutOfRange:
-		// The worker's message is written for the client; pass it as is.
-		e.Status, e.Message = http.StatusBadRequest, st.Message()
+		if clientText(st.Message()) {
+			// A door check about the request itself: written for the client.
+			f.err = &Error{Status: http.StatusBadRequest, Message: st.Message()}
+		} else {
+			// One worker refusing what another asked of it is no fault of
+			// the client's.
+			f.err = handoffError(http.StatusBadGateway)
+		}
 	case codes.ResourceExhausted:
-		e.Status, f.retry = http.StatusServiceUnavailable, true
+		f.retry, f.err = true, &Error{Status: http.StatusServiceUnavailable, Message: msgDecodeFull}
+		if stage != "reserve" {
+			f.err = handoffError(http.StatusServiceUnavailable)
+		}
 	case codes.Unavailable:
-		e.Status, f.retry = http.StatusServiceUnavailable, true
+		f.retry, f.err = true, handoffError(http.StatusServiceUnavailable)
+		if stage == "reserve" {
+			f.err = &Error{Status: http.StatusServiceUnavailable, Message: msgNoPair}
+		}
 	case codes.DeadlineExceeded:
-		e.Status, f.retry = http.StatusGatewayTimeout, true
+		f.retry, f.err = true, handoffError(http.StatusGatewayTimeout)
 	case codes.FailedPrecondition:
-		e.Status = http.StatusInternalServerError
+		f.err = handoffError(http.StatusBadGateway)
+		if m := st.Message(); strings.Contains(m, "layout mismatch") || strings.Contains(m, "over transport") {
+			f.err = &Error{Status: http.StatusInternalServerError, Message: msgMisconfig}
+		}
 	default:
-		e.Status = http.StatusBadGateway
+		f.err = handoffError(http.StatusBadGateway)
 	}
-	f.err = e
 	return f
+}
+
+// decodeEventError is what the client sees of an error event on decode's
+// token stream: a door refusal as decode wrote it, anything else mapped.
+func decodeEventError(status int, msg string, afterToken bool) *Error {
+	switch {
+	case status == http.StatusBadRequest && clientText(msg):
+		return &Error{Status: status, Message: msg}
+	case afterToken:
+		return &Error{Status: http.StatusBadGateway, Message: msgDecodeFail}
+	case status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout:
+		return handoffError(status)
+	}
+	// Decode aborts a request whose commit failed its checks (499 on the
+	// wire): a failed handoff, not a client that went away.
+	return handoffError(http.StatusBadGateway)
 }
 
 // rejectFrom turns a failure before any reservation held into Generate's

@@ -76,7 +76,13 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 			return openai.ServiceUnavailable(rej.Message, time.Duration(max(1, rej.RetryAfter))*time.Second)
 		}
 	}
-	return openai.Internal(err.Error())
+	e := openai.Internal(err.Error())
+	// A failed handoff is the router's 502 or 504, not the server's 500.
+	var hs interface{ HTTPStatus() int }
+	if errors.As(err, &hs) && hs.HTTPStatus() > 500 {
+		e.Status = hs.HTTPStatus()
+	}
+	return e
 }
 
 func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {
@@ -129,7 +135,7 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 				g.finish = ev.Finish
 				piece += g.text.flush()
 			default:
-				e := eventError(ev.Err)
+				e := g.s.eventError(g.id, ev)
 				if sse != nil {
 					_ = sse.SendError(e)
 					_ = sse.Done()
@@ -169,12 +175,15 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 		Choices: []openai.CompletionChoice{{Text: g.text.out.String(), Logprobs: g.legacy, FinishReason: &finish}}})
 }
 
-// eventError maps a failed generation to the error the client sees: the
-// status the generator attached (a router relays the worker's), else 500.
-func eventError(err error) *openai.Error {
-	msg := "generation failed: " + errText(err)
+// eventError maps a failed generation to the error the client sees. A
+// generator that attached a status (the router) wrote its message for the
+// client; an engine's own failure names pages and checks, which go to the
+// log under the request id while the client learns what it can act on.
+func (s *Server) eventError(id string, ev scheduler.Event) *openai.Error {
+	err := ev.Err
 	var hs interface{ HTTPStatus() int }
 	if errors.As(err, &hs) {
+		msg := "generation failed: " + errText(err)
 		switch st := hs.HTTPStatus(); {
 		case st == http.StatusBadRequest:
 			return openai.BadRequest(msg, "")
@@ -185,8 +194,13 @@ func eventError(err error) *openai.Error {
 			e.Status = st
 			return e
 		}
+		return openai.Internal(msg)
 	}
-	return openai.Internal(msg)
+	s.log.Warn("generation failed", "request_id", id, "finish", ev.Finish, "err", errText(err))
+	if ev.Finish == scheduler.FinishAbort {
+		return openai.ServiceUnavailable("the request was aborted before it finished; retry it", time.Second)
+	}
+	return openai.Internal("generation failed inside the server; its log has the cause under request id " + id)
 }
 
 func errText(err error) string {

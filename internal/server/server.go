@@ -6,16 +6,19 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/batonlm/baton/api/openai"
+	"github.com/batonlm/baton/internal/httpauth"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/tokenizer"
@@ -64,6 +67,21 @@ type Options struct {
 	// Defaults are the model's own sampling defaults (generation_config.json),
 	// used for what a request leaves out; nil fields keep OpenAI's defaults.
 	Defaults SamplingDefaults
+	// MetricsRequireKey puts /metrics behind APIKey; by default it stays
+	// open for scrapers.
+	MetricsRequireKey bool
+	// BodyReadTimeout bounds how long a client may take to send a request
+	// body (default 60 s), so that a slow upload cannot hold a connection
+	// and its buffer forever. It ends once the body is in: a streamed
+	// answer runs as long as it needs.
+	BodyReadTimeout time.Duration
+	// Logger receives what clients are not told (why a generation
+	// failed); nil discards it.
+	Logger *slog.Logger
+	// MaxPromptTokens, when set, is the longest prompt the generator admits
+	// now (0: unknown). A text that cannot fit it in any tokenization is
+	// refused before it is tokenized.
+	MaxPromptTokens func() int
 }
 
 // SamplingDefaults are a model's default sampling parameters.
@@ -77,17 +95,32 @@ type SamplingDefaults struct {
 // are refused without reading them whole.
 const maxBodyBytes = 32 << 20
 
+const defaultBodyReadTimeout = 60 * time.Second
+
 // Server serves the OpenAI API.
 type Server struct {
 	o       Options
+	log     *slog.Logger
 	mux     *http.ServeMux
 	ready   atomic.Bool
 	created int64
+	// maxTokenBytes is the most bytes of text one token can stand for (see
+	// tokenizer.MaxTokenBytes); 0 when no such bound holds.
+	maxTokenBytes int
 }
 
 // New makes a server; it answers /health with 503 until SetReady(true).
 func New(o Options) *Server {
-	s := &Server{o: o, mux: http.NewServeMux(), created: time.Now().Unix()}
+	if o.BodyReadTimeout <= 0 {
+		o.BodyReadTimeout = defaultBodyReadTimeout
+	}
+	s := &Server{o: o, log: o.Logger, mux: http.NewServeMux(), created: time.Now().Unix()}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if o.Tokenizer != nil {
+		s.maxTokenBytes = o.Tokenizer.MaxTokenBytes()
+	}
 	s.mux.HandleFunc("POST /v1/completions", s.auth(s.completions))
 	s.mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chatCompletions))
 	s.mux.HandleFunc("GET /v1/models", s.auth(s.models))
@@ -95,7 +128,11 @@ func New(o Options) *Server {
 	s.mux.HandleFunc("GET /health", s.health)
 	s.mux.HandleFunc("GET /server_info", s.auth(s.serverInfo))
 	if o.Metrics != nil {
-		s.mux.Handle("GET /metrics", o.Metrics.Handler())
+		var h http.Handler = o.Metrics.Handler()
+		if o.MetricsRequireKey {
+			h = httpauth.Require(o.APIKey, h)
+		}
+		s.mux.Handle("GET /metrics", h)
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, openai.NotFound("unknown route "+r.Method+" "+r.URL.Path, "not_found"))
@@ -109,18 +146,9 @@ func (s *Server) SetReady(ok bool) { s.ready.Store(ok) }
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
+// auth checks the key before anything of the body is read.
 func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
-	if s.o.APIKey == "" {
-		return h
-	}
-	want := []byte("Bearer " + s.o.APIKey)
-	return func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			openai.WriteError(w, openai.Unauthorized("invalid or missing API key"))
-			return
-		}
-		h(w, r)
-	}
+	return httpauth.Require(s.o.APIKey, h).ServeHTTP
 }
 
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
@@ -171,14 +199,38 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *openai.Error) {
+// readBody reads a request body of at most maxBodyBytes within the body
+// read timeout. A body declared too large is refused before a byte of it
+// is read; one that turns out too large stops being read at the limit.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *openai.Error) {
+	tooLarge := func() *openai.Error {
+		// The rest of the body is not wanted: close rather than drain it.
+		w.Header().Set("Connection", "close")
+		return openai.PayloadTooLarge(fmt.Sprintf("the request body exceeds the limit of %d MiB", maxBodyBytes>>20))
+	}
+	if r.ContentLength > maxBodyBytes {
+		return nil, tooLarge()
+	}
+	rc := http.NewResponseController(w)
+	// Per request rather than http.Server.ReadTimeout: that one stays on
+	// the connection while the answer streams and would cut a long stream
+	// off. Recorders in tests do not support deadlines; that is fine.
+	if rc.SetReadDeadline(time.Now().Add(s.o.BodyReadTimeout)) == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, openai.BadRequest("request body exceeds 32 MiB", "")
+		var ne net.Error
+		switch {
+		case errors.As(err, &tooBig):
+			return nil, tooLarge()
+		case errors.As(err, &ne) && ne.Timeout():
+			w.Header().Set("Connection", "close")
+			return nil, openai.RequestTimeout(fmt.Sprintf("the request body did not arrive within %s", s.o.BodyReadTimeout))
 		}
-		return nil, openai.BadRequest("could not read the request body: "+err.Error(), "")
+		w.Header().Set("Connection", "close")
+		return nil, openai.BadRequest("could not read the request body", "")
 	}
 	return b, nil
 }
@@ -191,7 +243,7 @@ func parseRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, pars
 		var zero T
 		return zero, false
 	}
-	body, e := readBody(w, r)
+	body, e := s.readBody(w, r)
 	if e != nil {
 		return fail(e)
 	}
@@ -212,6 +264,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	prompt := req.PromptTokenIDs
 	if prompt == nil {
+		if e := s.cannotFit(req.Prompt, "prompt"); e != nil {
+			openai.WriteError(w, e)
+			return
+		}
 		prompt = s.o.Tokenizer.Encode(req.Prompt, true, true)
 	}
 	g := &generation{s: s, chat: false, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
@@ -233,6 +289,10 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, openai.BadRequest("the chat template could not render these messages: "+err.Error(), "messages"))
 		return
 	}
+	if e := s.cannotFit(text, "messages"); e != nil {
+		openai.WriteError(w, e)
+		return
+	}
 	// Templates that write the BOS text themselves must not get a second one.
 	bos := s.o.Tokenizer.TokenText(s.o.Tokenizer.BOS())
 	addBOS := bos == "" || !strings.HasPrefix(text, bos)
@@ -240,4 +300,29 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	g := &generation{s: s, chat: true, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
 		id: openai.NewID("chatcmpl-"), promptParam: "messages"}
 	g.run(w, r, prompt)
+}
+
+// cannotFit refuses a text whose length alone proves it longer than the
+// longest prompt admitted now: however it is tokenized, n bytes become at
+// least ceil(n/L) tokens, L being the most bytes one token stands for.
+// Tokenizing a text of many megabytes takes seconds and gigabytes only to
+// learn what its length already says.
+func (s *Server) cannotFit(text, param string) *openai.Error {
+	if s.maxTokenBytes <= 0 || s.o.MaxPromptTokens == nil {
+		return nil
+	}
+	limit := s.o.MaxPromptTokens()
+	if limit <= 0 {
+		return nil
+	}
+	least := (len(text) + s.maxTokenBytes - 1) / s.maxTokenBytes
+	if least <= limit {
+		return nil
+	}
+	if s.o.Metrics != nil {
+		s.o.Metrics.Reject("too_long")
+		s.o.Metrics.Outcome("rejected")
+	}
+	return openai.BadRequest(fmt.Sprintf("this model's maximum context length is %d tokens; the prompt is %d bytes long, which is at least %d tokens",
+		limit+1, len(text), least), param)
 }

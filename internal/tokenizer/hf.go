@@ -149,6 +149,9 @@ type hfText struct {
 	// byteFallback false: characters outside the vocabulary become the
 	// unknown token, one per character (fused when fuseUnk).
 	byteFallback, fuseUnk bool
+	// shrink is the most the normalizers can divide a text's byte length
+	// by (see MaxTokenBytes); 0 when they can delete text outright.
+	shrink int
 }
 
 // normalize prepares one text run; first says the run starts the input.
@@ -402,7 +405,7 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 	}
 
 	// Pipeline: byte-level or SentencePiece-style.
-	h := &hfText{byteFallback: m.ByteFallback, fuseUnk: m.FuseUnk}
+	h := &hfText{byteFallback: m.ByteFallback, fuseUnk: m.FuseUnk, shrink: 1}
 	norms, err := nodes(tj.Normalizer, 0)
 	if err != nil {
 		return nil, err
@@ -411,13 +414,18 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 		switch nd.Type {
 		case "NFC":
 			h.normalizers = append(h.normalizers, norm.NFC.String)
+			h.shrink *= nfShrink
 		case "NFKC":
 			h.normalizers = append(h.normalizers, norm.NFKC.String)
+			h.shrink *= nfkShrink
 		case "NFD":
 			h.normalizers = append(h.normalizers, norm.NFD.String)
+			h.shrink *= nfShrink
 		case "NFKD":
 			h.normalizers = append(h.normalizers, norm.NFKD.String)
+			h.shrink *= nfkShrink
 		case "Lowercase":
+			h.shrink *= lowerShrink
 			h.normalizers = append(h.normalizers, strings.ToLower)
 		case "Prepend":
 			p := nd.Prepend
@@ -437,6 +445,11 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 				return nil, errors.New("tokenizer: Replace normalizer with an empty pattern")
 			}
 			h.normalizers = append(h.normalizers, func(s string) string { return strings.ReplaceAll(s, from, to) })
+			if to == "" {
+				h.shrink = 0
+			} else {
+				h.shrink *= (len(from) + len(to) - 1) / len(to)
+			}
 		default:
 			return nil, fmt.Errorf("tokenizer: normalizer %q is not supported", nd.Type)
 		}

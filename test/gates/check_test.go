@@ -18,7 +18,8 @@ func runCheck(t *testing.T, c *harness.Cluster, args ...string) (string, error) 
 // baton check passes all four gates on a sound deployment, needs the API key
 // when one is set, and leaves every page where it found it.
 func TestCheckCommandPasses(t *testing.T) {
-	c := startCluster(t, setup{routerArgs: []string{"--api-key", "k3y"}})
+	// Workers keep /server_info behind the same key; check sends it to them.
+	c := startCluster(t, setup{routerArgs: []string{"--api-key", "k3y"}, workerArgs: []string{"--api-key", "k3y"}})
 	if out, err := runCheck(t, c); err == nil {
 		t.Fatalf("check without the API key succeeded:\n%s", out)
 	}

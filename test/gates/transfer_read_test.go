@@ -2,6 +2,7 @@ package gates
 
 import (
 	"fmt"
+	"regexp"
 	"testing"
 
 	"github.com/batonlm/baton/test/harness"
@@ -25,6 +26,10 @@ var handoffFaults = []handoffFault{
 	{"wrong epoch", "wrong_epoch=1", "", "admit"},
 }
 
+// clientLeak matches what a client must never read of a failed handoff:
+// worker addresses and ports, rooms, epochs, pages, writers.
+var clientLeak = regexp.MustCompile(`(?i)127\.0\.0\.1|:\d{2,5}\b|\broom|\bepoch|\bwriter|\bpages?\b`)
+
 // scenarioHandoffFault injects one fault into every prefill write and checks
 // that the client gets an error (never 200), decode counts the failure under
 // the expected check, no NaN was sampled, and every page comes back.
@@ -35,6 +40,9 @@ func scenarioHandoffFault(t *testing.T, f handoffFault, guardsOff string) violat
 	code, text, body := greedy(t, c.Router.URL, ref)
 	if code == 200 {
 		v.add("%s: the client got 200 (%q matches the reference: %v)", f.name, text, text == ref.GeneratedText)
+	} else if leak := clientLeak.Find(body); leak != nil {
+		// Which check refused, and whose write, is for the log.
+		v.add("%s: the client reads %q in %s", f.name, leak, body)
 	}
 	m := harness.Metrics(t, c.Decode[0])
 	if f.reason != "" {
