@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/bundled"
 	"github.com/batonlm/baton/internal/gguf"
 	"github.com/batonlm/baton/internal/metrics"
@@ -42,7 +43,11 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	ms := metrics.New("router")
-	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy, APIKey: f.apiKey, Metrics: ms, Logger: log})
+	plane, err := f.internal.plane(auth.RoleRouter, log, ms)
+	if err != nil {
+		return err
+	}
+	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy, APIKey: f.apiKey, Metrics: ms, Logger: log, Auth: plane})
 	if err != nil {
 		return err
 	}
@@ -57,7 +62,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
 		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,
-		Info: map[string]any{"role": "router", "model": name, "policy": f.policy},
+		Info: map[string]any{"role": "router", "model": name, "policy": f.policy, "internal_auth": plane.Describe()},
 		LiveInfo: func() map[string]any {
 			p, s := rt.Capacity()
 			return map[string]any{"max_prompt_tokens": p, "effective_context_length": s, "workers": rt.Workers()}

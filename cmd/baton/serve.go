@@ -69,6 +69,11 @@ type serveFlags struct {
 	transferPort   int
 	transport      string
 	handoffTimeout time.Duration
+	maxResPerPeer  int
+	maxPagesPeer   int
+
+	// internal plane (router, prefill, decode)
+	internal internalFlags
 
 	// router
 	prefillURLs []string
@@ -137,7 +142,10 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.grpcPort, "grpc-port", 0, "prefill/decode: gRPC control-plane port (0: any free port)")
 	fs.IntVar(&f.transferPort, "transfer-port", 0, "decode: KV transport receiver port (0: any free port)")
 	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp)")
-	fs.DurationVar(&f.handoffTimeout, "handoff-timeout", 60*time.Second, "decode: abort a reservation whose commit has not come by then")
+	fs.DurationVar(&f.handoffTimeout, "handoff-timeout", 60*time.Second, "decode: abort a reservation whose commit has not come by then; a writer still holding its session that long after an abort is cut off")
+	fs.IntVar(&f.maxResPerPeer, "max-reservations-per-peer", 256, "decode: most reservations one caller may hold at once (0: no bound)")
+	fs.IntVar(&f.maxPagesPeer, "max-pages-per-peer", 0, "decode: most KV pages one caller's reservations may hold at once (0: the pool)")
+	f.internal.register(fs)
 	fs.StringSliceVar(&f.prefillURLs, "prefill", nil, "router: prefill worker URLs (repeatable or comma separated)")
 	fs.StringSliceVar(&f.decodeURLs, "decode", nil, "router: decode worker URLs (repeatable or comma separated)")
 	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load")

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/roles"
 	"github.com/batonlm/baton/internal/scheduler"
@@ -38,21 +39,32 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	c := &le.loaded.Model.Config
 	layout := roles.Layout(roles.ModelID(le.name, c), c, le.plan.pageSize)
 	ms := metrics.New(f.role)
+	plane, err := f.internal.plane(auth.Role(f.role), le.log, ms)
+	if err != nil {
+		return err
+	}
+	// The control and transfer ports hand out every request's KV: beyond
+	// loopback, only to members who prove it.
+	if err := plane.CheckBind(f.host); err != nil {
+		return err
+	}
+	le.log.Info("internal plane", "auth", plane.Describe())
+	xfer := roles.TransferHandshake(plane)
 
 	gln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.grpcPort)))
 	if err != nil {
 		return err
 	}
 	grpcAddr := advertised(f, gln.Addr().String())
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(roles.ServerOptions(plane)...)
 	var worker roles.Worker
 	var eng *scheduler.Engine
 	switch f.role {
 	case "prefill":
 		eng = le.engine(f, scheduler.RolePrefill, ms)
-		var sender transfer.Sender = tcp.NewSender()
+		var sender transfer.Sender = tcp.NewSender(tcp.WithHandshake(xfer))
 		if f.transport == "ucx" {
-			s, err := ucx.NewSender(ucxOptions(f)...)
+			s, err := ucx.NewSender(append(ucxOptions(f), ucx.WithHandshake(xfer))...)
 			if err != nil {
 				return err
 			}
@@ -60,7 +72,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			sender = s
 		}
 		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: sender, Transport: f.transport,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Log: le.log})
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, Log: le.log})
 		p.SetAddr(grpcAddr)
 		defer p.Close()
 		pdv1.RegisterPrefillServer(gs, p)
@@ -69,13 +81,13 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		eng = le.engine(f, scheduler.RoleDecode, ms)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, ReceiverWrites: f.transport == "tcp", Transport: f.transport,
-			Landing: le.landing, Log: le.log})
+			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer, Auth: plane, Log: le.log})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver
 		if f.transport == "ucx" {
-			recv, err = ucx.Listen(addr, d, le.transferKV(), append(ucxOptions(f), ucx.WithMemory(le.region))...)
+			recv, err = ucx.Listen(addr, d, le.transferKV(), append(ucxOptions(f), ucx.WithMemory(le.region), ucx.WithHandshake(xfer))...)
 		} else {
-			recv, err = tcp.Listen(addr, d)
+			recv, err = tcp.Listen(addr, d, tcp.WithHandshake(xfer))
 		}
 		if err != nil {
 			return err

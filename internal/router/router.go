@@ -20,6 +20,7 @@ import (
 	"time"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/server"
@@ -58,6 +59,9 @@ type Options struct {
 	// ResolveInterval is how often dns+http names are looked up again
 	// (default 5 s; a name without workers is looked up at every probe).
 	ResolveInterval time.Duration
+	// Auth proves the router to the workers and checks that each is the
+	// role it is configured as; nil dials in plaintext (tests on loopback).
+	Auth *auth.Plane
 }
 
 // Router picks workers for requests and relays their tokens.
@@ -282,6 +286,8 @@ type WorkerStatus struct {
 	FreePages         int    `json:"free_pages,omitempty"`
 	Running           int    `json:"running"`
 	Queued            int    `json:"queued"`
+	// InternalAuth is how the worker authenticates its peers.
+	InternalAuth string `json:"internal_auth,omitempty"`
 }
 
 // limits are the smallest max_sequence_tokens reported by healthy workers;

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/auth"
 )
 
 const (
@@ -70,6 +71,7 @@ func (w *worker) statusLocked() WorkerStatus {
 		s.FreePages = int(w.info.FreePages)
 		s.Running = int(w.info.Running)
 		s.Queued = int(w.info.Queued)
+		s.InternalAuth = w.info.InternalAuth
 	}
 	return s
 }
@@ -196,14 +198,17 @@ func (r *Router) connFor(w *worker, addr string) (*grpc.ClientConn, error) {
 		return c, nil
 	}
 	r.mu.Unlock()
-	conn, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	creds := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if r.o.Auth != nil {
+		creds = r.o.Auth.DialOptions(auth.Role(w.role))
+	}
+	conn, err := grpc.NewClient(addr, append(creds,
 		// A restarted worker on the same address must be reachable at the
 		// next probe, not after gRPC's default backoff of up to two minutes.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
-		}))
+		}))...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}

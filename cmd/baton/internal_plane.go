@@ -1,0 +1,40 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/spf13/pflag"
+
+	"github.com/batonlm/baton/internal/auth"
+	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/metrics"
+)
+
+// internalFlags say how router, prefill and decode prove themselves to
+// each other: mutual TLS, a shared cluster secret, or nothing (loopback).
+type internalFlags struct {
+	tlsCert, tlsKey, tlsCA string
+	secretFile             string
+	insecure               bool
+}
+
+func (f *internalFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&f.tlsCert, "internal-tls-cert", "", "router/prefill/decode: this member's certificate (PEM), signed by the cluster CA, with its role as a URI SAN baton://role/<role>")
+	fs.StringVar(&f.tlsKey, "internal-tls-key", "", "router/prefill/decode: the private key of --internal-tls-cert (PEM)")
+	fs.StringVar(&f.tlsCA, "internal-tls-ca", "", "router/prefill/decode: the cluster CA that signs every member's certificate (PEM)")
+	fs.StringVar(&f.secretFile, "cluster-secret-file", "", "router/prefill/decode: a file holding the cluster's shared secret (32 bytes or more), for clusters without a CA")
+	fs.BoolVar(&f.insecure, "insecure-internal", false, "prefill/decode: listen beyond loopback with no internal authentication (anyone who reaches the ports can read, write or abort any request)")
+}
+
+// plane makes this process's side of the internal plane; its refusals
+// count in baton_internal_auth_failures_total{rpc}.
+func (f *internalFlags) plane(role auth.Role, log *slog.Logger, ms *metrics.Set) (*auth.Plane, error) {
+	o := auth.Options{Role: role, CertFile: f.tlsCert, KeyFile: f.tlsKey, CAFile: f.tlsCA, SecretFile: f.secretFile,
+		Insecure: f.insecure, Log: log, OnFailure: func(rpc, _ string) { ms.InternalAuthFailures.WithLabelValues(rpc).Inc() }}
+	if !faults.On(faults.GuardPeerAuth) {
+		// Test builds only: the credentials are ignored, as by a build
+		// without authentication.
+		o.CertFile, o.KeyFile, o.CAFile, o.SecretFile, o.Insecure = "", "", "", "", true
+	}
+	return auth.New(o)
+}
