@@ -1,14 +1,10 @@
 package roles
 
 import (
-	"context"
 	"net"
-	"path"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/transfer"
@@ -35,29 +31,9 @@ var callers = map[string][]auth.Role{
 }
 
 // ServerOptions are a worker's gRPC server options: the plane's
-// authentication of every call, then the role check of callers. An RPC
-// missing from callers is refused to everyone.
+// authentication of every call, then the role check of callers.
 func ServerOptions(p *auth.Plane) []grpc.ServerOption {
-	allow := func(ctx context.Context, method string) error {
-		roles, ok := callers[method]
-		if !ok {
-			return status.Errorf(codes.PermissionDenied, "%s is not a control-plane call", method)
-		}
-		return p.Allow(ctx, path.Base(method), roles...)
-	}
-	return append(p.ServerOptions(),
-		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-			if err := allow(ctx, info.FullMethod); err != nil {
-				return nil, err
-			}
-			return h(ctx, req)
-		}),
-		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			if err := allow(ss.Context(), info.FullMethod); err != nil {
-				return err
-			}
-			return h(srv, ss)
-		}))
+	return append(p.ServerOptions(), p.Policy(callers)...)
 }
 
 // TransferHandshake authenticates transfer sessions with the plane: only a
