@@ -39,7 +39,8 @@ const (
 )
 
 // AllGuards lists every guard name.
-var AllGuards = []string{GuardDoor, GuardCoverage, GuardChecksum, GuardOwnerTag, GuardDrainWait, GuardLateDrop}
+var AllGuards = []string{GuardDoor, GuardCoverage, GuardChecksum, GuardOwnerTag, GuardDrainWait, GuardLateDrop,
+	GuardPeerAuth, GuardCapability, GuardSessionBind, GuardDialKnown, GuardPeerQuota}
 
 // Spec is a parsed BATON_FAULTS.
 type Spec struct {

@@ -18,6 +18,11 @@ var guardGates = []struct {
 	{faults.GuardOwnerTag, func(t *testing.T, off string) violations { return scenarioHandoffFault(t, handoffFaults[4], off) }},
 	{faults.GuardDrainWait, scenarioAbortDuringTransfer},
 	{faults.GuardLateDrop, scenarioAbortDuringTransfer},
+	{faults.GuardPeerAuth, scenarioAdversary},
+	{faults.GuardCapability, scenarioAdversary},
+	{faults.GuardSessionBind, scenarioAdversary},
+	{faults.GuardDialKnown, scenarioAdversary},
+	{faults.GuardPeerQuota, scenarioAdversary},
 }
 
 // TestMutationProof switches each guard off in turn and requires its gate to
