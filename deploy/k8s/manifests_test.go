@@ -786,7 +786,7 @@ func TestArgsParseWithBaton(t *testing.T) {
 // then every dry run takes them, pointed at files the test writes in place
 // of the mounted Secrets, and a name the manifests and baton spell
 // differently fails here.
-const authFlagsInBaton = false
+const authFlagsInBaton = true
 
 func isAuthFlag(arg string) bool {
 	name, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")

@@ -68,10 +68,10 @@ type reservation struct {
 	peer   string // who reserved it, for the per-peer bounds
 	held   int    // pages it counts against its peer
 
-	// mu orders page writes against the moments that close the pages to
-	// writers (Commit, abort): after open goes false no write lands.
+	// mu orders page writes against Commit's move to Verifying: a write
+	// lands only while the request is Reserved or Receiving, checked and
+	// done under mu, so none lands once the pages are being verified.
 	mu        sync.Mutex
-	open      bool
 	bound     bool // a transfer session was admitted: key.Session names it
 	firstByte time.Time
 	abortedAt time.Time
@@ -140,7 +140,7 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 	}
 	res.mu.Lock()
 	defer res.mu.Unlock()
-	if !res.open {
+	if !res.writable() {
 		d.o.Metrics.LateDropped.WithLabelValues("admit").Inc()
 		return nil, fmt.Errorf("reservation %s no longer accepts writes", k)
 	}
@@ -149,11 +149,8 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 		return nil, fmt.Errorf("reservation %s is already being written by another session", k)
 	}
 	res.key.Session, res.bound = k.Session, true
-	if res.r.State() == scheduler.StateReserved {
-		if err := res.r.Lifecycle().To(scheduler.StateReceiving, ""); err != nil {
-			return nil, err
-		}
-		res.firstByte = time.Now()
+	if err := res.receiving(); err != nil {
+		return nil, err
 	}
 	return slices.Clone(res.prompt), nil
 }
@@ -234,7 +231,7 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 	}
 	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch, Cap: transfer.NewCapability()}
 	ps := d.o.Pool.PageSize()
-	res := &reservation{r: r, key: key, writer: req.Writer, prompt: r.Pages()[:(len(req.Prompt)+ps-1)/ps], open: true,
+	res := &reservation{r: r, key: key, writer: req.Writer, prompt: r.Pages()[:(len(req.Prompt)+ps-1)/ps],
 		peer: peer, held: held}
 	d.mu.Lock()
 	d.rooms[roomKey(key.Room, key.Epoch)] = res
@@ -360,7 +357,7 @@ func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
 	}
 	res.mu.Lock()
 	defer res.mu.Unlock()
-	if !res.open {
+	if !res.writable() {
 		if !faults.On(faults.GuardLateDrop) {
 			return d.unguardedWrite(w)
 		}
@@ -385,11 +382,8 @@ func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
 		d.o.Metrics.HandoffFailures.WithLabelValues("bad_count").Inc()
 		return fmt.Errorf("page index %d carries %d tokens, the reservation expects %d", w.Index, w.Tokens, want)
 	}
-	if res.r.State() == scheduler.StateReserved {
-		if err := res.r.Lifecycle().To(scheduler.StateReceiving, ""); err != nil {
-			return err
-		}
-		res.firstByte = time.Now()
+	if err := res.receiving(); err != nil {
+		return err
 	}
 	if err := transfer.Unpack(d.o.Pool.KV(), w.Page, w.Tokens, w.Data); err != nil {
 		return err
@@ -420,9 +414,6 @@ func (d *Decode) Closed(k transfer.Key, proof string) {
 }
 
 func (d *Decode) writerGone(res *reservation, drained bool, proof string) {
-	res.mu.Lock()
-	res.open = false
-	res.mu.Unlock()
 	if !d.o.Engine.WriterGone(res.r, drained, proof) {
 		kind := "drained"
 		if !drained {
@@ -456,10 +447,12 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 		return nil, status.Errorf(codes.PermissionDenied, "commit for %s does not come from the session that wrote its pages", key)
 	}
 	res.mu.Lock()
-	res.open = false // nothing lands after the pages are verified
 	first := res.firstByte
+	// Nothing lands from here on: writes are checked against the state
+	// under res.mu.
+	err := res.r.Lifecycle().Move([]scheduler.State{scheduler.StateReserved, scheduler.StateReceiving}, scheduler.StateVerifying, "")
 	res.mu.Unlock()
-	if st := res.r.State(); st != scheduler.StateReserved && st != scheduler.StateReceiving {
+	if err != nil {
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s is %s; commit dropped", key, res.r.State())
 	}
@@ -470,7 +463,8 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 		d.maybeEnd(res)
 		return nil, status.Errorf(codes.FailedPrecondition, "commit refused by the %s check: %v", reason, err)
 	}
-	if err := res.r.Lifecycle().To(scheduler.StateCommitted, ""); err != nil {
+	if err := res.r.Lifecycle().Move([]scheduler.State{scheduler.StateVerifying}, scheduler.StateCommitted, ""); err != nil {
+		// An abort ended it while its pages were checked.
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s: %v", key, err)
 	}
@@ -577,26 +571,31 @@ func checkLanded(kv kernels.PagedKV, page int32, tokens int, claim uint64, buf [
 	return buf, nil
 }
 
+// testHookAbort, when set by a test, runs inside abortReserved just before
+// it tries to end the request, so a test can order another goroutine's
+// moves (a Commit, the engine taking the request) into that moment.
+var testHookAbort func(*reservation)
+
 // abortReserved aborts a reservation that has not joined the batch, or asks
 // the engine to abort it if it has. The writer is told to stop; the pages
 // stay quarantined until it says Drained or its session is proven closed.
 func (d *Decode) abortReserved(res *reservation, why string) bool {
 	res.mu.Lock()
-	res.open = false
 	if res.abortedAt.IsZero() {
 		res.abortedAt = time.Now()
 	}
 	res.mu.Unlock()
 	res.timer.Stop()
-	switch res.r.State() {
-	case scheduler.StateReserved, scheduler.StateReceiving:
-		if !d.o.Engine.ReleaseReserved(res.r, why) {
-			return false
+	if testHookAbort != nil {
+		testHookAbort(res)
+	}
+	if !d.o.Engine.ReleaseReserved(res.r, why) {
+		// Committed or decoding: the engine loop holds the request and its
+		// pages; only a message reaches it there.
+		if res.r.Lifecycle().Live() {
+			res.r.Cancel()
+			return true
 		}
-	case scheduler.StateCommitted, scheduler.StateDecoding:
-		res.r.Cancel()
-		return true
-	default:
 		return false
 	}
 	d.o.Log.Info("aborted before decode", "request_id", res.r.ID, "room", res.key.Room, "why", why)
@@ -752,6 +751,27 @@ func (d *Decode) maybeEnd(res *reservation) {
 		d.o.Metrics.ReservationsActive.Dec()
 		d.releasePeer(res.peer, res.held)
 	}
+}
+
+// writable says whether a write may land: only before Commit, and only
+// while the request is live. Called under res.mu.
+func (res *reservation) writable() bool {
+	st := res.r.State()
+	return st == scheduler.StateReserved || st == scheduler.StateReceiving
+}
+
+// receiving notes the first write (or one-sided admission): Reserved →
+// Receiving, once. Called under res.mu.
+func (res *reservation) receiving() error {
+	err := res.r.Lifecycle().Move([]scheduler.State{scheduler.StateReserved}, scheduler.StateReceiving, "")
+	if err == nil {
+		res.firstByte = time.Now()
+		return nil
+	}
+	if res.r.State() == scheduler.StateReceiving {
+		return nil
+	}
+	return err
 }
 
 // sessionKey names the session bound to res (the zero session if none
