@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -199,6 +200,13 @@ func refusedRouter(t *testing.T, c *harness.Cluster, routerArgs []string, rpc st
 func TestInternalAuthSecret(t *testing.T) {
 	c := startAuthCluster(t, secretPlane(t))
 	servesReference(t, c, "secret")
+	// baton check, which sees the cluster from outside, passes it and says how
+	// each member is authenticated.
+	out, err := exec.Command(batonBinary(t), "check", "--router", c.Router.URL).CombinedOutput()
+	if err != nil || !regexp.MustCompile(`internal plane\s+PASS`).MatchString(string(out)) || strings.Count(string(out), `internal_auth "secret"`) != 3 {
+		t.Fatalf("baton check on a secret-mode cluster: %v\n%s", err, out)
+	}
+	t.Logf("baton check:\n%s", out)
 	t.Run("router without credentials", func(t *testing.T) {
 		refusedRouter(t, c, nil, "Info", c.Prefill[0], c.Decode[0])
 	})
