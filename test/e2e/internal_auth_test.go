@@ -358,3 +358,29 @@ func bundleOf(t *testing.T, cas ...*authtest.CA) string {
 	}
 	return f
 }
+
+// A decode worker holds one caller to --max-pages-per-peer, counted on the
+// identity the caller proved: a request that needs more pages than the bound
+// is refused with a 503 to retry, one that fits is served, and the refusal
+// holds nothing.
+func TestInternalAuthPerPeerPages(t *testing.T) {
+	p := secretPlane(t)
+	p.decode = append(p.decode, "--max-pages-per-peer", "4")
+	c := startAuthCluster(t, p)
+	body := `{"model":"stories260K","prompt":"Once upon a time","max_tokens":%d,"ignore_eos":true}`
+	// 5 prompt tokens + 64 = 69 tokens: five pages of 16.
+	code, hdr, b := post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(body, 64))
+	e := requireOpenAIError(t, "over the per-peer bound", b)
+	if code != 503 || hdr.Get("Retry-After") == "" || leaky.Match(b) {
+		t.Fatalf("a request over the caller's page bound: %d %s", code, b)
+	}
+	t.Logf("over the bound: %d %s", code, e.Error.Message)
+	// 5 + 8 = 13 tokens: one page.
+	if code, _, b := post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(body, 8)); code != 200 {
+		t.Fatalf("a request within the bound: %d %s", code, b)
+	}
+	c.WaitClean(t)
+	if m := metricsOf(t, c.Decode[0]); m["baton_kv_reservations_total"] != 1 || m["baton_kv_reservations_active"] != 0 {
+		t.Fatalf("decode: %v reservations (%v active), want the one that fit", m["baton_kv_reservations_total"], m["baton_kv_reservations_active"])
+	}
+}
