@@ -15,8 +15,9 @@ func runCheck(t *testing.T, c *harness.Cluster, args ...string) (string, error) 
 	return string(out), err
 }
 
-// baton check passes all four gates on a sound deployment, needs the API key
-// when one is set, and leaves every page where it found it.
+// baton check passes all four gates and the internal plane row (loopback) on
+// a sound deployment, needs the API key when one is set, and leaves every page
+// where it found it.
 func TestCheckCommandPasses(t *testing.T) {
 	// Workers keep /server_info behind the same key; check sends it to them.
 	c := startCluster(t, setup{routerArgs: []string{"--api-key", "k3y"}, workerArgs: []string{"--api-key", "k3y"}})
