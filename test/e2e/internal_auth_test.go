@@ -31,6 +31,7 @@ func tlsArgs(caFile, cert, key string) []string {
 }
 
 func roleTLS(t *testing.T, ca *authtest.CA, role auth.Role) []string {
+	t.Helper()
 	cert, key := ca.Issue(t, role)
 	return tlsArgs(ca.CAFile, cert, key)
 }
