@@ -36,10 +36,6 @@ type DecodeOptions struct {
 	// HandoffTimeout bounds the wait for Commit after Reserve; past it the
 	// request is aborted (its pages still wait for the writer to drain).
 	HandoffTimeout time.Duration
-	// ReceiverWrites is true for transports whose receiver writes the pages
-	// itself (tcp): once it refuses a reservation nothing more can land. A
-	// one-sided transport (RDMA puts) must wait for the writer instead.
-	ReceiverWrites bool
 	// Transport names the KV transport in Reserve replies ("tcp" if empty;
 	// "ucx").
 	Transport string
@@ -600,13 +596,16 @@ func (d *Decode) abortReserved(res *reservation, why string) bool {
 	}
 	d.o.Log.Info("aborted before decode", "request_id", res.r.ID, "room", res.key.Room, "why", why)
 	res.mu.Lock()
-	landed := !res.firstByte.IsZero()
+	bound, landed := res.bound, !res.firstByte.IsZero()
 	res.mu.Unlock()
-	if d.o.Engine.WriterHeld(res.r) && !landed && d.o.ReceiverWrites {
-		// Nothing of this reservation ever landed, and the receiver, the
-		// only thing that writes these pages, refuses it from now on: no
-		// write can land, whether or not the writer is still reachable.
-		d.writerGone(res, false, "no frame landed and the receiver refuses this reservation from now on")
+	if d.o.Engine.WriterHeld(res.r) && (!bound || (!landed && !d.oneSided)) {
+		// No session was ever admitted for this reservation, so no writer
+		// was given its pages; or, where the receiver writes the pages
+		// itself, none of the admitted session's frames landed. Either way
+		// the request is Aborting now, every admission and write is refused
+		// from here on, and nothing can land, whether or not the writer is
+		// still reachable.
+		d.writerGone(res, false, "no write landed and none is admitted from now on")
 	}
 	if ev, ok := d.recv.(transfer.Evictor); ok && landed && d.o.Engine.WriterHeld(res.r) {
 		// A writer that neither drains nor closes within the handoff

@@ -109,7 +109,7 @@ func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int) *pair {
 	pe, ppool, _ := newWorkerEngineOn(t, be, scheduler.RolePrefill, p.pm, pages, pageSize, chunk, nil)
 	p.dPool, p.pPool = dpool, ppool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
-	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, ReceiverWrites: true, Log: log})
+	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Log: log})
 	t.Cleanup(p.decode.Close)
 	recv, err := tcp.Listen("127.0.0.1:0", p.decode)
 	if err != nil {

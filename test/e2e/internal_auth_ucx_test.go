@@ -32,3 +32,10 @@ func TestInternalAuthOverUCX(t *testing.T) {
 		})
 	}
 }
+
+// Over ucx, a writer decode cannot authenticate never gets a session, so
+// none was admitted for the reservation: its abort frees the pages at once
+// instead of waiting for a Drained that cannot come.
+func TestInternalAuthUntrustedWriterOverUCX(t *testing.T) {
+	untrustedWriter(t, harness.Build(t, "ucx"), "--transport", "ucx")
+}
