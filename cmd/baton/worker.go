@@ -116,7 +116,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	drain := func(ctx context.Context) {
 		// New work is refused (the router retries it elsewhere); what this
 		// worker holds runs to its end, then the control plane closes.
-		worker.SetDraining()
+		worker.SetShuttingDown()
 		for worker.Busy() {
 			select {
 			case <-ctx.Done():

@@ -37,27 +37,6 @@ func ModelID(name string, c *model.Config) string {
 	return fmt.Sprintf("%s/%s-v%d-d%d-l%d-h%d-kv%d-hd%d-ff%d", name, c.Arch, c.Vocab, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FF)
 }
 
-// LayoutMismatch names the first field in which two layouts differ, or "".
-func LayoutMismatch(a, b *pdv1.KVLayout) string {
-	switch {
-	case a == nil || b == nil:
-		return "layout missing"
-	case a.Model != b.Model:
-		return fmt.Sprintf("model %q != %q", a.Model, b.Model)
-	case a.PageSize != b.PageSize:
-		return fmt.Sprintf("page size %d != %d", a.PageSize, b.PageSize)
-	case a.Dtype != b.Dtype:
-		return fmt.Sprintf("KV dtype %s != %s", a.Dtype, b.Dtype)
-	case a.Layers != b.Layers:
-		return fmt.Sprintf("layers %d != %d", a.Layers, b.Layers)
-	case a.KvHeads != b.KvHeads:
-		return fmt.Sprintf("KV heads %d != %d", a.KvHeads, b.KvHeads)
-	case a.HeadDim != b.HeadDim:
-		return fmt.Sprintf("head dim %d != %d", a.HeadDim, b.HeadDim)
-	}
-	return ""
-}
-
 // ParamsFromPB converts wire sampling parameters.
 func ParamsFromPB(s *pdv1.SamplingParams) scheduler.Params {
 	if s == nil {
@@ -72,13 +51,6 @@ func ParamsFromPB(s *pdv1.SamplingParams) scheduler.Params {
 		p.Seed = &seed
 	}
 	return p
-}
-
-// ParamsToPB converts sampling parameters for the wire.
-func ParamsToPB(p scheduler.Params) *pdv1.SamplingParams {
-	return &pdv1.SamplingParams{Temperature: p.Sampling.Temperature, TopP: p.Sampling.TopP, TopK: int32(p.Sampling.TopK),
-		MinP: p.Sampling.MinP, TopLogprobs: int32(p.Sampling.TopLogprobs), MaxTokens: uint32(p.MaxTokens), Seed: p.Seed,
-		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS}
 }
 
 // TokenToPB converts a sampled token for the wire.
@@ -153,7 +125,7 @@ func (c *conns) close() {
 // Worker is what the HTTP side and the shutdown of a worker need from its role.
 type Worker interface {
 	WorkerInfo() *pdv1.WorkerInfo
-	SetDraining()
+	SetShuttingDown()
 	Busy() bool
 }
 

@@ -96,7 +96,7 @@ type Decode struct {
 	transferAddr string
 	oneSided     bool // the receiver is one-sided: no frames, pages proven at Commit
 	peers        conns
-	draining     atomic.Bool
+	shuttingDown atomic.Bool
 
 	mu    sync.Mutex
 	rooms map[transfer.Key]*reservation // by room and epoch alone
@@ -133,9 +133,9 @@ func (d *Decode) transport() string {
 	return d.o.Transport
 }
 
-// SetDraining makes Reserve refuse new work (the worker is shutting down);
+// SetShuttingDown makes Reserve refuse new work (the worker is shutting down);
 // what it already holds runs to the end.
-func (d *Decode) SetDraining() { d.draining.Store(true) }
+func (d *Decode) SetShuttingDown() { d.shuttingDown.Store(true) }
 
 // Busy reports whether any reservation is still open.
 func (d *Decode) Busy() bool {

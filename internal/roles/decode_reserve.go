@@ -15,10 +15,10 @@ import (
 
 // Reserve implements the RPC: the decode door.
 func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.Reservation, error) {
-	if d.draining.Load() {
+	if d.shuttingDown.Load() {
 		return nil, status.Error(codes.Unavailable, "decode worker is shutting down")
 	}
-	if why := LayoutMismatch(d.o.Layout, req.Layout); why != "" {
+	if why := pdv1.LayoutDiff(d.o.Layout, req.Layout, "this worker", "the peer"); why != "" {
 		d.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
 	}

@@ -18,8 +18,8 @@ type infoWorker struct{}
 func (infoWorker) WorkerInfo() *pdv1.WorkerInfo {
 	return &pdv1.WorkerInfo{Role: "decode", GrpcAddr: "10.1.2.3:9000", TransferAddr: "10.1.2.3:9001"}
 }
-func (infoWorker) SetDraining() {}
-func (infoWorker) Busy() bool   { return false }
+func (infoWorker) SetShuttingDown() {}
+func (infoWorker) Busy() bool       { return false }
 
 func workerGet(t *testing.T, url, auth string) (int, []byte) {
 	t.Helper()

@@ -46,10 +46,10 @@ type Prefill struct {
 	grpcAddr string
 	peers    conns
 
-	mu       sync.Mutex
-	active   map[transfer.Key]context.CancelFunc
-	known    map[string]bool // decode gRPC addresses the router paired this worker with
-	draining atomic.Bool
+	mu           sync.Mutex
+	active       map[transfer.Key]context.CancelFunc
+	known        map[string]bool // decode gRPC addresses the router paired this worker with
+	shuttingDown atomic.Bool
 }
 
 // maxKnownDecode bounds the decode addresses remembered: a cluster has far
@@ -72,8 +72,8 @@ func (p *Prefill) knowsDecode(addr string) bool {
 	return p.known[addr] || !faults.On(faults.GuardDialKnown)
 }
 
-// SetDraining makes Prefill refuse new work (the worker is shutting down).
-func (p *Prefill) SetDraining() { p.draining.Store(true) }
+// SetShuttingDown makes Prefill refuse new work (the worker is shutting down).
+func (p *Prefill) SetShuttingDown() { p.shuttingDown.Store(true) }
 
 // Busy reports whether a prefill is in progress.
 func (p *Prefill) Busy() bool {

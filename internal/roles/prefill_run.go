@@ -38,12 +38,12 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	p.learnDecode(res.DecodeAddr)
 	// Test builds may inject faults here; release builds roll none.
 	rf := faults.ForRequest()
-	if p.draining.Load() {
+	if p.shuttingDown.Load() {
 		p.drained(id, res, key, rf.LostDrained)
 		return nil, status.Error(codes.Unavailable, "prefill worker is shutting down")
 	}
 	log := p.o.Log.With("request_id", id, "room", key.Room, "epoch", key.Epoch)
-	if why := LayoutMismatch(p.o.Layout, res.Layout); why != "" {
+	if why := pdv1.LayoutDiff(p.o.Layout, res.Layout, "this worker", "the peer"); why != "" {
 		p.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
 		p.drained(id, res, key, rf.LostDrained)
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)

@@ -401,35 +401,6 @@ func (e *Error) Error() string { return e.Message }
 // HTTPStatus is the status the HTTP surface should answer with.
 func (e *Error) HTTPStatus() int { return e.Status }
 
-// layoutDiff names every field in which two KV layouts differ; "" means
-// they agree. A prefill worker may only write into a decode worker's pages
-// when they agree on all of them.
-func layoutDiff(p, d *pdv1.KVLayout) string {
-	if p == nil || d == nil {
-		switch {
-		case p == nil && d == nil:
-			return "layout (neither worker reported one)"
-		case p == nil:
-			return "layout (the prefill worker reported none)"
-		default:
-			return "layout (the decode worker reported none)"
-		}
-	}
-	var diffs []string
-	add := func(field string, a, b any) {
-		if a != b {
-			diffs = append(diffs, fmt.Sprintf("%s (prefill %v, decode %v)", field, a, b))
-		}
-	}
-	add("model", p.GetModel(), d.GetModel())
-	add("page_size", p.GetPageSize(), d.GetPageSize())
-	add("dtype", p.GetDtype(), d.GetDtype())
-	add("layers", p.GetLayers(), d.GetLayers())
-	add("kv_heads", p.GetKvHeads(), d.GetKvHeads())
-	add("head_dim", p.GetHeadDim(), d.GetHeadDim())
-	return strings.Join(diffs, ", ")
-}
-
 func (r *Router) compatibleLocked(p, d *worker) bool {
 	return p.info != nil && d.info != nil && pairDiff(p.info, d.info) == ""
 }
@@ -437,7 +408,7 @@ func (r *Router) compatibleLocked(p, d *worker) bool {
 // pairDiff is what keeps a prefill and a decode worker from pairing: their
 // KV layouts, or the transport they move KV with.
 func pairDiff(p, d *pdv1.WorkerInfo) string {
-	diff := layoutDiff(p.Layout, d.Layout)
+	diff := pdv1.LayoutDiff(p.Layout, d.Layout, "prefill", "decode")
 	if pt, dt := transportName(p), transportName(d); pt != dt {
 		if diff != "" {
 			diff += ", "

@@ -384,14 +384,14 @@ func TestLayoutDiff(t *testing.T) {
 	} {
 		d := testLayout()
 		tc.edit(d)
-		if got := layoutDiff(testLayout(), d); !strings.HasPrefix(got, tc.field+" (") {
+		if got := pdv1.LayoutDiff(testLayout(), d, "prefill", "decode"); !strings.HasPrefix(got, tc.field+" (") {
 			t.Errorf("%s: diff %q", tc.field, got)
 		}
 	}
-	if got := layoutDiff(testLayout(), testLayout()); got != "" {
+	if got := pdv1.LayoutDiff(testLayout(), testLayout(), "prefill", "decode"); got != "" {
 		t.Errorf("equal layouts differ: %q", got)
 	}
-	if got := layoutDiff(testLayout(), nil); got == "" {
+	if got := pdv1.LayoutDiff(testLayout(), nil, "prefill", "decode"); got == "" {
 		t.Error("a missing layout passed")
 	}
 }

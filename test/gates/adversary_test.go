@@ -149,7 +149,9 @@ func scenarioAdversary(t *testing.T, guardsOff string) violations {
 		return out
 	}
 	first := victim()
-	waitFor(t, 5*time.Second, func() bool { return harness.Metrics(t, d)["baton_kv_reservations_active"] >= 1 })
+	if !waitFor(t, 5*time.Second, func() bool { return harness.Metrics(t, d)["baton_kv_reservations_active"] >= 1 }) {
+		v.add("the victim's request never reserved pages")
+	}
 
 	plain := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	wrongSecret := authtest.SecretFile(t)
@@ -290,7 +292,9 @@ func insiderAttacks(t *testing.T, secret string, d, p *harness.Server, v *violat
 		_, _ = asRouter.prefill.Prefill(ctx, &pdv1.PrefillRequest{RequestId: "intruder", Prompt: ref.PromptIDs,
 			Sampling: &pdv1.SamplingParams{MaxTokens: 4}, Reservation: res})
 	}()
-	waitFor(t, 5*time.Second, func() bool { return harness.Metrics(t, p)["baton_kv_transfer_sessions_total"] >= 2 })
+	if !waitFor(t, 5*time.Second, func() bool { return harness.Metrics(t, p)["baton_kv_transfer_sessions_total"] >= 2 }) {
+		v.add("prefill never opened a session for the intruder's reservation")
+	}
 	time.Sleep(100 * time.Millisecond) // prefill's session is admitted before its first frame
 	c, _ := transfer.CapabilityFrom(res.Capability)
 	k := transfer.Key{Room: res.Room, Epoch: res.Epoch, Cap: c}

@@ -59,10 +59,9 @@ func scenarioAbortDuringTransfer(t *testing.T, guardsOff string) violations {
 	}
 	// The slow writer is done by now (its session closed); the late writes it
 	// made after the abort must have been dropped.
-	waitFor(t, 5*time.Second, func() bool {
+	if !waitFor(t, 5*time.Second, func() bool {
 		return harness.Metrics(t, d)[`baton_late_messages_dropped_total{kind="write",role="decode"}`] >= 1
-	})
-	if harness.Metrics(t, d)[`baton_late_messages_dropped_total{kind="write",role="decode"}`] < 1 {
+	}) {
 		v.add("no late write was dropped after the abort")
 	}
 	// The next owner of those pages reads only its own KV.
@@ -73,11 +72,18 @@ func scenarioAbortDuringTransfer(t *testing.T, guardsOff string) violations {
 	return v
 }
 
-func waitFor(t *testing.T, d time.Duration, ok func() bool) {
+// waitFor polls ok until it holds or d passes, and says which: a caller
+// that needs the condition must treat false as a failure.
+func waitFor(t *testing.T, d time.Duration, ok func() bool) bool {
+	t.Helper()
 	deadline := time.Now().Add(d)
-	for !ok() && time.Now().Before(deadline) {
+	for !ok() {
+		if time.Now().After(deadline) {
+			return false
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	return true
 }
 
 // Gate 4, lifetime/ownership.
@@ -110,7 +116,9 @@ func TestGateKillDecodeMidTransfer(t *testing.T) {
 		code, _, _ := harness.Post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8}`, longPrompt))
 		done <- code
 	}()
-	waitFor(t, 5*time.Second, func() bool { return harness.Metrics(t, c.Prefill[0])["baton_kv_transfer_sessions_total"] >= 1 })
+	if !waitFor(t, 5*time.Second, func() bool { return harness.Metrics(t, c.Prefill[0])["baton_kv_transfer_sessions_total"] >= 1 }) {
+		t.Fatal("prefill never opened a transfer session")
+	}
 	time.Sleep(150 * time.Millisecond)
 	_ = c.Decode[0].Signal(syscall.SIGKILL)
 	if code := <-done; code == 200 {

@@ -13,9 +13,9 @@ var guardGates = []struct {
 	scenario func(t *testing.T, guardsOff string) violations
 }{
 	{faults.GuardDoor, scenarioDoor},
-	{faults.GuardCoverage, func(t *testing.T, off string) violations { return scenarioHandoffFault(t, handoffFaults[0], off) }},
-	{faults.GuardChecksum, func(t *testing.T, off string) violations { return scenarioHandoffFault(t, handoffFaults[3], off) }},
-	{faults.GuardOwnerTag, func(t *testing.T, off string) violations { return scenarioHandoffFault(t, handoffFaults[4], off) }},
+	{faults.GuardCoverage, handoffScenario("short write")},
+	{faults.GuardChecksum, handoffScenario("corrupt bytes")},
+	{faults.GuardOwnerTag, handoffScenario("misdirected page")},
 	{faults.GuardDrainWait, scenarioAbortDuringTransfer},
 	{faults.GuardLateDrop, scenarioAbortDuringTransfer},
 	{faults.GuardPeerAuth, scenarioAdversary},
@@ -23,6 +23,16 @@ var guardGates = []struct {
 	{faults.GuardSessionBind, scenarioAdversary},
 	{faults.GuardDialKnown, scenarioAdversary},
 	{faults.GuardPeerQuota, scenarioAdversary},
+}
+
+// handoffScenario is the transfer/read scenario of the named fault.
+func handoffScenario(name string) func(*testing.T, string) violations {
+	for _, f := range handoffFaults {
+		if f.name == name {
+			return func(t *testing.T, off string) violations { return scenarioHandoffFault(t, f, off) }
+		}
+	}
+	panic("gates: no handoff fault named " + name)
 }
 
 // TestMutationProof switches each guard off in turn and requires its gate to
