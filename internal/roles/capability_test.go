@@ -178,3 +178,52 @@ func labelled(t *testing.T, ms *metrics.Set, name, key, value string) float64 {
 	}
 	return 0
 }
+
+// A Commit whose token count disagrees with the reservation is refused by
+// the coverage comparison itself, even when every page is written in full
+// and every checksum matches: fewer tokens is the incident's placeholder
+// prompt, more is an over-claim.
+func TestCommitTokenCountChecked(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 512)
+	ctx := context.Background()
+	prompt := want.PromptIDs[:8]
+	for _, claim := range []int{len(prompt) - 1, len(prompt) + 1} {
+		res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "claim", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
+			Layout: p.layout, Writer: p.prefillAddr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sums []uint64
+		for i, pg := range res.Pages {
+			data := make([]byte, transfer.PackedSize(p.dPool.KV(), 4))
+			if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: 4, Data: data}); err != nil {
+				t.Fatal(err)
+			}
+			sums = append(sums, transfer.Checksum(data))
+		}
+		if err := sess.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, err = p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(claim), PageChecksums: sums,
+			FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr, Capability: res.Capability, SessionId: sidOf(sess)})
+		if err == nil {
+			t.Fatalf("a commit claiming %d tokens of %d was accepted", claim, len(prompt))
+		}
+		_ = sess.Close()
+		if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr, Capability: res.Capability}); err != nil {
+			t.Fatal(err)
+		}
+		waitAllFree(t, p.dPool)
+	}
+	if n := labelled(t, p.dm, "baton_handoff_failures_total", "reason", "coverage"); n < 1 {
+		t.Error("the short claim was not counted as a coverage failure")
+	}
+	if n := labelled(t, p.dm, "baton_handoff_failures_total", "reason", "over_claim"); n < 1 {
+		t.Error("the over-claim was not counted")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/batonlm/baton/test/harness"
 )
@@ -80,4 +81,28 @@ func TestGateHarmlessFaultsKeepExactOutput(t *testing.T) {
 	var v violations
 	checkClean(t, c, &v)
 	requireClean(t, v)
+}
+
+// With the Commit's coverage and checksum guards both off, a short
+// write's missing page passes the handoff as written; under --kv-poison it
+// holds NaN, so decode's first step reads NaN logits and the engine fails
+// the request: the client gets an error, never a 200 made from KV nobody
+// wrote, and every page still comes back.
+func TestGatePoisonedReadFailsTheRequest(t *testing.T) {
+	ref := loadReference(t)
+	c := startCluster(t, setup{prefillFaults: "short_write=1", guardsOff: "coverage,checksum", workerArgs: []string{"--page-size", "4"}})
+	code, text, body := greedy(t, c.Router.URL, ref)
+	if code == 200 {
+		t.Fatalf("the client got 200 from unwritten KV (%q)", text)
+	}
+	d := c.Decode[0]
+	if n := harness.Metrics(t, d)["baton_nan_logits_total"]; n < 1 {
+		t.Fatalf("decode sampled no NaN logits (status %d, %s): the unwritten page was never read", code, body)
+	}
+	if !waitFor(t, 10*time.Second, func() bool {
+		m := harness.Metrics(t, d)
+		return m["baton_kv_pages_free"] == m["baton_kv_pages_total"] && m["baton_kv_pages_quarantined"] == 0
+	}) {
+		t.Fatalf("pages not all free after the failed request: %v", harness.Metrics(t, d))
+	}
 }
