@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/faults/inject"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -17,7 +17,7 @@ import (
 // end tears a failed prefill down in the order the page rules need: close
 // the session (after which nothing of it is in flight), then tell decode
 // Drained, then Drained here.
-func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, res *pdv1.Reservation, key transfer.Key, rf faults.Request, why string) {
+func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, res *pdv1.Reservation, key transfer.Key, rf inject.Request, why string) {
 	if sess != nil {
 		_ = sess.Close()
 	}
@@ -55,7 +55,7 @@ func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 	p.mu.Lock()
 	cancel, ok := p.active[key]
 	p.mu.Unlock()
-	if ok && faults.IgnoreAbort() {
+	if ok && inject.IgnoreAbort() {
 		return &pdv1.Ack{}, nil // test builds only: a writer that keeps writing
 	}
 	if ok {

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/faults/inject"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -37,7 +37,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	key := transfer.Key{Room: res.Room, Epoch: res.Epoch, Cap: capability}
 	p.learnDecode(res.DecodeAddr)
 	// Test builds may inject faults here; release builds roll none.
-	rf := faults.ForRequest()
+	rf := inject.ForRequest()
 	if p.shuttingDown.Load() {
 		p.drained(id, res, key, rf.LostDrained)
 		return nil, status.Error(codes.Unavailable, "prefill worker is shutting down")
@@ -86,7 +86,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		p.end(id, r, nil, res, key, rf, "transport open failed")
 		return nil, status.Errorf(codes.Unavailable, "cannot reach decode transport %s: %v", res.TransferAddr, err)
 	}
-	sess = faults.WrapSession(sess, rf, len(res.Pages)-1)
+	sess = inject.WrapSession(sess, rf, len(res.Pages)-1)
 	p.o.Metrics.TransferSessions.Inc()
 	ship := newShipper(res, p.o.Pool.PageSize(), len(req.Prompt), sess)
 	r.OnChunk = ship.onChunk

@@ -12,10 +12,8 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/zeebo/xxh3"
 
@@ -194,32 +192,14 @@ type Session interface {
 // PackedSize is the size of tokens slots of one page, packed.
 func PackedSize(kv kernels.PagedKV, tokens int) int { return kv.PackedBytes(tokens) }
 
-// Pack copies the first tokens slots of a page of a pool in Go memory, for
-// every layer its K rows then its V rows, into dst (little-endian float32).
-// Only written slots are packed, so neither side's stale data ever travels
-// or enters a checksum.
-func Pack(kv kernels.PagedKV, page int32, tokens int, dst []byte) []byte {
-	kernels.CheckHostKV("transfer.Pack", kv)
-	rf := kv.RowFloats()
-	n := tokens * rf
-	dst = dst[:0]
-	for l := 0; l < kv.Layers; l++ {
-		for _, off := range []int{kv.KOffset(int(page), l, 0), kv.VOffset(int(page), l, 0)} {
-			for _, v := range kv.Data[off : off+n] {
-				dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
-			}
-		}
-	}
-	return dst
-}
-
-// ReadPage is Pack for any pool: one in device memory is read through its
+// ReadPage packs the first tokens slots of a page of any pool
+// (kernels.PackPage's layout): one in device memory is read through its
 // DeviceKV (an error is the device's).
 func ReadPage(kv kernels.PagedKV, page int32, tokens int, dst []byte) ([]byte, error) {
 	if kv.Device != nil {
 		return kv.Device.ReadPage(page, tokens, dst)
 	}
-	return Pack(kv, page, tokens, dst), nil
+	return kernels.PackPage(kv, page, tokens, dst), nil
 }
 
 // Unpack writes packed rows into a page of any pool: the inverse of
@@ -231,19 +211,7 @@ func Unpack(kv kernels.PagedKV, page int32, tokens int, src []byte) error {
 	if kv.Device != nil {
 		return kv.Device.WritePage(page, tokens, src)
 	}
-	rf := kv.RowFloats()
-	n := tokens * rf
-	i := 0
-	for l := 0; l < kv.Layers; l++ {
-		for _, off := range []int{kv.KOffset(int(page), l, 0), kv.VOffset(int(page), l, 0)} {
-			dst := kv.Data[off : off+n]
-			for j := range dst {
-				dst[j] = math.Float32frombits(binary.LittleEndian.Uint32(src[i:]))
-				i += 4
-			}
-		}
-	}
-	return nil
+	return kernels.UnpackPage(kv, page, tokens, src)
 }
 
 // Checksum is the xxh3 of a page's packed rows: what Commit claims per page

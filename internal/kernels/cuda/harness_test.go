@@ -9,7 +9,6 @@ import (
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
-	"github.com/batonlm/baton/internal/transfer"
 )
 
 // Two ways to run the kernel tests:
@@ -107,7 +106,7 @@ func toDevice(t testing.TB, b *Backend, host kernels.PagedKV) kernels.PagedKV {
 	}
 	t.Cleanup(func() { dk.Close() })
 	for p := range host.Pages() {
-		if err := dk.WritePage(int32(p), host.PageSize, transfer.Pack(host, int32(p), host.PageSize, nil)); err != nil {
+		if err := dk.WritePage(int32(p), host.PageSize, kernels.PackPage(host, int32(p), host.PageSize, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -127,7 +126,7 @@ func fromDevice(t testing.TB, dev kernels.PagedKV) []float32 {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := transfer.Unpack(host, int32(p), dev.PageSize, page); err != nil {
+		if err := kernels.UnpackPage(host, int32(p), dev.PageSize, page); err != nil {
 			t.Fatal(err)
 		}
 	}

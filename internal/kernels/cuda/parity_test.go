@@ -480,7 +480,7 @@ func testKVPool(t *testing.T, b *Backend) {
 	}
 	host.Data = randVec(rng, 6*host.PageFloats(), 1)
 	for p := range int32(6) {
-		if err := dk.WritePage(p, 8, transfer.Pack(host, p, 8, nil)); err != nil {
+		if err := dk.WritePage(p, 8, kernels.PackPage(host, p, 8, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -489,14 +489,14 @@ func testKVPool(t *testing.T, b *Backend) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := transfer.Pack(host, 4, tokens, nil); string(got) != string(want) {
+		if want := kernels.PackPage(host, 4, tokens, nil); string(got) != string(want) {
 			t.Fatalf("ReadPage %d tokens differs from transfer.Pack", tokens)
 		}
 	}
 	// A partial page lands in its first slots only, as transfer.Unpack.
 	src := kernels.PagedKV{PageSize: 8, Layers: 4, KVHeads: 3, HeadDim: 4, Data: randVec(rng, host.PageFloats(), 1)}
-	payload := transfer.Pack(src, 0, 5, nil)
-	if err := transfer.Unpack(host, 2, 5, payload); err != nil {
+	payload := kernels.PackPage(src, 0, 5, nil)
+	if err := kernels.UnpackPage(host, 2, 5, payload); err != nil {
 		t.Fatal(err)
 	}
 	if err := transfer.Unpack(kv, 2, 5, payload); err != nil {
@@ -588,7 +588,7 @@ func testPageOpsConcurrent(t *testing.T, b *Backend) {
 		defer wg.Done()
 		page := randVec(rand.New(rand.NewPCG(1, 2)), kv.PageFloats(), 1)
 		src := kernels.PagedKV{PageSize: kv.PageSize, Layers: kv.Layers, KVHeads: kv.KVHeads, HeadDim: kv.HeadDim, Data: page}
-		packed := transfer.Pack(src, 0, kv.PageSize, nil)
+		packed := kernels.PackPage(src, 0, kv.PageSize, nil)
 		for i := range 40 {
 			p := free[i%len(free)]
 			if err := kv.Device.WritePage(p, kv.PageSize, packed); err != nil {

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 
 	"github.com/batonlm/baton/internal/kernels"
-	"github.com/batonlm/baton/internal/transfer"
 )
 
 // Device turns a backend that reads host memory into one that holds the KV
@@ -94,7 +93,7 @@ func (m *Memory) ReadPage(page int32, tokens int, dst []byte) ([]byte, error) {
 		return dst, errors.New("kernelstest: device read failed")
 	}
 	m.Reads.Add(1)
-	return transfer.Pack(m.host, page, tokens, dst), nil
+	return kernels.PackPage(m.host, page, tokens, dst), nil
 }
 
 // WritePage implements kernels.DeviceKV.
@@ -105,7 +104,7 @@ func (m *Memory) WritePage(page int32, tokens int, src []byte) error {
 		return err
 	}
 	m.Writes.Add(1)
-	return transfer.Unpack(m.host, page, tokens, src)
+	return kernels.UnpackPage(m.host, page, tokens, src)
 }
 
 // Fill implements kernels.DeviceKV.

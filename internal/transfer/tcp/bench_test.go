@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/transfertest"
 )
@@ -33,7 +34,7 @@ func BenchmarkPrompt(b *testing.B) {
 						// The previous session is closed, so its buffers
 						// are free to reuse.
 						data = func(i int) []byte {
-							p.Packed[i] = transfer.Pack(p.Src, int32(i), p.Layout.PageSize, p.Packed[i])
+							p.Packed[i] = kernels.PackPage(p.Src, int32(i), p.Layout.PageSize, p.Packed[i])
 							return p.Packed[i]
 						}
 					}

@@ -30,7 +30,7 @@ func NewBenchPrompt() BenchPrompt {
 	}
 	p.Packed = make([][]byte, pages)
 	for i := range p.Packed {
-		p.Packed[i] = transfer.Pack(p.Src, int32(i), p.Layout.PageSize, nil)
+		p.Packed[i] = kernels.PackPage(p.Src, int32(i), p.Layout.PageSize, nil)
 	}
 	return p
 }

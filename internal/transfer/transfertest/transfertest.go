@@ -222,7 +222,7 @@ func (h *harness) pages(pages []int32, tokens int) []page {
 		if n <= 0 {
 			break
 		}
-		data := transfer.Pack(h.src, int32(h.rng.IntN(srcPages)), n, nil)
+		data := kernels.PackPage(h.src, int32(h.rng.IntN(srcPages)), n, nil)
 		out = append(out, page{
 			w:   transfer.PageWrite{Index: i, Page: p, Tokens: n, Data: data},
 			sum: transfer.Checksum(data),
@@ -282,7 +282,7 @@ func (h *harness) checkSums(pp []page) {
 	got := h.sink.KV()
 	got.Data = h.sink.snapshot()
 	for _, p := range pp {
-		if sum := transfer.Checksum(transfer.Pack(got, p.w.Page, p.w.Tokens, nil)); sum != p.sum {
+		if sum := transfer.Checksum(kernels.PackPage(got, p.w.Page, p.w.Tokens, nil)); sum != p.sum {
 			h.t.Errorf("page %d (index %d, %d tokens): checksum %#x, sent %#x", p.w.Page, p.w.Index, p.w.Tokens, sum, p.sum)
 		}
 	}

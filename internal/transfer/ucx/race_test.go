@@ -117,7 +117,7 @@ func newPrefill(layout kernels.PagedKV, tokens int, seed uint64) *prefill {
 		p.kv.Data[i] = float32(rng.NormFloat64())
 	}
 	for i := range n {
-		d := transfer.Pack(p.kv, int32(i), p.tokensOf(i), nil)
+		d := kernels.PackPage(p.kv, int32(i), p.tokensOf(i), nil)
 		p.pages = append(p.pages, d)
 		p.sums = append(p.sums, transfer.Checksum(d))
 	}
@@ -142,7 +142,7 @@ func (p *prefill) write(ctx context.Context, s transfer.Session, dst []int32, fr
 func (p *prefill) verify(kv kernels.PagedKV, dst []int32) []int {
 	var bad []int
 	for i, pg := range dst {
-		if transfer.Checksum(transfer.Pack(kv, pg, p.tokensOf(i), nil)) != p.sums[i] {
+		if transfer.Checksum(kernels.PackPage(kv, pg, p.tokensOf(i), nil)) != p.sums[i] {
 			bad = append(bad, i)
 		}
 	}
@@ -339,7 +339,7 @@ func testLateWrites(t *testing.T, mem string, guard bool) {
 		// And what B reads there is A's KV, not garbage.
 		for i, p := range aB.Pages {
 			if j := slices.Index(aA.Pages, p); j >= 2 {
-				got := transfer.Pack(kv, p, oldP.tokensOf(j), nil)
+				got := kernels.PackPage(kv, p, oldP.tokensOf(j), nil)
 				if transfer.Checksum(got) != oldP.sums[j] {
 					t.Errorf("guard off: B's page %d (index %d) does not hold A's index %d", p, i, j)
 				}

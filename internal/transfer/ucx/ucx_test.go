@@ -195,7 +195,7 @@ func TestOneSidedWithoutReceiverProgress(t *testing.T) {
 			for i := range src.Data {
 				src.Data[i] = float32(i)
 			}
-			page := transfer.Pack(src, 0, 4, nil)
+			page := kernels.PackPage(src, 0, 4, nil)
 			if err := ss.Write(transfer.PageWrite{Index: 0, Page: 0, Tokens: 4, Data: page}); err != nil {
 				t.Fatal(err)
 			}
@@ -423,7 +423,7 @@ func TestCloseFlushes(t *testing.T) {
 	for i := range src.Data {
 		src.Data[i] = float32(i + 1)
 	}
-	page := transfer.Pack(src, 0, 4, nil)
+	page := kernels.PackPage(src, 0, 4, nil)
 	// Wire up while the receiver runs.
 	if err := ss.Write(transfer.PageWrite{Index: 0, Page: 0, Tokens: 4, Data: page}); err != nil {
 		t.Fatal(err)

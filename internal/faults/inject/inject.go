@@ -1,4 +1,9 @@
-package faults
+// Package inject puts faults into a prefill worker's handoff (frame and
+// request faults of a BATON_FAULTS spec) in binaries built with the faults
+// tag; in every other build there is no spec and each hook is a no-op. It
+// sits apart from package faults so that the guards' switches, which the
+// scheduler reads, do not bring the transport along.
+package inject
 
 import (
 	"context"
@@ -8,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -17,7 +23,7 @@ var (
 )
 
 // roll draws true with probability p from the spec's seeded stream.
-func roll(sp *Spec, p float64) bool {
+func roll(sp *faults.Spec, p float64) bool {
 	if p <= 0 {
 		return false
 	}
@@ -31,7 +37,7 @@ func roll(sp *Spec, p float64) bool {
 
 // IgnoreAbort reports whether a writer should ignore Abort (a fault).
 func IgnoreAbort() bool {
-	sp := Active()
+	sp := faults.Active()
 	return sp != nil && sp.IgnoreAbort
 }
 
@@ -42,7 +48,7 @@ type Request struct {
 
 // ForRequest rolls the per-request faults (none without a spec).
 func ForRequest() Request {
-	sp := Active()
+	sp := faults.Active()
 	if sp == nil {
 		return Request{}
 	}
@@ -54,7 +60,7 @@ func ForRequest() Request {
 // drop, delay, duplicate, reorder, corrupt, misdirect, a slow writer, a
 // short write (the last page never sent) and a kill mid-transfer.
 func WrapSession(s transfer.Session, rf Request, lastIndex int) transfer.Session {
-	sp := Active()
+	sp := faults.Active()
 	if sp == nil {
 		return s
 	}
@@ -68,7 +74,7 @@ var frames struct {
 
 type session struct {
 	transfer.Session
-	sp   *Spec
+	sp   *faults.Spec
 	rf   Request
 	last int
 	held *transfer.PageWrite // a frame held back to be sent after the next one
