@@ -64,8 +64,9 @@ func ParamsFromPB(s *pdv1.SamplingParams) scheduler.Params {
 		return scheduler.Params{}
 	}
 	p := scheduler.Params{
-		Sampling:  model.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs)},
-		MaxTokens: int(s.MaxTokens), StopTokenIDs: s.StopTokenIds, IgnoreEOS: s.IgnoreEos,
+		Sampling: model.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs),
+			LogitBias: s.LogitBias, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepetitionPenalty: s.RepetitionPenalty},
+		MaxTokens: int(s.MaxTokens), StopTokenIDs: s.StopTokenIds, IgnoreEOS: s.IgnoreEos, MinTokens: int(s.MinTokens),
 	}
 	if s.Seed != nil {
 		seed := *s.Seed
@@ -78,7 +79,8 @@ func ParamsFromPB(s *pdv1.SamplingParams) scheduler.Params {
 func ParamsToPB(p scheduler.Params) *pdv1.SamplingParams {
 	return &pdv1.SamplingParams{Temperature: p.Sampling.Temperature, TopP: p.Sampling.TopP, TopK: int32(p.Sampling.TopK),
 		MinP: p.Sampling.MinP, TopLogprobs: int32(p.Sampling.TopLogprobs), MaxTokens: uint32(p.MaxTokens), Seed: p.Seed,
-		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS}
+		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS, LogitBias: p.Sampling.LogitBias, PresencePenalty: p.Sampling.PresencePenalty,
+		FrequencyPenalty: p.Sampling.FrequencyPenalty, RepetitionPenalty: p.Sampling.RepetitionPenalty, MinTokens: uint32(max(0, p.MinTokens))}
 }
 
 // TokenToPB converts a sampled token for the wire.

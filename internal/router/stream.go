@@ -565,6 +565,8 @@ func samplingParams(p scheduler.Params) *pdv1.SamplingParams {
 	return &pdv1.SamplingParams{
 		Temperature: p.Sampling.Temperature, TopP: p.Sampling.TopP, TopK: int32(p.Sampling.TopK), MinP: p.Sampling.MinP,
 		TopLogprobs: int32(p.Sampling.TopLogprobs), MaxTokens: uint32(max(0, p.MaxTokens)), Seed: p.Seed,
-		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS,
+		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS, LogitBias: p.Sampling.LogitBias,
+		PresencePenalty: p.Sampling.PresencePenalty, FrequencyPenalty: p.Sampling.FrequencyPenalty,
+		RepetitionPenalty: p.Sampling.RepetitionPenalty, MinTokens: uint32(max(0, p.MinTokens)),
 	}
 }

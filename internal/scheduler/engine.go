@@ -73,6 +73,7 @@ type Engine struct {
 	ready   []*Request
 	running []*Request
 	sampler model.Sampler
+	eog     []int32 // the tokens IsEOG accepts, banned before min_tokens
 }
 
 // NewEngine makes an engine; Run drives it.
@@ -91,7 +92,13 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	}
 	ms.KVPagesTotal.Set(float64(pool.NumPages()))
 	ms.KVPagesFree.Set(float64(pool.Free()))
-	return &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1)}
+	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1)}
+	for id := range int32(m.Config.Vocab) {
+		if cfg.IsEOG(id) {
+			e.eog = append(e.eog, id)
+		}
+	}
+	return e
 }
 
 // Pool is the engine's KV pool.
@@ -538,7 +545,7 @@ func (e *Engine) step() {
 			e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
 			continue
 		}
-		tok := e.sampler.Sample(row, r.Params.Sampling, r.rng)
+		tok := e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, e.history(r))
 		if e.cfg.Role == RolePrefill {
 			e.prefilled(r, tok)
 			continue
@@ -546,6 +553,21 @@ func (e *Engine) step() {
 		e.deliver(r, tok)
 	}
 	e.gauges()
+}
+
+// history is what r's penalties and bans look at: its prompt, what it
+// generated, and until min_tokens the tokens that would end it.
+func (e *Engine) history(r *Request) model.History {
+	h := model.History{Prompt: r.seq[:len(r.Prompt)], Generated: r.seq[len(r.Prompt):]}
+	if r.generated < r.Params.MinTokens {
+		if !r.Params.IgnoreEOS {
+			h.Ban = e.eog
+		}
+		if len(r.Params.StopTokenIDs) > 0 {
+			h.Ban = append(append([]int32(nil), h.Ban...), r.Params.StopTokenIDs...)
+		}
+	}
+	return h
 }
 
 func (e *Engine) remove(r *Request) {
@@ -587,10 +609,11 @@ func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	r.seq = append(r.seq, tok.ID)
 	e.m.GenerationTokens.Inc()
 	finish := ""
+	early := r.generated <= r.Params.MinTokens // a stop token now cannot end it
 	switch {
-	case !r.Params.IgnoreEOS && e.cfg.IsEOG(tok.ID):
+	case !early && !r.Params.IgnoreEOS && e.cfg.IsEOG(tok.ID):
 		finish = FinishStop
-	case containsToken(r.Params.StopTokenIDs, tok.ID):
+	case !early && containsToken(r.Params.StopTokenIDs, tok.ID):
 		finish = FinishStop
 	case r.Params.MaxTokens > 0 && r.generated >= r.Params.MaxTokens:
 		finish = FinishLength

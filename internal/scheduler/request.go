@@ -18,6 +18,9 @@ type Params struct {
 	Seed         *uint64 // same seed, same output
 	StopTokenIDs []int32
 	IgnoreEOS    bool
+	// MinTokens holds off the end of generation: until that many tokens
+	// are out, EOS and StopTokenIDs cannot be sampled (vLLM's min_tokens).
+	MinTokens int
 }
 
 // Finish reasons, as the OpenAI API names them.

@@ -51,8 +51,10 @@ func (g *generation) params() scheduler.Params {
 		sp.MaxTokens = *d.MaxTokens
 	}
 	p := scheduler.Params{
-		Sampling:  model.Sampling{Temperature: sp.Temperature, TopP: sp.TopP, TopK: sp.TopK, MinP: sp.MinP},
-		MaxTokens: sp.MaxTokens, StopTokenIDs: sp.StopTokenIDs, IgnoreEOS: sp.IgnoreEOS,
+		Sampling: model.Sampling{Temperature: sp.Temperature, TopP: sp.TopP, TopK: sp.TopK, MinP: sp.MinP,
+			LogitBias: sp.LogitBias, PresencePenalty: sp.PresencePenalty, FrequencyPenalty: sp.FrequencyPenalty,
+			RepetitionPenalty: sp.RepetitionPenalty},
+		MaxTokens: sp.MaxTokens, StopTokenIDs: sp.StopTokenIDs, IgnoreEOS: sp.IgnoreEOS, MinTokens: sp.MinTokens,
 	}
 	if sp.Logprobs {
 		p.Sampling.TopLogprobs = sp.TopLogprobs

@@ -299,16 +299,24 @@ func (x *WorkerInfo) GetInternalAuth() string {
 }
 
 type SamplingParams struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Temperature   float64                `protobuf:"fixed64,1,opt,name=temperature,proto3" json:"temperature,omitempty"`
-	TopP          float64                `protobuf:"fixed64,2,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
-	TopK          int32                  `protobuf:"varint,3,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
-	MinP          float64                `protobuf:"fixed64,4,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
-	TopLogprobs   int32                  `protobuf:"varint,5,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
-	MaxTokens     uint32                 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"` // 0: up to the context length
-	Seed          *uint64                `protobuf:"varint,7,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
-	StopTokenIds  []int32                `protobuf:"varint,8,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
-	IgnoreEos     bool                   `protobuf:"varint,9,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Temperature  float64                `protobuf:"fixed64,1,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	TopP         float64                `protobuf:"fixed64,2,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
+	TopK         int32                  `protobuf:"varint,3,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
+	MinP         float64                `protobuf:"fixed64,4,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
+	TopLogprobs  int32                  `protobuf:"varint,5,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	MaxTokens    uint32                 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"` // 0: up to the context length
+	Seed         *uint64                `protobuf:"varint,7,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	StopTokenIds []int32                `protobuf:"varint,8,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
+	IgnoreEos    bool                   `protobuf:"varint,9,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
+	// Added to the logits of their tokens before sampling.
+	LogitBias         map[int32]float64 `protobuf:"bytes,10,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	PresencePenalty   float64           `protobuf:"fixed64,11,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`       // over generated tokens
+	FrequencyPenalty  float64           `protobuf:"fixed64,12,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`    // over generated tokens
+	RepetitionPenalty float64           `protobuf:"fixed64,13,opt,name=repetition_penalty,json=repetitionPenalty,proto3" json:"repetition_penalty,omitempty"` // over prompt and generated; 0 or 1: off
+	// EOS and stop_token_ids are banned until this many tokens are out;
+	// prefill needs it for the first token, decode for the rest.
+	MinTokens     uint32 `protobuf:"varint,14,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,6 +412,41 @@ func (x *SamplingParams) GetIgnoreEos() bool {
 		return x.IgnoreEos
 	}
 	return false
+}
+
+func (x *SamplingParams) GetLogitBias() map[int32]float64 {
+	if x != nil {
+		return x.LogitBias
+	}
+	return nil
+}
+
+func (x *SamplingParams) GetPresencePenalty() float64 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetFrequencyPenalty() float64 {
+	if x != nil {
+		return x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetRepetitionPenalty() float64 {
+	if x != nil {
+		return x.RepetitionPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetMinTokens() uint32 {
+	if x != nil {
+		return x.MinTokens
+	}
+	return 0
 }
 
 type ReserveRequest struct {
@@ -1353,7 +1396,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\ttransport\x18\v \x01(\tR\ttransport\x12#\n" +
 	"\rtransfer_addr\x18\f \x01(\tR\ftransferAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\r \x01(\tR\bgrpcAddr\x12#\n" +
-	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\"\x9a\x02\n" +
+	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\"\xc9\x04\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
@@ -1365,7 +1408,18 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x04seed\x18\a \x01(\x04H\x00R\x04seed\x88\x01\x01\x12$\n" +
 	"\x0estop_token_ids\x18\b \x03(\x05R\fstopTokenIds\x12\x1d\n" +
 	"\n" +
-	"ignore_eos\x18\t \x01(\bR\tignoreEosB\a\n" +
+	"ignore_eos\x18\t \x01(\bR\tignoreEos\x12I\n" +
+	"\n" +
+	"logit_bias\x18\n" +
+	" \x03(\v2*.baton.pd.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12)\n" +
+	"\x10presence_penalty\x18\v \x01(\x01R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\f \x01(\x01R\x10frequencyPenalty\x12-\n" +
+	"\x12repetition_penalty\x18\r \x01(\x01R\x11repetitionPenalty\x12\x1d\n" +
+	"\n" +
+	"min_tokens\x18\x0e \x01(\rR\tminTokens\x1a<\n" +
+	"\x0eLogitBiasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\a\n" +
 	"\x05_seed\"\xc7\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
@@ -1481,7 +1535,7 @@ func file_api_pd_v1_pd_proto_rawDescGZIP() []byte {
 	return file_api_pd_v1_pd_proto_rawDescData
 }
 
-var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_api_pd_v1_pd_proto_goTypes = []any{
 	(*KVLayout)(nil),       // 0: baton.pd.v1.KVLayout
 	(*InfoRequest)(nil),    // 1: baton.pd.v1.InfoRequest
@@ -1500,44 +1554,46 @@ var file_api_pd_v1_pd_proto_goTypes = []any{
 	(*DrainedRequest)(nil), // 14: baton.pd.v1.DrainedRequest
 	(*StreamRequest)(nil),  // 15: baton.pd.v1.StreamRequest
 	(*TokenEvent)(nil),     // 16: baton.pd.v1.TokenEvent
+	nil,                    // 17: baton.pd.v1.SamplingParams.LogitBiasEntry
 }
 var file_api_pd_v1_pd_proto_depIdxs = []int32{
 	0,  // 0: baton.pd.v1.WorkerInfo.layout:type_name -> baton.pd.v1.KVLayout
-	3,  // 1: baton.pd.v1.ReserveRequest.sampling:type_name -> baton.pd.v1.SamplingParams
-	0,  // 2: baton.pd.v1.ReserveRequest.layout:type_name -> baton.pd.v1.KVLayout
-	0,  // 3: baton.pd.v1.Reservation.layout:type_name -> baton.pd.v1.KVLayout
-	3,  // 4: baton.pd.v1.PrefillRequest.sampling:type_name -> baton.pd.v1.SamplingParams
-	5,  // 5: baton.pd.v1.PrefillRequest.reservation:type_name -> baton.pd.v1.Reservation
-	10, // 6: baton.pd.v1.Token.top:type_name -> baton.pd.v1.TokenLogprob
-	11, // 7: baton.pd.v1.CommitRequest.first_token:type_name -> baton.pd.v1.Token
-	11, // 8: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
-	1,  // 9: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
-	4,  // 10: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
-	6,  // 11: baton.pd.v1.Decode.CancelReservation:input_type -> baton.pd.v1.CancelRequest
-	12, // 12: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
-	14, // 13: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
-	13, // 14: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
-	13, // 15: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
-	15, // 16: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
-	1,  // 17: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
-	8,  // 18: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
-	13, // 19: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
-	2,  // 20: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
-	5,  // 21: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
-	7,  // 22: baton.pd.v1.Decode.CancelReservation:output_type -> baton.pd.v1.Ack
-	7,  // 23: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
-	7,  // 24: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
-	7,  // 25: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
-	7,  // 26: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
-	16, // 27: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
-	2,  // 28: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
-	9,  // 29: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
-	7,  // 30: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
-	20, // [20:31] is the sub-list for method output_type
-	9,  // [9:20] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	17, // 1: baton.pd.v1.SamplingParams.logit_bias:type_name -> baton.pd.v1.SamplingParams.LogitBiasEntry
+	3,  // 2: baton.pd.v1.ReserveRequest.sampling:type_name -> baton.pd.v1.SamplingParams
+	0,  // 3: baton.pd.v1.ReserveRequest.layout:type_name -> baton.pd.v1.KVLayout
+	0,  // 4: baton.pd.v1.Reservation.layout:type_name -> baton.pd.v1.KVLayout
+	3,  // 5: baton.pd.v1.PrefillRequest.sampling:type_name -> baton.pd.v1.SamplingParams
+	5,  // 6: baton.pd.v1.PrefillRequest.reservation:type_name -> baton.pd.v1.Reservation
+	10, // 7: baton.pd.v1.Token.top:type_name -> baton.pd.v1.TokenLogprob
+	11, // 8: baton.pd.v1.CommitRequest.first_token:type_name -> baton.pd.v1.Token
+	11, // 9: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
+	1,  // 10: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
+	4,  // 11: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
+	6,  // 12: baton.pd.v1.Decode.CancelReservation:input_type -> baton.pd.v1.CancelRequest
+	12, // 13: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
+	14, // 14: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
+	13, // 15: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
+	13, // 16: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
+	15, // 17: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
+	1,  // 18: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
+	8,  // 19: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
+	13, // 20: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
+	2,  // 21: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
+	5,  // 22: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
+	7,  // 23: baton.pd.v1.Decode.CancelReservation:output_type -> baton.pd.v1.Ack
+	7,  // 24: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
+	7,  // 25: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
+	7,  // 26: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
+	7,  // 27: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
+	16, // 28: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
+	2,  // 29: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
+	9,  // 30: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
+	7,  // 31: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
+	21, // [21:32] is the sub-list for method output_type
+	10, // [10:21] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_api_pd_v1_pd_proto_init() }
@@ -1552,7 +1608,7 @@ func file_api_pd_v1_pd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_pd_v1_pd_proto_rawDesc), len(file_api_pd_v1_pd_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
