@@ -591,11 +591,35 @@ func (f fields) object(name string) (map[string]any, *Error) {
 	if !ok {
 		return nil, nil
 	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
 	var m map[string]any
-	if raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
+	if raw[0] != '{' || d.Decode(&m) != nil {
 		return nil, BadRequest(name+" must be an object", name)
 	}
-	return m, nil
+	return integers(m).(map[string]any), nil
+}
+
+// integers turns JSON numbers into int64 where they are whole and float64
+// otherwise, so a template given 3 prints 3, as Python would, not 3.0.
+func integers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		f, _ := x.Float64()
+		return f
+	case map[string]any:
+		for k, e := range x {
+			x[k] = integers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = integers(e)
+		}
+	}
+	return v
 }
 
 func (f fields) stop() ([]string, *Error) {

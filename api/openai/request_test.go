@@ -299,7 +299,7 @@ func TestParseChatRequest(t *testing.T) {
 			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: defaults()}},
 		{"template kwargs and n", `{"model":"m","messages":[{"role":"user","content":"a"}],"n":2,"min_tokens":3,"chat_template_kwargs":{"enable_thinking":false,"k":[1,"x"]}}`,
 			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 2, MinTokens: 3},
-				TemplateKwargs: map[string]any{"enable_thinking": false, "k": []any{1.0, "x"}}}},
+				TemplateKwargs: map[string]any{"enable_thinking": false, "k": []any{int64(1), "x"}}}},
 		{"empty tools and text format", `{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[],"tool_choice":"none","response_format":{"type":"text"}}`,
 			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: defaults()}},
 	} {

@@ -277,6 +277,9 @@ type Model struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// MaxModelLen is the longest sequence served (vLLM's field); 0 when
+	// unknown, which is left out.
+	MaxModelLen int `json:"max_model_len,omitempty"`
 }
 
 // MarshalJSON fills in Object.
