@@ -29,7 +29,8 @@ const (
 )
 
 // DefaultCompletionMaxTokens is the legacy completions endpoint's documented
-// max_tokens default; chat has none (up to the context).
+// max_tokens default, for a model without one of its own; chat has none (up
+// to the context).
 const DefaultCompletionMaxTokens = 16
 
 const (
@@ -139,8 +140,9 @@ type ChatRequest struct {
 // ignored because clients commonly send extensions meant for other servers.
 //
 // Unsupported features whose silent omission would change the result
-// (best_of other than n, suffix) are rejected rather than ignored. max_tokens
-// defaults to 16, as OpenAI documents for this endpoint.
+// (best_of other than n, suffix) are rejected rather than ignored. A
+// max_tokens left out stays 0: the server fills in the model's default, or
+// DefaultCompletionMaxTokens.
 func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 	f, e := decodeObject(body)
 	if e != nil {
@@ -158,12 +160,6 @@ func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 	}
 	if r.Sampling, e = f.sampling(); e != nil {
 		return nil, e
-	}
-	if r.Sampling.MaxTokens == 0 {
-		r.Sampling.MaxTokens = DefaultCompletionMaxTokens
-		if r.Sampling.MinTokens > r.Sampling.MaxTokens {
-			return nil, BadRequest(fmt.Sprintf("min_tokens must be at most max_tokens (%d when not given)", DefaultCompletionMaxTokens), "min_tokens")
-		}
 	}
 	// best_of picks the n most likely of best_of candidates; with best_of
 	// equal to n that is all of them, anything else would need ranking.
@@ -224,7 +220,7 @@ func ParseChatRequest(body []byte) (*ChatRequest, *Error) {
 	} else if ok {
 		r.Sampling.MaxTokens = int(n)
 	}
-	if e = r.Sampling.checkMinTokens(); e != nil {
+	if e = r.Sampling.CheckMinTokens(); e != nil {
 		return nil, e
 	}
 	lp, _, e := f.bool("logprobs")
@@ -508,12 +504,12 @@ func (f fields) sampling() (Sampling, *Error) {
 	} else if ok {
 		s.MinTokens = int(n)
 	}
-	return s, s.checkMinTokens()
+	return s, s.CheckMinTokens()
 }
 
-// checkMinTokens refuses a floor above the ceiling, as vLLM does, rather
+// CheckMinTokens refuses a floor above the ceiling, as vLLM does, rather
 // than silently letting one of them win.
-func (s Sampling) checkMinTokens() *Error {
+func (s Sampling) CheckMinTokens() *Error {
 	if s.MaxTokens > 0 && s.MinTokens > s.MaxTokens {
 		return BadRequest(fmt.Sprintf("min_tokens must be at most max_tokens, got %d > %d", s.MinTokens, s.MaxTokens), "min_tokens")
 	}

@@ -165,7 +165,6 @@ func TestParseCompletionRequestErrors(t *testing.T) {
 		{"echo wrong type", `{"model":"m","prompt":"a","echo":"no"}`, "echo"},
 		{"best_of", `{"model":"m","prompt":"a","best_of":3}`, "best_of"},
 		{"best_of not n", `{"model":"m","prompt":"a","n":2,"best_of":3}`, "best_of"},
-		{"min_tokens above default max_tokens", `{"model":"m","prompt":"a","min_tokens":17}`, "min_tokens"},
 		{"suffix", `{"model":"m","prompt":"a","suffix":"end"}`, "suffix"},
 	}...)
 	checkBad(t, parseCompletionErr, cases)
@@ -209,8 +208,6 @@ func TestParseChatRequestErrors(t *testing.T) {
 
 func defaults() Sampling { return Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1} }
 
-// cdefaults are the completions endpoint's, whose max_tokens defaults to 16.
-func cdefaults() Sampling { s := defaults(); s.MaxTokens = DefaultCompletionMaxTokens; return s }
 
 func TestParseCompletionRequest(t *testing.T) {
 	seed := int64(-7)
@@ -219,13 +216,13 @@ func TestParseCompletionRequest(t *testing.T) {
 		want       CompletionRequest
 	}{
 		{"minimal", `{"model":"m","prompt":"Once upon a time"}`,
-			CompletionRequest{Model: "m", Prompt: "Once upon a time", Sampling: cdefaults()}},
+			CompletionRequest{Model: "m", Prompt: "Once upon a time", Sampling: defaults()}},
 		{"one string in array", `{"model":"m","prompt":["hello"]}`,
-			CompletionRequest{Model: "m", Prompt: "hello", Sampling: cdefaults()}},
+			CompletionRequest{Model: "m", Prompt: "hello", Sampling: defaults()}},
 		{"token ids", `{"model":"m","prompt":[1, 403, 407]}`,
-			CompletionRequest{Model: "m", PromptTokenIDs: []int32{1, 403, 407}, Sampling: cdefaults()}},
+			CompletionRequest{Model: "m", PromptTokenIDs: []int32{1, 403, 407}, Sampling: defaults()}},
 		{"one id array", `{"model":"m","prompt":[[1,2147483647]]}`,
-			CompletionRequest{Model: "m", PromptTokenIDs: []int32{1, 2147483647}, Sampling: cdefaults()}},
+			CompletionRequest{Model: "m", PromptTokenIDs: []int32{1, 2147483647}, Sampling: defaults()}},
 		{"everything", `{
 			"model":"stories260K","prompt":"a","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false},
 			"max_tokens":16,"temperature":0,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":-7,
@@ -242,19 +239,19 @@ func TestParseCompletionRequest(t *testing.T) {
 			CompletionRequest{Model: "m", Prompt: "a", Echo: true, Sampling: Sampling{Temperature: 1, TopP: 1, MaxTokens: 8, N: 3,
 				PresencePenalty: -0.5, FrequencyPenalty: 1.5, RepetitionPenalty: 1.3, LogitBias: map[int32]float64{7: -100, 12: 2.5}, MinTokens: 4}}},
 		{"logprobs zero still on", `{"model":"m","prompt":"a","logprobs":0}`,
-			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, MaxTokens: 16, Logprobs: true}}},
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, Logprobs: true}}},
 		{"nulls are absent", `{"model":"m","prompt":"a","max_tokens":null,"temperature":null,"stop":null,"logprobs":null,"n":null,"stream":null,"stream_options":null,"seed":null}`,
-			CompletionRequest{Model: "m", Prompt: "a", Sampling: cdefaults()}},
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: defaults()}},
 		{"stop string", `{"model":"m","prompt":"a","stop":"\n\n"}`,
-			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, MaxTokens: 16, Stop: []string{"\n\n"}}}},
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, Stop: []string{"\n\n"}}}},
 		{"integral floats", `{"model":"m","prompt":"a","max_tokens":16.0,"top_k":1e1}`,
 			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, MaxTokens: 16, TopK: 10}}},
 		{"top_k -1 is off", `{"model":"m","prompt":"a","top_k":-1}`,
-			CompletionRequest{Model: "m", Prompt: "a", Sampling: cdefaults()}},
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: defaults()}},
 		{"stream without usage", `{"model":"m","prompt":"a","stream":true}`,
-			CompletionRequest{Model: "m", Prompt: "a", Stream: true, Sampling: cdefaults()}},
+			CompletionRequest{Model: "m", Prompt: "a", Stream: true, Sampling: defaults()}},
 		{"case-sensitive keys", `{"model":"m","prompt":"a","MAX_TOKENS":0}`,
-			CompletionRequest{Model: "m", Prompt: "a", Sampling: cdefaults()}},
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: defaults()}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, e := ParseCompletionRequest([]byte(c.body))

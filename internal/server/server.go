@@ -273,6 +273,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if req.Sampling.MaxTokens == 0 && s.o.Defaults.MaxTokens == nil {
+		req.Sampling.MaxTokens = openai.DefaultCompletionMaxTokens
+	}
 	if e := s.checkSampling(req.Sampling); e != nil {
 		openai.WriteError(w, e)
 		return
@@ -323,8 +326,15 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 }
 
 // checkSampling checks what the parser could not: token ids against the
-// vocabulary, which only the server knows.
+// vocabulary and min_tokens against the model's default max_tokens, which
+// only the server knows.
 func (s *Server) checkSampling(sp openai.Sampling) *openai.Error {
+	if sp.MaxTokens == 0 && s.o.Defaults.MaxTokens != nil {
+		sp.MaxTokens = *s.o.Defaults.MaxTokens
+	}
+	if e := sp.CheckMinTokens(); e != nil {
+		return e
+	}
 	vocab := s.o.Tokenizer.VocabSize()
 	for id := range sp.LogitBias {
 		if int(id) >= vocab {
