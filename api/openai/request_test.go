@@ -208,7 +208,6 @@ func TestParseChatRequestErrors(t *testing.T) {
 
 func defaults() Sampling { return Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1} }
 
-
 func TestParseCompletionRequest(t *testing.T) {
 	seed := int64(-7)
 	for _, c := range []struct {
