@@ -86,6 +86,28 @@ func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h Hi
 	return out
 }
 
+// Score is the logprob of a given token under logits' raw distribution,
+// with the top alternatives: what a prompt token's logprob is, since it
+// was not sampled.
+func (s *Sampler) Score(logits []float32, id int32, top int) Sampled {
+	maxv := float32(math.Inf(-1))
+	for _, v := range logits {
+		maxv = max(maxv, v)
+	}
+	var sum float64
+	for _, v := range logits {
+		sum += math.Exp(float64(v - maxv))
+	}
+	logZ := float64(maxv) + math.Log(sum)
+	out := Sampled{TokenLogprob: TokenLogprob{id, float32(float64(logits[id]) - logZ)}}
+	if top > 0 {
+		for _, a := range topK(logits, top, &s.idx) {
+			out.Top = append(out.Top, TokenLogprob{a, float32(float64(logits[a]) - logZ)})
+		}
+	}
+	return out
+}
+
 func argmax(v []float32) int32 {
 	maxv := float32(math.Inf(-1))
 	best := int32(0)

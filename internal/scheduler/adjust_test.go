@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"math"
 	"slices"
 	"testing"
 
@@ -94,5 +95,55 @@ func TestEngineMinTokens(t *testing.T) {
 	got, fin = generate(t, e, want.PromptIDs, Params{MaxTokens: 40, MinTokens: 3, Sampling: model.Sampling{LogitBias: eos}})
 	if fin != FinishStop || len(got) != 4 || got[3] != 2 {
 		t.Fatalf("EOS biased up with min_tokens 3: %v (%s)", got, fin)
+	}
+}
+
+// A prompt's logprobs are the model's predictions of its own tokens: with
+// the reference's greedy output appended to its prompt, they equal the
+// logprobs the reference generated those tokens with, however the prompt
+// is chunked.
+func TestEnginePromptLogprobs(t *testing.T) {
+	want := loadRef(t)
+	const k = 8
+	prompt := append(append([]int32(nil), want.PromptIDs...), want.GeneratedIDs[:k]...)
+	for _, tc := range []struct{ page, pages, chunk int }{{16, 300, 512}, {1, 4096, 3}} {
+		e, _ := newEngine(t, tc.page, tc.pages, tc.chunk)
+		// A request without prompt logprobs shares the batches: its rows
+		// must not be mistaken for the other's.
+		plain := NewRequest("p", want.PromptIDs, Params{MaxTokens: 12})
+		r := NewRequest("r", prompt, Params{MaxTokens: 1, PromptLogprobs: true, Sampling: model.Sampling{TopLogprobs: 2}})
+		if err := e.Submit(plain); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Submit(r); err != nil {
+			t.Fatal(err)
+		}
+		ev, _ := r.Next(t.Context())
+		if ev.Token == nil || len(ev.Prompt) != len(prompt)-1 {
+			t.Fatalf("chunk %d: first event %+v with %d prompt logprobs, want %d", tc.chunk, ev, len(ev.Prompt), len(prompt)-1)
+		}
+		for j := range k {
+			got := ev.Prompt[len(want.PromptIDs)-1+j]
+			ref := want.Top5[j][0]
+			if got.ID != prompt[len(want.PromptIDs)+j] || math.Abs(float64(got.Logprob)-ref.Logprob) > 1e-3 || len(got.Top) != 2 || got.Top[0].ID != ref.ID {
+				t.Errorf("chunk %d, generated token %d: %+v, reference %+v", tc.chunk, j, got, ref)
+			}
+		}
+		collect(t, r)
+		toks, _ := collect(t, plain)
+		for j, tok := range toks {
+			if tok.ID != want.GeneratedIDs[j] {
+				t.Fatalf("chunk %d: the plain request's token %d is %d, want %d", tc.chunk, j, tok.ID, want.GeneratedIDs[j])
+			}
+		}
+	}
+	// Without the flag, nothing.
+	e, _ := newEngine(t, 16, 300, 512)
+	r := NewRequest("r", prompt, Params{MaxTokens: 1})
+	if err := e.Submit(r); err != nil {
+		t.Fatal(err)
+	}
+	if ev, _ := r.Next(t.Context()); ev.Prompt != nil {
+		t.Fatalf("prompt logprobs without asking: %d", len(ev.Prompt))
 	}
 }

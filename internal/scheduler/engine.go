@@ -505,6 +505,14 @@ func (e *Engine) step() {
 			b.Slots = append(b.Slots, r.pages[p/ps]*int32(ps)+int32(p%ps))
 		}
 		b.Seqs = append(b.Seqs, kernels.AttnSeq{Pages: r.pages, QStart: q0, QLen: todo, KVLen: end})
+		if r.Params.PromptLogprobs && r.computed < len(r.Prompt) {
+			if b.Every == nil {
+				b.Every = make([]bool, len(b.Seqs)-1, len(e.running))
+			}
+			b.Every = append(b.Every, true)
+		} else if b.Every != nil {
+			b.Every = append(b.Every, false)
+		}
 		members = append(members, r)
 	}
 	if len(members) == 0 {
@@ -519,8 +527,14 @@ func (e *Engine) step() {
 		return
 	}
 	vocab := e.model.Config.Vocab
+	at := 0 // the first logit row of member i
 	for i, r := range members {
 		s := b.Seqs[i]
+		rows := b.Rows(i)
+		at += rows
+		if i < len(b.Every) && b.Every[i] {
+			e.scorePrompt(r, logits[(at-rows)*vocab:at*vocab], s.KVLen-s.QLen)
+		}
 		if err := e.pool.MarkPositions(r.owner, r.pages, s.KVLen); err != nil {
 			e.remove(r)
 			e.fail(r, err)
@@ -536,7 +550,7 @@ func (e *Engine) step() {
 		if r.computed < len(r.seq) {
 			continue // more prompt to prefill
 		}
-		row := logits[i*vocab : (i+1)*vocab]
+		row := logits[(at-1)*vocab : at*vocab]
 		if hasNaN(row) {
 			// Poisoned KV reached attention: a page that was read had not
 			// been written by this request. Never sample from it.
@@ -553,6 +567,20 @@ func (e *Engine) step() {
 		e.deliver(r, tok)
 	}
 	e.gauges()
+}
+
+// scorePrompt records the logprobs of the prompt tokens that rows (the
+// logits of positions from, from+1, ...) predict: row j scores the token at
+// position from+j+1, as long as that is still the prompt's.
+func (e *Engine) scorePrompt(r *Request, rows []float32, from int) {
+	vocab := e.model.Config.Vocab
+	for j := 0; j*vocab < len(rows); j++ {
+		next := from + j + 1
+		if next >= len(r.Prompt) {
+			break
+		}
+		r.promptLP = append(r.promptLP, e.sampler.Score(rows[j*vocab:(j+1)*vocab], r.Prompt[next], r.Params.Sampling.TopLogprobs))
+	}
 }
 
 // history is what r's penalties and bans look at: its prompt, what it
@@ -591,7 +619,7 @@ func (e *Engine) prefilled(r *Request, tok model.Sampled) {
 	e.release(r)
 	e.m.TTFT.Observe(time.Since(r.arrived).Seconds())
 	e.m.GenerationTokens.Inc()
-	r.emit(Event{Token: &tok, Finish: FinishPrefilled})
+	r.emit(Event{Token: &tok, Finish: FinishPrefilled, Prompt: r.takePromptLP()})
 }
 
 func (e *Engine) deliver(r *Request, tok model.Sampled) {
@@ -620,7 +648,7 @@ func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	case len(r.seq) >= e.cfg.ContextLength:
 		finish = FinishLength
 	}
-	r.emit(Event{Token: &tok})
+	r.emit(Event{Token: &tok, Prompt: r.takePromptLP()})
 	if finish != "" {
 		e.remove(r)
 		e.finish(r, finish)
