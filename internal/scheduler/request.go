@@ -76,8 +76,8 @@ type Request struct {
 
 	// engine-owned
 	room      uint64
-	seq       []int32        // prompt then generated tokens
-	first     *model.Sampled // decode: the token prefill sampled, until delivered
+	seq       []int32         // prompt then generated tokens
+	first     *model.Sampled  // decode: the token prefill sampled, until delivered
 	promptLP  []model.Sampled // the prompt's logprobs, until delivered
 	generated int
 	computed  int // positions whose KV is in the pages
