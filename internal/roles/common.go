@@ -67,6 +67,7 @@ func ParamsFromPB(s *pdv1.SamplingParams) scheduler.Params {
 		Sampling: model.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs),
 			LogitBias: s.LogitBias, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepetitionPenalty: s.RepetitionPenalty},
 		MaxTokens: int(s.MaxTokens), StopTokenIDs: s.StopTokenIds, IgnoreEOS: s.IgnoreEos, MinTokens: int(s.MinTokens),
+		PromptLogprobs: s.PromptLogprobs,
 	}
 	if s.Seed != nil {
 		seed := *s.Seed
@@ -80,7 +81,8 @@ func ParamsToPB(p scheduler.Params) *pdv1.SamplingParams {
 	return &pdv1.SamplingParams{Temperature: p.Sampling.Temperature, TopP: p.Sampling.TopP, TopK: int32(p.Sampling.TopK),
 		MinP: p.Sampling.MinP, TopLogprobs: int32(p.Sampling.TopLogprobs), MaxTokens: uint32(p.MaxTokens), Seed: p.Seed,
 		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS, LogitBias: p.Sampling.LogitBias, PresencePenalty: p.Sampling.PresencePenalty,
-		FrequencyPenalty: p.Sampling.FrequencyPenalty, RepetitionPenalty: p.Sampling.RepetitionPenalty, MinTokens: uint32(max(0, p.MinTokens))}
+		FrequencyPenalty: p.Sampling.FrequencyPenalty, RepetitionPenalty: p.Sampling.RepetitionPenalty, MinTokens: uint32(max(0, p.MinTokens)),
+		PromptLogprobs: p.PromptLogprobs}
 }
 
 // TokenToPB converts a sampled token for the wire.
@@ -91,6 +93,32 @@ func TokenToPB(t *model.Sampled) *pdv1.Token {
 	out := &pdv1.Token{Id: t.ID, Logprob: t.Logprob}
 	for _, a := range t.Top {
 		out.Top = append(out.Top, &pdv1.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+	}
+	return out
+}
+
+// TokensToPB converts sampled tokens (a prompt's logprobs) for the wire.
+func TokensToPB(ts []model.Sampled) []*pdv1.Token {
+	if ts == nil {
+		return nil
+	}
+	out := make([]*pdv1.Token, len(ts))
+	for i := range ts {
+		out[i] = TokenToPB(&ts[i])
+	}
+	return out
+}
+
+// TokensFromPB converts wire tokens, at most limit of them: a peer's list
+// is bounded by what the request could have produced.
+func TokensFromPB(ts []*pdv1.Token, limit int) []model.Sampled {
+	if len(ts) == 0 {
+		return nil
+	}
+	ts = ts[:min(len(ts), max(0, limit))]
+	out := make([]model.Sampled, len(ts))
+	for i, t := range ts {
+		out[i] = TokenFromPB(t)
 	}
 	return out
 }

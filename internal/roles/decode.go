@@ -478,6 +478,9 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 	if !first.IsZero() {
 		d.o.Metrics.TransferSeconds.Observe(time.Since(first).Seconds())
 	}
+	if res.r.Params.PromptLogprobs {
+		res.r.SetPromptLogprobs(TokensFromPB(c.PromptLogprobs, len(res.r.Prompt)-1))
+	}
 	if err := d.o.Engine.Join(res.r, TokenFromPB(c.FirstToken)); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
@@ -706,7 +709,7 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			d.abortReserved(res, "router stream closed")
 			return ctx.Err()
 		}
-		te := &pdv1.TokenEvent{Token: TokenToPB(ev.Token)}
+		te := &pdv1.TokenEvent{Token: TokenToPB(ev.Token), PromptLogprobs: TokensToPB(ev.Prompt)}
 		switch ev.Finish {
 		case "":
 		case scheduler.FinishStop, scheduler.FinishLength:

@@ -307,6 +307,11 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 	var ev scheduler.Event
 	if te.Token != nil {
 		ev.Token = sampled(te.Token)
+		if s.p.PromptLogprobs && !s.gotToken {
+			for _, t := range te.PromptLogprobs[:min(len(te.PromptLogprobs), max(0, len(s.prompt)-1))] {
+				ev.Prompt = append(ev.Prompt, *sampled(t))
+			}
+		}
 	}
 	switch {
 	case te.Error != "":
@@ -568,5 +573,6 @@ func samplingParams(p scheduler.Params) *pdv1.SamplingParams {
 		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS, LogitBias: p.Sampling.LogitBias,
 		PresencePenalty: p.Sampling.PresencePenalty, FrequencyPenalty: p.Sampling.FrequencyPenalty,
 		RepetitionPenalty: p.Sampling.RepetitionPenalty, MinTokens: uint32(max(0, p.MinTokens)),
+		PromptLogprobs: p.PromptLogprobs,
 	}
 }

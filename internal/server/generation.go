@@ -25,8 +25,10 @@ type generation struct {
 	promptParam  string
 	created      int64
 	// echo is the prompt text put in front of each choice (completions'
-	// echo).
-	echo string
+	// echo); with echoLogprobs the prompt's tokens lead its logprobs too.
+	echo         string
+	echoLogprobs bool
+	prompt       []int32
 
 	choices []*choice
 }
@@ -74,6 +76,7 @@ func (g *generation) params() scheduler.Params {
 	if sp.Logprobs {
 		p.Sampling.TopLogprobs = sp.TopLogprobs
 	}
+	p.PromptLogprobs = g.echoLogprobs
 	if sp.Seed != nil {
 		seed := uint64(*sp.Seed)
 		p.Seed = &seed
@@ -180,6 +183,7 @@ func (g *generation) listen(r *http.Request, done <-chan struct{}) <-chan event 
 
 func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {
 	g.created = time.Now().Unix()
+	g.prompt = prompt
 	if e := g.start(prompt); e != nil {
 		openai.WriteError(w, e)
 		return
@@ -212,10 +216,16 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 		}
 		var piece string
 		if ev.Token != nil {
+			if c.tokens == 0 && g.echoLogprobs {
+				g.addPromptLogprobs(c, ev.Prompt)
+			}
 			c.tokens++
+			// A token's offset is where its text starts, held-back text
+			// included.
+			at := c.text.decoded()
 			var stopped bool
 			piece, stopped = c.text.push(ev.Token.ID)
-			g.addLogprobs(c, ev.Token)
+			g.addLogprobs(c, ev.Token, at)
 			if stopped {
 				c.st.Stop()
 				c.finish = openai.FinishStop
@@ -352,7 +362,7 @@ func (g *generation) chatChunk(c *choice, d openai.ChatDelta, lp *openai.ChatLog
 		Choices: []openai.ChatChunkChoice{{Index: c.index, Delta: d, Logprobs: lp, FinishReason: fin}}}
 }
 
-func (g *generation) addLogprobs(c *choice, t *model.Sampled) {
+func (g *generation) addLogprobs(c *choice, t *model.Sampled, offset int) {
 	tok := g.s.o.Tokenizer
 	switch {
 	case c.chatLP != nil:
@@ -372,7 +382,45 @@ func (g *generation) addLogprobs(c *choice, t *model.Sampled) {
 			}
 		}
 		// Offsets count from the start of the choice's text, echo included.
-		c.legacy.Add(tok.TokenText(t.ID), float64(t.Logprob), top, len(g.echo)+c.text.out.Len())
+		c.legacy.Add(tok.TokenText(t.ID), float64(t.Logprob), top, len(g.echo)+offset)
+	}
+}
+
+// addPromptLogprobs puts the echoed prompt's tokens in front of c's
+// logprobs: the first with null logprob, the others with what the model
+// predicted for them (lp, tokens 1..n-1; a missing one is null too).
+// Offsets are into the echoed text: the prompt decoded token by token,
+// less what decoding adds in front of it (the space of a SentencePiece
+// vocabulary).
+func (g *generation) addPromptLogprobs(c *choice, lp []model.Sampled) {
+	if c.legacy == nil {
+		return
+	}
+	tok := g.s.o.Tokenizer
+	dec := tok.NewStreamDecoder()
+	offsets := make([]int, len(g.prompt))
+	n := 0
+	for i, id := range g.prompt {
+		offsets[i] = n
+		n += len(dec.Push(id))
+	}
+	n += len(dec.Flush())
+	shift := max(0, n-len(g.echo))
+	for i, id := range g.prompt {
+		off := min(max(0, offsets[i]-shift), len(g.echo))
+		if i == 0 || i-1 >= len(lp) {
+			c.legacy.AddUnscored(tok.TokenText(id), off)
+			continue
+		}
+		t := lp[i-1]
+		var top map[string]openai.Logprob
+		if len(t.Top) > 0 {
+			top = map[string]openai.Logprob{}
+			for _, a := range t.Top {
+				top[tok.TokenText(a.ID)] = openai.Logprob(a.Logprob)
+			}
+		}
+		c.legacy.Add(tok.TokenText(id), float64(t.Logprob), top, off)
 	}
 }
 
@@ -389,6 +437,9 @@ type textStream struct {
 	out       strings.Builder // released text
 	done      bool
 }
+
+// decoded is the length of the text decoded so far, released or held.
+func (t *textStream) decoded() int { return t.out.Len() + len(t.pending) }
 
 // push adds a token; it returns the text now safe to release and whether a
 // stop string matched (the text before it is released, the rest dropped).

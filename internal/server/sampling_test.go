@@ -328,3 +328,89 @@ func mustJSON(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// echo with logprobs puts the prompt's tokens in front: the first with a
+// null logprob, each other with the model's prediction of it, which for a
+// prompt made of a greedy continuation is the logprob it was generated with.
+func TestEchoLogprobs(t *testing.T) {
+	ts := newEngineServer(t, nil)
+	want := loadReference(t)
+	const k = 8
+	plain := post(t, ts, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%s,"temperature":0,"max_tokens":%d,"logprobs":2}`, mustJSON(want.PromptIDs), k))
+	prompt := append(append([]int32(nil), want.PromptIDs...), want.GeneratedIDs[:k]...)
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":"m","prompt":%s,"temperature":0,"max_tokens":3,"logprobs":2,"echo":true,"stream":%v}`, mustJSON(prompt), stream)
+		st, _, b := do(t, http.MethodPost, ts.URL+"/v1/completions", "", body)
+		if st != http.StatusOK {
+			t.Fatalf("%d %s", st, b)
+		}
+		text, lp := joinLegacy(t, b, stream)
+		if len(lp.Tokens) != len(prompt)+3 || len(lp.TokenLogprobs) != len(lp.Tokens) || len(lp.TextOffset) != len(lp.Tokens) || len(lp.TopLogprobs) != len(lp.Tokens) {
+			t.Fatalf("stream=%v: %d tokens for a %d-token prompt and 3 generated: %s", stream, len(lp.Tokens), len(prompt), b)
+		}
+		if lp.TokenLogprobs[0] != nil || lp.TopLogprobs[0] != nil || lp.Tokens[0] != "<s>" {
+			t.Errorf("stream=%v: first prompt token %q logprob %v top %v, want null", stream, lp.Tokens[0], lp.TokenLogprobs[0], lp.TopLogprobs[0])
+		}
+		for j := range k {
+			got, ref := lp.TokenLogprobs[len(want.PromptIDs)+j], plain.Choices[0].Logprobs.TokenLogprobs[j]
+			if got == nil || *got-ref > 1e-4 || ref-*got > 1e-4 {
+				t.Errorf("stream=%v: prompt token %d logprob %v, generated with %v", stream, len(want.PromptIDs)+j, got, ref)
+			}
+		}
+		if !strings.HasPrefix(text, want.Prompt+want.GeneratedText[:10]) {
+			t.Errorf("stream=%v: text %q", stream, text)
+		}
+		for i := 2; i < len(lp.Tokens); i++ {
+			if off := lp.TextOffset[i]; off < lp.TextOffset[i-1] || !strings.HasPrefix(text[off:], lp.Tokens[i]) {
+				t.Errorf("stream=%v: token %d %q at offset %d of %q", stream, i, lp.Tokens[i], off, text)
+			}
+		}
+	}
+}
+
+type legacyLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []*float64           `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// joinLegacy reads choice 0's text and logprobs from a completions answer,
+// streamed or not.
+func joinLegacy(t *testing.T, body []byte, stream bool) (string, legacyLogprobs) {
+	t.Helper()
+	type choice struct {
+		Text     string          `json:"text"`
+		Logprobs *legacyLogprobs `json:"logprobs"`
+	}
+	var text string
+	var lp legacyLogprobs
+	add := func(c choice) {
+		text += c.Text
+		if c.Logprobs != nil {
+			lp.Tokens = append(lp.Tokens, c.Logprobs.Tokens...)
+			lp.TokenLogprobs = append(lp.TokenLogprobs, c.Logprobs.TokenLogprobs...)
+			lp.TopLogprobs = append(lp.TopLogprobs, c.Logprobs.TopLogprobs...)
+			lp.TextOffset = append(lp.TextOffset, c.Logprobs.TextOffset...)
+		}
+	}
+	lines := []string{string(body)}
+	if stream {
+		lines = nil
+		for _, l := range strings.Split(string(body), "\n") {
+			if d, ok := strings.CutPrefix(l, "data: "); ok && d != "[DONE]" {
+				lines = append(lines, d)
+			}
+		}
+	}
+	for _, l := range lines {
+		var r struct{ Choices []choice }
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		for _, c := range r.Choices {
+			add(c)
+		}
+	}
+	return text, lp
+}

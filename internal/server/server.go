@@ -280,12 +280,6 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, e)
 		return
 	}
-	// The prompt's own logprobs would have to come from the model's
-	// prefill; rather than answer with the generated ones alone, say so.
-	if req.Echo && req.Sampling.Logprobs {
-		openai.WriteError(w, openai.BadRequest("echo together with logprobs is not supported yet; ask for one of them", "echo"))
-		return
-	}
 	prompt := req.PromptTokenIDs
 	if prompt == nil {
 		if e := s.cannotFit(req.Prompt, "prompt"); e != nil {
@@ -301,6 +295,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		if req.PromptTokenIDs != nil {
 			g.echo = s.promptText(req.PromptTokenIDs)
 		}
+		g.echoLogprobs = req.Sampling.Logprobs
 	}
 	g.run(w, r, prompt)
 }

@@ -102,7 +102,6 @@ func TestSamplingRefusals(t *testing.T) {
 	for _, bad := range []struct{ path, body, param string }{
 		{"/v1/completions", `{"model":"m","prompt":"a","logit_bias":{"512":1}}`, "logit_bias"},
 		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"}],"logit_bias":{"99999":-100}}`, "logit_bias"},
-		{"/v1/completions", `{"model":"m","prompt":"a","echo":true,"logprobs":1}`, "echo"},
 		{"/v1/completions", `{"model":"m","prompt":"a","repetition_penalty":0}`, "repetition_penalty"},
 		// Above the default max_tokens of 16.
 		{"/v1/completions", `{"model":"m","prompt":"a","min_tokens":17}`, "min_tokens"},

@@ -91,6 +91,36 @@ func TestSamplingFieldsStandaloneAndPD(t *testing.T) {
 		})
 	}
 
+	// echo with logprobs: the prompt's logprobs are prefill's on the PD
+	// path, and must come through decode and the router unchanged.
+	body0 := `{"model":"stories260K","prompt":"Once upon a time, there was a little","temperature":0,"max_tokens":4,"logprobs":1,"echo":true}`
+	var lps [2][]*float64
+	for i, u := range []string{sa.URL, c.Router.URL} {
+		code, _, b := post(t, u+"/v1/completions", body0)
+		var r struct {
+			Choices []struct {
+				Logprobs struct {
+					TokenLogprobs []*float64 `json:"token_logprobs"`
+				} `json:"logprobs"`
+			} `json:"choices"`
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(b, &r); err != nil || code != 200 || len(r.Choices) != 1 {
+			t.Fatalf("%s echo with logprobs: %d %s", u, code, b)
+		}
+		lps[i] = r.Choices[0].Logprobs.TokenLogprobs
+		if len(lps[i]) != r.Usage.PromptTokens+4 || lps[i][0] != nil || lps[i][1] == nil {
+			t.Fatalf("%s echo with logprobs: %s", u, b)
+		}
+	}
+	for j := 1; j < len(lps[0]); j++ {
+		if d := *lps[0][j] - *lps[1][j]; d > 1e-3 || d < -1e-3 {
+			t.Errorf("echo logprob %d: standalone %v, PD %v", j, *lps[0][j], *lps[1][j])
+		}
+	}
+
 	// Seeded choices through the router: as many as asked, not all alike,
 	// and the same again for the same seed.
 	body := `{"model":"stories260K","prompt":"Once upon a time","temperature":1,"max_tokens":24,"seed":5,"n":3}`
