@@ -99,6 +99,12 @@ const maxBodyBytes = 32 << 20
 
 const defaultBodyReadTimeout = 60 * time.Second
 
+// maxEchoLogprobsTokens bounds the prompt whose logprobs are echoed: on the
+// PD path they travel in one gRPC message from prefill to decode and on to
+// the router, and at 5 alternatives a token this keeps it well under the
+// 4 MiB a gRPC peer accepts by default.
+const maxEchoLogprobsTokens = 32768
+
 // Server serves the OpenAI API.
 type Server struct {
 	o       Options
@@ -296,6 +302,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			g.echo = s.promptText(req.PromptTokenIDs)
 		}
 		g.echoLogprobs = req.Sampling.Logprobs
+		if g.echoLogprobs && len(prompt) > maxEchoLogprobsTokens {
+			openai.WriteError(w, openai.BadRequest(fmt.Sprintf("echo with logprobs is limited to prompts of %d tokens; this one has %d", maxEchoLogprobsTokens, len(prompt)), "echo"))
+			return
+		}
 	}
 	g.run(w, r, prompt)
 }

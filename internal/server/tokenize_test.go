@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -103,6 +104,7 @@ func TestSamplingRefusals(t *testing.T) {
 		{"/v1/completions", `{"model":"m","prompt":"a","logit_bias":{"512":1}}`, "logit_bias"},
 		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"}],"logit_bias":{"99999":-100}}`, "logit_bias"},
 		{"/v1/completions", `{"model":"m","prompt":"a","repetition_penalty":0}`, "repetition_penalty"},
+		{"/v1/completions", `{"model":"m","prompt":[` + strings.Repeat("1,", maxEchoLogprobsTokens) + `1],"echo":true,"logprobs":0}`, "echo"},
 		// Above the default max_tokens of 16.
 		{"/v1/completions", `{"model":"m","prompt":"a","min_tokens":17}`, "min_tokens"},
 	} {
