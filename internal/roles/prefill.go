@@ -310,7 +310,8 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		}
 		sid := sess.ID()
 		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: sessKey.Epoch, TokensWritten: claimed,
-			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:]})
+			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:],
+			PromptLogprobs: TokensToPB(ev.Prompt)})
 		ccancel()
 	}
 	if err != nil {
