@@ -14,12 +14,17 @@ func checkCmd() *cobra.Command {
 	var o check.Options
 	cmd := &cobra.Command{
 		Use:   "check --router URL",
-		Short: "Run the four isolation gates against a live deployment",
+		Short: "Run the four isolation gates against a live deployment and check its internal plane",
 		Long: `Runs the four acceptance checks (pool/context, reject/admission, transfer/read,
 lifetime/ownership) against a live deployment through its router and its workers' HTTP
 endpoints, prints one row per gate with its evidence, and exits non-zero if any fails. It
 sends a few small requests and leaves the deployment as it found it. The workers' HTTP ports
-must be reachable from where it runs.`,
+must be reachable from where it runs.
+
+A last row, "internal plane", says how the router and each worker authenticate each other
+(internal_auth in the router's /server_info): mtls, secret, or none on loopback pass; a member
+started with --insecure-internal, one that does not say, or one in another mode than the
+router's fails.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd.Flags()); err != nil {

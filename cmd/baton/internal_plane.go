@@ -38,3 +38,20 @@ func (f *internalFlags) plane(role auth.Role, log *slog.Logger, ms *metrics.Set)
 	}
 	return auth.New(o)
 }
+
+// check loads the credentials a member of the internal plane would start
+// with and, for a worker, refuses to listen beyond loopback without them,
+// so that --dry-run refuses what serving would.
+func (f *internalFlags) check(role, host string) error {
+	if role != "router" && role != "prefill" && role != "decode" {
+		return nil
+	}
+	p, err := f.plane(auth.Role(role), slog.New(slog.DiscardHandler), metrics.New(role))
+	if err != nil {
+		return err
+	}
+	if role == "router" {
+		return nil
+	}
+	return p.CheckBind(host)
+}

@@ -169,6 +169,9 @@ func (f *serveFlags) validate() error {
 	default:
 		return fmt.Errorf("unknown role %q (standalone, prefill, decode, router)", f.role)
 	}
+	if err := f.internal.check(f.role, f.host); err != nil {
+		return err
+	}
 	switch {
 	case f.port < 0 || f.port > 65535 || f.grpcPort < 0 || f.grpcPort > 65535 || f.transferPort < 0 || f.transferPort > 65535:
 		return fmt.Errorf("ports must be between 0 and 65535")

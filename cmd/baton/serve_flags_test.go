@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 )
@@ -16,6 +17,50 @@ func TestHTTPSecurityFlags(t *testing.T) {
 		{[]string{"--role", "decode", "--metrics-require-key", "--api-key", "k"}, ""},
 		{[]string{"--request-read-timeout", "0s"}, "must be positive"},
 		{[]string{"--request-read-timeout", "5s"}, ""},
+	} {
+		cmd := serveCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append([]string{"--dry-run"}, c.args...))
+		err := cmd.Execute()
+		switch {
+		case c.err == "" && err != nil:
+			t.Errorf("%v: %v", c.args, err)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%v: error %v, want one saying %q", c.args, err, c.err)
+		}
+	}
+}
+
+// --dry-run refuses what starting the internal plane would: a worker
+// beyond loopback without credentials, half a TLS set, both modes, a
+// secret file that is missing or too short. Standalone has no internal
+// plane and ignores the flags.
+func TestInternalPlaneFlags(t *testing.T) {
+	dir := t.TempDir()
+	short := dir + "/short"
+	good := dir + "/good"
+	if err := os.WriteFile(short, []byte("tiny"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(good, []byte(strings.Repeat("s3cret-", 8)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"--role", "decode", "--host", "0.0.0.0"}, "--insecure-internal"},
+		{[]string{"--role", "prefill", "--host", "10.1.2.3"}, "--cluster-secret-file"},
+		{[]string{"--role", "decode", "--host", "0.0.0.0", "--insecure-internal"}, ""},
+		{[]string{"--role", "decode", "--host", "127.0.0.1"}, ""},
+		{[]string{"--role", "decode", "--host", "0.0.0.0", "--cluster-secret-file", good}, ""},
+		{[]string{"--role", "decode", "--cluster-secret-file", short}, "secret"},
+		{[]string{"--role", "decode", "--cluster-secret-file", dir + "/missing"}, "missing"},
+		{[]string{"--role", "prefill", "--internal-tls-cert", good}, "--internal-tls-key"},
+		{[]string{"--role", "router", "--prefill", "http://a:1", "--decode", "http://b:2", "--internal-tls-ca", good, "--cluster-secret-file", good}, "choose one"},
+		{[]string{"--host", "0.0.0.0"}, ""},
 	} {
 		cmd := serveCmd()
 		var out bytes.Buffer

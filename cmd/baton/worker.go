@@ -80,7 +80,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	case "decode":
 		eng = le.engine(f, scheduler.RoleDecode, ms)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, ReceiverWrites: f.transport == "tcp", Transport: f.transport,
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Transport: f.transport,
 			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer, Auth: plane, Log: le.log})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver

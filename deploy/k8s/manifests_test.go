@@ -780,13 +780,12 @@ func TestArgsParseWithBaton(t *testing.T) {
 
 // authFlagsInBaton says whether the baton of this tree has the
 // internal-auth flags the manifests pass (--cluster-secret-file,
-// --internal-tls-*). The manifests are written for the baton that has them;
-// until this tree has it, each dry run must be refused for exactly such a
-// flag and is run again without them. Set it to true when the flags land:
-// then every dry run takes them, pointed at files the test writes in place
-// of the mounted Secrets, and a name the manifests and baton spell
-// differently fails here.
-const authFlagsInBaton = false
+// --internal-tls-*). It does: every dry run takes them, pointed at files the
+// test writes in place of the mounted Secrets, so a name the manifests and
+// baton spell differently fails here. Set to false, each dry run must instead
+// be refused for exactly such a flag and is run again without them (for a
+// tree whose manifests run ahead of its binary).
+const authFlagsInBaton = true
 
 func isAuthFlag(arg string) bool {
 	name, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
@@ -895,8 +894,8 @@ func testCerts(t *testing.T, role string) map[string][]byte {
 	}
 }
 
-// TestAuthFilesForDryRun checks what withAuthFiles gives baton, which no
-// dry run exercises while authFlagsInBaton is false: files in place of
+// TestAuthFilesForDryRun checks what withAuthFiles gives baton, since
+// --dry-run checks the flags but does not load the files: files in place of
 // every auth flag's, a secret long enough, and a certificate that verifies
 // against the CA for both ends with the role's URI SAN.
 func TestAuthFilesForDryRun(t *testing.T) {

@@ -1,8 +1,10 @@
 // Package check runs the four acceptance checks of the incident report
 // against a live deployment, through its router and its workers' public
 // endpoints: pool/context, reject/admission, transfer/read and
-// lifetime/ownership. It sends a handful of small requests and leaves the
-// deployment as it found it.
+// lifetime/ownership; and it reports how the internal plane between them is
+// authenticated, since an open one hands any request's KV to whoever reaches
+// it, which none of the four can see from outside. It sends a handful of
+// small requests and leaves the deployment as it found it.
 package check
 
 import (
@@ -74,13 +76,18 @@ func (r *Report) Print(w io.Writer) {
 type worker struct {
 	URL  string `json:"url"`
 	Role string `json:"role"`
+	// InternalAuth is what the worker told the router over the control
+	// plane; empty when the router has not reached it.
+	InternalAuth string `json:"internal_auth"`
+	Error        string `json:"error"`
 }
 
 type checker struct {
-	o       Options
-	model   string
-	maxSeq  int
-	workers []worker
+	o          Options
+	model      string
+	maxSeq     int
+	routerAuth string
+	workers    []worker
 }
 
 // Run checks the deployment behind o.Router.
@@ -96,7 +103,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{}
-	rep.Rows = append(rep.Rows, c.poolContext(ctx), c.rejectPath(ctx), c.transferRead(ctx), c.lifetime(ctx))
+	rep.Rows = append(rep.Rows, c.poolContext(ctx), c.rejectPath(ctx), c.transferRead(ctx), c.lifetime(ctx), c.internalPlane(ctx))
 	return rep, nil
 }
 
@@ -131,10 +138,11 @@ func (c *checker) discover(ctx context.Context) error {
 		return fmt.Errorf("router /server_info: HTTP %d: %s", code, b)
 	}
 	var info struct {
-		Role    string   `json:"role"`
-		Model   string   `json:"model"`
-		MaxSeq  int      `json:"effective_context_length"`
-		Workers []worker `json:"workers"`
+		Role         string   `json:"role"`
+		Model        string   `json:"model"`
+		MaxSeq       int      `json:"effective_context_length"`
+		InternalAuth string   `json:"internal_auth"`
+		Workers      []worker `json:"workers"`
 	}
 	if err := json.Unmarshal(b, &info); err != nil {
 		return fmt.Errorf("router /server_info: %w", err)
@@ -142,7 +150,7 @@ func (c *checker) discover(ctx context.Context) error {
 	if info.Role != "router" || len(info.Workers) == 0 {
 		return fmt.Errorf("%s is not a baton router with workers (role %q, %d workers)", c.o.Router, info.Role, len(info.Workers))
 	}
-	c.model, c.maxSeq, c.workers = info.Model, info.MaxSeq, info.Workers
+	c.model, c.maxSeq, c.routerAuth, c.workers = info.Model, info.MaxSeq, info.InternalAuth, info.Workers
 	return nil
 }
 
@@ -322,4 +330,79 @@ func (c *checker) lifetime(ctx context.Context) Row {
 			after["baton_kv_release_errors"], after["baton_late_messages_dropped_total"], after["baton_drain_wait_seconds_count"]),
 	}
 	return row
+}
+
+// The internal_auth values a member reports (auth.Plane.Describe).
+const (
+	planeMTLS     = "mtls"
+	planeSecret   = "secret"
+	planeLoopback = "none (loopback only)"
+	planeInsecure = "none (--insecure-internal"
+)
+
+// planeVerdict judges one member's internal_auth: authenticated, or
+// unauthenticated only where nothing but this host can reach it.
+func planeVerdict(mode string) (bool, string) {
+	switch {
+	case mode == planeMTLS:
+		return true, "mutual TLS"
+	case mode == planeSecret:
+		return true, "cluster secret (authenticated, not encrypted)"
+	case mode == planeLoopback:
+		return true, "unauthenticated, listening on loopback only"
+	case strings.HasPrefix(mode, planeInsecure):
+		return false, "UNAUTHENTICATED BEYOND LOOPBACK (--insecure-internal): whoever reaches its ports can read, write or abort any request's KV"
+	case mode == "":
+		return false, "DOES NOT SAY how its internal plane is authenticated"
+	default:
+		return false, "UNKNOWN internal plane authentication"
+	}
+}
+
+// planeKind is the mode without its explanation: members of one kind only
+// can talk to each other.
+func planeKind(mode string) string {
+	kind, _, _ := strings.Cut(mode, " ")
+	return kind
+}
+
+// internalPlane reports how each member proves itself on the control and
+// transfer ports, as the router's /server_info shows it. A worker the router
+// has not reached is asked itself, and is judged on what it says.
+func (c *checker) internalPlane(ctx context.Context) Row {
+	row := Row{Gate: "internal plane", Pass: true}
+	ok, verdict := planeVerdict(c.routerAuth)
+	row.Pass = ok
+	row.Evidence = append(row.Evidence, fmt.Sprintf("router %s: internal_auth %q: %s", c.o.Router, c.routerAuth, verdict))
+	for _, w := range c.workers {
+		mode, seen := w.InternalAuth, ""
+		if mode == "" {
+			mode = c.workerAuth(ctx, w)
+			seen = " (from the worker: the router has not reached it"
+			if w.Error != "" {
+				seen += ": " + w.Error
+			}
+			seen += ")"
+		}
+		ok, verdict := planeVerdict(mode)
+		if ok && c.routerAuth != "" && planeKind(mode) != planeKind(c.routerAuth) {
+			ok, verdict = false, fmt.Sprintf("DIFFERS FROM THE ROUTER'S %q: they cannot talk", c.routerAuth)
+		}
+		row.Pass = row.Pass && ok
+		row.Evidence = append(row.Evidence, fmt.Sprintf("%s %s: internal_auth %q: %s%s", w.Role, w.URL, mode, verdict, seen))
+	}
+	return row
+}
+
+// workerAuth is the internal_auth a worker's own /server_info reports, or
+// "" when it cannot be had.
+func (c *checker) workerAuth(ctx context.Context, w worker) string {
+	code, b, err := c.do(ctx, http.MethodGet, w.URL+"/server_info", "")
+	var info struct {
+		InternalAuth string `json:"internal_auth"`
+	}
+	if err != nil || code != 200 || json.Unmarshal(b, &info) != nil {
+		return ""
+	}
+	return info.InternalAuth
 }

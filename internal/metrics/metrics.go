@@ -48,6 +48,10 @@ type Set struct {
 	// cluster member's credentials, the right role or the reservation's
 	// capability.
 	InternalAuthFailures *prometheus.CounterVec // rpc
+
+	// IllegalMoves counts lifecycle moves the engine made that the state
+	// machine refused: a bug, never expected.
+	IllegalMoves prometheus.Counter
 }
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
@@ -87,10 +91,12 @@ func New(role string) *Set {
 		DrainWait:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_drain_wait_seconds", Help: "Time aborted pages spent in quarantine waiting for their writer.", Buckets: latencyBuckets, ConstLabels: c}),
 		InternalAuthFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_internal_auth_failures_total",
 			Help: "Internal calls and transfer sessions refused: no or wrong cluster credentials, a role not allowed the call, or a wrong reservation capability.", ConstLabels: c}, []string{"rpc"}),
+		IllegalMoves: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_lifecycle_illegal_moves_total",
+			Help: "Request state changes the lifecycle refused; anything but 0 is a bug.", ConstLabels: c}),
 	}
 	r.MustRegister(s.KVPagesTotal, s.KVPagesFree, s.KVPagesQuarantined, s.Requests, s.Rejected, s.Running, s.Queued,
 		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.TransferSessions,
-		s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures, s.LateDropped, s.TransferBytes, s.TransferSeconds, s.DrainWait, s.InternalAuthFailures)
+		s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures, s.LateDropped, s.TransferBytes, s.TransferSeconds, s.DrainWait, s.InternalAuthFailures, s.IllegalMoves)
 	return s
 }
 

@@ -38,7 +38,7 @@ func newDecodeOnly(t testing.TB, pageSize int) *pair {
 	p.dPool = dpool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
 	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512,
-		HandoffTimeout: time.Minute, ReceiverWrites: true, Log: log})
+		HandoffTimeout: time.Minute, Log: log})
 	p.decode.SetReceiver(nil, "127.0.0.1:1", "127.0.0.1:1")
 	t.Cleanup(p.decode.Close)
 	return p

@@ -109,7 +109,7 @@ func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int) *pair {
 	pe, ppool, _ := newWorkerEngineOn(t, be, scheduler.RolePrefill, p.pm, pages, pageSize, chunk, nil)
 	p.dPool, p.pPool = dpool, ppool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
-	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, ReceiverWrites: true, Log: log})
+	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Log: log})
 	t.Cleanup(p.decode.Close)
 	recv, err := tcp.Listen("127.0.0.1:0", p.decode)
 	if err != nil {
@@ -400,4 +400,53 @@ func testutilCounter(t *testing.T, ms *metrics.Set, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// A handoff timeout with a frame landed and a writer that is still
+// connected but never commits aborts the request, and the pages stay
+// quarantined: a timeout alone never frees a page a writer may still
+// write. They come back on the writer's Drained.
+func TestHandoffTimeoutKeepsQuarantine(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 512)
+	p.decode.o.HandoffTimeout = 300 * time.Millisecond
+	ctx := context.Background()
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "slow", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
+		Layout: p.layout, Writer: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	kv := p.dPool.KV()
+	if err := sess.Write(transfer.PageWrite{Index: 0, Page: res.Pages[0], Tokens: 4, Data: make([]byte, transfer.PackedSize(kv, 4))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := p.decode.find("test", res.Room, res.Epoch, res.Capability)
+	if r == nil {
+		t.Fatal("reservation not found")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for r.r.State() != scheduler.StateDraining {
+		if time.Now().After(deadline) {
+			t.Fatalf("the handoff timeout did not abort the request: %s", r.r.State())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := p.dPool.Stats(); st.Quarantined != len(res.Pages) {
+		t.Fatalf("after the handoff timeout: %d quarantined, want the %d prompt pages; %+v", st.Quarantined, len(res.Pages), st)
+	}
+	if testutilCounter(t, p.dm, "baton_handoff_failures_total") < 1 {
+		t.Error("the timeout was not counted")
+	}
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: "127.0.0.1:1", Capability: res.Capability}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllFree(t, p.dPool)
 }

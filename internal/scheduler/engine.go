@@ -496,7 +496,7 @@ func (e *Engine) step() {
 			continue
 		}
 		if r.life.State() == StateAdmitted {
-			_ = r.life.To(StatePrefilling, "")
+			e.must(r.life.To(StatePrefilling, ""))
 		}
 		q0 := len(b.Tokens)
 		for p := r.computed; p < end; p++ {
@@ -625,7 +625,7 @@ func (e *Engine) prefilled(r *Request, tok model.Sampled) {
 func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	now := time.Now()
 	if r.life.State() == StatePrefilling { // first token, or first after a re-admission
-		_ = r.life.To(StateDecoding, "")
+		e.must(r.life.To(StateDecoding, ""))
 	}
 	if r.generated == 0 {
 		e.m.TTFT.Observe(now.Sub(r.arrived).Seconds())
@@ -708,20 +708,33 @@ func (e *Engine) tearDown(r *Request, why string) {
 	if !r.life.Live() || r.life.To(StateAborting, why) != nil {
 		return
 	}
+	e.releaseAborting(r, why)
+}
+
+// releaseAborting is the rest of a teardown once r is Aborting.
+func (e *Engine) releaseAborting(r *Request, why string) {
 	e.release(r)
 	switch r.life.Role() {
 	case RoleStandalone:
-		_ = r.life.To(StateAborted, why)
+		e.must(r.life.To(StateAborted, why))
 	case RoleDecode:
 		// Under r.mu so that a writer letting go at this moment either sees
 		// Draining (and finishes the abort) or is seen here as gone.
 		r.mu.Lock()
 		if r.writerPages != nil {
-			_ = r.life.To(StateDraining, why)
+			e.must(r.life.To(StateDraining, why))
 		} else {
-			_ = r.life.To(StateAborted, why)
+			e.must(r.life.To(StateAborted, why))
 		}
 		r.mu.Unlock()
+	}
+}
+
+// must notes a lifecycle move that cannot be refused unless the engine
+// has a bug: it is counted (tests require zero) rather than ignored.
+func (e *Engine) must(err error) {
+	if err != nil {
+		e.m.IllegalMoves.Inc()
 	}
 }
 
@@ -739,26 +752,38 @@ func (e *Engine) release(r *Request) {
 	e.poolGauges()
 }
 
-// ReleaseReserved ends a decode request that never joined the batch
-// (Reserved, Receiving or Committed): Aborting, release, then Draining while
-// a writer holds its prompt pages, else Aborted. It reports whether the
-// request was live.
+// outsideBatch are the decode states of a request that has not joined the
+// batch: only in them may a goroutine other than the engine loop end it.
+// Once Committed, the request is the engine loop's, and only a message
+// (Cancel) reaches it.
+var outsideBatch = []State{StateReserved, StateReceiving, StateVerifying}
+
+// ReleaseReserved ends a decode request that has not joined the batch:
+// Aborting, release, then Draining while a writer holds its prompt pages,
+// else Aborted. The move to Aborting is a compare-and-move from
+// outsideBatch, so a Commit that won the race (the request is Committed or
+// decoding) makes it report false and touch nothing; the caller then
+// cancels through the engine loop.
 func (e *Engine) ReleaseReserved(r *Request, why string) bool {
-	if !r.life.Live() {
+	if r.life.Move(outsideBatch, StateAborting, why) != nil {
 		return false
 	}
-	e.tearDown(r, why)
+	e.releaseAborting(r, why)
 	e.m.Outcome("aborted")
 	r.emit(Event{Finish: FinishAbort, Err: errors.New(why)})
 	return true
 }
 
-// FailReserved fails a decode request that never joined the batch with an
-// error its client sees (a failed handoff check).
+// FailReserved fails a decode request that has not joined the batch with
+// an error its client sees (a failed handoff check); like ReleaseReserved
+// it does nothing to a request the engine loop already holds.
 func (e *Engine) FailReserved(r *Request, err error) {
-	if r.life.Live() {
-		e.fail(r, err)
+	if r.life.Move(outsideBatch, StateAborting, err.Error()) != nil {
+		return
 	}
+	e.releaseAborting(r, err.Error())
+	e.m.Outcome("error")
+	r.emit(Event{Finish: FinishError, Err: err})
 }
 
 // WriterGone records that r's writer let go of its pages, with its word
@@ -780,7 +805,7 @@ func (e *Engine) WriterGone(r *Request, drained bool, proof string) bool {
 		err = e.pool.ForceReclaim(r.owner, pages, proof)
 	}
 	if r.life.State() == StateDraining {
-		_ = r.life.To(StateAborted, "")
+		e.must(r.life.To(StateAborted, ""))
 	}
 	e.poolGauges()
 	return err == nil

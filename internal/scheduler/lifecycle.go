@@ -53,6 +53,7 @@ const (
 	StateAborted                     // standalone, decode, terminal: torn down, pages released
 	StateDrained                     // prefill, terminal: torn down after in-flight writes completed and decode was told
 	StatePreempted                   // standalone: taken off the batch, waiting for re-admission; see Lifecycle
+	StateVerifying                   // decode: Commit arrived; no write lands while its claims are checked
 	numStates
 )
 
@@ -73,6 +74,7 @@ var stateNames = [numStates]string{
 	StateAborted:    "Aborted",
 	StateDrained:    "Drained",
 	StatePreempted:  "Preempted",
+	StateVerifying:  "Verifying",
 }
 
 func (s State) String() string {
@@ -156,12 +158,15 @@ var moves = map[Role][][2]State{
 		{StateReceived, StateRejected},
 		{StateReceived, StateReserved},
 		{StateReserved, StateReceiving},
-		{StateReceiving, StateCommitted},
+		{StateReserved, StateVerifying},
+		{StateReceiving, StateVerifying},
+		{StateVerifying, StateCommitted},
 		{StateCommitted, StateDecoding},
 		{StateDecoding, StateFinished},
 		{StateReceived, StateAborting},
 		{StateReserved, StateAborting},
 		{StateReceiving, StateAborting},
+		{StateVerifying, StateAborting},
 		{StateCommitted, StateAborting},
 		{StateDecoding, StateAborting},
 		{StateAborting, StateDraining},
@@ -258,6 +263,25 @@ func (l *Lifecycle) Preemptions() int {
 func (l *Lifecycle) To(next State, reason string) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.moveLocked(next, reason)
+}
+
+// Move is To from one of the states in from only: compare and move under
+// the lifecycle's lock, so that two goroutines that both saw a state and
+// both want to leave it cannot both act on it. Anything outside from is
+// refused like an illegal move.
+func (l *Lifecycle) Move(from []State, next State, reason string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, f := range from {
+		if l.state == f {
+			return l.moveLocked(next, reason)
+		}
+	}
+	return &TransitionError{Role: l.role, From: l.state, To: next}
+}
+
+func (l *Lifecycle) moveLocked(next State, reason string) error {
 	from := l.state
 	if !l.allowed(from, next) {
 		return &TransitionError{Role: l.role, From: from, To: next}

@@ -14,7 +14,7 @@ var lcAllStates = []State{
 	StateReceived, StateRejected, StateAdmitted, StatePrefilling, StateSending,
 	StateSent, StateReserved, StateReceiving, StateCommitted, StateDecoding,
 	StateFinished, StateAborting, StateDraining, StateAborted, StateDrained,
-	StatePreempted,
+	StatePreempted, StateVerifying,
 }
 
 var lcAllRoles = []Role{RoleStandalone, RolePrefill, RoleDecode}
@@ -54,6 +54,7 @@ func lifecycleSituations() map[Role][]lcSituation {
 		abd  = StateAborted
 		drd  = StateDrained
 		pmt  = StatePreempted
+		vfy  = StateVerifying
 	)
 	p := func(s ...State) []State { return s }
 	return map[Role][]lcSituation{
@@ -96,16 +97,19 @@ func lifecycleSituations() map[Role][]lcSituation {
 		RoleDecode: {
 			{"Received", p(), p(rej, res, abt)},
 			{"Rejected", p(rej), p()},
-			{"Reserved", p(res), p(rcvg, abt)},
-			{"Receiving", p(res, rcvg), p(com, abt)},
-			{"Committed", p(res, rcvg, com), p(dec, abt)},
-			{"Decoding", p(res, rcvg, com, dec), p(fin, abt)},
-			{"Finished", p(res, rcvg, com, dec, fin), p()},
+			{"Reserved", p(res), p(rcvg, vfy, abt)},
+			{"Receiving", p(res, rcvg), p(vfy, abt)},
+			{"Verifying", p(res, rcvg, vfy), p(com, abt)},
+			{"Verifying without a frame", p(res, vfy), p(com, abt)},
+			{"Committed", p(res, rcvg, vfy, com), p(dec, abt)},
+			{"Decoding", p(res, rcvg, vfy, com, dec), p(fin, abt)},
+			{"Finished", p(res, rcvg, vfy, com, dec, fin), p()},
 			{"Aborting from Received", p(abt), p(drn, abd)},
 			{"Aborting from Reserved", p(res, abt), p(drn, abd)},
 			{"Aborting from Receiving", p(res, rcvg, abt), p(drn, abd)},
-			{"Aborting from Committed", p(res, rcvg, com, abt), p(drn, abd)},
-			{"Aborting from Decoding", p(res, rcvg, com, dec, abt), p(drn, abd)},
+			{"Aborting from Verifying", p(res, rcvg, vfy, abt), p(drn, abd)},
+			{"Aborting from Committed", p(res, rcvg, vfy, com, abt), p(drn, abd)},
+			{"Aborting from Decoding", p(res, rcvg, vfy, com, dec, abt), p(drn, abd)},
 			{"Draining", p(res, rcvg, abt, drn), p(abd)},
 			{"Aborted after draining", p(res, rcvg, abt, drn, abd), p()},
 			{"Aborted directly", p(res, abt, abd), p()},
@@ -275,7 +279,7 @@ func TestPreemption(t *testing.T) {
 		path []State
 	}{
 		{RolePrefill, lcPath(StateAdmitted, StatePrefilling)},
-		{RoleDecode, lcPath(StateReserved, StateReceiving, StateCommitted, StateDecoding)},
+		{RoleDecode, lcPath(StateReserved, StateReceiving, StateVerifying, StateCommitted, StateDecoding)},
 	} {
 		if err := lcReach(t, tc.role, tc.path).To(StatePreempted, ""); err == nil {
 			t.Errorf("%s request preempted", tc.role)
@@ -395,3 +399,40 @@ func lcMust(t *testing.T, err error) {
 }
 
 func lcPath(s ...State) []State { return s }
+
+// Move is compare-and-move: of many goroutines that all saw Receiving and
+// race to leave it, one moves and every other is refused, and a Move from
+// a state the request is not in changes nothing.
+func TestMoveComparesAndMoves(t *testing.T) {
+	for range 50 {
+		l := lcReach(t, RoleDecode, lcPath(StateReserved, StateReceiving))
+		var wg sync.WaitGroup
+		var won sync.Map
+		for i := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				next := StateVerifying
+				if i%2 == 0 {
+					next = StateAborting
+				}
+				if l.Move([]State{StateReserved, StateReceiving}, next, "race") == nil {
+					won.Store(i, next)
+				}
+			}()
+		}
+		wg.Wait()
+		n := 0
+		won.Range(func(_, _ any) bool { n++; return true })
+		if n != 1 {
+			t.Fatalf("%d goroutines moved out of Receiving, want exactly 1", n)
+		}
+	}
+	l := lcReach(t, RoleDecode, lcPath(StateReserved, StateReceiving, StateVerifying, StateCommitted))
+	if err := l.Move([]State{StateReserved, StateReceiving, StateVerifying}, StateAborting, "late"); !errors.Is(err, ErrIllegalTransition) {
+		t.Fatalf("Move from states the request left: %v", err)
+	}
+	if l.State() != StateCommitted || l.Reason() != "" {
+		t.Fatalf("a refused Move changed the request: %s %q", l.State(), l.Reason())
+	}
+}

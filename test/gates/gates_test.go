@@ -123,6 +123,9 @@ func checkClean(t *testing.T, c *harness.Cluster, v *violations) {
 		if m["baton_nan_logits_total"] != 0 {
 			v.add("%s: NaN logits %v times", w.URL, m["baton_nan_logits_total"])
 		}
+		if m["baton_lifecycle_illegal_moves_total"] != 0 {
+			v.add("%s: %v lifecycle moves refused", w.URL, m["baton_lifecycle_illegal_moves_total"])
+		}
 	}
 }
 

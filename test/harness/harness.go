@@ -150,6 +150,9 @@ func Start(t *testing.T, args ...string) *Server {
 type Options struct {
 	Binary string   // default: Binary(t)
 	Env    []string // added to the cleaned environment (e.g. BATON_FAULTS=...)
+	// Unready returns once the server listens, without waiting for /health:
+	// for a router that is meant never to find a healthy pair.
+	Unready bool
 }
 
 // StartWith is Start with options.
@@ -195,7 +198,9 @@ func StartWith(t *testing.T, o Options, args ...string) *Server {
 		t.Fatalf("no %q line on stderr within %v; stderr:\n%s", "listening on http://...", listenTimeout, s.Stderr())
 	}
 	s.URL = strings.TrimRight(s.URL, "/")
-	s.waitHealthy(t)
+	if !o.Unready {
+		s.waitHealthy(t)
+	}
 	return s
 }
 

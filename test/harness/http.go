@@ -89,6 +89,9 @@ type ClusterOptions struct {
 	PrefillEnv      []string // e.g. BATON_FAULTS for the writer
 	DecodeEnv       []string
 	Binary          string
+	// NoRouter starts the workers only, for tests that start their own
+	// routers in front of them.
+	NoRouter bool
 }
 
 // StartCluster starts the workers (in parallel) and then the router.
@@ -113,6 +116,9 @@ func StartCluster(t *testing.T, o ClusterOptions) *Cluster {
 		if s == nil || s.URL == "" {
 			t.FailNow()
 		}
+	}
+	if o.NoRouter {
+		return c
 	}
 	args := []string{"--role", "router"}
 	for _, p := range c.Prefill {

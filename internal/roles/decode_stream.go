@@ -1,0 +1,70 @@
+package roles
+
+import (
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/scheduler"
+)
+
+// Stream implements the RPC: the generated tokens, to the router.
+func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) error {
+	res := d.find("Stream", req.Room, req.Epoch, req.Capability)
+	if res == nil {
+		return status.Errorf(codes.NotFound, "no reservation room %d epoch %d", req.Room, req.Epoch)
+	}
+	if !res.claimStream() {
+		// One reader per reservation: a second Stream would split the
+		// tokens between two callers.
+		d.authFailure("Stream")
+		return status.Errorf(codes.FailedPrecondition, "reservation room %d epoch %d is already being streamed", req.Room, req.Epoch)
+	}
+	ctx := out.Context()
+	for {
+		ev, ok := res.r.Next(ctx)
+		if !ok { // the router went away: the request has no reader left
+			d.abortReserved(res, "router stream closed")
+			return ctx.Err()
+		}
+		te := &pdv1.TokenEvent{Token: TokenToPB(ev.Token), PromptLogprobs: TokensToPB(ev.Prompt)}
+		switch ev.Finish {
+		case "":
+		case scheduler.FinishStop, scheduler.FinishLength:
+			te.Finish = ev.Finish
+		case scheduler.FinishAbort:
+			te.Error, te.Code = "request aborted: "+errString(ev.Err), 499
+		default:
+			te.Error, te.Code = errString(ev.Err), 500
+		}
+		if err := out.Send(te); err != nil {
+			d.abortReserved(res, "router stream broken")
+			return err
+		}
+		if ev.Finish != "" {
+			res.mu.Lock()
+			res.streamed = true
+			res.mu.Unlock()
+			d.maybeEnd(res)
+			return nil
+		}
+	}
+}
+
+// claimStream marks res as having its one reader.
+func (res *reservation) claimStream() bool {
+	res.mu.Lock()
+	defer res.mu.Unlock()
+	if res.reader {
+		return false
+	}
+	res.reader = true
+	return true
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "unknown error"
+	}
+	return err.Error()
+}

@@ -1,0 +1,74 @@
+package roles
+
+import (
+	"fmt"
+	"time"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/transfer"
+)
+
+// shipper packs completed pages on the engine loop (so local pages can be
+// released as soon as the prompt is done) and writes them to the session
+// on its own goroutine (so a slow network never stalls the engine).
+type shipper struct {
+	res       *pdv1.Reservation
+	pageSize  int
+	promptLen int
+	checksums []uint64
+	queue     chan transfer.PageWrite
+	done      chan error
+	firstAt   time.Time // when the first page was queued (engine loop only, read after finish)
+	packErr   error     // a page that could not be read from the pool (engine loop only, read after finish)
+}
+
+func newShipper(res *pdv1.Reservation, pageSize, promptLen int, sess transfer.Session) *shipper {
+	s := &shipper{res: res, pageSize: pageSize, promptLen: promptLen, checksums: make([]uint64, len(res.Pages)),
+		queue: make(chan transfer.PageWrite, len(res.Pages)), done: make(chan error, 1)}
+	go func() {
+		var first error
+		for w := range s.queue {
+			if first == nil {
+				first = sess.Write(w)
+			}
+		}
+		s.done <- first
+	}()
+	return s
+}
+
+// onChunk runs on the engine loop after positions [from, to) were computed;
+// it ships every page this completed (the last, partial page with the
+// prompt's end). The queue holds every page of the prompt, so it never blocks.
+func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
+	for i := from / s.pageSize; i*s.pageSize < to; i++ {
+		end := min((i+1)*s.pageSize, s.promptLen)
+		if to < end || i >= len(s.res.Pages) {
+			break
+		}
+		tokens := end - i*s.pageSize
+		if s.packErr != nil {
+			return
+		}
+		data, err := transfer.ReadPage(kv, pages[i], tokens, make([]byte, 0, transfer.PackedSize(kv, tokens)))
+		if err != nil {
+			s.packErr = fmt.Errorf("reading page %d of the prompt: %w", i, err)
+			return
+		}
+		s.checksums[i] = transfer.Checksum(data)
+		if s.firstAt.IsZero() {
+			s.firstAt = time.Now()
+		}
+		s.queue <- transfer.PageWrite{Index: i, Page: s.res.Pages[i], Tokens: tokens, Data: data}
+	}
+}
+
+// finish waits until every queued page was handed to the session.
+func (s *shipper) finish() error {
+	close(s.queue)
+	if err := <-s.done; err != nil {
+		return err
+	}
+	return s.packErr
+}
