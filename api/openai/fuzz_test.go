@@ -19,6 +19,8 @@ func seedBodies(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"max_completion_tokens":4}`,
 		`{"model":"m","messages":[{"role":"assistant","content":null}],"logprobs":true,"top_logprobs":3,"seed":1e3}`,
 		`{"model":"m","prompt":"a","top_k":-1,"min_p":0.1,"top_p":0.5,"n":1,"presence_penalty":0}`,
+		`{"model":"m","prompt":"a","n":2,"echo":true,"logit_bias":{"3":-100},"frequency_penalty":1,"repetition_penalty":1.2,"min_tokens":2}`,
+		`{"model":"m","messages":[{"role":"user","content":"a","name":"x"}],"chat_template_kwargs":{"enable_thinking":true},"n":3}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -43,6 +45,21 @@ func checkParsed(t *testing.T, body []byte, model string, s *Sampling, stream, i
 		s.TopK < 0 || s.MinP < 0 || s.MinP > 1 || len(s.Stop) > MaxStop ||
 		s.TopLogprobs < 0 || s.TopLogprobs > MaxChatTopLogprobs || (s.TopLogprobs > 0 && !s.Logprobs) {
 		t.Fatalf("out-of-range sampling %+v from %q", *s, body)
+	}
+	if s.N < 1 || s.N > MaxN || s.MinTokens < 0 || (s.MaxTokens > 0 && s.MinTokens > s.MaxTokens) ||
+		s.PresencePenalty < -2 || s.PresencePenalty > 2 || s.FrequencyPenalty < -2 || s.FrequencyPenalty > 2 ||
+		s.RepetitionPenalty <= 0 || s.RepetitionPenalty > 2 || len(s.LogitBias) > MaxLogitBias {
+		t.Fatalf("out-of-range sampling %+v from %q", *s, body)
+	}
+	for id, b := range s.LogitBias {
+		if id < 0 || b < -MaxLogitBiasValue || b > MaxLogitBiasValue {
+			t.Fatalf("bad logit_bias %d:%g from %q", id, b, body)
+		}
+	}
+	for _, st := range s.Stop {
+		if st == "" || len(st) > MaxStopBytes {
+			t.Fatalf("bad stop %q from %q", st, body)
+		}
 	}
 	for _, id := range s.StopTokenIDs {
 		if id < 0 {

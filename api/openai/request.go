@@ -13,10 +13,25 @@ import (
 // Limits as in OpenAI's API reference, so that what OpenAI rejects is
 // rejected here too and client code tested against one works on the other.
 const (
-	MaxStop               = 4  // stop strings per request
-	MaxCompletionLogprobs = 5  // legacy completions "logprobs"
-	MaxChatTopLogprobs    = 20 // chat "top_logprobs"
+	MaxCompletionLogprobs = 5   // legacy completions "logprobs"
+	MaxChatTopLogprobs    = 20  // chat "top_logprobs"
+	MaxLogitBias          = 300 // logit_bias entries
+	MaxLogitBiasValue     = 100 // |bias|; -100 bans a token in practice
 )
+
+// Bounds of this server's own. OpenAI allows 4 stop strings; vLLM and SGLang
+// any number. Each pending stop costs hold-back work on every token, so the
+// count and length are bounded rather than unlimited.
+const (
+	MaxStop      = 64  // stop strings per request
+	MaxStopBytes = 512 // bytes per stop string
+	MaxN         = 128 // choices per request (OpenAI's limit for chat)
+)
+
+// DefaultCompletionMaxTokens is the legacy completions endpoint's documented
+// max_tokens default, for a model without one of its own; chat has none (up
+// to the context).
+const DefaultCompletionMaxTokens = 16
 
 const (
 	// maxTokensLimit keeps token counts inside int32 so that prompt length
@@ -57,6 +72,18 @@ type Sampling struct {
 	Logprobs    bool
 	TopLogprobs int
 	IgnoreEOS   bool // keep generating past end-of-sequence (extension)
+	// LogitBias is added to the logits of its tokens before sampling; ids
+	// are checked against int32 only, the vocabulary is the server's.
+	LogitBias map[int32]float64
+	// PresencePenalty and FrequencyPenalty follow OpenAI (-2..2, over the
+	// generated tokens); RepetitionPenalty follows vLLM/SGLang (over prompt
+	// and generated tokens, (0,2], 1 = off).
+	PresencePenalty, FrequencyPenalty, RepetitionPenalty float64
+	// MinTokens is how many tokens must be generated before EOS, a stop
+	// token or a stop string may end the completion (vLLM extension).
+	MinTokens int
+	// N is the number of independent choices, 1..MaxN.
+	N int
 	// Given says which of the fields above the request set itself, so a
 	// server can fill the others from the model's own defaults
 	// (generation_config.json) rather than OpenAI's.
@@ -83,7 +110,10 @@ type CompletionRequest struct {
 	// IncludeUsage asks for a final stream chunk carrying usage (only ever
 	// true when Stream is).
 	IncludeUsage bool
-	Sampling     Sampling
+	// Echo puts the prompt in front of each choice's text (and, with
+	// logprobs, the prompt's tokens in front of its logprobs).
+	Echo     bool
+	Sampling Sampling
 }
 
 // Message is one chat message with its content flattened to text.
@@ -100,15 +130,19 @@ type ChatRequest struct {
 	Stream       bool
 	IncludeUsage bool
 	Sampling     Sampling
+	// TemplateKwargs become variables of the chat template
+	// (chat_template_kwargs, e.g. enable_thinking), decoded as JSON values.
+	TemplateKwargs map[string]any
 }
 
 // ParseCompletionRequest decodes and validates a /v1/completions body. Every
 // failure is a 400 whose Param names the field at fault; unknown fields are
 // ignored because clients commonly send extensions meant for other servers.
 //
-// Unsupported features whose silent omission would change the result (n or
-// best_of other than 1, echo, suffix, non-zero penalties, logit_bias) are
-// rejected rather than ignored.
+// Unsupported features whose silent omission would change the result
+// (best_of other than n, suffix) are rejected rather than ignored. A
+// max_tokens left out stays 0: the server fills in the model's default, or
+// DefaultCompletionMaxTokens.
 func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 	f, e := decodeObject(body)
 	if e != nil {
@@ -127,13 +161,15 @@ func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 	if r.Sampling, e = f.sampling(); e != nil {
 		return nil, e
 	}
-	if e = f.onlyOne("best_of"); e != nil {
+	// best_of picks the n most likely of best_of candidates; with best_of
+	// equal to n that is all of them, anything else would need ranking.
+	if b, ok, e := f.int("best_of", 1, MaxN); e != nil {
 		return nil, e
+	} else if ok && int(b) != r.Sampling.N {
+		return nil, BadRequest("best_of other than n is not supported", "best_of")
 	}
-	if echo, _, e := f.bool("echo"); e != nil {
+	if r.Echo, _, e = f.bool("echo"); e != nil {
 		return nil, e
-	} else if echo {
-		return nil, BadRequest("echo is not supported", "echo")
 	}
 	if suffix, _, e := f.string("suffix"); e != nil {
 		return nil, e
@@ -174,12 +210,18 @@ func ParseChatRequest(body []byte) (*ChatRequest, *Error) {
 	if r.Sampling, e = f.sampling(); e != nil {
 		return nil, e
 	}
+	if r.TemplateKwargs, e = f.object("chat_template_kwargs"); e != nil {
+		return nil, e
+	}
 	// max_completion_tokens replaced max_tokens in OpenAI's chat API; newer
 	// clients send only it, older ones only max_tokens, so the new name wins.
 	if n, ok, e := f.int("max_completion_tokens", 1, maxTokensLimit); e != nil {
 		return nil, e
 	} else if ok {
 		r.Sampling.MaxTokens = int(n)
+	}
+	if e = r.Sampling.CheckMinTokens(); e != nil {
+		return nil, e
 	}
 	lp, _, e := f.bool("logprobs")
 	if e != nil {
@@ -389,29 +431,14 @@ func (f fields) stream() (stream, includeUsage bool, e *Error) {
 	return stream, includeUsage, nil
 }
 
-// onlyOne accepts an absent field or the value 1: returning one choice while
-// the client asked for several would look like success and lose data.
-func (f fields) onlyOne(name string) *Error {
-	raw, ok := f.get(name)
-	if !ok {
-		return nil
-	}
-	n, ok := parseInt(raw)
-	if !ok {
-		return BadRequest(name+" must be an integer", name)
-	}
-	if n != 1 {
-		return BadRequest(name+" other than 1 is not supported", name)
-	}
-	return nil
-}
-
 // sampling reads the fields the two endpoints share. Logprobs are not here:
 // they have a different type on each endpoint.
 func (f fields) sampling() (Sampling, *Error) {
-	s := Sampling{Temperature: defaultTemperature, TopP: defaultTopP}
-	if e := f.onlyOne("n"); e != nil {
+	s := Sampling{Temperature: defaultTemperature, TopP: defaultTopP, RepetitionPenalty: 1, N: 1}
+	if n, ok, e := f.int("n", 1, MaxN); e != nil {
 		return s, e
+	} else if ok {
+		s.N = int(n)
 	}
 	if n, ok, e := f.int("max_tokens", 1, maxTokensLimit); e != nil {
 		return s, e
@@ -466,46 +493,129 @@ func (f fields) sampling() (Sampling, *Error) {
 	if s.IgnoreEOS, _, e = f.bool("ignore_eos"); e != nil {
 		return s, e
 	}
-	if e = f.unsupportedPenalties(); e != nil {
+	if e = f.penalties(&s); e != nil {
 		return s, e
 	}
-	return s, nil
+	if s.LogitBias, e = f.logitBias(); e != nil {
+		return s, e
+	}
+	if n, ok, e := f.int("min_tokens", 0, maxTokensLimit); e != nil {
+		return s, e
+	} else if ok {
+		s.MinTokens = int(n)
+	}
+	return s, s.CheckMinTokens()
 }
 
-// unsupportedPenalties accepts each penalty at its neutral value only: the
-// engine does not implement them yet, and silently ignoring a non-neutral
-// value would hand back text the client did not ask for.
-func (f fields) unsupportedPenalties() *Error {
+// CheckMinTokens refuses a floor above the ceiling, as vLLM does, rather
+// than silently letting one of them win.
+func (s Sampling) CheckMinTokens() *Error {
+	if s.MaxTokens > 0 && s.MinTokens > s.MaxTokens {
+		return BadRequest(fmt.Sprintf("min_tokens must be at most max_tokens, got %d > %d", s.MinTokens, s.MaxTokens), "min_tokens")
+	}
+	return nil
+}
+
+func (f fields) penalties(s *Sampling) *Error {
 	for _, p := range []struct {
-		name            string
-		lo, hi, neutral float64
+		name   string
+		lo, hi float64
+		openLo bool
+		dst    *float64
 	}{
-		{"presence_penalty", -2, 2, 0},
-		{"frequency_penalty", -2, 2, 0},
-		{"repetition_penalty", 0, math.Inf(1), 1}, // vLLM/SGLang extension
+		{"presence_penalty", -2, 2, false, &s.PresencePenalty},
+		{"frequency_penalty", -2, 2, false, &s.FrequencyPenalty},
+		{"repetition_penalty", 0, 2, true, &s.RepetitionPenalty}, // vLLM/SGLang extension
 	} {
 		x, ok, e := f.float(p.name)
 		if e != nil {
 			return e
 		}
-		if !ok || x == p.neutral {
+		if !ok {
 			continue
 		}
-		if x < p.lo || x > p.hi {
-			return BadRequest(fmt.Sprintf("%s must be between %g and %g, got %g", p.name, p.lo, p.hi, x), p.name)
+		if x > p.hi || x < p.lo || (p.openLo && x == p.lo) {
+			lo := "between"
+			if p.openLo {
+				lo = "greater than"
+			}
+			and := " and at most"
+			if !p.openLo {
+				and = " and"
+			}
+			return BadRequest(fmt.Sprintf("%s must be %s %g%s %g, got %g", p.name, lo, p.lo, and, p.hi, x), p.name)
 		}
-		return BadRequest(fmt.Sprintf("%s is not supported; only %g is accepted", p.name, p.neutral), p.name)
-	}
-	if raw, ok := f.get("logit_bias"); ok {
-		var m map[string]json.RawMessage
-		if raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
-			return BadRequest("logit_bias must be an object", "logit_bias")
-		}
-		if len(m) > 0 {
-			return BadRequest("logit_bias is not supported", "logit_bias")
-		}
+		*p.dst = x
 	}
 	return nil
+}
+
+// logitBias reads OpenAI's {"token id": bias} object.
+func (f fields) logitBias() (map[int32]float64, *Error) {
+	raw, ok := f.get("logit_bias")
+	if !ok {
+		return nil, nil
+	}
+	var m map[string]json.RawMessage
+	if raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
+		return nil, BadRequest("logit_bias must be an object mapping token ids to numbers", "logit_bias")
+	}
+	if len(m) > MaxLogitBias {
+		return nil, BadRequest(fmt.Sprintf("logit_bias may hold at most %d tokens, got %d", MaxLogitBias, len(m)), "logit_bias")
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	out := make(map[int32]float64, len(m))
+	for k, v := range m {
+		id, err := strconv.ParseInt(k, 10, 32)
+		if err != nil || id < 0 {
+			return nil, BadRequest(fmt.Sprintf("logit_bias keys must be token ids (non-negative integers), got %.32q", k), "logit_bias")
+		}
+		x, ok := parseFloat(v)
+		if !ok || x < -MaxLogitBiasValue || x > MaxLogitBiasValue {
+			return nil, BadRequest(fmt.Sprintf("logit_bias values must be numbers between -100 and 100 (token %d)", id), "logit_bias")
+		}
+		out[int32(id)] = x
+	}
+	return out, nil
+}
+
+// object reads a field holding a JSON object, decoded to Go values.
+func (f fields) object(name string) (map[string]any, *Error) {
+	raw, ok := f.get(name)
+	if !ok {
+		return nil, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var m map[string]any
+	if raw[0] != '{' || d.Decode(&m) != nil {
+		return nil, BadRequest(name+" must be an object", name)
+	}
+	return integers(m).(map[string]any), nil
+}
+
+// integers turns JSON numbers into int64 where they are whole and float64
+// otherwise, so a template given 3 prints 3, as Python would, not 3.0.
+func integers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n
+		}
+		f, _ := x.Float64()
+		return f
+	case map[string]any:
+		for k, e := range x {
+			x[k] = integers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = integers(e)
+		}
+	}
+	return v
 }
 
 func (f fields) stop() ([]string, *Error) {
@@ -513,9 +623,9 @@ func (f fields) stop() ([]string, *Error) {
 	if !ok {
 		return nil, nil
 	}
-	const msg = "stop must be a string or an array of at most 4 non-empty strings"
+	msg := fmt.Sprintf("stop must be a string or an array of at most %d non-empty strings of at most %d bytes", MaxStop, MaxStopBytes)
 	if s, ok := parseString(raw); ok {
-		if s == "" {
+		if s == "" || len(s) > MaxStopBytes {
 			return nil, BadRequest(msg, "stop")
 		}
 		return []string{s}, nil
@@ -529,7 +639,7 @@ func (f fields) stop() ([]string, *Error) {
 		s, ok := parseString(el)
 		// An empty stop string would match at every position and end the
 		// completion before it starts; that is a client bug worth reporting.
-		if !ok || s == "" {
+		if !ok || s == "" || len(s) > MaxStopBytes {
 			return nil, BadRequest(msg, fmt.Sprintf("stop[%d]", i))
 		}
 		out = append(out, s)

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
@@ -86,12 +87,10 @@ var sharedBad = []badCase{
 	{"min_p negative", `{"model":"m",%s,"min_p":-1}`, "min_p"},
 	{"seed string", `{"model":"m",%s,"seed":"1"}`, "seed"},
 	{"seed fractional", `{"model":"m",%s,"seed":1.25}`, "seed"},
-	{"n two", `{"model":"m",%s,"n":2}`, "n"},
 	{"n zero", `{"model":"m",%s,"n":0}`, "n"},
 	{"n wrong type", `{"model":"m",%s,"n":"1"}`, "n"},
 	{"stop number", `{"model":"m",%s,"stop":5}`, "stop"},
 	{"stop empty string", `{"model":"m",%s,"stop":""}`, "stop"},
-	{"stop five", `{"model":"m",%s,"stop":["a","b","c","d","e"]}`, "stop"},
 	{"stop element number", `{"model":"m",%s,"stop":["a",1]}`, "stop[1]"},
 	{"stop element empty", `{"model":"m",%s,"stop":[""]}`, "stop[0]"},
 	{"stop_token_ids not array", `{"model":"m",%s,"stop_token_ids":2}`, "stop_token_ids"},
@@ -99,13 +98,38 @@ var sharedBad = []badCase{
 	{"stop_token_ids too big", `{"model":"m",%s,"stop_token_ids":[4294967296]}`, "stop_token_ids[0]"},
 	{"stop_token_ids string", `{"model":"m",%s,"stop_token_ids":["2"]}`, "stop_token_ids[0]"},
 	{"ignore_eos wrong type", `{"model":"m",%s,"ignore_eos":1}`, "ignore_eos"},
-	{"presence_penalty nonzero", `{"model":"m",%s,"presence_penalty":0.5}`, "presence_penalty"},
 	{"presence_penalty out of range", `{"model":"m",%s,"presence_penalty":3}`, "presence_penalty"},
-	{"frequency_penalty nonzero", `{"model":"m",%s,"frequency_penalty":-1}`, "frequency_penalty"},
 	{"frequency_penalty wrong type", `{"model":"m",%s,"frequency_penalty":"0"}`, "frequency_penalty"},
-	{"repetition_penalty", `{"model":"m",%s,"repetition_penalty":1.1}`, "repetition_penalty"},
-	{"logit_bias", `{"model":"m",%s,"logit_bias":{"50256":-100}}`, "logit_bias"},
 	{"logit_bias wrong type", `{"model":"m",%s,"logit_bias":[]}`, "logit_bias"},
+	{"n too many", `{"model":"m",%s,"n":129}`, "n"},
+	{"n fractional", `{"model":"m",%s,"n":1.5}`, "n"},
+	{"stop too many", `{"model":"m",%s,"stop":[` + strings.Repeat(`"a",`, MaxStop) + `"b"]}`, "stop"},
+	{"stop too long", `{"model":"m",%s,"stop":"` + strings.Repeat("x", MaxStopBytes+1) + `"}`, "stop"},
+	{"stop element too long", `{"model":"m",%s,"stop":["a","` + strings.Repeat("x", MaxStopBytes+1) + `"]}`, "stop[1]"},
+	{"presence_penalty too low", `{"model":"m",%s,"presence_penalty":-2.5}`, "presence_penalty"},
+	{"frequency_penalty out of range", `{"model":"m",%s,"frequency_penalty":2.01}`, "frequency_penalty"},
+	{"repetition_penalty zero", `{"model":"m",%s,"repetition_penalty":0}`, "repetition_penalty"},
+	{"repetition_penalty negative", `{"model":"m",%s,"repetition_penalty":-1}`, "repetition_penalty"},
+	{"repetition_penalty too high", `{"model":"m",%s,"repetition_penalty":2.5}`, "repetition_penalty"},
+	{"repetition_penalty string", `{"model":"m",%s,"repetition_penalty":"1"}`, "repetition_penalty"},
+	{"logit_bias key not id", `{"model":"m",%s,"logit_bias":{"the":5}}`, "logit_bias"},
+	{"logit_bias negative key", `{"model":"m",%s,"logit_bias":{"-1":5}}`, "logit_bias"},
+	{"logit_bias key too big", `{"model":"m",%s,"logit_bias":{"4294967296":5}}`, "logit_bias"},
+	{"logit_bias value too big", `{"model":"m",%s,"logit_bias":{"5":101}}`, "logit_bias"},
+	{"logit_bias value too small", `{"model":"m",%s,"logit_bias":{"5":-100.5}}`, "logit_bias"},
+	{"logit_bias value string", `{"model":"m",%s,"logit_bias":{"5":"1"}}`, "logit_bias"},
+	{"logit_bias too many", `{"model":"m",%s,"logit_bias":{` + manyBiases(MaxLogitBias+1) + `}}`, "logit_bias"},
+	{"min_tokens negative", `{"model":"m",%s,"min_tokens":-1}`, "min_tokens"},
+	{"min_tokens string", `{"model":"m",%s,"min_tokens":"2"}`, "min_tokens"},
+	{"min_tokens above max_tokens", `{"model":"m",%s,"min_tokens":9,"max_tokens":8}`, "min_tokens"},
+}
+
+func manyBiases(n int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf(`"%d":1`, i)
+	}
+	return strings.Join(parts, ",")
 }
 
 func withField(cases []badCase, field string) []badCase {
@@ -138,9 +162,9 @@ func TestParseCompletionRequestErrors(t *testing.T) {
 		{"logprobs too many", `{"model":"m","prompt":"a","logprobs":6}`, "logprobs"},
 		{"logprobs negative", `{"model":"m","prompt":"a","logprobs":-1}`, "logprobs"},
 		{"logprobs bool", `{"model":"m","prompt":"a","logprobs":true}`, "logprobs"},
-		{"echo", `{"model":"m","prompt":"a","echo":true}`, "echo"},
 		{"echo wrong type", `{"model":"m","prompt":"a","echo":"no"}`, "echo"},
 		{"best_of", `{"model":"m","prompt":"a","best_of":3}`, "best_of"},
+		{"best_of not n", `{"model":"m","prompt":"a","n":2,"best_of":3}`, "best_of"},
 		{"suffix", `{"model":"m","prompt":"a","suffix":"end"}`, "suffix"},
 	}...)
 	checkBad(t, parseCompletionErr, cases)
@@ -175,12 +199,14 @@ func TestParseChatRequestErrors(t *testing.T) {
 		{"functions", `{"model":"m",` + msg + `,"functions":[{"name":"f"}]}`, "functions"},
 		{"tools wrong type", `{"model":"m",` + msg + `,"tools":{}}`, "tools"},
 		{"response_format json", `{"model":"m",` + msg + `,"response_format":{"type":"json_object"}}`, "response_format.type"},
+		{"chat_template_kwargs not object", `{"model":"m",` + msg + `,"chat_template_kwargs":[1]}`, "chat_template_kwargs"},
+		{"min_tokens above max_completion_tokens", `{"model":"m",` + msg + `,"max_tokens":50,"max_completion_tokens":4,"min_tokens":5}`, "min_tokens"},
 		{"response_format wrong type", `{"model":"m",` + msg + `,"response_format":"json"}`, "response_format"},
 	}...)
 	checkBad(t, parseChatErr, cases)
 }
 
-func defaults() Sampling { return Sampling{Temperature: 1, TopP: 1} }
+func defaults() Sampling { return Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1} }
 
 func TestParseCompletionRequest(t *testing.T) {
 	seed := int64(-7)
@@ -205,15 +231,20 @@ func TestParseCompletionRequest(t *testing.T) {
 			CompletionRequest{Model: "stories260K", Prompt: "a", Stream: true, IncludeUsage: true, Sampling: Sampling{
 				MaxTokens: 16, Temperature: 0, TopP: 0.9, TopK: 40, MinP: 0.05, Seed: &seed,
 				Stop: []string{"\n", "The end"}, StopTokenIDs: []int32{2}, Logprobs: true, TopLogprobs: 3, IgnoreEOS: true,
+				RepetitionPenalty: 1, N: 1,
 			}}},
+		{"sampling extensions", `{"model":"m","prompt":"a","n":3,"best_of":3,"echo":true,"presence_penalty":-0.5,"frequency_penalty":1.5,
+			"repetition_penalty":1.3,"logit_bias":{"7":-100,"12":2.5},"min_tokens":4,"max_tokens":8}`,
+			CompletionRequest{Model: "m", Prompt: "a", Echo: true, Sampling: Sampling{Temperature: 1, TopP: 1, MaxTokens: 8, N: 3,
+				PresencePenalty: -0.5, FrequencyPenalty: 1.5, RepetitionPenalty: 1.3, LogitBias: map[int32]float64{7: -100, 12: 2.5}, MinTokens: 4}}},
 		{"logprobs zero still on", `{"model":"m","prompt":"a","logprobs":0}`,
-			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, Logprobs: true}}},
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, Logprobs: true}}},
 		{"nulls are absent", `{"model":"m","prompt":"a","max_tokens":null,"temperature":null,"stop":null,"logprobs":null,"n":null,"stream":null,"stream_options":null,"seed":null}`,
 			CompletionRequest{Model: "m", Prompt: "a", Sampling: defaults()}},
 		{"stop string", `{"model":"m","prompt":"a","stop":"\n\n"}`,
-			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, Stop: []string{"\n\n"}}}},
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, Stop: []string{"\n\n"}}}},
 		{"integral floats", `{"model":"m","prompt":"a","max_tokens":16.0,"top_k":1e1}`,
-			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, MaxTokens: 16, TopK: 10}}},
+			CompletionRequest{Model: "m", Prompt: "a", Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, MaxTokens: 16, TopK: 10}}},
 		{"top_k -1 is off", `{"model":"m","prompt":"a","top_k":-1}`,
 			CompletionRequest{Model: "m", Prompt: "a", Sampling: defaults()}},
 		{"stream without usage", `{"model":"m","prompt":"a","stream":true}`,
@@ -255,13 +286,16 @@ func TestParseChatRequest(t *testing.T) {
 				{Role: "tool", Content: "r"},
 			}, Sampling: defaults()}},
 		{"max_completion_tokens wins", `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":100,"max_completion_tokens":16}`,
-			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, MaxTokens: 16}}},
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, MaxTokens: 16}}},
 		{"max_tokens alone", `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":100}`,
-			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, MaxTokens: 100}}},
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, MaxTokens: 100}}},
 		{"logprobs", `{"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":true,"top_logprobs":20,"stream":true,"stream_options":{"include_usage":false}}`,
-			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Stream: true, Sampling: Sampling{Temperature: 1, TopP: 1, Logprobs: true, TopLogprobs: 20}}},
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Stream: true, Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, Logprobs: true, TopLogprobs: 20}}},
 		{"top_logprobs zero without logprobs", `{"model":"m","messages":[{"role":"user","content":"a"}],"top_logprobs":0}`,
 			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: defaults()}},
+		{"template kwargs and n", `{"model":"m","messages":[{"role":"user","content":"a"}],"n":2,"min_tokens":3,"chat_template_kwargs":{"enable_thinking":false,"k":[1,"x"]}}`,
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 2, MinTokens: 3},
+				TemplateKwargs: map[string]any{"enable_thinking": false, "k": []any{int64(1), "x"}}}},
 		{"empty tools and text format", `{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[],"tool_choice":"none","response_format":{"type":"text"}}`,
 			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: defaults()}},
 	} {

@@ -69,8 +69,10 @@ func (l Logprob) MarshalJSON() ([]byte, error) {
 // CompletionLogprobs is the legacy completions logprobs object: parallel
 // arrays, one entry per generated token.
 type CompletionLogprobs struct {
-	Tokens        []string  `json:"tokens"`
-	TokenLogprobs []Logprob `json:"token_logprobs"`
+	Tokens []string `json:"tokens"`
+	// TokenLogprobs is null for an echoed prompt's first token, which has
+	// nothing before it to be predicted from.
+	TokenLogprobs []*Logprob `json:"token_logprobs"`
 	// TopLogprobs holds, per token, the requested alternatives keyed by token
 	// text (the format cannot tell apart two tokens with the same text).
 	TopLogprobs []map[string]Logprob `json:"top_logprobs"`
@@ -83,9 +85,19 @@ func (l *CompletionLogprobs) Add(token string, logprob float64, top map[string]L
 	if top == nil {
 		top = map[string]Logprob{}
 	}
+	lp := Logprob(logprob)
 	l.Tokens = append(l.Tokens, token)
-	l.TokenLogprobs = append(l.TokenLogprobs, Logprob(logprob))
+	l.TokenLogprobs = append(l.TokenLogprobs, &lp)
 	l.TopLogprobs = append(l.TopLogprobs, top)
+	l.TextOffset = append(l.TextOffset, textOffset)
+}
+
+// AddUnscored appends a token without a logprob (an echoed prompt's first):
+// its logprob and alternatives are null, as OpenAI and vLLM send them.
+func (l *CompletionLogprobs) AddUnscored(token string, textOffset int) {
+	l.Tokens = append(l.Tokens, token)
+	l.TokenLogprobs = append(l.TokenLogprobs, nil)
+	l.TopLogprobs = append(l.TopLogprobs, nil)
 	l.TextOffset = append(l.TextOffset, textOffset)
 }
 
@@ -277,6 +289,9 @@ type Model struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// MaxModelLen is the longest sequence served (vLLM's field); 0 when
+	// unknown, which is left out.
+	MaxModelLen int `json:"max_model_len,omitempty"`
 }
 
 // MarshalJSON fills in Object.

@@ -491,7 +491,8 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
 		Defaults: samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { return le.plan.context - 1 }, Logger: le.log,
-		Metrics: ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
+		MaxModelLen: func() int { return le.plan.context },
+		Metrics:     ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
 			"kv_pool_tokens": le.plan.pages * le.plan.pageSize, "kv_pool_pages": le.plan.pages, "page_size": le.plan.pageSize, "model": le.name},
 		LiveInfo: func() map[string]any {
 			st := le.pool.Stats()

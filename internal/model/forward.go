@@ -43,6 +43,18 @@ type Batch struct {
 	Positions []int32
 	Slots     []int32
 	Seqs      []kernels.AttnSeq
+	// Every, when set, has one entry per sequence; a true one asks for the
+	// logits of all of its rows rather than the last (a prompt's own
+	// logprobs need every position's prediction).
+	Every []bool
+}
+
+// Rows is how many logit rows Forward returns for sequence i.
+func (b *Batch) Rows(i int) int {
+	if i < len(b.Every) && b.Every[i] {
+		return b.Seqs[i].QLen
+	}
+	return 1
 }
 
 // Validate checks the batch is self-consistent before any kernel runs, so a
@@ -73,6 +85,9 @@ func (b *Batch) Validate(c *Config, kv kernels.PagedKV) error {
 	if rows != n {
 		return fmt.Errorf("model: sequences cover %d rows of %d", rows, n)
 	}
+	if b.Every != nil && len(b.Every) != len(b.Seqs) {
+		return fmt.Errorf("model: %d Every entries for %d sequences", len(b.Every), len(b.Seqs))
+	}
 	return nil
 }
 
@@ -94,7 +109,8 @@ func (m *Model) grow(s []float32, n int) []float32 {
 }
 
 // Forward runs the batch and returns the logits of the last row of each
-// sequence, [len(Seqs)][Vocab], valid until the next call.
+// sequence (all its rows where Every says so), in sequence order, each
+// Vocab long, valid until the next call.
 func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 	c := &m.Config
 	if err := b.Validate(c, kv); err != nil {
@@ -149,12 +165,18 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 		be.MatMul(s.o, s.gate, n, ly.Down)
 		be.Add(s.x, s.x, s.o)
 	}
-	ns := len(b.Seqs)
+	ns := 0
+	for i := range b.Seqs {
+		ns += b.Rows(i)
+	}
 	s.last = m.grow(s.last, ns*c.Dim)
 	kernels.Host(be, s.x)
+	at := 0
 	for i, sq := range b.Seqs {
-		r := sq.QStart + sq.QLen - 1
-		copy(s.last[i*c.Dim:(i+1)*c.Dim], s.x[r*c.Dim:(r+1)*c.Dim])
+		k := b.Rows(i)
+		r := sq.QStart + sq.QLen - k
+		copy(s.last[at*c.Dim:(at+k)*c.Dim], s.x[r*c.Dim:(r+k)*c.Dim])
+		at += k
 	}
 	s.h = m.grow(s.h, max(n, ns)*c.Dim)
 	be.RMSNorm(s.h[:ns*c.Dim], s.last, w.OutNorm, ns, c.NormEps)

@@ -13,6 +13,12 @@ type Sampling struct {
 	TopK        int     // 0: off
 	MinP        float64 // 0: off
 	TopLogprobs int     // how many alternatives to report
+	// LogitBias is added to its tokens' logits before the choice.
+	LogitBias map[int32]float64
+	// PresencePenalty and FrequencyPenalty (OpenAI) weigh the generated
+	// tokens; RepetitionPenalty (vLLM) the prompt's and the generated ones,
+	// 0 or 1 being off.
+	PresencePenalty, FrequencyPenalty, RepetitionPenalty float64
 }
 
 // TokenLogprob is one candidate and its log-probability under the model's
@@ -32,18 +38,34 @@ type Sampled struct {
 type Sampler struct {
 	probs []float64
 	idx   []int32
+	work  []float32 // adjusted logits
+	count []uint32  // per-token counts of the history, zero between calls
 }
 
 // Sample picks one token from logits (length vocab). rng may be nil when
 // the sampling is greedy.
 func (s *Sampler) Sample(logits []float32, p Sampling, rng *rand.Rand) Sampled {
-	maxv := float32(math.Inf(-1))
-	best := int32(0)
-	for i, v := range logits {
-		if v > maxv {
-			maxv, best = v, int32(i)
+	return s.SampleAfter(logits, p, rng, History{})
+}
+
+// SampleAfter is Sample for a request with a history: bias, penalties and
+// bans shape the choice, while the logprobs reported stay those of the
+// model's raw distribution (vLLM's default), so they say what the model
+// thought rather than what the request asked for.
+func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h History) Sampled {
+	pick := logits
+	if p.adjusts(h) {
+		if cap(s.work) < len(logits) {
+			s.work = make([]float32, len(logits))
 		}
+		pick = s.work[:len(logits)]
+		s.adjust(pick, logits, p, h)
 	}
+	maxv := float32(math.Inf(-1))
+	for _, v := range logits {
+		maxv = max(maxv, v)
+	}
+	best := argmax(pick)
 	var sum float64
 	for _, v := range logits {
 		sum += math.Exp(float64(v - maxv))
@@ -53,7 +75,7 @@ func (s *Sampler) Sample(logits []float32, p Sampling, rng *rand.Rand) Sampled {
 
 	chosen := best
 	if p.Temperature > 0 && p.TopK != 1 && rng != nil {
-		chosen = s.draw(logits, p, rng)
+		chosen = s.draw(pick, p, rng)
 	}
 	out := Sampled{TokenLogprob: TokenLogprob{chosen, lp(chosen)}}
 	if p.TopLogprobs > 0 {
@@ -62,6 +84,39 @@ func (s *Sampler) Sample(logits []float32, p Sampling, rng *rand.Rand) Sampled {
 		}
 	}
 	return out
+}
+
+// Score is the logprob of a given token under logits' raw distribution,
+// with the top alternatives: what a prompt token's logprob is, since it
+// was not sampled.
+func (s *Sampler) Score(logits []float32, id int32, top int) Sampled {
+	maxv := float32(math.Inf(-1))
+	for _, v := range logits {
+		maxv = max(maxv, v)
+	}
+	var sum float64
+	for _, v := range logits {
+		sum += math.Exp(float64(v - maxv))
+	}
+	logZ := float64(maxv) + math.Log(sum)
+	out := Sampled{TokenLogprob: TokenLogprob{id, float32(float64(logits[id]) - logZ)}}
+	if top > 0 {
+		for _, a := range topK(logits, top, &s.idx) {
+			out.Top = append(out.Top, TokenLogprob{a, float32(float64(logits[a]) - logZ)})
+		}
+	}
+	return out
+}
+
+func argmax(v []float32) int32 {
+	maxv := float32(math.Inf(-1))
+	best := int32(0)
+	for i, x := range v {
+		if x > maxv {
+			maxv, best = x, int32(i)
+		}
+	}
+	return best
 }
 
 func (s *Sampler) draw(logits []float32, p Sampling, rng *rand.Rand) int32 {

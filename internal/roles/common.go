@@ -21,7 +21,6 @@ import (
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
-	"github.com/batonlm/baton/internal/scheduler"
 )
 
 // Layout describes the KV pages a worker holds, for pairing checks.
@@ -37,22 +36,6 @@ func ModelID(name string, c *model.Config) string {
 	return fmt.Sprintf("%s/%s-v%d-d%d-l%d-h%d-kv%d-hd%d-ff%d", name, c.Arch, c.Vocab, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FF)
 }
 
-// ParamsFromPB converts wire sampling parameters.
-func ParamsFromPB(s *pdv1.SamplingParams) scheduler.Params {
-	if s == nil {
-		return scheduler.Params{}
-	}
-	p := scheduler.Params{
-		Sampling:  model.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs)},
-		MaxTokens: int(s.MaxTokens), StopTokenIDs: s.StopTokenIds, IgnoreEOS: s.IgnoreEos,
-	}
-	if s.Seed != nil {
-		seed := *s.Seed
-		p.Seed = &seed
-	}
-	return p
-}
-
 // TokenToPB converts a sampled token for the wire.
 func TokenToPB(t *model.Sampled) *pdv1.Token {
 	if t == nil {
@@ -61,6 +44,32 @@ func TokenToPB(t *model.Sampled) *pdv1.Token {
 	out := &pdv1.Token{Id: t.ID, Logprob: t.Logprob}
 	for _, a := range t.Top {
 		out.Top = append(out.Top, &pdv1.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+	}
+	return out
+}
+
+// TokensToPB converts sampled tokens (a prompt's logprobs) for the wire.
+func TokensToPB(ts []model.Sampled) []*pdv1.Token {
+	if ts == nil {
+		return nil
+	}
+	out := make([]*pdv1.Token, len(ts))
+	for i := range ts {
+		out[i] = TokenToPB(&ts[i])
+	}
+	return out
+}
+
+// TokensFromPB converts wire tokens, at most limit of them: a peer's list
+// is bounded by what the request could have produced.
+func TokensFromPB(ts []*pdv1.Token, limit int) []model.Sampled {
+	if len(ts) == 0 {
+		return nil
+	}
+	ts = ts[:min(len(ts), max(0, limit))]
+	out := make([]model.Sampled, len(ts))
+	for i, t := range ts {
+		out[i] = TokenFromPB(t)
 	}
 	return out
 }

@@ -60,6 +60,9 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 	if !first.IsZero() {
 		d.o.Metrics.TransferSeconds.Observe(time.Since(first).Seconds())
 	}
+	if res.r.Params.PromptLogprobs {
+		res.r.SetPromptLogprobs(TokensFromPB(c.PromptLogprobs, len(res.r.Prompt)-1))
+	}
 	if err := d.o.Engine.Join(res.r, TokenFromPB(c.FirstToken)); err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}

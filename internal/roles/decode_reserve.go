@@ -9,6 +9,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/pdparams"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -23,7 +24,7 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
 	}
 	peer := callerID(ctx)
-	r := scheduler.NewRoleRequest(scheduler.RoleDecode, req.RequestId, req.Prompt, ParamsFromPB(req.Sampling))
+	r := scheduler.NewRoleRequest(scheduler.RoleDecode, req.RequestId, req.Prompt, pdparams.FromPB(req.Sampling))
 	held := d.peerPages(r)
 	if !d.admitPeer(peer, held) {
 		d.o.Log.Warn("reserve refused: the caller holds its share of the pool", "request_id", req.RequestId, "peer", peer)

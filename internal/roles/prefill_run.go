@@ -10,6 +10,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/faults/inject"
+	"github.com/batonlm/baton/internal/pdparams"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -68,7 +69,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		p.mu.Unlock()
 	}()
 
-	r := scheduler.NewRoleRequest(scheduler.RolePrefill, id, req.Prompt, ParamsFromPB(req.Sampling))
+	r := scheduler.NewRoleRequest(scheduler.RolePrefill, id, req.Prompt, pdparams.FromPB(req.Sampling))
 	// The door first: a request this worker cannot hold is rejected before
 	// any session to decode exists.
 	if err := p.o.Engine.CheckDoor(r); err != nil {
@@ -142,7 +143,8 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		}
 		sid := sess.ID()
 		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: sessKey.Epoch, TokensWritten: claimed,
-			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:]})
+			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:],
+			PromptLogprobs: TokensToPB(ev.Prompt)})
 		ccancel()
 	}
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/pdparams"
 	"github.com/batonlm/baton/internal/scheduler"
 )
 
@@ -194,7 +195,7 @@ func (s *stream) reserve(d, p *worker, dc pdv1.DecodeClient) (*pdv1.Reservation,
 	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
 	defer cancel()
 	res, err := dc.Reserve(ctx, &pdv1.ReserveRequest{
-		RequestId: s.id, Prompt: s.prompt, Sampling: samplingParams(s.p), Layout: layout, Writer: writer,
+		RequestId: s.id, Prompt: s.prompt, Sampling: pdparams.ToPB(s.p), Layout: layout, Writer: writer,
 	})
 	if err != nil {
 		return nil, rpcFailure("reserve", "decode worker refused the reservation", err)
@@ -227,7 +228,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 	}
 	prefillDone := make(chan error, 1)
 	go func() {
-		_, err := pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: s.id, Prompt: s.prompt, Sampling: samplingParams(s.p), Reservation: res})
+		_, err := pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: s.id, Prompt: s.prompt, Sampling: pdparams.ToPB(s.p), Reservation: res})
 		prefillDone <- err
 	}()
 	recv := make(chan received)
@@ -307,6 +308,11 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 	var ev scheduler.Event
 	if te.Token != nil {
 		ev.Token = sampled(te.Token)
+		if s.p.PromptLogprobs && !s.gotToken {
+			for _, t := range te.PromptLogprobs[:min(len(te.PromptLogprobs), max(0, len(s.prompt)-1))] {
+				ev.Prompt = append(ev.Prompt, *sampled(t))
+			}
+		}
 	}
 	switch {
 	case te.Error != "":
@@ -559,12 +565,4 @@ func sampled(t *pdv1.Token) *model.Sampled {
 		}
 	}
 	return s
-}
-
-func samplingParams(p scheduler.Params) *pdv1.SamplingParams {
-	return &pdv1.SamplingParams{
-		Temperature: p.Sampling.Temperature, TopP: p.Sampling.TopP, TopK: int32(p.Sampling.TopK), MinP: p.Sampling.MinP,
-		TopLogprobs: int32(p.Sampling.TopLogprobs), MaxTokens: uint32(max(0, p.MaxTokens)), Seed: p.Seed,
-		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS,
-	}
 }

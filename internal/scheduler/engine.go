@@ -73,6 +73,7 @@ type Engine struct {
 	ready   []*Request
 	running []*Request
 	sampler model.Sampler
+	eog     []int32 // the tokens IsEOG accepts, banned before min_tokens
 }
 
 // NewEngine makes an engine; Run drives it.
@@ -91,7 +92,13 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	}
 	ms.KVPagesTotal.Set(float64(pool.NumPages()))
 	ms.KVPagesFree.Set(float64(pool.Free()))
-	return &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1)}
+	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1)}
+	for id := range int32(m.Config.Vocab) {
+		if cfg.IsEOG(id) {
+			e.eog = append(e.eog, id)
+		}
+	}
+	return e
 }
 
 // Pool is the engine's KV pool.
@@ -498,6 +505,14 @@ func (e *Engine) step() {
 			b.Slots = append(b.Slots, r.pages[p/ps]*int32(ps)+int32(p%ps))
 		}
 		b.Seqs = append(b.Seqs, kernels.AttnSeq{Pages: r.pages, QStart: q0, QLen: todo, KVLen: end})
+		if r.Params.PromptLogprobs && r.computed < len(r.Prompt) {
+			if b.Every == nil {
+				b.Every = make([]bool, len(b.Seqs)-1, len(e.running))
+			}
+			b.Every = append(b.Every, true)
+		} else if b.Every != nil {
+			b.Every = append(b.Every, false)
+		}
 		members = append(members, r)
 	}
 	if len(members) == 0 {
@@ -512,8 +527,14 @@ func (e *Engine) step() {
 		return
 	}
 	vocab := e.model.Config.Vocab
+	at := 0 // the first logit row of member i
 	for i, r := range members {
 		s := b.Seqs[i]
+		rows := b.Rows(i)
+		at += rows
+		if i < len(b.Every) && b.Every[i] {
+			e.scorePrompt(r, logits[(at-rows)*vocab:at*vocab], s.KVLen-s.QLen)
+		}
 		if err := e.pool.MarkPositions(r.owner, r.pages, s.KVLen); err != nil {
 			e.remove(r)
 			e.fail(r, err)
@@ -529,7 +550,7 @@ func (e *Engine) step() {
 		if r.computed < len(r.seq) {
 			continue // more prompt to prefill
 		}
-		row := logits[i*vocab : (i+1)*vocab]
+		row := logits[(at-1)*vocab : at*vocab]
 		if hasNaN(row) {
 			// Poisoned KV reached attention: a page that was read had not
 			// been written by this request. Never sample from it.
@@ -538,7 +559,7 @@ func (e *Engine) step() {
 			e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
 			continue
 		}
-		tok := e.sampler.Sample(row, r.Params.Sampling, r.rng)
+		tok := e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, e.history(r))
 		if e.cfg.Role == RolePrefill {
 			e.prefilled(r, tok)
 			continue
@@ -546,6 +567,35 @@ func (e *Engine) step() {
 		e.deliver(r, tok)
 	}
 	e.gauges()
+}
+
+// scorePrompt records the logprobs of the prompt tokens that rows (the
+// logits of positions from, from+1, ...) predict: row j scores the token at
+// position from+j+1, as long as that is still the prompt's.
+func (e *Engine) scorePrompt(r *Request, rows []float32, from int) {
+	vocab := e.model.Config.Vocab
+	for j := 0; j*vocab < len(rows); j++ {
+		next := from + j + 1
+		if next >= len(r.Prompt) {
+			break
+		}
+		r.promptLP = append(r.promptLP, e.sampler.Score(rows[j*vocab:(j+1)*vocab], r.Prompt[next], r.Params.Sampling.TopLogprobs))
+	}
+}
+
+// history is what r's penalties and bans look at: its prompt, what it
+// generated, and until min_tokens the tokens that would end it.
+func (e *Engine) history(r *Request) model.History {
+	h := model.History{Prompt: r.seq[:len(r.Prompt)], Generated: r.seq[len(r.Prompt):]}
+	if r.generated < r.Params.MinTokens {
+		if !r.Params.IgnoreEOS {
+			h.Ban = e.eog
+		}
+		if len(r.Params.StopTokenIDs) > 0 {
+			h.Ban = append(append([]int32(nil), h.Ban...), r.Params.StopTokenIDs...)
+		}
+	}
+	return h
 }
 
 func (e *Engine) remove(r *Request) {
@@ -569,7 +619,7 @@ func (e *Engine) prefilled(r *Request, tok model.Sampled) {
 	e.release(r)
 	e.m.TTFT.Observe(time.Since(r.arrived).Seconds())
 	e.m.GenerationTokens.Inc()
-	r.emit(Event{Token: &tok, Finish: FinishPrefilled})
+	r.emit(Event{Token: &tok, Finish: FinishPrefilled, Prompt: r.takePromptLP()})
 }
 
 func (e *Engine) deliver(r *Request, tok model.Sampled) {
@@ -587,17 +637,18 @@ func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	r.seq = append(r.seq, tok.ID)
 	e.m.GenerationTokens.Inc()
 	finish := ""
+	early := r.generated <= r.Params.MinTokens // a stop token now cannot end it
 	switch {
-	case !r.Params.IgnoreEOS && e.cfg.IsEOG(tok.ID):
+	case !early && !r.Params.IgnoreEOS && e.cfg.IsEOG(tok.ID):
 		finish = FinishStop
-	case containsToken(r.Params.StopTokenIDs, tok.ID):
+	case !early && containsToken(r.Params.StopTokenIDs, tok.ID):
 		finish = FinishStop
 	case r.Params.MaxTokens > 0 && r.generated >= r.Params.MaxTokens:
 		finish = FinishLength
 	case len(r.seq) >= e.cfg.ContextLength:
 		finish = FinishLength
 	}
-	r.emit(Event{Token: &tok})
+	r.emit(Event{Token: &tok, Prompt: r.takePromptLP()})
 	if finish != "" {
 		e.remove(r)
 		e.finish(r, finish)

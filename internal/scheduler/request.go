@@ -18,6 +18,13 @@ type Params struct {
 	Seed         *uint64 // same seed, same output
 	StopTokenIDs []int32
 	IgnoreEOS    bool
+	// MinTokens holds off the end of generation: until that many tokens
+	// are out, EOS and StopTokenIDs cannot be sampled (vLLM's min_tokens).
+	MinTokens int
+	// PromptLogprobs asks for the logprob of every prompt token after the
+	// first (completions' echo with logprobs), with Sampling.TopLogprobs
+	// alternatives each.
+	PromptLogprobs bool
 }
 
 // Finish reasons, as the OpenAI API names them.
@@ -34,6 +41,9 @@ type Event struct {
 	Token  *model.Sampled
 	Finish string
 	Err    error
+	// Prompt comes with the first token when Params.PromptLogprobs asked
+	// for it: the logprobs of prompt tokens 1..n-1 (token 0 has none).
+	Prompt []model.Sampled
 }
 
 // FinishPrefilled ends a prefill-role request: the prompt is computed and
@@ -66,8 +76,9 @@ type Request struct {
 
 	// engine-owned
 	room      uint64
-	seq       []int32        // prompt then generated tokens
-	first     *model.Sampled // decode: the token prefill sampled, until delivered
+	seq       []int32         // prompt then generated tokens
+	first     *model.Sampled  // decode: the token prefill sampled, until delivered
+	promptLP  []model.Sampled // the prompt's logprobs, until delivered
 	generated int
 	computed  int // positions whose KV is in the pages
 	owner     kvpool.Owner
@@ -123,6 +134,17 @@ func (r *Request) Next(ctx context.Context) (ev Event, ok bool) {
 			return Event{}, false
 		}
 	}
+}
+
+// SetPromptLogprobs hands a decode request the prompt logprobs its prefill
+// computed, to go out with the first token; call it before Join.
+func (r *Request) SetPromptLogprobs(lp []model.Sampled) { r.promptLP = lp }
+
+// takePromptLP hands the prompt's logprobs out once, with the first token.
+func (r *Request) takePromptLP() []model.Sampled {
+	lp := r.promptLP
+	r.promptLP = nil
+	return lp
 }
 
 // Cancel asks the engine to abort the request (the client went away).

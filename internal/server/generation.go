@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -12,7 +13,8 @@ import (
 	"github.com/batonlm/baton/internal/tokenizer"
 )
 
-// generation is one completions or chat request from prompt to last byte.
+// generation is one completions or chat request from prompt to last byte:
+// n choices generated independently and answered together.
 type generation struct {
 	s            *Server
 	chat         bool
@@ -22,10 +24,25 @@ type generation struct {
 	id           string
 	promptParam  string
 	created      int64
+	// echo is the prompt text put in front of each choice (completions'
+	// echo); with echoLogprobs the prompt's tokens lead its logprobs too.
+	echo         string
+	echoLogprobs bool
+	prompt       []int32
 
+	choices []*choice
+}
+
+// choice is one of a generation's n answers.
+type choice struct {
+	index  int
+	st     Stream
 	text   textStream
 	tokens int // completion tokens
 	finish string
+	// echoed says the prompt text went out already (streams send it with
+	// the choice's first chunk).
+	echoed bool
 
 	// logprobs, filled only when asked for
 	legacy *openai.CompletionLogprobs
@@ -51,17 +68,27 @@ func (g *generation) params() scheduler.Params {
 		sp.MaxTokens = *d.MaxTokens
 	}
 	p := scheduler.Params{
-		Sampling:  model.Sampling{Temperature: sp.Temperature, TopP: sp.TopP, TopK: sp.TopK, MinP: sp.MinP},
-		MaxTokens: sp.MaxTokens, StopTokenIDs: sp.StopTokenIDs, IgnoreEOS: sp.IgnoreEOS,
+		Sampling: model.Sampling{Temperature: sp.Temperature, TopP: sp.TopP, TopK: sp.TopK, MinP: sp.MinP,
+			LogitBias: sp.LogitBias, PresencePenalty: sp.PresencePenalty, FrequencyPenalty: sp.FrequencyPenalty,
+			RepetitionPenalty: sp.RepetitionPenalty},
+		MaxTokens: sp.MaxTokens, StopTokenIDs: sp.StopTokenIDs, IgnoreEOS: sp.IgnoreEOS, MinTokens: sp.MinTokens,
 	}
 	if sp.Logprobs {
 		p.Sampling.TopLogprobs = sp.TopLogprobs
 	}
+	p.PromptLogprobs = g.echoLogprobs
 	if sp.Seed != nil {
 		seed := uint64(*sp.Seed)
 		p.Seed = &seed
 	}
 	return p
+}
+
+// choiceSeed gives choice i a seed of its own: choice 0 keeps the request's
+// (so n=1 and the first of n agree), the others are spread by an odd
+// constant so that no two choices of nearby seeds coincide.
+func choiceSeed(seed uint64, i int) uint64 {
+	return seed + uint64(i)*0x9e3779b97f4a7c15
 }
 
 func rejectToOpenAI(err error, param string) *openai.Error {
@@ -85,56 +112,132 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 	return e
 }
 
+// start opens the n generations; if one is refused, those already started
+// are cancelled and the refusal is the answer.
+func (g *generation) start(prompt []int32) *openai.Error {
+	n := max(1, g.sampling.N)
+	base := g.params()
+	for i := range n {
+		p := base
+		if p.Seed != nil {
+			seed := choiceSeed(*p.Seed, i)
+			p.Seed = &seed
+		}
+		id := g.id
+		if n > 1 {
+			id = fmt.Sprintf("%s-%d", g.id, i)
+		}
+		st, err := g.s.o.Generator.Generate(id, prompt, p)
+		if err != nil {
+			g.cancel()
+			return rejectToOpenAI(err, g.promptParam)
+		}
+		c := &choice{index: i, st: st, text: textStream{dec: g.s.o.Tokenizer.NewStreamDecoder(), stops: g.sampling.Stop, minTokens: g.sampling.MinTokens}}
+		if g.sampling.Logprobs {
+			if g.chat {
+				c.chatLP = &openai.ChatLogprobs{}
+			} else {
+				c.legacy = &openai.CompletionLogprobs{}
+			}
+		}
+		g.choices = append(g.choices, c)
+	}
+	return nil
+}
+
+func (g *generation) cancel() {
+	for _, c := range g.choices {
+		c.st.Cancel()
+	}
+}
+
+// event is one choice's next event; ok is false when the client left.
+type event struct {
+	c  *choice
+	ev scheduler.Event
+	ok bool
+}
+
+// listen reads every choice's events into one channel, so that the choices
+// of a stream interleave as their tokens come. Readers give up when done
+// closes, so none outlives the request.
+func (g *generation) listen(r *http.Request, done <-chan struct{}) <-chan event {
+	ch := make(chan event)
+	for _, c := range g.choices {
+		go func() {
+			for {
+				ev, ok := c.st.Next(r.Context())
+				select {
+				case ch <- event{c, ev, ok}:
+				case <-done:
+					return
+				}
+				if !ok || ev.Finish != "" {
+					return
+				}
+			}
+		}()
+	}
+	return ch
+}
+
 func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {
 	g.created = time.Now().Unix()
-	g.text = textStream{dec: g.s.o.Tokenizer.NewStreamDecoder(), stops: g.sampling.Stop}
-	if g.sampling.Logprobs {
-		if g.chat {
-			g.chatLP = &openai.ChatLogprobs{}
-		} else {
-			g.legacy = &openai.CompletionLogprobs{}
-		}
-	}
-	st, err := g.s.o.Generator.Generate(g.id, prompt, g.params())
-	if err != nil {
-		openai.WriteError(w, rejectToOpenAI(err, g.promptParam))
+	g.prompt = prompt
+	if e := g.start(prompt); e != nil {
+		openai.WriteError(w, e)
 		return
 	}
-	ctx := r.Context()
+	done := make(chan struct{})
+	defer close(done)
+	events := g.listen(r, done)
 	var sse *openai.SSE
 	if g.stream {
 		sse = openai.NewSSE(w)
 		if g.chat {
 			empty := ""
-			if err := sse.Send(g.chatChunk(openai.ChatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
-				st.Cancel()
-				return
+			for _, c := range g.choices {
+				if err := sse.Send(g.chatChunk(c, openai.ChatDelta{Role: "assistant", Content: &empty}, nil, nil)); err != nil {
+					g.cancel()
+					return
+				}
 			}
 		}
 	}
-	for g.finish == "" {
-		ev, ok := st.Next(ctx)
-		if !ok { // the client went away
-			st.Cancel()
+	for open := len(g.choices); open > 0; {
+		e := <-events
+		c, ev := e.c, e.ev
+		if c.finish != "" {
+			continue // a stop string ended it; the engine's finish is news to no one
+		}
+		if !e.ok { // the client went away
+			g.cancel()
 			return
 		}
 		var piece string
 		if ev.Token != nil {
-			g.tokens++
+			if c.tokens == 0 && g.echoLogprobs {
+				g.addPromptLogprobs(c, ev.Prompt)
+			}
+			c.tokens++
+			// A token's offset is where its text starts, held-back text
+			// included.
+			at := c.text.decoded()
 			var stopped bool
-			piece, stopped = g.text.push(ev.Token.ID)
-			g.addLogprobs(ev.Token)
+			piece, stopped = c.text.push(ev.Token.ID)
+			g.addLogprobs(c, ev.Token, at)
 			if stopped {
-				st.Stop()
-				g.finish = openai.FinishStop
+				c.st.Stop()
+				c.finish = openai.FinishStop
 			}
 		}
-		if ev.Finish != "" && g.finish == "" {
+		if ev.Finish != "" && c.finish == "" {
 			switch ev.Finish {
 			case scheduler.FinishStop, scheduler.FinishLength:
-				g.finish = ev.Finish
-				piece += g.text.flush()
+				c.finish = ev.Finish
+				piece += c.text.flush()
 			default:
+				g.cancel()
 				e := g.s.eventError(g.id, ev)
 				if sse != nil {
 					_ = sse.SendError(e)
@@ -145,16 +248,23 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 				return
 			}
 		}
-		if sse != nil && (piece != "" || g.finish != "" || (ev.Token != nil && g.sampling.Logprobs)) {
-			if err := g.sendChunk(sse, piece); err != nil {
-				st.Cancel()
+		if c.finish != "" {
+			open--
+		}
+		if sse != nil && (piece != "" || c.finish != "" || (ev.Token != nil && g.sampling.Logprobs) || (g.echo != "" && !c.echoed)) {
+			if err := g.sendChunk(sse, c, piece); err != nil {
+				g.cancel()
 				return
 			}
 		}
 	}
+	tokens := 0
+	for _, c := range g.choices {
+		tokens += c.tokens
+	}
+	usage := openai.NewUsage(len(prompt), tokens)
 	if sse != nil {
 		if g.includeUsage {
-			usage := openai.NewUsage(len(prompt), g.tokens)
 			if g.chat {
 				_ = sse.Send(openai.ChatCompletionChunk{ID: g.id, Created: g.created, Model: g.s.o.ModelName, Choices: []openai.ChatChunkChoice{}, Usage: usage})
 			} else {
@@ -164,15 +274,21 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 		_ = sse.Done()
 		return
 	}
-	usage := openai.NewUsage(len(prompt), g.tokens)
-	finish := g.finish
 	if g.chat {
-		writeJSON(w, http.StatusOK, openai.ChatCompletionResponse{ID: g.id, Created: g.created, Model: g.s.o.ModelName, Usage: usage,
-			Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: g.text.out.String()}, Logprobs: g.chatLP, FinishReason: &finish}}})
+		out := make([]openai.ChatChoice, len(g.choices))
+		for i, c := range g.choices {
+			finish := c.finish
+			out[i] = openai.ChatChoice{Index: c.index, Message: openai.ChatMessage{Role: "assistant", Content: c.text.out.String()}, Logprobs: c.chatLP, FinishReason: &finish}
+		}
+		writeJSON(w, http.StatusOK, openai.ChatCompletionResponse{ID: g.id, Created: g.created, Model: g.s.o.ModelName, Usage: usage, Choices: out})
 		return
 	}
-	writeJSON(w, http.StatusOK, openai.CompletionResponse{ID: g.id, Created: g.created, Model: g.s.o.ModelName, Usage: usage,
-		Choices: []openai.CompletionChoice{{Text: g.text.out.String(), Logprobs: g.legacy, FinishReason: &finish}}})
+	out := make([]openai.CompletionChoice, len(g.choices))
+	for i, c := range g.choices {
+		finish := c.finish
+		out[i] = openai.CompletionChoice{Index: c.index, Text: g.echo + c.text.out.String(), Logprobs: c.legacy, FinishReason: &finish}
+	}
+	writeJSON(w, http.StatusOK, openai.CompletionResponse{ID: g.id, Created: g.created, Model: g.s.o.ModelName, Usage: usage, Choices: out})
 }
 
 // eventError maps a failed generation to the error the client sees. A
@@ -210,13 +326,13 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// sendChunk sends the text produced since the last chunk and, in the chunk
-// that ends the choice, its finish reason. Logprobs are sent with the chunk
-// of the token they belong to and then forgotten.
-func (g *generation) sendChunk(sse *openai.SSE, piece string) error {
+// sendChunk sends the text c produced since its last chunk and, in the
+// chunk that ends the choice, its finish reason. Logprobs are sent with the
+// chunk of the token they belong to and then forgotten.
+func (g *generation) sendChunk(sse *openai.SSE, c *choice, piece string) error {
 	var fin *string
-	if g.finish != "" {
-		f := g.finish
+	if c.finish != "" {
+		f := c.finish
 		fin = &f
 	}
 	if g.chat {
@@ -224,37 +340,40 @@ func (g *generation) sendChunk(sse *openai.SSE, piece string) error {
 		if piece != "" {
 			delta.Content = &piece
 		}
-		lp := g.chatLP
+		lp := c.chatLP
 		if lp != nil {
-			g.chatLP = &openai.ChatLogprobs{}
+			c.chatLP = &openai.ChatLogprobs{}
 		}
-		return sse.Send(g.chatChunk(delta, lp, fin))
+		return sse.Send(g.chatChunk(c, delta, lp, fin))
 	}
-	lp := g.legacy
+	if !c.echoed {
+		piece, c.echoed = g.echo+piece, true
+	}
+	lp := c.legacy
 	if lp != nil {
-		g.legacy = &openai.CompletionLogprobs{}
+		c.legacy = &openai.CompletionLogprobs{}
 	}
 	return sse.Send(openai.CompletionChunk{ID: g.id, Created: g.created, Model: g.s.o.ModelName,
-		Choices: []openai.CompletionChoice{{Text: piece, Logprobs: lp, FinishReason: fin}}})
+		Choices: []openai.CompletionChoice{{Index: c.index, Text: piece, Logprobs: lp, FinishReason: fin}}})
 }
 
-func (g *generation) chatChunk(d openai.ChatDelta, lp *openai.ChatLogprobs, fin *string) openai.ChatCompletionChunk {
+func (g *generation) chatChunk(c *choice, d openai.ChatDelta, lp *openai.ChatLogprobs, fin *string) openai.ChatCompletionChunk {
 	return openai.ChatCompletionChunk{ID: g.id, Created: g.created, Model: g.s.o.ModelName,
-		Choices: []openai.ChatChunkChoice{{Delta: d, Logprobs: lp, FinishReason: fin}}}
+		Choices: []openai.ChatChunkChoice{{Index: c.index, Delta: d, Logprobs: lp, FinishReason: fin}}}
 }
 
-func (g *generation) addLogprobs(t *model.Sampled) {
+func (g *generation) addLogprobs(c *choice, t *model.Sampled, offset int) {
 	tok := g.s.o.Tokenizer
 	switch {
-	case g.chatLP != nil:
+	case c.chatLP != nil:
 		e := openai.ChatTokenLogprob{Token: tok.TokenText(t.ID), Logprob: openai.Logprob(t.Logprob)}
 		e.Bytes = openai.TokenBytes(e.Token)
 		for _, a := range t.Top {
 			s := tok.TokenText(a.ID)
 			e.TopLogprobs = append(e.TopLogprobs, openai.TopLogprob{Token: s, Logprob: openai.Logprob(a.Logprob), Bytes: openai.TokenBytes(s)})
 		}
-		g.chatLP.Content = append(g.chatLP.Content, e)
-	case g.legacy != nil:
+		c.chatLP.Content = append(c.chatLP.Content, e)
+	case c.legacy != nil:
 		var top map[string]openai.Logprob
 		if len(t.Top) > 0 {
 			top = map[string]openai.Logprob{}
@@ -262,19 +381,65 @@ func (g *generation) addLogprobs(t *model.Sampled) {
 				top[tok.TokenText(a.ID)] = openai.Logprob(a.Logprob)
 			}
 		}
-		g.legacy.Add(tok.TokenText(t.ID), float64(t.Logprob), top, g.text.out.Len())
+		// Offsets count from the start of the choice's text, echo included.
+		c.legacy.Add(tok.TokenText(t.ID), float64(t.Logprob), top, len(g.echo)+offset)
+	}
+}
+
+// addPromptLogprobs puts the echoed prompt's tokens in front of c's
+// logprobs: the first with null logprob, the others with what the model
+// predicted for them (lp, tokens 1..n-1; a missing one is null too).
+// Offsets are into the echoed text: the prompt decoded token by token,
+// less what decoding adds in front of it (the space of a SentencePiece
+// vocabulary).
+func (g *generation) addPromptLogprobs(c *choice, lp []model.Sampled) {
+	if c.legacy == nil {
+		return
+	}
+	tok := g.s.o.Tokenizer
+	dec := tok.NewStreamDecoder()
+	offsets := make([]int, len(g.prompt))
+	n := 0
+	for i, id := range g.prompt {
+		offsets[i] = n
+		n += len(dec.Push(id))
+	}
+	n += len(dec.Flush())
+	shift := max(0, n-len(g.echo))
+	for i, id := range g.prompt {
+		off := min(max(0, offsets[i]-shift), len(g.echo))
+		if i == 0 || i-1 >= len(lp) {
+			c.legacy.AddUnscored(tok.TokenText(id), off)
+			continue
+		}
+		t := lp[i-1]
+		var top map[string]openai.Logprob
+		if len(t.Top) > 0 {
+			top = map[string]openai.Logprob{}
+			for _, a := range t.Top {
+				top[tok.TokenText(a.ID)] = openai.Logprob(a.Logprob)
+			}
+		}
+		c.legacy.Add(tok.TokenText(id), float64(t.Logprob), top, off)
 	}
 }
 
 // textStream turns generated tokens into text, holding back what might be
 // the start of a stop string so that a stop string never reaches the client.
 type textStream struct {
-	dec     *tokenizer.StreamDecoder
-	stops   []string
-	pending string          // decoded, not yet released
-	out     strings.Builder // released text
-	done    bool
+	dec   *tokenizer.StreamDecoder
+	stops []string
+	// minTokens: stop strings count only from that many tokens on, as
+	// vLLM does, so that min_tokens means what it says for them too.
+	minTokens int
+	pushed    int
+	pending   string          // decoded, not yet released
+	out       strings.Builder // released text
+	done      bool
 }
+
+// decoded is the length of the text decoded so far, released or held.
+func (t *textStream) decoded() int { return t.out.Len() + len(t.pending) }
 
 // push adds a token; it returns the text now safe to release and whether a
 // stop string matched (the text before it is released, the rest dropped).
@@ -283,6 +448,7 @@ func (t *textStream) push(id int32) (string, bool) {
 		return "", true
 	}
 	t.pending += t.dec.Push(id)
+	t.pushed++
 	return t.release(false)
 }
 
@@ -298,7 +464,11 @@ func (t *textStream) flush() string {
 
 func (t *textStream) release(final bool) (string, bool) {
 	cut := -1
-	for _, s := range t.stops {
+	stops := t.stops
+	if t.pushed < t.minTokens {
+		stops = nil
+	}
+	for _, s := range stops {
 		if i := strings.Index(t.pending, s); i >= 0 && (cut < 0 || i < cut) {
 			cut = i
 		}

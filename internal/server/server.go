@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -82,6 +81,9 @@ type Options struct {
 	// now (0: unknown). A text that cannot fit it in any tokenization is
 	// refused before it is tokenized.
 	MaxPromptTokens func() int
+	// MaxModelLen, when set, is the longest sequence (prompt and
+	// completion) served now; /v1/models and /tokenize report it.
+	MaxModelLen func() int
 }
 
 // SamplingDefaults are a model's default sampling parameters.
@@ -96,6 +98,12 @@ type SamplingDefaults struct {
 const maxBodyBytes = 32 << 20
 
 const defaultBodyReadTimeout = 60 * time.Second
+
+// maxEchoLogprobsTokens bounds the prompt whose logprobs are echoed: on the
+// PD path they travel in one gRPC message from prefill to decode and on to
+// the router, and at 5 alternatives a token this keeps it well under the
+// 4 MiB a gRPC peer accepts by default.
+const maxEchoLogprobsTokens = 32768
 
 // Server serves the OpenAI API.
 type Server struct {
@@ -125,6 +133,8 @@ func New(o Options) *Server {
 	s.mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chatCompletions))
 	s.mux.HandleFunc("GET /v1/models", s.auth(s.models))
 	s.mux.HandleFunc("GET /v1/models/{id}", s.auth(s.model))
+	s.mux.HandleFunc("POST /tokenize", s.auth(s.tokenize))
+	s.mux.HandleFunc("POST /detokenize", s.auth(s.detokenize))
 	s.mux.HandleFunc("GET /health", s.health)
 	s.mux.HandleFunc("GET /server_info", s.auth(s.serverInfo))
 	if o.Metrics != nil {
@@ -174,7 +184,14 @@ func (s *Server) serverInfo(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) modelObject() openai.Model {
-	return openai.Model{ID: s.o.ModelName, Created: s.created, OwnedBy: "baton"}
+	return openai.Model{ID: s.o.ModelName, Created: s.created, OwnedBy: "baton", MaxModelLen: s.maxModelLen()}
+}
+
+func (s *Server) maxModelLen() int {
+	if s.o.MaxModelLen == nil {
+		return 0
+	}
+	return s.o.MaxModelLen()
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
@@ -262,6 +279,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if req.Sampling.MaxTokens == 0 && s.o.Defaults.MaxTokens == nil {
+		req.Sampling.MaxTokens = openai.DefaultCompletionMaxTokens
+	}
+	if e := s.checkSampling(req.Sampling); e != nil {
+		openai.WriteError(w, e)
+		return
+	}
 	prompt := req.PromptTokenIDs
 	if prompt == nil {
 		if e := s.cannotFit(req.Prompt, "prompt"); e != nil {
@@ -272,6 +296,17 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	g := &generation{s: s, chat: false, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
 		id: openai.NewID("cmpl-"), promptParam: "prompt"}
+	if req.Echo {
+		g.echo = req.Prompt
+		if req.PromptTokenIDs != nil {
+			g.echo = s.promptText(req.PromptTokenIDs)
+		}
+		g.echoLogprobs = req.Sampling.Logprobs
+		if g.echoLogprobs && len(prompt) > maxEchoLogprobsTokens {
+			openai.WriteError(w, openai.BadRequest(fmt.Sprintf("echo with logprobs is limited to prompts of %d tokens; this one has %d", maxEchoLogprobsTokens, len(prompt)), "echo"))
+			return
+		}
+	}
 	g.run(w, r, prompt)
 }
 
@@ -280,26 +315,38 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	msgs := make([]chat.Message, len(req.Messages))
-	for i, m := range req.Messages {
-		msgs[i] = chat.Message{Role: m.Role, Content: m.Content}
-	}
-	text, err := s.o.Template.Render(msgs, true)
-	if err != nil {
-		openai.WriteError(w, openai.BadRequest("the chat template could not render these messages: "+err.Error(), "messages"))
-		return
-	}
-	if e := s.cannotFit(text, "messages"); e != nil {
+	if e := s.checkSampling(req.Sampling); e != nil {
 		openai.WriteError(w, e)
 		return
 	}
-	// Templates that write the BOS text themselves must not get a second one.
-	bos := s.o.Tokenizer.TokenText(s.o.Tokenizer.BOS())
-	addBOS := bos == "" || !strings.HasPrefix(text, bos)
-	prompt := s.o.Tokenizer.Encode(text, addBOS, true)
+	text, e := s.renderChat(req)
+	if e != nil {
+		openai.WriteError(w, e)
+		return
+	}
+	prompt := s.encodeChat(text)
 	g := &generation{s: s, chat: true, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
 		id: openai.NewID("chatcmpl-"), promptParam: "messages"}
 	g.run(w, r, prompt)
+}
+
+// checkSampling checks what the parser could not: token ids against the
+// vocabulary and min_tokens against the model's default max_tokens, which
+// only the server knows.
+func (s *Server) checkSampling(sp openai.Sampling) *openai.Error {
+	if sp.MaxTokens == 0 && s.o.Defaults.MaxTokens != nil {
+		sp.MaxTokens = *s.o.Defaults.MaxTokens
+	}
+	if e := sp.CheckMinTokens(); e != nil {
+		return e
+	}
+	vocab := s.o.Tokenizer.VocabSize()
+	for id := range sp.LogitBias {
+		if int(id) >= vocab {
+			return openai.BadRequest(fmt.Sprintf("logit_bias names token %d, outside the vocabulary (0..%d)", id, vocab-1), "logit_bias")
+		}
+	}
+	return nil
 }
 
 // cannotFit refuses a text whose length alone proves it longer than the

@@ -153,6 +153,8 @@ func TestAPIKeyRoutes(t *testing.T) {
 			{"GET", "/v1/models", ""},
 			{"GET", "/v1/models/m", ""},
 			{"GET", "/server_info", ""},
+			{"POST", "/tokenize", `{"model":"m","prompt":"hi"}`},
+			{"POST", "/detokenize", `{"model":"m","tokens":[1,2]}`},
 		} {
 			for _, auth := range []string{"", "Bearer wrong", "Bearer " + testKey + "x", testKey, "Basic " + testKey} {
 				code, hdr, body := do(t, c.method, ts.URL+c.path, auth, c.body)

@@ -151,6 +151,46 @@ const checks = [
     assert.equal(finish, c.finish_reason, 'streamed finish_reason differs');
   }],
 
+  ['n, echo and logit_bias', async () => {
+    const ref = await chatReference();
+    const r = await client.chat.completions.create({
+      model,
+      messages: [{ role: 'user', content: PROMPT }],
+      max_tokens: MAX_TOKENS,
+      temperature: 0,
+      n: 2,
+    });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1], 'n=2: choice indexes');
+    for (const c of r.choices) assert.equal(c.message.content, ref.choices[0].message.content, 'greedy choices differ from n=1');
+    assert.equal(r.usage.completion_tokens, 2 * ref.usage.completion_tokens, 'n=2: completion tokens are not summed');
+
+    const plain = (await completionReference()).choices[0].text;
+    const echoed = await client.completions.create({ model, prompt: PROMPT, max_tokens: MAX_TOKENS, temperature: 0, echo: true });
+    assert.equal(echoed.choices[0].text, PROMPT + plain, 'echo');
+
+    // The first generated token, banned, cannot start the answer.
+    const headers = { 'Content-Type': 'application/json' };
+    if (process.env.BATON_API_KEY) headers.Authorization = 'Bearer ' + process.env.BATON_API_KEY;
+    const res = await fetch(baseURL.replace(/\/+$/, '') + '/tokenize', {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ model, prompt: PROMPT + plain }),
+    });
+    assert.equal(res.status, 200, '/tokenize status');
+    const { tokens, count } = await res.json();
+    assert.equal(count, tokens.length, '/tokenize count');
+    const prompt = await (await fetch(baseURL.replace(/\/+$/, '') + '/tokenize', {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ model, prompt: PROMPT }),
+    })).json();
+    const first = tokens[prompt.count];
+    const biased = await client.completions.create({
+      model, prompt: PROMPT, max_tokens: MAX_TOKENS, temperature: 0, logit_bias: { [first]: -100 },
+    });
+    assert.notEqual(biased.choices[0].text, plain, `logit_bias -100 on token ${first} changed nothing`);
+  }],
+
   ['models.list', async () => {
     const ids = [];
     for await (const m of client.models.list()) {

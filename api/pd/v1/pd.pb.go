@@ -299,18 +299,29 @@ func (x *WorkerInfo) GetInternalAuth() string {
 }
 
 type SamplingParams struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Temperature   float64                `protobuf:"fixed64,1,opt,name=temperature,proto3" json:"temperature,omitempty"`
-	TopP          float64                `protobuf:"fixed64,2,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
-	TopK          int32                  `protobuf:"varint,3,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
-	MinP          float64                `protobuf:"fixed64,4,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
-	TopLogprobs   int32                  `protobuf:"varint,5,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
-	MaxTokens     uint32                 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"` // 0: up to the context length
-	Seed          *uint64                `protobuf:"varint,7,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
-	StopTokenIds  []int32                `protobuf:"varint,8,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
-	IgnoreEos     bool                   `protobuf:"varint,9,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Temperature  float64                `protobuf:"fixed64,1,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	TopP         float64                `protobuf:"fixed64,2,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
+	TopK         int32                  `protobuf:"varint,3,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
+	MinP         float64                `protobuf:"fixed64,4,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
+	TopLogprobs  int32                  `protobuf:"varint,5,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	MaxTokens    uint32                 `protobuf:"varint,6,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"` // 0: up to the context length
+	Seed         *uint64                `protobuf:"varint,7,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	StopTokenIds []int32                `protobuf:"varint,8,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
+	IgnoreEos    bool                   `protobuf:"varint,9,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
+	// Added to the logits of their tokens before sampling.
+	LogitBias         map[int32]float64 `protobuf:"bytes,10,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	PresencePenalty   float64           `protobuf:"fixed64,11,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`       // over generated tokens
+	FrequencyPenalty  float64           `protobuf:"fixed64,12,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`    // over generated tokens
+	RepetitionPenalty float64           `protobuf:"fixed64,13,opt,name=repetition_penalty,json=repetitionPenalty,proto3" json:"repetition_penalty,omitempty"` // over prompt and generated; 0 or 1: off
+	// EOS and stop_token_ids are banned until this many tokens are out;
+	// prefill needs it for the first token, decode for the rest.
+	MinTokens uint32 `protobuf:"varint,14,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
+	// Prefill scores every prompt token (echo with logprobs); top_logprobs
+	// alternatives each.
+	PromptLogprobs bool `protobuf:"varint,15,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -402,6 +413,48 @@ func (x *SamplingParams) GetStopTokenIds() []int32 {
 func (x *SamplingParams) GetIgnoreEos() bool {
 	if x != nil {
 		return x.IgnoreEos
+	}
+	return false
+}
+
+func (x *SamplingParams) GetLogitBias() map[int32]float64 {
+	if x != nil {
+		return x.LogitBias
+	}
+	return nil
+}
+
+func (x *SamplingParams) GetPresencePenalty() float64 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetFrequencyPenalty() float64 {
+	if x != nil {
+		return x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetRepetitionPenalty() float64 {
+	if x != nil {
+		return x.RepetitionPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetMinTokens() uint32 {
+	if x != nil {
+		return x.MinTokens
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetPromptLogprobs() bool {
+	if x != nil {
+		return x.PromptLogprobs
 	}
 	return false
 }
@@ -946,9 +999,11 @@ type CommitRequest struct {
 	// session_id names the transfer session that wrote the pages (both ends
 	// learn it in the session's handshake); decode accepts a Commit only from
 	// the session it admitted for this reservation.
-	SessionId     []byte `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SessionId []byte `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// The prompt's logprobs (tokens 1..n-1) when the request asked for them.
+	PromptLogprobs []*Token `protobuf:"bytes,9,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CommitRequest) Reset() {
@@ -1033,6 +1088,13 @@ func (x *CommitRequest) GetCapability() []byte {
 func (x *CommitRequest) GetSessionId() []byte {
 	if x != nil {
 		return x.SessionId
+	}
+	return nil
+}
+
+func (x *CommitRequest) GetPromptLogprobs() []*Token {
+	if x != nil {
+		return x.PromptLogprobs
 	}
 	return nil
 }
@@ -1254,13 +1316,15 @@ func (x *StreamRequest) GetCapability() []byte {
 // TokenEvent is one generated token; the last event carries finish
 // ("stop", "length") or error (the request failed; code is an HTTP status).
 type TokenEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Finish        string                 `protobuf:"bytes,2,opt,name=finish,proto3" json:"finish,omitempty"`
-	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
-	Code          int32                  `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Token  *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Finish string                 `protobuf:"bytes,2,opt,name=finish,proto3" json:"finish,omitempty"`
+	Error  string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Code   int32                  `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
+	// With the first token only, when the request asked for them.
+	PromptLogprobs []*Token `protobuf:"bytes,5,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TokenEvent) Reset() {
@@ -1321,6 +1385,13 @@ func (x *TokenEvent) GetCode() int32 {
 	return 0
 }
 
+func (x *TokenEvent) GetPromptLogprobs() []*Token {
+	if x != nil {
+		return x.PromptLogprobs
+	}
+	return nil
+}
+
 var File_api_pd_v1_pd_proto protoreflect.FileDescriptor
 
 const file_api_pd_v1_pd_proto_rawDesc = "" +
@@ -1353,7 +1424,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\ttransport\x18\v \x01(\tR\ttransport\x12#\n" +
 	"\rtransfer_addr\x18\f \x01(\tR\ftransferAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\r \x01(\tR\bgrpcAddr\x12#\n" +
-	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\"\x9a\x02\n" +
+	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\"\xf2\x04\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
@@ -1365,7 +1436,19 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x04seed\x18\a \x01(\x04H\x00R\x04seed\x88\x01\x01\x12$\n" +
 	"\x0estop_token_ids\x18\b \x03(\x05R\fstopTokenIds\x12\x1d\n" +
 	"\n" +
-	"ignore_eos\x18\t \x01(\bR\tignoreEosB\a\n" +
+	"ignore_eos\x18\t \x01(\bR\tignoreEos\x12I\n" +
+	"\n" +
+	"logit_bias\x18\n" +
+	" \x03(\v2*.baton.pd.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12)\n" +
+	"\x10presence_penalty\x18\v \x01(\x01R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\f \x01(\x01R\x10frequencyPenalty\x12-\n" +
+	"\x12repetition_penalty\x18\r \x01(\x01R\x11repetitionPenalty\x12\x1d\n" +
+	"\n" +
+	"min_tokens\x18\x0e \x01(\rR\tminTokens\x12'\n" +
+	"\x0fprompt_logprobs\x18\x0f \x01(\bR\x0epromptLogprobs\x1a<\n" +
+	"\x0eLogitBiasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\a\n" +
 	"\x05_seed\"\xc7\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
@@ -1411,7 +1494,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05Token\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x05R\x02id\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12+\n" +
-	"\x03top\x18\x03 \x03(\v2\x19.baton.pd.v1.TokenLogprobR\x03top\"\x93\x02\n" +
+	"\x03top\x18\x03 \x03(\v2\x19.baton.pd.v1.TokenLogprobR\x03top\"\xd0\x02\n" +
 	"\rCommitRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
@@ -1424,7 +1507,8 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"capability\x18\a \x01(\fR\n" +
 	"capability\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\b \x01(\fR\tsessionId\"\xb0\x01\n" +
+	"session_id\x18\b \x01(\fR\tsessionId\x12;\n" +
+	"\x0fprompt_logprobs\x18\t \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs\"\xb0\x01\n" +
 	"\fAbortRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
@@ -1448,13 +1532,14 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
 	"\n" +
 	"capability\x18\x03 \x01(\fR\n" +
-	"capability\"x\n" +
+	"capability\"\xb5\x01\n" +
 	"\n" +
 	"TokenEvent\x12(\n" +
 	"\x05token\x18\x01 \x01(\v2\x12.baton.pd.v1.TokenR\x05token\x12\x16\n" +
 	"\x06finish\x18\x02 \x01(\tR\x06finish\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x12\n" +
-	"\x04code\x18\x04 \x01(\x05R\x04code2\xe8\x03\n" +
+	"\x04code\x18\x04 \x01(\x05R\x04code\x12;\n" +
+	"\x0fprompt_logprobs\x18\x05 \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs2\xe8\x03\n" +
 	"\x06Decode\x129\n" +
 	"\x04Info\x12\x18.baton.pd.v1.InfoRequest\x1a\x17.baton.pd.v1.WorkerInfo\x12@\n" +
 	"\aReserve\x12\x1b.baton.pd.v1.ReserveRequest\x1a\x18.baton.pd.v1.Reservation\x12A\n" +
@@ -1481,7 +1566,7 @@ func file_api_pd_v1_pd_proto_rawDescGZIP() []byte {
 	return file_api_pd_v1_pd_proto_rawDescData
 }
 
-var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_api_pd_v1_pd_proto_goTypes = []any{
 	(*KVLayout)(nil),       // 0: baton.pd.v1.KVLayout
 	(*InfoRequest)(nil),    // 1: baton.pd.v1.InfoRequest
@@ -1500,44 +1585,48 @@ var file_api_pd_v1_pd_proto_goTypes = []any{
 	(*DrainedRequest)(nil), // 14: baton.pd.v1.DrainedRequest
 	(*StreamRequest)(nil),  // 15: baton.pd.v1.StreamRequest
 	(*TokenEvent)(nil),     // 16: baton.pd.v1.TokenEvent
+	nil,                    // 17: baton.pd.v1.SamplingParams.LogitBiasEntry
 }
 var file_api_pd_v1_pd_proto_depIdxs = []int32{
 	0,  // 0: baton.pd.v1.WorkerInfo.layout:type_name -> baton.pd.v1.KVLayout
-	3,  // 1: baton.pd.v1.ReserveRequest.sampling:type_name -> baton.pd.v1.SamplingParams
-	0,  // 2: baton.pd.v1.ReserveRequest.layout:type_name -> baton.pd.v1.KVLayout
-	0,  // 3: baton.pd.v1.Reservation.layout:type_name -> baton.pd.v1.KVLayout
-	3,  // 4: baton.pd.v1.PrefillRequest.sampling:type_name -> baton.pd.v1.SamplingParams
-	5,  // 5: baton.pd.v1.PrefillRequest.reservation:type_name -> baton.pd.v1.Reservation
-	10, // 6: baton.pd.v1.Token.top:type_name -> baton.pd.v1.TokenLogprob
-	11, // 7: baton.pd.v1.CommitRequest.first_token:type_name -> baton.pd.v1.Token
-	11, // 8: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
-	1,  // 9: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
-	4,  // 10: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
-	6,  // 11: baton.pd.v1.Decode.CancelReservation:input_type -> baton.pd.v1.CancelRequest
-	12, // 12: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
-	14, // 13: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
-	13, // 14: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
-	13, // 15: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
-	15, // 16: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
-	1,  // 17: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
-	8,  // 18: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
-	13, // 19: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
-	2,  // 20: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
-	5,  // 21: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
-	7,  // 22: baton.pd.v1.Decode.CancelReservation:output_type -> baton.pd.v1.Ack
-	7,  // 23: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
-	7,  // 24: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
-	7,  // 25: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
-	7,  // 26: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
-	16, // 27: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
-	2,  // 28: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
-	9,  // 29: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
-	7,  // 30: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
-	20, // [20:31] is the sub-list for method output_type
-	9,  // [9:20] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	17, // 1: baton.pd.v1.SamplingParams.logit_bias:type_name -> baton.pd.v1.SamplingParams.LogitBiasEntry
+	3,  // 2: baton.pd.v1.ReserveRequest.sampling:type_name -> baton.pd.v1.SamplingParams
+	0,  // 3: baton.pd.v1.ReserveRequest.layout:type_name -> baton.pd.v1.KVLayout
+	0,  // 4: baton.pd.v1.Reservation.layout:type_name -> baton.pd.v1.KVLayout
+	3,  // 5: baton.pd.v1.PrefillRequest.sampling:type_name -> baton.pd.v1.SamplingParams
+	5,  // 6: baton.pd.v1.PrefillRequest.reservation:type_name -> baton.pd.v1.Reservation
+	10, // 7: baton.pd.v1.Token.top:type_name -> baton.pd.v1.TokenLogprob
+	11, // 8: baton.pd.v1.CommitRequest.first_token:type_name -> baton.pd.v1.Token
+	11, // 9: baton.pd.v1.CommitRequest.prompt_logprobs:type_name -> baton.pd.v1.Token
+	11, // 10: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
+	11, // 11: baton.pd.v1.TokenEvent.prompt_logprobs:type_name -> baton.pd.v1.Token
+	1,  // 12: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
+	4,  // 13: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
+	6,  // 14: baton.pd.v1.Decode.CancelReservation:input_type -> baton.pd.v1.CancelRequest
+	12, // 15: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
+	14, // 16: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
+	13, // 17: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
+	13, // 18: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
+	15, // 19: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
+	1,  // 20: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
+	8,  // 21: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
+	13, // 22: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
+	2,  // 23: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
+	5,  // 24: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
+	7,  // 25: baton.pd.v1.Decode.CancelReservation:output_type -> baton.pd.v1.Ack
+	7,  // 26: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
+	7,  // 27: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
+	7,  // 28: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
+	7,  // 29: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
+	16, // 30: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
+	2,  // 31: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
+	9,  // 32: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
+	7,  // 33: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
+	23, // [23:34] is the sub-list for method output_type
+	12, // [12:23] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_api_pd_v1_pd_proto_init() }
@@ -1552,7 +1641,7 @@ func file_api_pd_v1_pd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_pd_v1_pd_proto_rawDesc), len(file_api_pd_v1_pd_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

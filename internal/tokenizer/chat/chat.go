@@ -3,7 +3,8 @@
 // Face transformers' apply_chat_template does.
 //
 // Templates run with trim_blocks and lstrip_blocks on, like transformers.
-// They see the variables messages (a list of {"role", "content"} dicts),
+// They see the variables messages (a list of {"role", "content"} dicts, with
+// "name" when the message has one), any extra variables given to RenderWith,
 // add_generation_prompt, bos_token and eos_token, and the functions
 // raise_exception(msg), which makes Render fail with msg, and
 // strftime_now(format). The tojson filter formats like Python's
@@ -35,11 +36,17 @@ import (
 	"github.com/nikolalohinski/gonja/v2/parser"
 )
 
-// Message is one turn of a conversation.
+// Message is one turn of a conversation. Name, when set, reaches the
+// template as the message's "name" key, as transformers passes it.
 type Message struct {
 	Role    string
 	Content string
+	Name    string
 }
+
+// Reserved are the variables Render sets itself; extra variables may not
+// replace them.
+var Reserved = []string{"messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
 
 // Template renders conversations. It is safe for concurrent use.
 type Template struct {
@@ -153,6 +160,13 @@ func Plain() *Template { return &Template{} }
 // ends where the assistant's reply should start. A template that fails, or
 // even panics, yields an error; raise_exception yields a *RaiseError.
 func (t *Template) Render(messages []Message, addGenerationPrompt bool) (out string, err error) {
+	return t.RenderWith(messages, addGenerationPrompt, nil)
+}
+
+// RenderWith is Render with extra template variables (a request's
+// chat_template_kwargs, such as enable_thinking). Variables named in
+// Reserved are ignored: the conversation is not theirs to replace.
+func (t *Template) RenderWith(messages []Message, addGenerationPrompt bool, vars map[string]any) (out string, err error) {
 	if t.tpl == nil {
 		return renderPlain(messages, addGenerationPrompt), nil
 	}
@@ -165,8 +179,15 @@ func (t *Template) Render(messages []Message, addGenerationPrompt bool) (out str
 	msgs := make(messageList, len(messages))
 	for i, m := range messages {
 		msgs[i] = message{"role": m.Role, "content": m.Content}
+		if m.Name != "" {
+			msgs[i]["name"] = m.Name
+		}
 	}
-	data := exec.NewContext(map[string]any{
+	ctx := make(map[string]any, len(vars)+5)
+	for k, v := range vars {
+		ctx[k] = v
+	}
+	for k, v := range map[string]any{
 		"messages":              msgs,
 		"add_generation_prompt": addGenerationPrompt,
 		"bos_token":             t.bos,
@@ -175,8 +196,10 @@ func (t *Template) Render(messages []Message, addGenerationPrompt bool) (out str
 			raised = &RaiseError{Message: args.First().String()}
 			return nil, raised
 		},
-	})
-	out, err = t.tpl.ExecuteToString(data)
+	} {
+		ctx[k] = v
+	}
+	out, err = t.tpl.ExecuteToString(exec.NewContext(ctx))
 	if raised != nil {
 		return "", raised
 	}

@@ -31,22 +31,22 @@ func TestQwen3Template(t *testing.T) {
 		msgs           []Message
 		withGen, plain string
 	}{
-		{[]Message{{"user", "Hi"}, {"assistant", "<think>\nplan\n</think>\n\nHello!"}, {"user", "Again"}},
+		{[]Message{{Role: "user", Content: "Hi"}, {Role: "assistant", Content: "<think>\nplan\n</think>\n\nHello!"}, {Role: "user", Content: "Again"}},
 			"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n",
 			"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nAgain<|im_end|>\n"},
-		{[]Message{{"system", "S"}, {"user", "Q"}, {"assistant", "<think>r</think>A"}},
+		{[]Message{{Role: "system", Content: "S"}, {Role: "user", Content: "Q"}, {Role: "assistant", Content: "<think>r</think>A"}},
 			"<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\nA<|im_end|>\n<|im_start|>assistant\n",
 			"<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\nA<|im_end|>\n"},
-		{[]Message{{"user", "Q"}, {"assistant", "A1"}, {"user", "<tool_response>x</tool_response>"}, {"assistant", "\n\n<think>\nr2\n</think>\n\nA2"}},
+		{[]Message{{Role: "user", Content: "Q"}, {Role: "assistant", Content: "A1"}, {Role: "user", Content: "<tool_response>x</tool_response>"}, {Role: "assistant", Content: "\n\n<think>\nr2\n</think>\n\nA2"}},
 			"<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n<|im_start|>assistant\n",
 			"<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\nA2<|im_end|>\n"},
-		{[]Message{{"system", "S"}, {"system", "S2"}, {"user", "Q"}},
+		{[]Message{{Role: "system", Content: "S"}, {Role: "system", Content: "S2"}, {Role: "user", Content: "Q"}},
 			"<|im_start|>system\nS<|im_end|>\n<|im_start|>system\nS2<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n",
 			"<|im_start|>system\nS<|im_end|>\n<|im_start|>system\nS2<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"},
-		{[]Message{{"user", "Q"}, {"tool", "T1"}, {"tool", "T2"}, {"user", "Q2"}},
+		{[]Message{{Role: "user", Content: "Q"}, {Role: "tool", Content: "T1"}, {Role: "tool", Content: "T2"}, {Role: "user", Content: "Q2"}},
 			"<|im_start|>user\nQ<|im_end|>\n<|im_start|>user\n<tool_response>\nT1\n</tool_response>\n<tool_response>\nT2\n</tool_response><|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n",
 			"<|im_start|>user\nQ<|im_end|>\n<|im_start|>user\n<tool_response>\nT1\n</tool_response>\n<tool_response>\nT2\n</tool_response><|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n"},
-		{[]Message{{"assistant", "only"}},
+		{[]Message{{Role: "assistant", Content: "only"}},
 			"<|im_start|>assistant\nonly<|im_end|>\n<|im_start|>assistant\n",
 			"<|im_start|>assistant\nonly<|im_end|>\n"},
 	} {

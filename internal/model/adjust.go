@@ -1,0 +1,80 @@
+package model
+
+import "math"
+
+// History is what a request has seen, for the samplers that depend on it:
+// penalties look at the prompt and the generated tokens, and Ban lists
+// tokens that may not be chosen now (the end of generation before
+// min_tokens is reached).
+type History struct {
+	Prompt, Generated []int32
+	Ban               []int32
+}
+
+// adjusts reports whether p or h changes the logits before the choice.
+func (p Sampling) adjusts(h History) bool {
+	return len(p.LogitBias) > 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 ||
+		(p.RepetitionPenalty > 0 && p.RepetitionPenalty != 1) || len(h.Ban) > 0
+}
+
+// adjust writes into dst the logits the choice is made from: logit bias
+// first, then the penalties (as vLLM orders them), then the bans.
+func (s *Sampler) adjust(dst, logits []float32, p Sampling, h History) {
+	copy(dst, logits)
+	vocab := int32(len(dst))
+	for id, b := range p.LogitBias {
+		if id >= 0 && id < vocab {
+			dst[id] += float32(b)
+		}
+	}
+	if rp := p.RepetitionPenalty; rp > 0 && rp != 1 {
+		// vLLM/SGLang: every token of prompt or output is penalised once,
+		// dividing a positive logit and multiplying a negative one so that
+		// the penalty always lowers its chance.
+		s.each(vocab, h.Prompt, h.Generated, func(id int32, _ uint32) {
+			if dst[id] > 0 {
+				dst[id] /= float32(rp)
+			} else {
+				dst[id] *= float32(rp)
+			}
+		})
+	}
+	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		// OpenAI: only what was generated counts, once for presence and per
+		// occurrence for frequency.
+		s.each(vocab, nil, h.Generated, func(id int32, n uint32) {
+			dst[id] -= float32(p.PresencePenalty + p.FrequencyPenalty*float64(n))
+		})
+	}
+	inf := float32(math.Inf(-1))
+	for _, id := range h.Ban {
+		if id >= 0 && id < vocab {
+			dst[id] = inf
+		}
+	}
+}
+
+// each calls f once per distinct token of a and b with its count in them.
+// The counts live in a vocabulary-sized scratch array that is cleared again
+// through the same tokens, so a step costs the history's length, not the
+// vocabulary's.
+func (s *Sampler) each(vocab int32, a, b []int32, f func(id int32, n uint32)) {
+	if len(s.count) < int(vocab) {
+		s.count = make([]uint32, vocab)
+	}
+	for _, part := range [][]int32{a, b} {
+		for _, id := range part {
+			if id >= 0 && id < vocab {
+				s.count[id]++
+			}
+		}
+	}
+	for _, part := range [][]int32{a, b} {
+		for _, id := range part {
+			if id >= 0 && id < vocab && s.count[id] > 0 {
+				f(id, s.count[id])
+				s.count[id] = 0
+			}
+		}
+	}
+}
