@@ -1,5 +1,3 @@
-// Package docs holds the project's prose documents and the test that keeps
-// ARCHITECTURE.md's references to the code true.
 package docs
 
 import (
