@@ -77,7 +77,7 @@ func BenchmarkPrefill(b *testing.B) {
 // at position 256, one new token each per forward pass.
 func BenchmarkDecode(b *testing.B) {
 	for _, m := range benchModels(b) {
-		for _, batch := range []int{1, 16} {
+		for _, batch := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("%s/batch%d", m.Config.Name, batch), func(b *testing.B) {
 				const ctx = 256
 				kv, tables := benchKV(&m.Config, batch, ctx+1, 16)

@@ -42,8 +42,8 @@ const (
 	// ~0.5 µs). Measured costs per element: SwiGLU ~12, Add ~3, RMSNorm ~4,
 	// a RoPE sin+cos ~500.
 	defaultMinWork = 1 << 15
-	// Matrix rows are split in multiples of this (the kernel's panel).
-	rowAlign = 4
+	// Matrix rows are split in multiples of this (the gemm's micro-tile).
+	rowAlign = 6
 )
 
 var (
@@ -169,9 +169,39 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		})
 		return
 	}
+	if n >= 2 && b.simd && cpuHasSIMD {
+		b.gemm(out, x, n, w, wp, work)
+		return
+	}
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 		C.bk_matmul(b.simdFlag(), fptr(out), fptr(x), C.int64_t(n), (*C.uint8_t)(wp),
 			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+	})
+}
+
+// packs holds the buffers x is packed into for gemm, so a forward pass
+// reuses them rather than allocating one per product.
+var packs sync.Pool
+
+// gemm is MatMul for n >= 2 on the SIMD path: x is packed once (in
+// parallel, by panels of 16 rows), then each range of weight rows is one C
+// call that reads its weights once for all n rows.
+func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
+	npan := (n + 15) / 16
+	need := npan * 16 * w.Cols
+	var xp []float32
+	if v, ok := packs.Get().(*[]float32); ok && cap(*v) >= need {
+		xp = (*v)[:need]
+	} else {
+		xp = make([]float32, need)
+	}
+	defer packs.Put(&xp)
+	b.parallel(npan, 1, n*w.Cols, func(lo, hi int) {
+		C.bk_pack_x(fptr(xp), fptr(x), C.int64_t(n), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+	})
+	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+		C.bk_gemm(fptr(out), fptr(xp), C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),
+			C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})
 }
 

@@ -30,6 +30,18 @@ void bk_matmul(int simd, float *out, const float *x, int64_t n,
                const uint8_t *w, int dtype, int64_t rows, int64_t cols,
                int64_t r0, int64_t r1);
 
+// bk_pack_x lays x (n rows of cols) out for bk_gemm: panels of 16 rows,
+// panel p being cols groups of 16 floats (column k of rows 16p..16p+15,
+// zero past row n). It writes panels [p0, p1) of (n+15)/16.
+void bk_pack_x(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, int64_t p1);
+
+// bk_gemm is bk_matmul's product for n >= 2 on x packed by bk_pack_x, with
+// the SIMD kernels (only call it when bk_init returned 1). Each weight row
+// of [r0, r1) is read (and dequantised) once per block of x rows that fits
+// in L2, for all rows of the block.
+void bk_gemm(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype, int64_t rows,
+             int64_t cols, int64_t r0, int64_t r1);
+
 // bk_dequant_rows dequantises rows ids[0..nids) of w into dst (cols each).
 void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype,
                      int64_t cols, const int32_t *ids, int64_t nids);
