@@ -58,7 +58,7 @@ func sgemmPeak() float64 {
 }
 
 // matmulDTypes are the weight types BenchmarkMatMul covers.
-var matmulDTypes = []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}
+var matmulDTypes = append([]kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}, kernels.QuantDTypes...)
 
 // BenchmarkMatMul reports GFLOP/s (2·n·rows·cols per product), GB/s of
 // weights streamed, the machine's sgemm GFLOP/s (sgemmPeak) and the ratio

@@ -22,8 +22,8 @@ char *openblas_get_corename(void);
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 #endif
 
-static int g_have_simd;
-static float g_f16[65536]; // f16 bits -> float
+int g_have_simd;
+float g_f16[65536]; // f16 bits -> float
 
 static inline float bits_f32(uint32_t b) {
   float f;
@@ -78,7 +78,7 @@ int bk_init(void) {
 #define UNUSED_SIMD(s)
 #endif
 
-static int64_t row_bytes(int dtype, int64_t cols) {
+int64_t bk_row_bytes(int dtype, int64_t cols) {
   switch (dtype) {
   case BK_F32:
     return 4 * cols;
@@ -88,8 +88,9 @@ static int64_t row_bytes(int dtype, int64_t cols) {
   case BK_Q8_0:
     return cols / 32 * 34;
   }
-  return 0;
+  return bk_quant_row_bytes(dtype, cols);
 }
+#define row_bytes bk_row_bytes
 
 /* ---------------------------------------------------------------- BLAS */
 
@@ -123,6 +124,8 @@ static void deq_row_scalar(float *dst, const uint8_t *row, int dtype, int64_t co
       for (int j = 0; j < 32; j++) dst[b * 32 + j] = d * (float)(int8_t)q[2 + j];
     }
     break;
+  default:
+    bk_quant_dequant_row(dst, row, dtype, cols);
   }
 }
 
@@ -161,6 +164,8 @@ AVX2 static void deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t
         _mm256_storeu_ps(dst + b * 32 + 8 * j, _mm256_mul_ps(d, ld8_q8(q + 2 + 8 * j)));
     }
     return;
+  default:
+    bk_quant_dequant_row(dst, row, dtype, cols);
   }
 }
 #endif

@@ -169,12 +169,38 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		})
 		return
 	}
+	if w.DType >= kernels.Q4_0 && n < qdotMaxN {
+		b.qdot(out, x, n, w, wp, work)
+		return
+	}
 	if n >= 2 && b.simd && cpuHasSIMD {
 		b.gemm(out, x, n, w, wp, work)
 		return
 	}
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 		C.bk_matmul(b.simdFlag(), fptr(out), fptr(x), C.int64_t(n), (*C.uint8_t)(wp),
+			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+	})
+}
+
+// qdotMaxN: products with fewer x rows than this, with weights in one of
+// the ggml block formats, quantise x to 8 bits and use integer dot
+// products (what a decode step of a few sequences is: bound by reading the
+// weights, which stay 4-6 bits a value all the way into the registers).
+// From this many rows on, gemm's dequantised tiles and float FMAs win.
+const qdotMaxN = 4
+
+// qdot is MatMul through bk_quant_x and bk_qdot.
+func (b *Backend) qdot(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
+	nb := w.Cols / 32
+	qs := make([]int8, n*w.Cols)
+	d := make([]float32, n*nb)
+	s := make([]int32, n*nb)
+	qp := (*C.int8_t)(unsafe.Pointer(unsafe.SliceData(qs)))
+	sp := (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(s)))
+	C.bk_quant_x(qp, fptr(d), sp, fptr(x), C.int64_t(n), C.int64_t(w.Cols))
+	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+		C.bk_qdot(b.simdFlag(), fptr(out), qp, fptr(d), sp, C.int64_t(n), (*C.uint8_t)(wp),
 			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})
 }

@@ -8,7 +8,39 @@
 #include <stdint.h>
 
 // Weight dtypes; the numbering matches kernels.DType.
-enum { BK_F32 = 0, BK_F16 = 1, BK_Q8_0 = 2, BK_BF16 = 3 };
+enum {
+  BK_F32 = 0,
+  BK_F16 = 1,
+  BK_Q8_0 = 2,
+  BK_BF16 = 3,
+  BK_Q4_0 = 4,
+  BK_Q4_1 = 5,
+  BK_Q5_0 = 6,
+  BK_Q5_1 = 7,
+  BK_Q4_K = 8,
+  BK_Q5_K = 9,
+  BK_Q6_K = 10,
+};
+
+// Storage of one row of cols elements.
+int64_t bk_row_bytes(int dtype, int64_t cols);
+
+// The ggml block formats (quant.c), layouts as in kernels/quant.go.
+int64_t bk_quant_row_bytes(int dtype, int64_t cols);
+// bk_quant_dequant_row: exactly kernels.Matrix.Row.
+void bk_quant_dequant_row(float *dst, const uint8_t *row, int dtype, int64_t cols);
+
+// bk_quant_x quantises n rows of x (cols each, a multiple of 32) to 8
+// bits in blocks of 32, as the integer dot products of the block formats
+// take them: qs (n*cols int8), d (one scale per block, n*cols/32) and s
+// (the sum of each block's quants).
+void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols);
+
+// bk_qdot computes out[i*rows + r] for r0 <= r < r1 and i < n from x
+// quantised by bk_quant_x, for the ggml block formats other than Q8_0:
+// integer dot products per block of 32, scaled in float.
+void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32_t *s, int64_t n,
+             const uint8_t *w, int dtype, int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 
 // bk_init builds lookup tables; call once before anything else. It returns
 // 1 when the CPU supports the SIMD path (AVX2, FMA and F16C).
