@@ -165,7 +165,7 @@ AVX2 static void deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t
     }
     return;
   default:
-    bk_quant_dequant_row(dst, row, dtype, cols);
+    bk_quant_dequant_row_avx2(dst, row, dtype, cols);
   }
 }
 #endif

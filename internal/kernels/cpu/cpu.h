@@ -29,6 +29,8 @@ int64_t bk_row_bytes(int dtype, int64_t cols);
 int64_t bk_quant_row_bytes(int dtype, int64_t cols);
 // bk_quant_dequant_row: exactly kernels.Matrix.Row.
 void bk_quant_dequant_row(float *dst, const uint8_t *row, int dtype, int64_t cols);
+// The same with AVX2 (x86-64 builds with SIMD only; same results).
+void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols);
 
 // bk_quant_x quantises n rows of x (cols each, a multiple of 32) to 8
 // bits in blocks of 32, as the integer dot products of the block formats

@@ -318,6 +318,138 @@ QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float
   }
 }
 
+// Dequantisation with the reference's operations in the same order (a
+// product (dw·sc)·q, then + mw for formats with a minimum; intrinsics are
+// never contracted into FMAs), so results are identical to the scalar path.
+QAVX2_INLINE void vdequant_dt(int dt, float *dst, const uint8_t *row, int64_t cols) {
+  int has_min = lay(dt).has_min;
+  for (int64_t b = 0; b < cols / 32; b++) {
+    vsub o;
+    vdecode(dt, row, b, &o);
+    int16_t sc[16];
+    _mm256_storeu_si256((__m256i *)sc, o.sc);
+    __m256 mw = _mm256_set1_ps(o.mw);
+    for (int k = 0; k < 4; k++) {
+      __m128i q8 = k < 2 ? _mm256_castsi256_si128(o.q) : _mm256_extracti128_si256(o.q, 1);
+      if (k % 2) q8 = _mm_srli_si128(q8, 8);
+      __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+      // scale of elements 8k..8k+7: sc[e/16] sits in pair lane (8k)/2
+      __m256 v = _mm256_mul_ps(_mm256_set1_ps(o.dw * (float)sc[4 * k]), q);
+      if (has_min) v = _mm256_add_ps(v, mw);
+      _mm256_storeu_ps(dst + 32 * b + 8 * k, v);
+    }
+  }
+}
+
+#define DEQ_FOR(DT, NAME)                                                                       \
+  QAVX2 static void NAME(float *dst, const uint8_t *row, int64_t cols) {                       \
+    vdequant_dt(DT, dst, row, cols);                                                            \
+  }
+DEQ_FOR(BK_Q4_0, deq_q4_0)
+DEQ_FOR(BK_Q4_1, deq_q4_1)
+DEQ_FOR(BK_Q5_0, deq_q5_0)
+DEQ_FOR(BK_Q5_1, deq_q5_1)
+DEQ_FOR(BK_Q4_K, deq_q4_k)
+DEQ_FOR(BK_Q5_K, deq_q5_k)
+DEQ_FOR(BK_Q6_K, deq_q6_k)
+
+void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t cols) {
+  switch (dt) {
+  case BK_Q4_0: deq_q4_0(dst, row, cols); return;
+  case BK_Q4_1: deq_q4_1(dst, row, cols); return;
+  case BK_Q5_0: deq_q5_0(dst, row, cols); return;
+  case BK_Q5_1: deq_q5_1(dst, row, cols); return;
+  case BK_Q4_K: deq_q4_k(dst, row, cols); return;
+  case BK_Q5_K: deq_q5_k(dst, row, cols); return;
+  case BK_Q6_K: deq_q6_k(dst, row, cols); return;
+  }
+  bk_quant_dequant_row(dst, row, dt, cols);
+}
+
+// The K formats a super-block at a time: scales and mins are unpacked once
+// per 256 elements, a 32-byte load of nibbles serves two sub-blocks, and
+// Q4_K/Q5_K quants (unsigned) go straight into maddubs.
+QAVX2_INLINE void qdot_k_dt(int dt, float *out, const int8_t *qs, const float *d,
+                            const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
+                            int64_t cols, int64_t r0, int64_t r1) {
+  const int six = dt == BK_Q6_K, five = dt == BK_Q5_K;
+  const int64_t bytes = six ? 210 : five ? 176 : 144, nsb = cols / 256, nb = cols / 32;
+  const int64_t rb = nsb * bytes;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  for (int64_t i0 = 0; i0 < n; i0 += QN) {
+    int nn = n - i0 < QN ? (int)(n - i0) : QN;
+    for (int64_t r = r0; r < r1; r++) {
+      const uint8_t *row = w + r * rb;
+      __m256 acc[QN];
+      float accm[QN];
+      for (int i = 0; i < QN; i++) {
+        acc[i] = _mm256_setzero_ps();
+        accm[i] = 0;
+      }
+      for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = row + sb * bytes;
+        const int64_t xb = 8 * sb; // first x block of this super-block
+        if (six) {
+          float dd = hf(B + 208);
+          const int8_t *sc = (const int8_t *)(B + 192);
+          for (int h = 0; h < 2; h++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(B + 64 * h));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(B + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(B + 128 + 32 * h));
+            for (int k = 0; k < 4; k++) {
+              __m256i v = k % 2 ? ql1 : ql0;
+              __m256i nib = _mm256_and_si256(k < 2 ? v : _mm256_srli_epi16(v, 4), m4);
+              __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
+              __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(hb, 4)),
+                                          _mm256_set1_epi8(32));
+              __m256i aq = _mm256_sign_epi8(q, q);
+              __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * k + 1]),
+                                             _mm_set1_epi16(sc[8 * h + 2 * k]));
+              for (int i = 0; i < nn; i++) {
+                int64_t xi = (i0 + i) * nb + xb + 4 * h + k;
+                __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi));
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(x, q)), scv);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dd * d[xi]), acc[i]);
+              }
+            }
+          }
+          continue;
+        }
+        float dd = hf(B), dmin = hf(B + 2);
+        int sc[8], mn[8];
+        for (int j = 0; j < 8; j++) scale_min_k(B + 4, j, &sc[j], &mn[j]);
+        for (int i = 0; i < nn; i++) {
+          int64_t x0 = (i0 + i) * nb + xb;
+          for (int j = 0; j < 8; j++)
+            accm[i] += -(dmin * (float)mn[j]) * d[x0 + j] * (float)s[x0 + j];
+        }
+        const uint8_t *qsb = B + (five ? 48 : 16);
+        __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(B + 16)) : _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+          __m256i v = _mm256_loadu_si256((const __m256i *)(qsb + 32 * p));
+          __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          if (five) {
+            __m256i one = _mm256_set1_epi8(1);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+          }
+          __m256i slo = _mm256_set1_epi16((short)sc[2 * p]), shi = _mm256_set1_epi16((short)sc[2 * p + 1]);
+          for (int i = 0; i < nn; i++) {
+            int64_t xi = (i0 + i) * nb + xb + 2 * p;
+            __m256i xa = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi));
+            __m256i xc = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi + 32));
+            __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xa), slo);
+            __m256i pc = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xc), shi);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_set1_ps(dd * d[xi]), acc[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pc), _mm256_set1_ps(dd * d[xi + 1]), acc[i]);
+          }
+        }
+      }
+      for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
+    }
+  }
+}
+
 // One instance per format, so vdecode's switch is resolved at compile time.
 #define QDOT_FOR(DT, NAME)                                                                     \
   QAVX2 static void NAME(float *out, const int8_t *qs, const float *d, const int32_t *s,        \
@@ -329,9 +461,15 @@ QDOT_FOR(BK_Q4_0, qdot_q4_0)
 QDOT_FOR(BK_Q4_1, qdot_q4_1)
 QDOT_FOR(BK_Q5_0, qdot_q5_0)
 QDOT_FOR(BK_Q5_1, qdot_q5_1)
-QDOT_FOR(BK_Q4_K, qdot_q4_k)
-QDOT_FOR(BK_Q5_K, qdot_q5_k)
-QDOT_FOR(BK_Q6_K, qdot_q6_k)
+#define QDOTK_FOR(DT, NAME)                                                                    \
+  QAVX2 static void NAME(float *out, const int8_t *qs, const float *d, const int32_t *s,        \
+                         int64_t n, const uint8_t *w, int64_t rows, int64_t cols, int64_t r0,  \
+                         int64_t r1) {                                                         \
+    qdot_k_dt(DT, out, qs, d, s, n, w, rows, cols, r0, r1);                                    \
+  }
+QDOTK_FOR(BK_Q4_K, qdot_q4_k)
+QDOTK_FOR(BK_Q5_K, qdot_q5_k)
+QDOTK_FOR(BK_Q6_K, qdot_q6_k)
 #endif
 
 void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32_t *s, int64_t n,
