@@ -64,7 +64,8 @@ var matmulDTypes = append([]kernels.DType{kernels.F32, kernels.F16, kernels.BF16
 // weights streamed, the machine's sgemm GFLOP/s (sgemmPeak) and the ratio
 // of the two ("of-sgemm"). n = 1 is a decode step of one sequence, 8 and
 // 32 a batched decode step, 512 a prefill chunk. "simd" and "scalar" are
-// the own kernels; for f32 "blas" is the same product through OpenBLAS.
+// the own kernels; "blas" is the same product through OpenBLAS (for other
+// dtypes than f32: on weight rows dequantised once, at n >= deqBLASMinN).
 func BenchmarkMatMul(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	pk := sgemmPeak()
@@ -81,7 +82,7 @@ func BenchmarkMatMul(b *testing.B) {
 					}
 					vs = append(vs, v)
 				}
-				if dt == kernels.F32 {
+				if dt == kernels.F32 || n >= deqBLASMinN {
 					bl := New(0)
 					bl.blasMinN = 1
 					vs = append(vs, variant{"blas", bl})

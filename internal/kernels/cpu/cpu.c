@@ -104,6 +104,26 @@ void bk_sgemm(float *out, const float *x, int64_t n, const float *w, int64_t row
               x, (int)cols, w + r0 * cols, (int)cols, 0.0f, out + r0, (int)rows);
 }
 
+// Rows of a non-f32 weight dequantised at a time for sgemm: 48 rows of up
+// to 2048 floats stay in L2 while sgemm sweeps all rows of x past them.
+#define DQ_ROWS 48
+
+void bk_deq_sgemm(int simd, float *out, const float *x, int64_t n, const uint8_t *w, int dtype,
+                  int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
+  if (r1 <= r0 || n <= 0) return;
+  float *buf = malloc(sizeof(float) * DQ_ROWS * cols);
+  if (!buf) abort();
+  int32_t ids[DQ_ROWS];
+  for (int64_t r = r0; r < r1; r += DQ_ROWS) {
+    int64_t nr = r1 - r < DQ_ROWS ? r1 - r : DQ_ROWS;
+    for (int64_t i = 0; i < nr; i++) ids[i] = (int32_t)(r + i);
+    bk_dequant_rows(simd, buf, w, dtype, cols, ids, nr);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)cols, 1.0f, x,
+                (int)cols, buf, (int)cols, 0.0f, out + r, (int)rows);
+  }
+  free(buf);
+}
+
 /* ------------------------------------------------------- dequantisation */
 
 static void deq_row_scalar(float *dst, const uint8_t *row, int dtype, int64_t cols) {

@@ -37,6 +37,11 @@ const (
 	// 768..4096 columns: 1.5-3x at n=4..16, ~1.3x at n=32, even at n=64,
 	// while sgemm is ~1.3x faster at n=256).
 	defaultBLASMinN = 64
+	// deqBLASMinN: products of non-f32 weights with at least this many x
+	// rows (a prefill chunk) dequantise each weight row once and use
+	// sgemm; below it the own gemm, which dequantises a tile per block of
+	// x rows, is at least as fast.
+	deqBLASMinN = 128
 	// defaultMinWork is the least work worth giving to one more thread, in
 	// multiply-add equivalents (~1.3 µs of AVX2 work; a hot dispatch costs
 	// ~0.5 µs). Measured costs per element: SwiGLU ~12, Add ~3, RMSNorm ~4,
@@ -165,6 +170,13 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 	if w.DType == kernels.F32 && b.blasMinN > 0 && n >= b.blasMinN && uintptr(wp)%4 == 0 {
 		b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 			C.bk_sgemm(fptr(out), fptr(x), C.int64_t(n), (*C.float)(wp),
+				C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+		})
+		return
+	}
+	if w.DType != kernels.F32 && b.blasMinN > 0 && n >= max(b.blasMinN, deqBLASMinN) {
+		b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+			C.bk_deq_sgemm(b.simdFlag(), fptr(out), fptr(x), C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),
 				C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 		})
 		return

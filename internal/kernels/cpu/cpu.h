@@ -58,6 +58,12 @@ const char *bk_blas_corename(void);
 void bk_sgemm(float *out, const float *x, int64_t n, const float *w,
               int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 
+// bk_deq_sgemm is bk_sgemm for weights of any dtype: rows are dequantised
+// a few dozen at a time (each once per call) and multiplied with all n
+// rows of x by OpenBLAS.
+void bk_deq_sgemm(int simd, float *out, const float *x, int64_t n, const uint8_t *w, int dtype,
+                  int64_t rows, int64_t cols, int64_t r0, int64_t r1);
+
 // bk_matmul is the same product with the backend's own kernels, for any
 // dtype (w is raw row data, dtype.RowBytes(cols) bytes a row).
 void bk_matmul(int simd, float *out, const float *x, int64_t n,

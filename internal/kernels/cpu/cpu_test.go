@@ -528,3 +528,25 @@ func TestMatMulQuant(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulPrefill: prefill-sized products (n >= deqBLASMinN) of every
+// non-f32 dtype, which dequantise weight rows for sgemm where BLAS is on
+// and use the own gemm where it is off, against the reference.
+func TestMatMulPrefill(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	const rows, cols, n = 53, 512, deqBLASMinN + 5
+	for _, dt := range append([]kernels.DType{kernels.F16, kernels.BF16, kernels.Q8_0}, kernels.QuantDTypes...) {
+		w := randMatrix(rng, dt, rows, cols)
+		x := randVec(rng, n*cols, 1)
+		want := make([]float32, n*rows)
+		ref.New().MatMul(want, x, n, w)
+		for _, v := range variants(t) {
+			got := make([]float32, n*rows)
+			v.b.MatMul(got, x, n, w)
+			c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
+			for i := range want {
+				c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
+			}
+		}
+	}
+}
