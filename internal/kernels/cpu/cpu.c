@@ -104,6 +104,21 @@ void bk_sgemm(float *out, const float *x, int64_t n, const float *w, int64_t row
               x, (int)cols, w + r0 * cols, (int)cols, 0.0f, out + r0, (int)rows);
 }
 
+// Per-thread scratch that grows and is kept: the gemm runs thousands of
+// times per second, and a malloc of a few hundred KiB is an mmap.
+static __thread float *tl_scratch;
+static __thread size_t tl_scratch_len;
+
+static float *scratch(size_t floats) {
+  if (tl_scratch_len < floats) {
+    free(tl_scratch);
+    tl_scratch = aligned_alloc(64, (floats * 4 + 63) / 64 * 64);
+    if (!tl_scratch) abort();
+    tl_scratch_len = floats;
+  }
+  return tl_scratch;
+}
+
 // Rows of a non-f32 weight dequantised at a time for sgemm: 48 rows of up
 // to 2048 floats stay in L2 while sgemm sweeps all rows of x past them.
 #define DQ_ROWS 48
@@ -111,8 +126,7 @@ void bk_sgemm(float *out, const float *x, int64_t n, const float *w, int64_t row
 void bk_deq_sgemm(int simd, float *out, const float *x, int64_t n, const uint8_t *w, int dtype,
                   int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   if (r1 <= r0 || n <= 0) return;
-  float *buf = malloc(sizeof(float) * DQ_ROWS * cols);
-  if (!buf) abort();
+  float *buf = scratch((size_t)(DQ_ROWS * cols));
   int32_t ids[DQ_ROWS];
   for (int64_t r = r0; r < r1; r += DQ_ROWS) {
     int64_t nr = r1 - r < DQ_ROWS ? r1 - r : DQ_ROWS;
@@ -121,7 +135,6 @@ void bk_deq_sgemm(int simd, float *out, const float *x, int64_t n, const uint8_t
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)cols, 1.0f, x,
                 (int)cols, buf, (int)cols, 0.0f, out + r, (int)rows);
   }
-  free(buf);
 }
 
 /* ------------------------------------------------------- dequantisation */
@@ -411,21 +424,6 @@ AVX2 static void mk8(const float *xp, const float *const *wr, int64_t k0, int64_
   __m256 cs[GW] = {c0, c1, c2, c3, c4, c5};
   for (int j = 0; j < GW; j++)
     _mm256_storeu_ps(c + j * ldc, _mm256_add_ps(_mm256_loadu_ps(c + j * ldc), cs[j]));
-}
-
-// Per-thread scratch that grows and is kept: the gemm runs thousands of
-// times per second, and a malloc of a few hundred KiB is an mmap.
-static __thread float *tl_scratch;
-static __thread size_t tl_scratch_len;
-
-static float *scratch(size_t floats) {
-  if (tl_scratch_len < floats) {
-    free(tl_scratch);
-    tl_scratch = aligned_alloc(64, (floats * 4 + 63) / 64 * 64);
-    if (!tl_scratch) abort();
-    tl_scratch_len = floats;
-  }
-  return tl_scratch;
 }
 
 AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
