@@ -1,0 +1,116 @@
+package grammar
+
+// frame is one entry of a parse stack. The top frame's pos is always a
+// terminal (a byte class) waiting for its byte; the frames below hold the
+// positions to resume at when the rule above them ends. Frames are
+// immutable and shared between stacks, so a set of alternative stacks costs
+// little more than one.
+//
+// A nil *frame in a stack set is the empty stack: the start rule (or, in a
+// cached local walk, the frames the walk was given) has been matched
+// completely.
+type frame struct {
+	pos    int32
+	depth  int32
+	parent *frame
+	hash   uint64
+}
+
+func newFrame(pos int32, parent *frame) *frame {
+	h := uint64(pos)*0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
+	d := int32(1)
+	if parent != nil {
+		h ^= parent.hash*0xBF58476D1CE4E5B9 + (h << 6) + (h >> 2)
+		d = parent.depth + 1
+	}
+	return &frame{pos: pos, depth: d, parent: parent, hash: h}
+}
+
+func sameStack(a, b *frame) bool {
+	for a != b {
+		if a == nil || b == nil || a.pos != b.pos || a.hash != b.hash || a.depth != b.depth {
+			return false
+		}
+		a, b = a.parent, b.parent
+	}
+	return true
+}
+
+// stackSet collects distinct stacks.
+type stackSet []*frame
+
+func (s stackSet) add(f *frame) stackSet {
+	for _, g := range s {
+		if sameStack(f, g) {
+			return s
+		}
+	}
+	return append(s, f)
+}
+
+// expand adds to s every stack reached from resuming at pos above parent
+// without consuming a byte: rule references are entered and finished
+// alternatives return to their caller.
+func (g *Grammar) expand(pos int32, parent *frame, s stackSet) stackSet {
+	e := g.elems[pos]
+	switch e.kind {
+	case elemTerm:
+		return s.add(newFrame(pos, parent))
+	case elemEnd:
+		if parent == nil {
+			return s.add(nil)
+		}
+		return g.expand(parent.pos, parent.parent, s)
+	}
+	cont := parent
+	if g.elems[pos+1].kind != elemEnd {
+		cont = newFrame(pos+1, parent)
+	}
+	// A reference in tail position returns straight to the caller, so
+	// right recursion runs in constant stack depth.
+	for _, a := range g.rules[e.arg].alts {
+		s = g.expand(a, cont, s)
+	}
+	return s
+}
+
+// advance appends to out the stacks that follow from consuming c in any of
+// the stacks in from.
+func (g *Grammar) advance(from stackSet, c byte, out stackSet) stackSet {
+	for _, f := range from {
+		if f == nil {
+			continue
+		}
+		if g.classes[g.elems[f.pos].arg].has(c) {
+			out = g.expand(f.pos+1, f.parent, out)
+		}
+	}
+	return out
+}
+
+// initial is the stack set before any byte.
+func (g *Grammar) initial() stackSet {
+	var s stackSet
+	for _, a := range g.rules[g.root].alts {
+		s = g.expand(a, nil, s)
+	}
+	return s
+}
+
+func hasEmpty(s stackSet) bool {
+	for _, f := range s {
+		if f == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func hasLive(s stackSet) bool {
+	for _, f := range s {
+		if f != nil {
+			return true
+		}
+	}
+	return false
+}
