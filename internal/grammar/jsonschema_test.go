@@ -11,21 +11,21 @@ import (
 )
 
 var testSchemas = map[string]string{
-	"flat": `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"score":{"type":"number"},"ok":{"type":"boolean"},"none":{"type":"null"}},"required":["name","age","score","ok","none"]}`,
-	"optional": `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["b"]}`,
-	"all-optional": `{"type":"object","properties":{"x":{"type":"integer"},"y":{"type":"integer"}}}`,
-	"nested": `{"type":"object","properties":{"user":{"type":"object","properties":{"id":{"type":"integer"},"address":{"type":"object","properties":{"city":{"type":"string","maxLength":12},"zip":{"type":"string","minLength":5,"maxLength":5}},"required":["city","zip"]}},"required":["id","address"]}},"required":["user"]}`,
-	"array": `{"type":"array","items":{"type":"string","maxLength":8},"minItems":2,"maxItems":4}`,
+	"flat":             `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"score":{"type":"number"},"ok":{"type":"boolean"},"none":{"type":"null"}},"required":["name","age","score","ok","none"]}`,
+	"optional":         `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["b"]}`,
+	"all-optional":     `{"type":"object","properties":{"x":{"type":"integer"},"y":{"type":"integer"}}}`,
+	"nested":           `{"type":"object","properties":{"user":{"type":"object","properties":{"id":{"type":"integer"},"address":{"type":"object","properties":{"city":{"type":"string","maxLength":12},"zip":{"type":"string","minLength":5,"maxLength":5}},"required":["city","zip"]}},"required":["id","address"]}},"required":["user"]}`,
+	"array":            `{"type":"array","items":{"type":"string","maxLength":8},"minItems":2,"maxItems":4}`,
 	"array-of-objects": `{"type":"object","properties":{"points":{"type":"array","items":{"type":"object","properties":{"x":{"type":"number"},"y":{"type":"number"}},"required":["x","y"]},"maxItems":3}},"required":["points"]}`,
-	"enum": `{"type":"object","properties":{"color":{"enum":["red","green","blue"]},"size":{"enum":[1,2.5,"XL",null,true]},"fixed":{"const":{"k":[1,"two"]}}},"required":["color","size","fixed"]}`,
-	"ref": `{"$defs":{"pos":{"type":"object","properties":{"line":{"type":"integer"},"col":{"type":"integer"}},"required":["line","col"]}},"type":"object","properties":{"start":{"$ref":"#/$defs/pos"},"end":{"$ref":"#/$defs/pos"}},"required":["start","end"]}`,
-	"recursive": `{"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},"required":["v"]}},"$ref":"#/$defs/node"}`,
-	"anyOf": `{"type":"object","properties":{"id":{"anyOf":[{"type":"integer"},{"type":"string","maxLength":6}]},"v":{"oneOf":[{"type":"null"},{"type":"array","items":{"type":"boolean"}}]}},"required":["id","v"]}`,
-	"type-list": `{"type":"object","properties":{"maybe":{"type":["string","null"]}},"required":["maybe"]}`,
-	"additional": `{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":{"type":"boolean"}}`,
-	"free-object": `{"type":"object"}`,
-	"unicode-key": `{"type":"object","properties":{"naïve \"q\"":{"type":"string","maxLength":3},"ключ":{"enum":["значение","ü"]}},"required":["naïve \"q\"","ключ"]}`,
-	"realistic": realisticSchema,
+	"enum":             `{"type":"object","properties":{"color":{"enum":["red","green","blue"]},"size":{"enum":[1,2.5,"XL",null,true]},"fixed":{"const":{"k":[1,"two"]}}},"required":["color","size","fixed"]}`,
+	"ref":              `{"$defs":{"pos":{"type":"object","properties":{"line":{"type":"integer"},"col":{"type":"integer"}},"required":["line","col"]}},"type":"object","properties":{"start":{"$ref":"#/$defs/pos"},"end":{"$ref":"#/$defs/pos"}},"required":["start","end"]}`,
+	"recursive":        `{"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},"required":["v"]}},"$ref":"#/$defs/node"}`,
+	"anyOf":            `{"type":"object","properties":{"id":{"anyOf":[{"type":"integer"},{"type":"string","maxLength":6}]},"v":{"oneOf":[{"type":"null"},{"type":"array","items":{"type":"boolean"}}]}},"required":["id","v"]}`,
+	"type-list":        `{"type":"object","properties":{"maybe":{"type":["string","null"]}},"required":["maybe"]}`,
+	"additional":       `{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"],"additionalProperties":{"type":"boolean"}}`,
+	"free-object":      `{"type":"object"}`,
+	"unicode-key":      `{"type":"object","properties":{"naïve \"q\"":{"type":"string","maxLength":3},"ключ":{"enum":["значение","ü"]}},"required":["naïve \"q\"","ключ"]}`,
+	"realistic":        realisticSchema,
 }
 
 // realisticSchema is the shape of a typical extraction request, also used
