@@ -69,9 +69,9 @@ func maskList(mask []uint64) []int32 {
 }
 
 // sample draws tokens under the mask until the matcher ends or limit
-// tokens. Half the draws prefer tokens that contain a closing or
-// separating byte, so random text reaches the end of strings and numbers
-// in a reasonable number of steps.
+// tokens. Draws favour the end, tokens that contain a closing or
+// separating byte, and single bytes, so random text reaches the end of
+// strings, numbers and runs of a class in a reasonable number of steps.
 func sample(tb testing.TB, c *Compiled, rng *rand.Rand, limit int) (ids []int32, done bool) {
 	tb.Helper()
 	m := c.NewMatcher()
@@ -85,10 +85,14 @@ func sample(tb testing.TB, c *Compiled, rng *rand.Rand, limit int) (ids []int32,
 		var pick int32
 		eog := allowed[:0:0]
 		closers := allowed[:0:0]
+		short := allowed[:0:0]
 		for _, id := range allowed {
 			if c.v.isEOG[id] {
 				eog = append(eog, id)
 				continue
+			}
+			if len(c.v.bytes[id]) == 1 {
+				short = append(short, id)
 			}
 			for _, b := range c.v.bytes[id] {
 				if b == '"' || b == ']' || b == '}' || b == ',' || b == ')' || b == ';' {
@@ -102,6 +106,8 @@ func sample(tb testing.TB, c *Compiled, rng *rand.Rand, limit int) (ids []int32,
 			pick = eog[rng.IntN(len(eog))]
 		case len(closers) > 0 && rng.IntN(2) == 0:
 			pick = closers[rng.IntN(len(closers))]
+		case len(short) > 0 && rng.IntN(2) == 0:
+			pick = short[rng.IntN(len(short))]
 		default:
 			pick = allowed[rng.IntN(len(allowed))]
 		}
