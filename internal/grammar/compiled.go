@@ -75,7 +75,7 @@ func (c *Compiled) ctx(f *frame, w *walker) *ctxMask {
 	var local *frame
 	for i := ctxFrames - 1; i >= 0; i-- {
 		if k[i] >= 0 {
-			local = newFrame(k[i], local)
+			local = newFrame(k[i], local, nil)
 		}
 	}
 	mask := make([]uint64, c.MaskWords())

@@ -59,7 +59,7 @@ func (m *Matcher) Accept(id int32) error {
 	}
 	cur := m.stacks
 	for _, c := range b {
-		cur = m.c.g.advance(cur, c, nil)
+		cur = m.c.g.advance(cur, c, nil, nil)
 		if len(cur) == 0 {
 			return fmt.Errorf("%w: %d (%q)", ErrRejected, id, b)
 		}

@@ -16,14 +16,50 @@ type frame struct {
 	hash   uint64
 }
 
-func newFrame(pos int32, parent *frame) *frame {
+func newFrame(pos int32, parent *frame, a *arena) *frame {
 	h := uint64(pos)*0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
 	d := int32(1)
 	if parent != nil {
 		h ^= parent.hash*0xBF58476D1CE4E5B9 + (h << 6) + (h >> 2)
 		d = parent.depth + 1
 	}
-	return &frame{pos: pos, depth: d, parent: parent, hash: h}
+	f := a.alloc()
+	*f = frame{pos: pos, depth: d, parent: parent, hash: h}
+	return f
+}
+
+// arena hands out frames that die with a walk: a mask walk creates a frame
+// or more per trie node and keeps none, so it recycles them instead of
+// leaving them to the garbage collector. A nil arena allocates normally,
+// for frames that outlive the call (Accept).
+type arena struct {
+	chunks [][]frame
+	chunk  int
+	used   int
+}
+
+const arenaChunk = 4096
+
+func (a *arena) alloc() *frame {
+	if a == nil {
+		return new(frame)
+	}
+	if a.chunk == len(a.chunks) {
+		a.chunks = append(a.chunks, make([]frame, arenaChunk))
+	}
+	f := &a.chunks[a.chunk][a.used]
+	if a.used++; a.used == arenaChunk {
+		a.chunk, a.used = a.chunk+1, 0
+	}
+	return f
+}
+
+// reset recycles every frame handed out; none may be in use.
+func (a *arena) reset() {
+	for i := 0; i <= a.chunk && i < len(a.chunks); i++ {
+		clear(a.chunks[i])
+	}
+	a.chunk, a.used = 0, 0
 }
 
 func sameStack(a, b *frame) bool {
@@ -51,38 +87,38 @@ func (s stackSet) add(f *frame) stackSet {
 // expand adds to s every stack reached from resuming at pos above parent
 // without consuming a byte: rule references are entered and finished
 // alternatives return to their caller.
-func (g *Grammar) expand(pos int32, parent *frame, s stackSet) stackSet {
+func (g *Grammar) expand(pos int32, parent *frame, s stackSet, a *arena) stackSet {
 	e := g.elems[pos]
 	switch e.kind {
 	case elemTerm:
-		return s.add(newFrame(pos, parent))
+		return s.add(newFrame(pos, parent, a))
 	case elemEnd:
 		if parent == nil {
 			return s.add(nil)
 		}
-		return g.expand(parent.pos, parent.parent, s)
+		return g.expand(parent.pos, parent.parent, s, a)
 	}
 	cont := parent
 	if g.elems[pos+1].kind != elemEnd {
-		cont = newFrame(pos+1, parent)
+		cont = newFrame(pos+1, parent, a)
 	}
 	// A reference in tail position returns straight to the caller, so
 	// right recursion runs in constant stack depth.
-	for _, a := range g.rules[e.arg].alts {
-		s = g.expand(a, cont, s)
+	for _, alt := range g.rules[e.arg].alts {
+		s = g.expand(alt, cont, s, a)
 	}
 	return s
 }
 
 // advance appends to out the stacks that follow from consuming c in any of
 // the stacks in from.
-func (g *Grammar) advance(from stackSet, c byte, out stackSet) stackSet {
+func (g *Grammar) advance(from stackSet, c byte, out stackSet, a *arena) stackSet {
 	for _, f := range from {
 		if f == nil {
 			continue
 		}
 		if g.classes[g.elems[f.pos].arg].has(c) {
-			out = g.expand(f.pos+1, f.parent, out)
+			out = g.expand(f.pos+1, f.parent, out, a)
 		}
 	}
 	return out
@@ -92,7 +128,7 @@ func (g *Grammar) advance(from stackSet, c byte, out stackSet) stackSet {
 func (g *Grammar) initial() stackSet {
 	var s stackSet
 	for _, a := range g.rules[g.root].alts {
-		s = g.expand(a, nil, s)
+		s = g.expand(a, nil, s, nil)
 	}
 	return s
 }

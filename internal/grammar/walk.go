@@ -3,8 +3,9 @@ package grammar
 // walker runs stack sets down a vocabulary trie. It keeps one stack set per
 // trie depth so a walk allocates only the frames it creates.
 type walker struct {
-	g    *Grammar
-	sets []stackSet
+	g     *Grammar
+	arena arena
+	sets  []stackSet
 	// past[d] says some stack emptied before depth d: the prefix reached
 	// the bottom of the frames the walk started from and went on, so what
 	// follows depends on frames the walk was not given.
@@ -33,7 +34,7 @@ func (w *walker) walk(t *trie, init stackSet, mask []uint64, uncertain *[]int32)
 		}
 		from := w.sets[d-1]
 		past := w.past[d-1] || hasEmpty(from)
-		next := w.g.advance(from, n.b, w.sets[d][:0])
+		next := w.g.advance(from, n.b, w.sets[d][:0], &w.arena)
 		w.sets[d] = next
 		if len(next) == 0 {
 			if past && uncertain != nil {
@@ -52,4 +53,5 @@ func (w *walker) walk(t *trie, init stackSet, mask []uint64, uncertain *[]int32)
 	for d := range w.sets {
 		clear(w.sets[d][:cap(w.sets[d])])
 	}
+	w.arena.reset()
 }
