@@ -19,7 +19,7 @@ func BenchmarkMask(b *testing.B) {
 	for _, vn := range []string{"llama-spm", "gpt-2", "qwen3"} {
 		b.Run(vn, func(b *testing.B) {
 			tok := loadTok(b, vn)
-			c := Compile(g, tok)
+			c := mustCompile(b, g, tok)
 			rng := rand.New(rand.NewPCG(1, 1))
 			var paths [][]int32
 			for n := 0; n < 2000; {
@@ -77,7 +77,7 @@ func BenchmarkAccept(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := Compile(g, loadTok(b, "llama-spm"))
+	c := mustCompile(b, g, loadTok(b, "llama-spm"))
 	rng := rand.New(rand.NewPCG(1, 1))
 	var path []int32
 	for path == nil {
@@ -111,7 +111,7 @@ func BenchmarkCompileCold(b *testing.B) {
 			var path []int32
 			{
 				g, _ := FromJSONSchema(realisticSchema)
-				c := Compile(g, tok)
+				c := mustCompile(b, g, tok)
 				rng := rand.New(rand.NewPCG(1, 1))
 				for path == nil {
 					if ids, ok := sample(b, c, rng, 3000); ok {
@@ -125,7 +125,7 @@ func BenchmarkCompileCold(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				c := Compile(g, tok)
+				c := mustCompile(b, g, tok)
 				m := c.NewMatcher()
 				for _, id := range path {
 					m.FillMask(mask)

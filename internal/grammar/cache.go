@@ -87,8 +87,15 @@ func (c *Cache) Get(kind, spec string, tok *tokenizer.Tokenizer) (*Compiled, err
 			it.err = err
 			return
 		}
-		it.c = Compile(g, tok)
-		it.c.Warm()
+		c, err := Compile(g, tok)
+		if err == nil {
+			err = c.Warm()
+		}
+		if err != nil {
+			it.err = err
+			return
+		}
+		it.c = c
 	})
 	return it.c, it.err
 }

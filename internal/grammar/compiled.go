@@ -48,8 +48,12 @@ type Compiled struct {
 }
 
 // Compile binds g to the vocabulary of tok.
-func Compile(g *Grammar, tok *tokenizer.Tokenizer) *Compiled {
-	return &Compiled{g: g, v: vocabOf(tok), init: g.initial(), ctxs: map[ctxKey]*ctxMask{}}
+func Compile(g *Grammar, tok *tokenizer.Tokenizer) (*Compiled, error) {
+	init, err := g.initial()
+	if err != nil {
+		return nil, err
+	}
+	return &Compiled{g: g, v: vocabOf(tok), init: init, ctxs: map[ctxKey]*ctxMask{}}, nil
 }
 
 // VocabSize is the number of tokens a mask covers.
@@ -75,7 +79,7 @@ func (c *Compiled) ctx(f *frame, w *walker) *ctxMask {
 	var local *frame
 	for i := ctxFrames - 1; i >= 0; i-- {
 		if k[i] >= 0 {
-			local = newFrame(k[i], local, nil)
+			local = newFrame(k[i], local, &arena{heap: true})
 		}
 	}
 	mask := make([]uint64, c.MaskWords())
@@ -113,11 +117,13 @@ func (c *Compiled) ctx(f *frame, w *walker) *ctxMask {
 
 // Warm computes the contexts of the initial state, so a first request
 // does not pay for them inside its first decoding step.
-func (c *Compiled) Warm() {
+func (c *Compiled) Warm() (err error) {
+	defer catchAmbiguous(&err)
 	w := &walker{g: c.g}
 	for _, f := range c.init {
 		if f != nil {
 			c.ctx(f, w)
 		}
 	}
+	return nil
 }

@@ -130,3 +130,12 @@ func (v *vocab) text(ids []int32) string {
 	}
 	return string(b)
 }
+
+func mustCompile(tb testing.TB, g *Grammar, tok *tokenizer.Tokenizer) *Compiled {
+	tb.Helper()
+	c, err := Compile(g, tok)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}

@@ -83,7 +83,7 @@ func TestJSONSchemaSamples(t *testing.T) {
 			val := compileValidator(t, schema)
 			for _, vn := range testVocabs {
 				tok := loadTok(t, vn)
-				c := Compile(g, tok)
+				c := mustCompile(t, g, tok)
 				rng := rand.New(rand.NewPCG(uint64(len(name)), 7))
 				done := 0
 				for range n {
@@ -145,7 +145,7 @@ func checkWhitespace(t *testing.T, s string) {
 func TestJSONObjectSamples(t *testing.T) {
 	g := JSONObject()
 	for _, vn := range testVocabs {
-		c := Compile(g, loadTok(t, vn))
+		c := mustCompile(t, g, loadTok(t, vn))
 		rng := rand.New(rand.NewPCG(3, 4))
 		done := 0
 		for range 10 {
@@ -189,7 +189,7 @@ func TestSchemaPropertyOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := Compile(g, loadTok(t, "stories260K"))
+	c := mustCompile(t, g, loadTok(t, "stories260K"))
 	for _, s := range []string{`{"z":[1,{"b":null}],"a":"<&>"}`, `{"z": [1,{"b":null}], "a": "<&>"}`} {
 		if err := acceptText(c, s, true); err != nil {
 			t.Errorf("%s: %v", s, err)

@@ -18,6 +18,8 @@ type Matcher struct {
 	stacks     stackSet
 	history    []stackSet // the stacks before each accepted token
 	terminated bool
+	heap       arena
+	err        error
 }
 
 // ErrRejected is wrapped by the errors Accept returns for tokens the
@@ -26,7 +28,7 @@ var ErrRejected = errors.New("grammar: token not allowed")
 
 // NewMatcher starts a sequence at the beginning of the grammar.
 func (c *Compiled) NewMatcher() *Matcher {
-	return &Matcher{c: c, w: walker{g: c.g}, stacks: c.init}
+	return &Matcher{c: c, w: walker{g: c.g}, stacks: c.init, heap: arena{heap: true}}
 }
 
 // IsTerminated reports whether an end-of-generation token was accepted.
@@ -35,10 +37,27 @@ func (m *Matcher) IsTerminated() bool { return m.terminated }
 // CanEnd reports whether the text so far is a complete match.
 func (m *Matcher) CanEnd() bool { return !m.terminated && hasEmpty(m.stacks) }
 
+// Err reports why the matcher gave up, if it did: the grammar turned out
+// too ambiguous to follow (errAmbiguous). From then on FillMask allows
+// only end-of-generation tokens, so the output stops short instead of
+// breaking the grammar, and the engine should report the error.
+func (m *Matcher) Err() error { return m.err }
+
 // Accept advances past token id, or returns an error wrapping ErrRejected
 // and leaves the state unchanged.
-func (m *Matcher) Accept(id int32) error {
+func (m *Matcher) Accept(id int32) (err error) {
 	v := m.c.v
+	if m.err != nil && !m.terminated {
+		// The mask allows only the end now; taking it ends the sequence,
+		// and Err still says why.
+		if id >= 0 && int(id) < v.size && v.isEOG[id] {
+			m.history = append(m.history, m.stacks)
+			m.terminated = true
+			return nil
+		}
+		return m.err
+	}
+	defer catchAmbiguous(&err)
 	if m.terminated {
 		return fmt.Errorf("%w: %d after the end", ErrRejected, id)
 	}
@@ -59,7 +78,7 @@ func (m *Matcher) Accept(id int32) error {
 	}
 	cur := m.stacks
 	for _, c := range b {
-		cur = m.c.g.advance(cur, c, nil, nil)
+		cur = m.c.g.advance(cur, c, nil, &m.heap)
 		if len(cur) == 0 {
 			return fmt.Errorf("%w: %d (%q)", ErrRejected, id, b)
 		}
@@ -96,6 +115,21 @@ func (m *Matcher) FillMask(mask []uint64) {
 	if m.terminated {
 		return
 	}
+	if m.err == nil {
+		func() {
+			defer catchAmbiguous(&m.err)
+			m.fillMask(mask)
+		}()
+	}
+	if m.err != nil {
+		clear(mask)
+		for _, id := range m.c.v.eogs {
+			mask[id>>6] |= 1 << (id & 63)
+		}
+	}
+}
+
+func (m *Matcher) fillMask(mask []uint64) {
 	canEnd := false
 	for _, f := range m.stacks {
 		if f == nil {

@@ -2,7 +2,9 @@ package grammar
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -31,7 +33,7 @@ func TestMaskMatchesAccept(t *testing.T) {
 			t.Fatal(name, err)
 		}
 		for _, vn := range vocabs {
-			c := Compile(g, loadTok(t, vn))
+			c := mustCompile(t, g, loadTok(t, vn))
 			rng := rand.New(rand.NewPCG(11, uint64(len(name))))
 			m := c.NewMatcher()
 			mask := make([]uint64, c.MaskWords())
@@ -77,7 +79,7 @@ func TestAcceptRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := Compile(g, tok)
+	c := mustCompile(t, g, tok)
 	m := c.NewMatcher()
 	id := func(s string) int32 {
 		t.Helper()
@@ -166,7 +168,7 @@ func TestRollbackReplays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := Compile(g, loadTok(t, "gpt-2"))
+	c := mustCompile(t, g, loadTok(t, "gpt-2"))
 	rng := rand.New(rand.NewPCG(5, 5))
 	ids, _ := sample(t, c, rng, 200)
 	m := c.NewMatcher()
@@ -193,5 +195,50 @@ func TestRollbackReplays(t *testing.T) {
 		if err := m.Accept(ids[i]); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestAmbiguousGivesUp: a grammar with exponentially many parse stacks
+// makes the matcher stop with an error instead of hanging.
+func TestAmbiguousGivesUp(t *testing.T) {
+	var sb strings.Builder
+	sb.WriteString("root ::= r0 \"x\"\n")
+	for i := range 30 {
+		fmt.Fprintf(&sb, "r%d ::= r%d r%d\n", i, i+1, i+1)
+	}
+	sb.WriteString("r30 ::= \"y\"?\n")
+	g, err := FromGBNF(sb.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := loadTok(t, "stories260K")
+	if _, err := Compile(g, tok); !errors.Is(err, errAmbiguous) {
+		t.Fatalf("Compile: %v", err)
+	}
+	if _, err := ForRequest(KindEBNF, sb.String(), tok); !errors.Is(err, errAmbiguous) {
+		t.Fatalf("ForRequest: %v", err)
+	}
+	// The same behind a first byte: the blow-up comes in the first mask.
+	g, err = FromGBNF(strings.Replace(sb.String(), `root ::= r0`, `root ::= "a" r0`, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, g, tok)
+	m := c.NewMatcher()
+	mask := make([]uint64, c.MaskWords())
+	m.FillMask(mask)
+	if !errors.Is(m.Err(), errAmbiguous) {
+		t.Fatalf("Err after FillMask: %v", m.Err())
+	}
+	for _, id := range maskList(mask) {
+		if !tok.IsEOG(id) {
+			t.Fatalf("token %d allowed after giving up", id)
+		}
+	}
+	if err := m.Accept('a'); !errors.Is(err, errAmbiguous) {
+		t.Fatalf("Accept after giving up: %v", err)
+	}
+	if err := m.Accept(tok.EOS()); err != nil || !m.IsTerminated() {
+		t.Fatalf("Accept of the end after giving up: %v", err)
 	}
 }

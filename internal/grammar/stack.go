@@ -1,5 +1,7 @@
 package grammar
 
+import "errors"
+
 // frame is one entry of a parse stack. The top frame's pos is always a
 // terminal (a byte class) waiting for its byte; the frames below hold the
 // positions to resume at when the rule above them ends. Frames are
@@ -30,18 +32,39 @@ func newFrame(pos int32, parent *frame, a *arena) *frame {
 
 // arena hands out frames that die with a walk: a mask walk creates a frame
 // or more per trie node and keeps none, so it recycles them instead of
-// leaving them to the garbage collector. A nil arena allocates normally,
+// leaving them to the garbage collector. A heap arena allocates normally,
 // for frames that outlive the call (Accept).
+//
+// It also meters the work of one byte's advance. An ambiguous grammar can
+// have exponentially many parse stacks (a rule that is the concatenation
+// of two nullable copies of the next, many levels deep), which a stack-set
+// recogniser would enumerate for ever; past a budget the advance gives up
+// with errAmbiguous rather than hang a decoding thread.
 type arena struct {
+	heap   bool
+	steps  int
 	chunks [][]frame
 	chunk  int
 	used   int
 }
 
-const arenaChunk = 4096
+const (
+	arenaChunk = 4096
+	// maxSteps bounds the rule expansions of one byte's advance, and
+	// maxStacks the parse stacks alive at once. Real grammars use a few
+	// dozen of each.
+	maxSteps  = 1 << 16
+	maxStacks = 1 << 10
+)
+
+var errAmbiguous = errors.New("grammar: too ambiguous to follow (too many parse stacks)")
+
+// ambiguous is the panic value that carries errAmbiguous out of a deep
+// expansion to the API boundary.
+type ambiguous struct{}
 
 func (a *arena) alloc() *frame {
-	if a == nil {
+	if a.heap {
 		return new(frame)
 	}
 	if a.chunk == len(a.chunks) {
@@ -81,6 +104,9 @@ func (s stackSet) add(f *frame) stackSet {
 			return s
 		}
 	}
+	if len(s) >= maxStacks {
+		panic(ambiguous{})
+	}
 	return append(s, f)
 }
 
@@ -88,6 +114,9 @@ func (s stackSet) add(f *frame) stackSet {
 // without consuming a byte: rule references are entered and finished
 // alternatives return to their caller.
 func (g *Grammar) expand(pos int32, parent *frame, s stackSet, a *arena) stackSet {
+	if a.steps++; a.steps > maxSteps {
+		panic(ambiguous{})
+	}
 	e := g.elems[pos]
 	switch e.kind {
 	case elemTerm:
@@ -113,6 +142,7 @@ func (g *Grammar) expand(pos int32, parent *frame, s stackSet, a *arena) stackSe
 // advance appends to out the stacks that follow from consuming c in any of
 // the stacks in from.
 func (g *Grammar) advance(from stackSet, c byte, out stackSet, a *arena) stackSet {
+	a.steps = 0
 	for _, f := range from {
 		if f == nil {
 			continue
@@ -125,12 +155,23 @@ func (g *Grammar) advance(from stackSet, c byte, out stackSet, a *arena) stackSe
 }
 
 // initial is the stack set before any byte.
-func (g *Grammar) initial() stackSet {
-	var s stackSet
-	for _, a := range g.rules[g.root].alts {
-		s = g.expand(a, nil, s, nil)
+func (g *Grammar) initial() (s stackSet, err error) {
+	defer catchAmbiguous(&err)
+	a := &arena{heap: true}
+	for _, alt := range g.rules[g.root].alts {
+		s = g.expand(alt, nil, s, a)
 	}
-	return s
+	return s, nil
+}
+
+// catchAmbiguous turns the ambiguous panic into errAmbiguous.
+func catchAmbiguous(err *error) {
+	if p := recover(); p != nil {
+		if _, ok := p.(ambiguous); !ok {
+			panic(p)
+		}
+		*err = errAmbiguous
+	}
 }
 
 func hasEmpty(s stackSet) bool {

@@ -76,7 +76,7 @@ line ::= [^\n#]{1,20} "\n"   # any short line
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		for _, vn := range testVocabs {
-			c := Compile(g, loadTok(t, vn))
+			c := mustCompile(t, g, loadTok(t, vn))
 			rng := rand.New(rand.NewPCG(9, uint64(len(tc.name))))
 			done := 0
 			for range 10 {
@@ -114,7 +114,7 @@ func TestRegexSamples(t *testing.T) {
 		}
 		re := regexp.MustCompile(`^(?:` + p + `)$`)
 		for _, vn := range testVocabs {
-			c := Compile(g, loadTok(t, vn))
+			c := mustCompile(t, g, loadTok(t, vn))
 			rng := rand.New(rand.NewPCG(2, uint64(len(p))))
 			done := 0
 			for range 10 {
@@ -135,7 +135,7 @@ func TestRegexSamples(t *testing.T) {
 }
 
 func TestRegexAcceptsMatches(t *testing.T) {
-	c := Compile(mustRegex(t, `(ab|a)*c{2,3}`), loadTok(t, "stories260K"))
+	c := mustCompile(t, mustRegex(t, `(ab|a)*c{2,3}`), loadTok(t, "stories260K"))
 	for s, want := range map[string]bool{"cc": true, "abacc": true, "ccc": true, "c": false, "cccc": false, "abbcc": false, "": false} {
 		if got := acceptText(c, s, true) == nil; got != want {
 			t.Errorf("%q: got %v, want %v", s, got, want)

@@ -22,6 +22,7 @@ func (w *walker) walk(t *trie, init stackSet, mask []uint64, uncertain *[]int32)
 		w.sets = make([]stackSet, 1, 32)
 		w.past = make([]bool, 1, 32)
 	}
+	w.arena.reset()
 	w.sets[0] = append(w.sets[0][:0], init...)
 	w.past[0] = false
 	nodes := t.nodes
