@@ -56,9 +56,11 @@ func JSONObject() *Grammar {
 // const, items with minItems/maxItems, string minLength/maxLength, $ref to
 // "#", "#/$defs/..." and "#/definitions/..." (recursion included), anyOf and
 // oneOf as plain alternatives (oneOf's exclusivity is not enforced), allOf
-// with one member. Numeric bounds, pattern, format, uniqueItems and the
-// like are not enforced; pattern and the combinators that need schema
-// intersection (allOf of several, not, if/then) are refused.
+// with one member, pattern (Go regexp syntax, unanchored as JSON Schema
+// means it) and the formats date, time, date-time, uuid, ipv4 and email.
+// Numeric bounds, other formats, uniqueItems and the like are not
+// enforced; pattern together with length bounds, and the combinators that
+// need schema intersection (allOf of several, not, if/then), are refused.
 func FromJSONSchema(schema string) (*Grammar, error) {
 	v, err := parseJSON(schema)
 	if err != nil {
@@ -107,7 +109,7 @@ func (sc *schemaCompiler) compile(v *jval, depth int) (expr, error) {
 	default:
 		return nil, fmt.Errorf("grammar: a schema must be an object or a boolean")
 	}
-	for _, k := range []string{"pattern", "not", "if", "patternProperties", "dependentSchemas", "contains", "propertyNames"} {
+	for _, k := range []string{"not", "if", "patternProperties", "dependentSchemas", "contains", "propertyNames"} {
 		if v.get(k) != nil {
 			return nil, fmt.Errorf("grammar: schema keyword %q is not supported", k)
 		}
@@ -262,6 +264,25 @@ func (sc *schemaCompiler) typed(v *jval, t string, depth int) (expr, error) {
 		if err != nil {
 			return nil, err
 		}
+		pattern := ""
+		if p := v.get("pattern"); p != nil {
+			if p.kind != 's' {
+				return nil, fmt.Errorf("grammar: pattern must be a string")
+			}
+			pattern = p.str
+		} else if f := v.get("format"); f != nil && f.kind == 's' {
+			pattern = formats[f.str] // unknown formats are annotations only
+		}
+		if pattern != "" {
+			if lo != 0 || hi >= 0 {
+				return nil, fmt.Errorf("grammar: pattern or format with minLength/maxLength is not supported")
+			}
+			body, err := jsonStringPattern(pattern)
+			if err != nil {
+				return nil, err
+			}
+			return sc.rule("pattern", seq{lit{`"`}, body, lit{`"`}}), nil
+		}
 		if lo == 0 && hi < 0 {
 			return ref{"string"}, nil
 		}
@@ -277,6 +298,20 @@ func (sc *schemaCompiler) typed(v *jval, t string, depth int) (expr, error) {
 		return sc.object(v, depth)
 	}
 	return nil, fmt.Errorf("grammar: unknown type %q", t)
+}
+
+// formats are the string formats generated exactly, as patterns. They
+// follow RFC 3339 and friends closely enough for validators that assert
+// formats; others are left unconstrained.
+var formats = map[string]string{
+	"date":      `^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$`,
+	"time":      `^([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$`,
+	"date-time": `^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$`,
+	"uuid":      `^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`,
+	"ipv4":      `^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$`,
+	// The local part and labels are kept short so that the counted
+	// repetitions stay small and no part can exceed RFC 5321's limits.
+	"email": `^[a-zA-Z0-9_%+-]{1,16}(\.[a-zA-Z0-9_%+-]{1,16}){0,2}@[a-zA-Z0-9]([a-zA-Z0-9-]{0,20}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,20}[a-zA-Z0-9])?){0,3}\.[a-zA-Z]{2,12}$`,
 }
 
 func (sc *schemaCompiler) array(v *jval, depth int) (expr, error) {

@@ -26,6 +26,7 @@ var testSchemas = map[string]string{
 	"free-object":      `{"type":"object"}`,
 	"unicode-key":      `{"type":"object","properties":{"naïve \"q\"":{"type":"string","maxLength":3},"ключ":{"enum":["значение","ü"]}},"required":["naïve \"q\"","ключ"]}`,
 	"realistic":        realisticSchema,
+	"pattern":          `{"type":"object","properties":{"code":{"type":"string","pattern":"^[A-Z]{2}-\\d{3}$"},"note":{"type":"string","pattern":"^q[\\\\\"\\n/]{1,3}z$"},"when":{"type":"string","format":"date-time"},"id":{"type":"string","format":"uuid"},"mail":{"type":"string","format":"email"}},"required":["code","note","when","id","mail"]}`,
 }
 
 // realisticSchema is the shape of a typical extraction request, also used
@@ -56,6 +57,7 @@ func compileValidator(t *testing.T, schema string) *jsonschema.Schema {
 		t.Fatal(err)
 	}
 	c := jsonschema.NewCompiler()
+	c.AssertFormat()
 	if err := c.AddResource("schema.json", doc); err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +171,7 @@ func TestJSONObjectSamples(t *testing.T) {
 
 func TestJSONSchemaErrors(t *testing.T) {
 	for _, s := range []string{
-		``, `[`, `3`, `false`, `{"type":"strnig"}`, `{"type":"string","pattern":"a+"}`,
+		``, `[`, `3`, `false`, `{"type":"strnig"}`, `{"type":"string","pattern":"a+","maxLength":3}`, `{"type":"string","pattern":"a\\bc"}`,
 		`{"$ref":"#/$defs/missing"}`, `{"$ref":"http://example.com/s.json"}`,
 		`{"allOf":[{"type":"string"},{"maxLength":3}]}`, `{"enum":[]}`,
 		`{"type":"array","minItems":3,"maxItems":2}`, `{"type":"string","minLength":-1}`,
@@ -198,6 +200,21 @@ func TestSchemaPropertyOrder(t *testing.T) {
 	for _, s := range []string{`{"a":"<&>","z":[1,{"b":null}]}`, `{"z":[1, {"b":null}],"a":"<&>"}`, `{"z":[1,{"b":null}],"a":"<&>", }`, `{ "z":[1,{"b":null}],"a":"<&>"}`, `{"z":[1,{"b":null}],"a":"<&>"} `} {
 		if err := acceptText(c, s, true); err == nil {
 			t.Errorf("%s accepted", s)
+		}
+	}
+}
+
+func TestSchemaPattern(t *testing.T) {
+	g, err := FromJSONSchema(`{"type":"string","pattern":"a[\\\\\"]b"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, g, loadTok(t, "stories260K"))
+	for s, want := range map[string]bool{
+		`"a\\b"`: true, `"xa\"by"`: true, `"a\\bb\n"`: true, `"a\\"`: false, `"ab"`: false, `"a"b"`: false, `"a\u0022b"`: false,
+	} {
+		if got := acceptText(c, s, true) == nil; got != want {
+			t.Errorf("%s: got %v, want %v", s, got, want)
 		}
 	}
 }
