@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -240,5 +241,42 @@ func TestAmbiguousGivesUp(t *testing.T) {
 	}
 	if err := m.Accept(tok.EOS()); err != nil || !m.IsTerminated() {
 		t.Fatalf("Accept of the end after giving up: %v", err)
+	}
+}
+
+// TestConcurrentMatchers runs matchers of one Compiled in parallel while
+// its context cache is still filling (run with -race).
+func TestConcurrentMatchers(t *testing.T) {
+	g, err := FromJSONSchema(realisticSchema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, g, loadTok(t, "stories260K"))
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 3))
+			m := c.NewMatcher()
+			mask := make([]uint64, c.MaskWords())
+			for range 300 {
+				m.FillMask(mask)
+				allowed := maskList(mask)
+				if len(allowed) == 0 || m.IsTerminated() {
+					return
+				}
+				if err := m.Accept(allowed[rng.IntN(len(allowed))]); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
