@@ -12,7 +12,7 @@
 // alternatives. The mask of allowed next tokens is computed by walking a
 // byte trie of the vocabulary from the current stacks. Most of that walk
 // depends only on the top few frames of a stack, so for each distinct top
-// (Compiled.entry) the tokens that are accepted regardless of what lies
+// (Compiled.ctx) the tokens that are accepted regardless of what lies
 // below are cached as a bitset, and only the remaining "uncertain" tokens,
 // those that would pop past the cached frames, are walked each step against
 // the real stack.

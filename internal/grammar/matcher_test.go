@@ -213,10 +213,10 @@ func TestAmbiguousGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	tok := loadTok(t, "stories260K")
-	if _, err := Compile(g, tok); !errors.Is(err, errAmbiguous) {
+	if _, err := Compile(g, tok); !errors.Is(err, ErrAmbiguous) {
 		t.Fatalf("Compile: %v", err)
 	}
-	if _, err := ForRequest(KindEBNF, sb.String(), tok); !errors.Is(err, errAmbiguous) {
+	if _, err := ForRequest(KindEBNF, sb.String(), tok); !errors.Is(err, ErrAmbiguous) {
 		t.Fatalf("ForRequest: %v", err)
 	}
 	// The same behind a first byte: the blow-up comes in the first mask.
@@ -228,7 +228,7 @@ func TestAmbiguousGivesUp(t *testing.T) {
 	m := c.NewMatcher()
 	mask := make([]uint64, c.MaskWords())
 	m.FillMask(mask)
-	if !errors.Is(m.Err(), errAmbiguous) {
+	if !errors.Is(m.Err(), ErrAmbiguous) {
 		t.Fatalf("Err after FillMask: %v", m.Err())
 	}
 	for _, id := range maskList(mask) {
@@ -236,7 +236,7 @@ func TestAmbiguousGivesUp(t *testing.T) {
 			t.Fatalf("token %d allowed after giving up", id)
 		}
 	}
-	if err := m.Accept('a'); !errors.Is(err, errAmbiguous) {
+	if err := m.Accept('a'); !errors.Is(err, ErrAmbiguous) {
 		t.Fatalf("Accept after giving up: %v", err)
 	}
 	if err := m.Accept(tok.EOS()); err != nil || !m.IsTerminated() {

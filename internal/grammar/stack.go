@@ -39,7 +39,7 @@ func newFrame(pos int32, parent *frame, a *arena) *frame {
 // have exponentially many parse stacks (a rule that is the concatenation
 // of two nullable copies of the next, many levels deep), which a stack-set
 // recogniser would enumerate for ever; past a budget the advance gives up
-// with errAmbiguous rather than hang a decoding thread.
+// with ErrAmbiguous rather than hang a decoding thread.
 type arena struct {
 	heap   bool
 	steps  int
@@ -57,9 +57,11 @@ const (
 	maxStacks = 1 << 10
 )
 
-var errAmbiguous = errors.New("grammar: too ambiguous to follow (too many parse stacks)")
+// ErrAmbiguous is reported, by Compile, Compiled.Warm, ForRequest and
+// Matcher.Err, for a grammar that has too many parse stacks to follow.
+var ErrAmbiguous = errors.New("grammar: too ambiguous to follow (too many parse stacks)")
 
-// ambiguous is the panic value that carries errAmbiguous out of a deep
+// ambiguous is the panic value that carries ErrAmbiguous out of a deep
 // expansion to the API boundary.
 type ambiguous struct{}
 
@@ -164,13 +166,13 @@ func (g *Grammar) initial() (s stackSet, err error) {
 	return s, nil
 }
 
-// catchAmbiguous turns the ambiguous panic into errAmbiguous.
+// catchAmbiguous turns the ambiguous panic into ErrAmbiguous.
 func catchAmbiguous(err *error) {
 	if p := recover(); p != nil {
 		if _, ok := p.(ambiguous); !ok {
 			panic(p)
 		}
-		*err = errAmbiguous
+		*err = ErrAmbiguous
 	}
 }
 
