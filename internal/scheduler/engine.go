@@ -38,6 +38,9 @@ type Config struct {
 	PreemptAfter time.Duration
 	// IsEOG says whether a token ends generation (EOS, EOT).
 	IsEOG func(int32) bool
+	// Constrain makes the matchers of requests with a Constraint
+	// (structured output); nil refuses such requests.
+	Constrain Constrainer
 }
 
 // RejectError is a refusal at the door: the request allocated nothing.
@@ -72,7 +75,8 @@ type Engine struct {
 	ready   []*Request
 	running []*Request
 	sampler model.Sampler
-	eog     []int32 // the tokens IsEOG accepts, banned before min_tokens
+	eog     []int32  // the tokens IsEOG accepts, banned before min_tokens
+	allow   []uint64 // the constraint mask of the request being sampled
 }
 
 // NewEngine makes an engine; Run drives it.
@@ -291,6 +295,12 @@ func (e *Engine) takeInbox() {
 // deliverFirst emits the token prefill sampled and enters the batch.
 func (e *Engine) deliverFirst(r *Request) {
 	if err := r.life.To(StateDecoding, ""); err != nil {
+		e.fail(r, err)
+		return
+	}
+	// Prefill chose it under the same constraint; the matcher here starts
+	// from it.
+	if err := e.follow(r, r.first.ID); err != nil {
 		e.fail(r, err)
 		return
 	}
@@ -566,7 +576,20 @@ func (e *Engine) step() {
 			e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
 			continue
 		}
-		tok := e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, e.history(r))
+		h := e.history(r)
+		allow, err := e.allowed(r)
+		if err != nil {
+			e.remove(r)
+			e.fail(r, err)
+			continue
+		}
+		h.Allow = allow
+		tok := e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, h)
+		if err := e.follow(r, tok.ID); err != nil {
+			e.remove(r)
+			e.fail(r, err)
+			continue
+		}
 		if e.cfg.Role == RolePrefill {
 			e.prefilled(r, tok)
 			continue
