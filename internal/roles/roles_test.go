@@ -442,8 +442,12 @@ func TestHandoffTimeoutKeepsQuarantine(t *testing.T) {
 	if st := p.dPool.Stats(); st.Quarantined != len(res.Pages) {
 		t.Fatalf("after the handoff timeout: %d quarantined, want the %d prompt pages; %+v", st.Quarantined, len(res.Pages), st)
 	}
-	if testutilCounter(t, p.dm, "baton_handoff_failures_total") < 1 {
-		t.Error("the timeout was not counted")
+	// The timeout is counted once its abort returned, just after the move.
+	for testutilCounter(t, p.dm, "baton_handoff_failures_total") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the timeout was not counted")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: "127.0.0.1:1", Capability: res.Capability}); err != nil {
 		t.Fatal(err)
