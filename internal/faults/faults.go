@@ -39,6 +39,7 @@ const (
 	GuardOwnerTag  = "owner_tag"  // a write lands only in a page of its own reservation
 	GuardDrainWait = "drain_wait" // aborted pages wait in quarantine for their writer
 	GuardLateDrop  = "late_drop"  // writes and drains for a room no longer open are dropped
+	GuardReadGate  = "read_gate"  // every step reads only pages tagged as the request's own and written
 
 	// The internal plane's guards: against a stranger, not a fault.
 	GuardPeerAuth    = "peer_auth"    // gRPC calls and transfer sessions need cluster credentials and the right role
@@ -49,7 +50,7 @@ const (
 )
 
 // AllGuards lists every guard name.
-var AllGuards = []string{GuardDoor, GuardCoverage, GuardChecksum, GuardOwnerTag, GuardDrainWait, GuardLateDrop,
+var AllGuards = []string{GuardDoor, GuardCoverage, GuardChecksum, GuardOwnerTag, GuardDrainWait, GuardLateDrop, GuardReadGate,
 	GuardPeerAuth, GuardCapability, GuardSessionBind, GuardDialKnown, GuardPeerQuota}
 
 // Spec is a parsed BATON_FAULTS.

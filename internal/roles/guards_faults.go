@@ -40,15 +40,11 @@ func init() {
 		sessionBound = func(*reservation, []byte) bool { return true }
 	}
 	if off(faults.GuardCoverage) {
-		// The claim is believed and the pages count as written (the read
-		// gate would refuse them otherwise): the incident's shape.
+		// The claim is believed; the pages' written counts stay what
+		// landed, so the read gate (unless it is off too: the incident's
+		// shape) still sees the truth.
 		coverage.tokens = func(int, int) (string, error) { return "", nil }
-		coverage.page = func(d *Decode, res *reservation, page int32, want int) error {
-			if _, written, _ := d.o.Pool.Owner(page); written < want {
-				_ = d.o.Pool.MarkWritten(res.r.Owner(), page, want)
-			}
-			return nil
-		}
+		coverage.page = func(*Decode, *reservation, int32, int) error { return nil }
 	}
 	if off(faults.GuardChecksum) {
 		checksumMatches = func(uint64, uint64) bool { return true }

@@ -220,6 +220,14 @@ func (e *Engine) Join(r *Request, first model.Sampled) error {
 // cannot be bypassed by a wrapper; every other build runs checkDoor.
 var door = (*Engine).checkDoor
 
+// readable is the read gate's question (a variable so that the faults
+// build, BATON_GUARDS_OFF=read_gate, can take it away: it sits in the
+// middle of batch building, where no wrapper reaches): may this step read
+// every position it attends over, beyond those it writes itself?
+var readable = func(e *Engine, r *Request) error {
+	return e.pool.CheckReadable(r.owner, r.pages, r.computed)
+}
+
 // checkDoor refuses what the engine cannot hold or read: an empty prompt,
 // one that fills the context, a completion past it, a token outside the
 // vocabulary.
@@ -505,7 +513,7 @@ func (e *Engine) step() {
 		// The read gate: every position this step attends over, beyond the
 		// ones it writes itself, must be in pages tagged as this request's own
 		// and already written.
-		if err := e.pool.CheckReadable(r.owner, r.pages, r.computed); err != nil {
+		if err := readable(e, r); err != nil {
 			e.m.ReadGateFailures.Inc()
 			e.running = append(e.running[:i], e.running[i+1:]...)
 			i--

@@ -18,6 +18,7 @@ var guardGates = []struct {
 	{faults.GuardOwnerTag, handoffScenario("misdirected page")},
 	{faults.GuardDrainWait, scenarioAbortDuringTransfer},
 	{faults.GuardLateDrop, scenarioAbortDuringTransfer},
+	{faults.GuardReadGate, scenarioReadGate},
 	{faults.GuardPeerAuth, scenarioAdversary},
 	{faults.GuardCapability, scenarioAdversary},
 	{faults.GuardSessionBind, scenarioAdversary},

@@ -83,26 +83,64 @@ func TestGateHarmlessFaultsKeepExactOutput(t *testing.T) {
 	requireClean(t, v)
 }
 
-// With the Commit's coverage and checksum guards both off, a short
-// write's missing page passes the handoff as written; under --kv-poison it
-// holds NaN, so decode's first step reads NaN logits and the engine fails
-// the request: the client gets an error, never a 200 made from KV nobody
-// wrote, and every page still comes back.
+// scenarioReadGate switches the Commit's coverage and checksum guards off
+// (and whatever else guardsOff names), so that a short write's missing page
+// passes the handoff; its written count still says nothing landed there,
+// and the read gate refuses it on decode's first step. The client gets an
+// error, decode counts the read gate's refusal (not a NaN), and every page
+// comes back.
+func scenarioReadGate(t *testing.T, guardsOff string) violations {
+	ref := loadReference(t)
+	var v violations
+	off := "coverage,checksum"
+	if guardsOff != "" {
+		off += "," + guardsOff
+	}
+	c := startCluster(t, setup{prefillFaults: "short_write=1", guardsOff: off, workerArgs: []string{"--page-size", "4"}})
+	code, text, body := greedy(t, c.Router.URL, ref)
+	if code == 200 {
+		v.add("the client got 200 from a page nobody wrote (%q)", text)
+	}
+	m := harness.Metrics(t, c.Decode[0])
+	if m["baton_kv_read_gate_failures_total"] < 1 {
+		v.add("the read gate refused nothing (status %d, %s; NaN logits %v)", code, body, m["baton_nan_logits_total"])
+	}
+	checkPagesFree(t, c, &v)
+	return v
+}
+
+// Gate 3b, the read gate on its own: a page that passed the Commit but was
+// never written is not read.
+func TestGateReadGate(t *testing.T) { requireClean(t, scenarioReadGate(t, "")) }
+
+// checkPagesFree adds a violation for any worker whose pages are not all
+// free (leaked or quarantined) within ten seconds.
+func checkPagesFree(t *testing.T, c *harness.Cluster, v *violations) {
+	for _, w := range c.Workers() {
+		if !waitFor(t, 10*time.Second, func() bool {
+			m := harness.Metrics(t, w)
+			return m["baton_kv_pages_free"] == m["baton_kv_pages_total"] && m["baton_kv_pages_quarantined"] == 0
+		}) {
+			v.add("%s: pages not all free: %v", w.URL, harness.Metrics(t, w))
+		}
+	}
+}
+
+// With the read gate off as well (the incident's shape: the claim believed,
+// the pages read), the missing page holds NaN under --kv-poison, decode's
+// logits are NaN, and the engine fails the request: the client gets an
+// error, never a 200 made from KV nobody wrote, and every page comes back.
 func TestGatePoisonedReadFailsTheRequest(t *testing.T) {
 	ref := loadReference(t)
-	c := startCluster(t, setup{prefillFaults: "short_write=1", guardsOff: "coverage,checksum", workerArgs: []string{"--page-size", "4"}})
+	c := startCluster(t, setup{prefillFaults: "short_write=1", guardsOff: "coverage,checksum,read_gate", workerArgs: []string{"--page-size", "4"}})
 	code, text, body := greedy(t, c.Router.URL, ref)
 	if code == 200 {
 		t.Fatalf("the client got 200 from unwritten KV (%q)", text)
 	}
-	d := c.Decode[0]
-	if n := harness.Metrics(t, d)["baton_nan_logits_total"]; n < 1 {
+	if n := harness.Metrics(t, c.Decode[0])["baton_nan_logits_total"]; n < 1 {
 		t.Fatalf("decode sampled no NaN logits (status %d, %s): the unwritten page was never read", code, body)
 	}
-	if !waitFor(t, 10*time.Second, func() bool {
-		m := harness.Metrics(t, d)
-		return m["baton_kv_pages_free"] == m["baton_kv_pages_total"] && m["baton_kv_pages_quarantined"] == 0
-	}) {
-		t.Fatalf("pages not all free after the failed request: %v", harness.Metrics(t, d))
-	}
+	var v violations
+	checkPagesFree(t, c, &v)
+	requireClean(t, v)
 }
