@@ -31,7 +31,8 @@ type Config struct {
 	MaxRunning int
 	// ChunkSize caps the prompt tokens prefilled in one step.
 	ChunkSize int
-	// MaxQueue caps requests waiting for admission; more are refused with 503.
+	// MaxQueue caps requests waiting for admission; more are refused with
+	// 429, which clients and SDKs retry after Retry-After.
 	MaxQueue int
 	// PreemptAfter, when positive, lets a request that has waited that long
 	// for a full batch take the slot of the running request that has
@@ -43,10 +44,10 @@ type Config struct {
 
 // RejectError is a refusal at the door: the request allocated nothing.
 type RejectError struct {
-	Status     int    // 400 for a request that can never run, 503 when full
+	Status     int    // 400 for a request that can never run, 429 when full, 503 when unavailable
 	Reason     string // metric label
 	Message    string
-	RetryAfter int // seconds, for 503
+	RetryAfter int // seconds, for 429 and 503
 }
 
 func (e *RejectError) Error() string { return e.Message }
@@ -120,7 +121,9 @@ func (e *Engine) Submit(r *Request) error {
 	e.mu.Lock()
 	if e.queued >= e.cfg.MaxQueue {
 		e.mu.Unlock()
-		return e.reject(r, &RejectError{Status: 503, Reason: "queue_full", Message: "server is at capacity; retry later", RetryAfter: 1})
+		// 429 rather than 503: the server is up and merely busy, and OpenAI's
+		// SDKs retry a 429 by default.
+		return e.reject(r, &RejectError{Status: 429, Reason: "queue_full", Message: "server is at capacity; retry later", RetryAfter: 1})
 	}
 	e.nextRoom++
 	r.room = e.nextRoom

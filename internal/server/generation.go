@@ -98,7 +98,7 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 		case http.StatusBadRequest:
 			return openai.BadRequest(rej.Message, param)
 		case http.StatusTooManyRequests:
-			return openai.TooManyRequests(rej.Message, time.Duration(rej.RetryAfter)*time.Second)
+			return openai.TooManyRequests(rej.Message, time.Duration(max(1, rej.RetryAfter))*time.Second)
 		default:
 			return openai.ServiceUnavailable(rej.Message, time.Duration(max(1, rej.RetryAfter))*time.Second)
 		}
@@ -303,7 +303,9 @@ func (s *Server) eventError(id string, ev scheduler.Event) *openai.Error {
 		switch st := hs.HTTPStatus(); {
 		case st == http.StatusBadRequest:
 			return openai.BadRequest(msg, "")
-		case st == http.StatusServiceUnavailable || st == http.StatusTooManyRequests:
+		case st == http.StatusTooManyRequests:
+			return openai.TooManyRequests(msg, time.Second)
+		case st == http.StatusServiceUnavailable:
 			return openai.ServiceUnavailable(msg, time.Second)
 		case st >= 500:
 			e := openai.Internal(msg)

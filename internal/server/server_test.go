@@ -457,3 +457,25 @@ func TestRefusalKeepsItsStatus(t *testing.T) {
 	}
 	openAIError(t, "504", b)
 }
+
+// Overload is a 429 with Retry-After whether the generator refuses at its
+// door (standalone's full queue) or its stream fails before any token
+// (the router's full workers); an outage stays a 503.
+func TestOverloadIs429(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		gen    *fakeGen
+		status int
+	}{
+		{"queue full", &fakeGen{refuse: &scheduler.RejectError{Status: 429, Reason: "queue_full", Message: "server is at capacity; retry later"}}, 429},
+		{"workers full", &fakeGen{fail: &scheduler.Event{Finish: scheduler.FinishError, Err: statusErr{429}}}, 429},
+		{"no workers", &fakeGen{refuse: &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: "no healthy worker", RetryAfter: 1}}, 503},
+	} {
+		ts, _ := newTestServer(t, Options{Generator: c.gen})
+		code, hdr, b := do(t, "POST", ts.URL+"/v1/completions", "", `{"model":"m","prompt":"hi"}`)
+		if code != c.status || hdr.Get("Retry-After") == "" {
+			t.Fatalf("%s: %d Retry-After %q %s", c.name, code, hdr.Get("Retry-After"), b)
+		}
+		openAIError(t, c.name, b)
+	}
+}
