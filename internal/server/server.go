@@ -144,9 +144,7 @@ func New(o Options) *Server {
 		}
 		s.mux.Handle("GET /metrics", h)
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		openai.WriteError(w, openai.NotFound("unknown route "+r.Method+" "+r.URL.Path, "not_found"))
-	})
+	s.mux.HandleFunc("/", openai.NoRoute(s.mux))
 	return s
 }
 

@@ -479,3 +479,26 @@ func TestOverloadIs429(t *testing.T) {
 		openAIError(t, c.name, b)
 	}
 }
+
+// A known route under a wrong method is a 405 with Allow, as OpenAI
+// answers; an unknown route a 404; both in OpenAI's shape.
+func TestWrongMethodAndUnknownRoute(t *testing.T) {
+	ts, _ := newTestServer(t, Options{})
+	for _, c := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"GET", "/v1/completions", 405, "POST"},
+		{"GET", "/v1/chat/completions", 405, "POST"},
+		{"POST", "/v1/models", 405, "GET, HEAD"},
+		{"PUT", "/health", 405, "GET, HEAD"},
+		{"GET", "/v2/nothing", 404, ""},
+	} {
+		code, hdr, b := do(t, c.method, ts.URL+c.path, "", "")
+		if code != c.status || hdr.Get("Allow") != c.allow {
+			t.Fatalf("%s %s: %d Allow %q %s", c.method, c.path, code, hdr.Get("Allow"), b)
+		}
+		openAIError(t, c.method+" "+c.path, b)
+	}
+}
