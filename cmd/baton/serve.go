@@ -507,7 +507,23 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	engDone := make(chan struct{})
 	go func() { eng.Run(engCtx); close(engDone) }()
 	defer func() { engStop(); <-engDone }()
-	return serveHTTP(ctx, f, logw, le.log, ln, srv, srv.SetReady, nil)
+	// As the workers do: the port stays open through the drain, /health
+	// says 503 so that a load balancer stops sending, and what is running
+	// finishes.
+	drain := func(ctx context.Context) {
+		srv.Drain()
+		for {
+			if running, queued := eng.Load(); running+queued == 0 {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	return serveHTTP(ctx, f, logw, le.log, ln, srv, srv.SetReady, drain)
 }
 
 // serveHTTP serves h on ln until SIGINT/SIGTERM. Then it reports not ready,

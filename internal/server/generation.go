@@ -115,6 +115,13 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 // start opens the n generations; if one is refused, those already started
 // are cancelled and the refusal is the answer.
 func (g *generation) start(prompt []int32) *openai.Error {
+	if g.s.draining.Load() {
+		if m := g.s.o.Metrics; m != nil {
+			m.Reject("shutting_down")
+			m.Outcome("rejected")
+		}
+		return openai.ServiceUnavailable("the server is shutting down; retry the request", time.Second)
+	}
 	n := max(1, g.sampling.N)
 	base := g.params()
 	for i := range n {

@@ -502,3 +502,34 @@ func TestWrongMethodAndUnknownRoute(t *testing.T) {
 		openAIError(t, c.method+" "+c.path, b)
 	}
 }
+
+// While a server drains, /health says 503 and new generations are refused
+// with 503 and Retry-After; other routes still answer.
+func TestDrainRefusesNewWork(t *testing.T) {
+	ts, g := newTestServer(t, Options{})
+	srvOf(t, ts).Drain()
+	code, hdr, b := do(t, "GET", ts.URL+"/health", "", "")
+	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(b), "draining") {
+		t.Fatalf("/health while draining: %d %s", code, b)
+	}
+	code, hdr, b = do(t, "POST", ts.URL+"/v1/completions", "", `{"model":"m","prompt":"hi"}`)
+	if code != 503 || hdr.Get("Retry-After") == "" {
+		t.Fatalf("a request while draining: %d %s", code, b)
+	}
+	openAIError(t, "draining", b)
+	if g.calls.Load() != 0 {
+		t.Fatal("the generator was called while draining")
+	}
+	if code, _, _ := do(t, "GET", ts.URL+"/v1/models", "", ""); code != 200 {
+		t.Fatalf("/v1/models while draining: %d", code)
+	}
+}
+
+func srvOf(t *testing.T, ts *httptest.Server) *Server {
+	t.Helper()
+	s, ok := ts.Config.Handler.(*Server)
+	if !ok {
+		t.Fatalf("handler %T", ts.Config.Handler)
+	}
+	return s
+}
