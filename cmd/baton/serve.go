@@ -93,6 +93,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			for _, w := range unknownEnv(os.Environ()) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "baton: warning: environment variable "+w+"; it is ignored")
+			}
 			if err := f.validate(); err != nil {
 				return err
 			}
