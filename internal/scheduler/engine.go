@@ -92,7 +92,9 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 		cfg.IsEOG = func(int32) bool { return false }
 	}
 	ms.KVPagesTotal.Set(float64(pool.NumPages()))
+	ms.KVPagesCapacity.Set(float64(pool.NumPages()))
 	ms.KVPagesFree.Set(float64(pool.Free()))
+	ms.TokenUsage.Set(1 - float64(pool.Free())/float64(max(1, pool.NumPages())))
 	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1)}
 	for id := range int32(m.Config.Vocab) {
 		if cfg.IsEOG(id) {
@@ -316,6 +318,7 @@ func (e *Engine) poolGauges() {
 	e.m.ReleaseErrors.Set(float64(st.ReleaseErrors))
 	e.m.KVPagesFree.Set(float64(st.Free))
 	e.m.KVPagesQuarantined.Set(float64(st.Quarantined))
+	e.m.TokenUsage.Set(1 - float64(st.Free)/float64(max(1, st.Total)))
 }
 
 // dropFlagged aborts the requests of q (not yet running) whose client
