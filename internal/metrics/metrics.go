@@ -114,8 +114,11 @@ func New(role string) *Set {
 			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.IllegalMoves)
 	}
 	if role == "prefill" || role == "decode" {
-		r.MustRegister(s.TransferSessions, s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures, s.LateDropped,
+		r.MustRegister(s.TransferSessions, s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures,
 			s.TransferBytes, s.TransferSeconds, s.DrainWait)
+	}
+	if role == "decode" {
+		r.MustRegister(s.LateDropped)
 	}
 	// Labelled counters start at 0 for every label the role can count, so
 	// that a rate() or an alert on them works before the first event.
