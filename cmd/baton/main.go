@@ -46,7 +46,7 @@ func versionCmd() *cobra.Command {
 func applyEnv(fs *pflag.FlagSet) error {
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if err != nil || f.Changed {
+		if err != nil || f.Changed || partnerChanged(fs, f.Name) {
 			return
 		}
 		key := envKey(f.Name)
@@ -134,4 +134,16 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// partnerChanged says whether the command line set name's other spelling
+// (baton's or SGLang's, see sglangNames): the command line wins over the
+// environment under either name.
+func partnerChanged(fs *pflag.FlagSet, name string) bool {
+	for _, n := range sglangNames {
+		if (n[0] == name && fs.Changed(n[1])) || (n[1] == name && fs.Changed(n[0])) {
+			return true
+		}
+	}
+	return false
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/batonlm/baton/internal/gguf"
@@ -96,6 +97,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			for _, w := range unknownEnv(os.Environ()) {
 				fmt.Fprintln(cmd.ErrOrStderr(), "baton: warning: environment variable "+w+"; it is ignored")
 			}
+			if err := sglangAliases(cmd.Flags(), f); err != nil {
+				return err
+			}
 			if err := f.validate(); err != nil {
 				return err
 			}
@@ -137,6 +141,12 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
 	fs.StringVar(&f.device, "device", "auto", "kernels: cpu | cuda | auto (CUDA when a usable GPU is present, else CPU)")
 	fs.StringSliceVar(&f.rdmaDevices, "rdma-device", nil, "ucx transport: restrict UCX to these RDMA devices (e.g. mlx5_0)")
+	// SGLang's names for the same settings, so that a command line written
+	// for SGLang's PD mode needs no translating. Each writes the variable
+	// of baton's flag; sglangAliases refuses both names at once.
+	fs.StringVar(&f.role, "disaggregation-mode", "standalone", "SGLang's name for --role: null (standalone) | prefill | decode")
+	fs.StringVar(&f.transport, "disaggregation-transfer-backend", "tcp", "SGLang's name for --transport (tcp, ucx)")
+	fs.StringSliceVar(&f.rdmaDevices, "disaggregation-ib-device", nil, "SGLang's name for --rdma-device")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads for kernels (default: all cores)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running requests may finish after SIGTERM")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "check the flags and exit without serving")
@@ -591,4 +601,33 @@ func ctxOrBackground(ctx context.Context) context.Context {
 // ucxOptions are the UCX settings from the flags.
 func ucxOptions(f *serveFlags) []ucx.Option {
 	return []ucx.Option{ucx.WithRDMADevices(f.rdmaDevices...)}
+}
+
+// sglangNames maps each SGLang flag serve accepts to baton's own.
+var sglangNames = [][2]string{
+	{"disaggregation-mode", "role"},
+	{"disaggregation-transfer-backend", "transport"},
+	{"disaggregation-ib-device", "rdma-device"},
+}
+
+// sglangAliases checks the SGLang names after parsing: a setting given
+// under both names is refused rather than settled by flag order, and
+// --disaggregation-mode takes only SGLang's values, "null" being SGLang's
+// word for a server without disaggregation.
+func sglangAliases(fs *pflag.FlagSet, f *serveFlags) error {
+	for _, n := range sglangNames {
+		if fs.Changed(n[0]) && fs.Changed(n[1]) {
+			return fmt.Errorf("--%s is SGLang's name for --%s: give one of them", n[0], n[1])
+		}
+	}
+	if fs.Changed("disaggregation-mode") {
+		switch f.role {
+		case "null":
+			f.role = "standalone"
+		case "prefill", "decode":
+		default:
+			return fmt.Errorf("unknown --disaggregation-mode %q (null, prefill, decode; the router is --role router)", f.role)
+		}
+	}
+	return nil
 }
