@@ -3,7 +3,7 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench lint proto clean
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-peer lint proto clean
 
 build:
 	$(GO) build -o $(BIN) ./cmd/baton
@@ -37,6 +37,15 @@ chaos: build
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./internal/kernels/... ./internal/model/...
+
+# baton next to llama.cpp's llama-server on one GGUF (deploy/bench/peer.sh):
+#   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf [THREADS=2] [STREAMS="1 8 32"]
+LLAMA_SERVER ?=
+MODEL ?=
+THREADS ?= $(shell nproc)
+STREAMS ?= 1 8 32
+bench-peer: build
+	./deploy/bench/peer.sh -t $(THREADS) -s "$(STREAMS)" $(LLAMA_SERVER) $(MODEL)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

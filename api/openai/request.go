@@ -84,11 +84,27 @@ type Sampling struct {
 	MinTokens int
 	// N is the number of independent choices, 1..MaxN.
 	N int
+	// Constraint, when Kind is set, restricts the output to a language:
+	// response_format's json_object or json_schema, or SGLang's regex and
+	// ebnf fields.
+	Constraint Constraint
 	// Given says which of the fields above the request set itself, so a
 	// server can fill the others from the model's own defaults
 	// (generation_config.json) rather than OpenAI's.
 	Given Given
 }
+
+// Constraint names a structured-output language: Kind is "json_object",
+// "json_schema" (Spec the schema's JSON), "regex" or "ebnf" (Spec the
+// expression or grammar). The server compiles it against its vocabulary;
+// a spec that does not compile is a 400 there.
+type Constraint struct {
+	Kind, Spec string
+}
+
+// maxConstraintBytes bounds a schema, regex or grammar: compiling one is
+// work the server does before it answers.
+const maxConstraintBytes = 64 << 10
 
 // Given marks the sampling fields a request set explicitly.
 type Given struct {
@@ -189,9 +205,9 @@ func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 // ParseChatRequest decodes and validates a /v1/chat/completions body, with
 // the same error conventions as ParseCompletionRequest. Content given as an
 // array of parts is flattened by concatenating its text parts, with no
-// separator; any other part type (images, audio, files) is a 400. Tools,
-// functions and a response_format other than text are rejected too: a client
-// relying on them could not parse free text.
+// separator; any other part type (images, audio, files) is a 400. Tools
+// and functions are rejected too: a client relying on them could not parse
+// free text.
 func ParseChatRequest(body []byte) (*ChatRequest, *Error) {
 	f, e := decodeObject(body)
 	if e != nil {
@@ -504,7 +520,67 @@ func (f fields) sampling() (Sampling, *Error) {
 	} else if ok {
 		s.MinTokens = int(n)
 	}
+	if s.Constraint, e = f.constraint(); e != nil {
+		return s, e
+	}
 	return s, s.CheckMinTokens()
+}
+
+// constraint reads the structured-output fields: OpenAI's response_format
+// (text, json_object, json_schema) and SGLang's regex and ebnf; at most
+// one of them may constrain a request.
+func (f fields) constraint() (Constraint, *Error) {
+	var c Constraint
+	set := func(kind, spec, param string) *Error {
+		if c.Kind != "" {
+			return BadRequest("only one of response_format, regex and ebnf may constrain the output", param)
+		}
+		if len(spec) > maxConstraintBytes {
+			return BadRequest(fmt.Sprintf("%s is over %d bytes", param, maxConstraintBytes), param)
+		}
+		c = Constraint{Kind: kind, Spec: spec}
+		return nil
+	}
+	if raw, ok := f.get("response_format"); ok {
+		var rf fields
+		if raw[0] != '{' || json.Unmarshal(raw, &rf) != nil {
+			return c, BadRequest("response_format must be an object", "response_format")
+		}
+		switch t, _ := parseString(rf["type"]); t {
+		case "text":
+		case "json_object":
+			if e := set("json_object", "", "response_format"); e != nil {
+				return c, e
+			}
+		case "json_schema":
+			var js fields
+			if raw, ok := rf.get("json_schema"); !ok || raw[0] != '{' || json.Unmarshal(raw, &js) != nil {
+				return c, BadRequest("response_format.json_schema must be an object with a schema", "response_format.json_schema")
+			}
+			schema, ok := js.get("schema")
+			if !ok || schema[0] != '{' {
+				return c, BadRequest("response_format.json_schema.schema must be a JSON Schema object", "response_format.json_schema.schema")
+			}
+			if e := set("json_schema", string(schema), "response_format.json_schema.schema"); e != nil {
+				return c, e
+			}
+		default:
+			return c, BadRequest(fmt.Sprintf("response_format type %q is not supported (text, json_object, json_schema)", t), "response_format.type")
+		}
+	}
+	for _, kind := range []string{"regex", "ebnf"} {
+		if spec, ok, e := f.string(kind); e != nil {
+			return c, e
+		} else if ok {
+			if spec == "" {
+				return c, BadRequest(kind+" must not be empty", kind)
+			}
+			if e := set(kind, spec, kind); e != nil {
+				return c, e
+			}
+		}
+	}
+	return c, nil
 }
 
 // CheckMinTokens refuses a floor above the ceiling, as vLLM does, rather
@@ -818,9 +894,8 @@ func parseMessage(raw json.RawMessage, at string) (Message, *Error) {
 	return m, nil
 }
 
-// noTools rejects tool definitions and structured-output formats: the engine
-// cannot honour them, and a client relying on either would otherwise get
-// free text it cannot parse.
+// noTools rejects tool definitions: the engine cannot honour them yet, and
+// a client relying on them would otherwise get free text it cannot parse.
 func (f fields) noTools() *Error {
 	for _, name := range []string{"tools", "functions"} {
 		if raw, ok := f.get(name); ok {
@@ -831,15 +906,6 @@ func (f fields) noTools() *Error {
 			if len(list) > 0 {
 				return BadRequest(name+" is not supported", name)
 			}
-		}
-	}
-	if raw, ok := f.get("response_format"); ok {
-		var rf fields
-		if raw[0] != '{' || json.Unmarshal(raw, &rf) != nil {
-			return BadRequest("response_format must be an object", "response_format")
-		}
-		if t, _ := parseString(rf["type"]); t != "text" {
-			return BadRequest(fmt.Sprintf("response_format type %q is not supported; only \"text\" is", t), "response_format.type")
 		}
 	}
 	return nil

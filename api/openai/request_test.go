@@ -198,7 +198,11 @@ func TestParseChatRequestErrors(t *testing.T) {
 		{"tools", `{"model":"m",` + msg + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, "tools"},
 		{"functions", `{"model":"m",` + msg + `,"functions":[{"name":"f"}]}`, "functions"},
 		{"tools wrong type", `{"model":"m",` + msg + `,"tools":{}}`, "tools"},
-		{"response_format json", `{"model":"m",` + msg + `,"response_format":{"type":"json_object"}}`, "response_format.type"},
+		{"response_format unknown type", `{"model":"m",` + msg + `,"response_format":{"type":"xml"}}`, "response_format.type"},
+		{"response_format schema missing", `{"model":"m",` + msg + `,"response_format":{"type":"json_schema","json_schema":{"name":"x"}}}`, "response_format.json_schema.schema"},
+		{"two constraints", `{"model":"m",` + msg + `,"response_format":{"type":"json_object"},"regex":"a+"}`, "regex"},
+		{"empty regex", `{"model":"m",` + msg + `,"regex":""}`, "regex"},
+		{"ebnf not a string", `{"model":"m",` + msg + `,"ebnf":3}`, "ebnf"},
 		{"chat_template_kwargs not object", `{"model":"m",` + msg + `,"chat_template_kwargs":[1]}`, "chat_template_kwargs"},
 		{"min_tokens above max_completion_tokens", `{"model":"m",` + msg + `,"max_tokens":50,"max_completion_tokens":4,"min_tokens":5}`, "min_tokens"},
 		{"response_format wrong type", `{"model":"m",` + msg + `,"response_format":"json"}`, "response_format"},
@@ -344,5 +348,34 @@ func TestSamplingGiven(t *testing.T) {
 		if got.Sampling.Given != want {
 			t.Errorf("%s: Given %+v, want %+v", body, got.Sampling.Given, want)
 		}
+	}
+}
+
+// The structured-output fields become one Constraint: the schema's own JSON
+// for json_schema, the expression or grammar for regex and ebnf.
+func TestParseConstraint(t *testing.T) {
+	msg := `"messages":[{"role":"user","content":"hi"}]`
+	for _, c := range []struct {
+		body       string
+		kind, spec string
+	}{
+		{`{"model":"m",` + msg + `}`, "", ""},
+		{`{"model":"m",` + msg + `,"response_format":{"type":"text"}}`, "", ""},
+		{`{"model":"m",` + msg + `,"response_format":{"type":"json_object"}}`, "json_object", ""},
+		{`{"model":"m",` + msg + `,"response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":{"type":"object"}}}}`, "json_schema", `{"type":"object"}`},
+		{`{"model":"m",` + msg + `,"regex":"[a-z]+"}`, "regex", "[a-z]+"},
+		{`{"model":"m",` + msg + `,"ebnf":"root ::= \"a\""}`, "ebnf", `root ::= "a"`},
+	} {
+		r, e := ParseChatRequest([]byte(c.body))
+		if e != nil {
+			t.Fatalf("%s: %v", c.body, e)
+		}
+		if got := r.Sampling.Constraint; got.Kind != c.kind || got.Spec != c.spec {
+			t.Errorf("%s: constraint %+v, want %s %q", c.body, got, c.kind, c.spec)
+		}
+	}
+	r, e := ParseCompletionRequest([]byte(`{"model":"m","prompt":"x","regex":"b+"}`))
+	if e != nil || r.Sampling.Constraint.Kind != "regex" {
+		t.Fatalf("completions regex: %+v %v", r, e)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/batonlm/baton/internal/auth"
-	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/metrics"
 )
 
@@ -31,13 +30,16 @@ func (f *internalFlags) register(fs *pflag.FlagSet) {
 func (f *internalFlags) plane(role auth.Role, log *slog.Logger, ms *metrics.Set) (*auth.Plane, error) {
 	o := auth.Options{Role: role, CertFile: f.tlsCert, KeyFile: f.tlsKey, CAFile: f.tlsCA, SecretFile: f.secretFile,
 		Insecure: f.insecure, Log: log, OnFailure: func(rpc, _ string) { ms.InternalAuthFailures.WithLabelValues(rpc).Inc() }}
-	if !faults.On(faults.GuardPeerAuth) {
-		// Test builds only: the credentials are ignored, as by a build
-		// without authentication.
-		o.CertFile, o.KeyFile, o.CAFile, o.SecretFile, o.Insecure = "", "", "", "", true
-	}
-	return auth.New(o)
+	return newPlane(o)
 }
+
+// newPlane makes the plane every check of the internal plane goes through.
+// A faults build replaces it with one made without credentials
+// (plane_faults.go, BATON_GUARDS_OFF=peer_auth), which is the whole of
+// switching peer authentication off: the plane is built in this one place
+// and handed to everything that authenticates, so nothing inside auth or
+// the workers needs a second path.
+var newPlane = auth.New
 
 // check loads the credentials a member of the internal plane would start
 // with and, for a worker, refuses to listen beyond loopback without them,

@@ -332,6 +332,8 @@ type loadedEngine struct {
 	// last, after the receiver and the engine stopped.
 	region  *ucx.Region
 	landing kernels.PagedKV
+	// constraints compiles structured-output constraints for the engine.
+	constraints *constraints
 }
 
 func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
@@ -382,7 +384,7 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 	if name == "" {
 		name = loaded.Name
 	}
-	le := &loadedEngine{loaded: loaded, tok: tok, plan: plan, name: name, log: log, backend: be}
+	le := &loadedEngine{loaded: loaded, tok: tok, plan: plan, name: name, log: log, backend: be, constraints: newConstraints(tok)}
 	fail := func(err error) (*loadedEngine, error) {
 		le.close()
 		return nil, err
@@ -459,6 +461,7 @@ func (le *loadedEngine) transferKV() kernels.PagedKV {
 func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set) *scheduler.Engine {
 	return scheduler.NewEngine(le.loaded.Model, le.pool, scheduler.Config{
 		Role: role, ContextLength: le.plan.context, MaxRunning: f.maxRunning, ChunkSize: f.chunkedPrefill, MaxQueue: f.maxQueued, IsEOG: le.tok.IsEOG,
+		Constrain:    le.constraints.matcher,
 		PreemptAfter: f.preemptAfter,
 	}, ms)
 }
@@ -502,7 +505,8 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	eng := le.engine(f, scheduler.RoleStandalone, ms)
 	srv := server.New(server.Options{
 		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
-		Defaults: samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
+		Constraints: le.constraints.check,
+		Defaults:    samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { return le.plan.context - 1 }, Logger: le.log,
 		MaxModelLen: func() int { return le.plan.context },
 		Metrics:     ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,

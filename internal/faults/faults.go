@@ -1,8 +1,18 @@
 // Package faults is the test-only switchboard for fault injection and for
 // switching isolation guards off. It does anything only in binaries built
-// with the `faults` build tag; in every other build Enabled is false, every
-// guard is on and every hook is a no-op, so a release binary cannot be
+// with the `faults` build tag; in every other build Enabled is false, there
+// is no fault spec and On does not exist, so a release binary cannot be
 // configured into an unsafe mode.
+//
+// Release code has one path per guard and never asks whether a guard is on.
+// A guard is switched off from a file of the guard's own package that is
+// built only with the faults tag (door_faults.go in scheduler,
+// guards_faults.go in roles, plane_faults.go in cmd/baton): its init reads
+// On and, for a guard that is off, replaces what the release code calls,
+// either a part made in one place (the internal plane's constructor) or a
+// single variable holding the guarded check, which every other build leaves
+// at the check itself. The comment on each variable says why that guard is
+// a variable rather than a wrapper.
 //
 // In a faults build, two environment variables configure a process:
 //

@@ -21,24 +21,40 @@ const (
 	TypeF16  Type = 1
 	TypeQ4_0 Type = 2
 	TypeQ4_1 Type = 3
+	TypeQ5_0 Type = 6
+	TypeQ5_1 Type = 7
 	TypeQ8_0 Type = 8
+	TypeQ2_K Type = 10
+	TypeQ3_K Type = 11
+	TypeQ4_K Type = 12
+	TypeQ5_K Type = 13
+	TypeQ6_K Type = 14
 	TypeBF16 Type = 30
 )
 
+// typeLayout: elements per block and bytes per block.
+var typeLayout = map[Type]struct {
+	name         string
+	block, bytes int64
+}{
+	TypeF32:  {"F32", 1, 4},
+	TypeF16:  {"F16", 1, 2},
+	TypeQ4_0: {"Q4_0", 32, 18},
+	TypeQ4_1: {"Q4_1", 32, 20},
+	TypeQ5_0: {"Q5_0", 32, 22},
+	TypeQ5_1: {"Q5_1", 32, 24},
+	TypeQ8_0: {"Q8_0", 32, 34},
+	TypeQ2_K: {"Q2_K", 256, 84},
+	TypeQ3_K: {"Q3_K", 256, 110},
+	TypeQ4_K: {"Q4_K", 256, 144},
+	TypeQ5_K: {"Q5_K", 256, 176},
+	TypeQ6_K: {"Q6_K", 256, 210},
+	TypeBF16: {"BF16", 1, 2},
+}
+
 func (t Type) String() string {
-	switch t {
-	case TypeF32:
-		return "F32"
-	case TypeF16:
-		return "F16"
-	case TypeQ4_0:
-		return "Q4_0"
-	case TypeQ4_1:
-		return "Q4_1"
-	case TypeQ8_0:
-		return "Q8_0"
-	case TypeBF16:
-		return "BF16"
+	if l, ok := typeLayout[t]; ok {
+		return l.name
 	}
 	return fmt.Sprintf("ggml_type(%d)", uint32(t))
 }
@@ -46,28 +62,11 @@ func (t Type) String() string {
 // RowBytes is the storage size of n elements of type t, or -1 when t is not
 // a type baton can address.
 func (t Type) RowBytes(n int64) int64 {
-	switch t {
-	case TypeF32:
-		return 4 * n
-	case TypeF16, TypeBF16:
-		return 2 * n
-	case TypeQ8_0:
-		if n%32 != 0 {
-			return -1
-		}
-		return n / 32 * 34
-	case TypeQ4_0:
-		if n%32 != 0 {
-			return -1
-		}
-		return n / 32 * 18
-	case TypeQ4_1:
-		if n%32 != 0 {
-			return -1
-		}
-		return n / 32 * 20
+	l, ok := typeLayout[t]
+	if !ok || n%l.block != 0 {
+		return -1
 	}
-	return -1
+	return n / l.block * l.bytes
 }
 
 // TensorInfo describes one tensor. Dims are in ggml order: Dims[0] is the

@@ -18,34 +18,40 @@ const (
 	F16
 	Q8_0 // blocks of 32: an f16 scale then 32 int8
 	BF16
+	// ggml's quantised formats, block layouts in quant.go.
+	Q4_0
+	Q4_1
+	Q5_0
+	Q5_1
+	Q4_K
+	Q5_K
+	Q6_K
 )
 
 func (d DType) String() string {
-	switch d {
-	case F32:
-		return "f32"
-	case F16:
-		return "f16"
-	case Q8_0:
-		return "q8_0"
-	case BF16:
-		return "bf16"
+	if int(d) >= 0 && int(d) < len(dtypeInfo) {
+		return dtypeInfo[d].name
 	}
 	return fmt.Sprintf("dtype(%d)", int(d))
 }
 
-// RowBytes is the storage size of one row of n elements.
+// RowBytes is the storage size of one row of n elements (n a multiple of
+// BlockSize).
 func (d DType) RowBytes(n int) int {
-	switch d {
-	case F32:
-		return 4 * n
-	case F16, BF16:
-		return 2 * n
-	case Q8_0:
-		return n / 32 * 34
+	if int(d) < 0 || int(d) >= len(dtypeInfo) {
+		panic("kernels: unknown dtype")
 	}
-	panic("kernels: unknown dtype")
+	in := dtypeInfo[d]
+	return n / in.block * in.bytes
 }
+
+// BlockSize is how many elements share one block of a quantised format (1
+// for the float types); a row's length must be a multiple of it.
+func (d DType) BlockSize() int { return dtypeInfo[d].block }
+
+// Quantized says whether d is one of the block formats with integer
+// quants (Q8_0 and the ggml types after it), as opposed to a float type.
+func (d DType) Quantized() bool { return d == Q8_0 || d >= Q4_0 }
 
 // Matrix is a weight matrix of Rows rows, each Cols elements long, stored
 // row-major. A GGUF tensor of shape [in, out] is a Matrix with Rows=out and
@@ -61,8 +67,11 @@ func (m *Matrix) Validate() error {
 	if m.Rows <= 0 || m.Cols <= 0 {
 		return fmt.Errorf("kernels: bad matrix shape %dx%d", m.Rows, m.Cols)
 	}
-	if m.DType == Q8_0 && m.Cols%32 != 0 {
-		return fmt.Errorf("kernels: q8_0 matrix with %d columns (not a multiple of 32)", m.Cols)
+	if int(m.DType) < 0 || int(m.DType) >= len(dtypeInfo) {
+		return fmt.Errorf("kernels: unknown dtype %s", m.DType)
+	}
+	if bs := m.DType.BlockSize(); m.Cols%bs != 0 {
+		return fmt.Errorf("kernels: %s matrix with %d columns (not a multiple of %d)", m.DType, m.Cols, bs)
 	}
 	if want := m.DType.RowBytes(m.Cols) * m.Rows; len(m.Data) != want {
 		return fmt.Errorf("kernels: %s matrix %dx%d needs %d bytes, has %d", m.DType, m.Rows, m.Cols, want, len(m.Data))
@@ -95,6 +104,8 @@ func (m *Matrix) Row(r int, dst []float32) {
 				dst[blk*32+j] = d * float32(int8(q[2+j]))
 			}
 		}
+	default:
+		decodeRow(m.DType, b, dst[:m.Cols])
 	}
 }
 
@@ -132,6 +143,8 @@ func EncodeRow(dst []byte, row []float32, dt DType) {
 				out[2+j] = byte(int8(math.Round(float64(v * inv))))
 			}
 		}
+	default:
+		encodeRow(dt, dst, row)
 	}
 }
 

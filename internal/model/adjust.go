@@ -9,16 +9,20 @@ import "math"
 type History struct {
 	Prompt, Generated []int32
 	Ban               []int32
+	// Allow, when set, is a bitset of the tokens a constraint (a grammar)
+	// lets come next, bit id%64 of word id/64; every other token is out.
+	Allow []uint64
 }
 
 // adjusts reports whether p or h changes the logits before the choice.
 func (p Sampling) adjusts(h History) bool {
 	return len(p.LogitBias) > 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 ||
-		(p.RepetitionPenalty > 0 && p.RepetitionPenalty != 1) || len(h.Ban) > 0
+		(p.RepetitionPenalty > 0 && p.RepetitionPenalty != 1) || len(h.Ban) > 0 || h.Allow != nil
 }
 
 // adjust writes into dst the logits the choice is made from: logit bias
-// first, then the penalties (as vLLM orders them), then the bans.
+// first, then the penalties (as vLLM orders them), then the constraint's
+// mask and the bans.
 func (s *Sampler) adjust(dst, logits []float32, p Sampling, h History) {
 	copy(dst, logits)
 	vocab := int32(len(dst))
@@ -47,6 +51,14 @@ func (s *Sampler) adjust(dst, logits []float32, p Sampling, h History) {
 		})
 	}
 	inf := float32(math.Inf(-1))
+	if h.Allow != nil {
+		// Last, so that no bias or penalty can bring a token back.
+		for id := range dst {
+			if w := id >> 6; w >= len(h.Allow) || h.Allow[w]&(1<<(id&63)) == 0 {
+				dst[id] = inf
+			}
+		}
+	}
 	for _, id := range h.Ban {
 		if id >= 0 && id < vocab {
 			dst[id] = inf

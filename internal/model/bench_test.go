@@ -2,7 +2,10 @@ package model
 
 import (
 	"fmt"
+	"math"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cpu"
@@ -77,7 +80,7 @@ func BenchmarkPrefill(b *testing.B) {
 // at position 256, one new token each per forward pass.
 func BenchmarkDecode(b *testing.B) {
 	for _, m := range benchModels(b) {
-		for _, batch := range []int{1, 16} {
+		for _, batch := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("%s/batch%d", m.Config.Name, batch), func(b *testing.B) {
 				const ctx = 256
 				kv, tables := benchKV(&m.Config, batch, ctx+1, 16)
@@ -98,4 +101,119 @@ func BenchmarkDecode(b *testing.B) {
 			})
 		}
 	}
+}
+
+// dtypeModels is the dummy 134M llama in each weight dtype the CPU serves
+// (K formats as a Q4_K_M-style mix: attn_v, ffn_down and output in Q6_K).
+func dtypeModels(b *testing.B) []*Model {
+	be := cpu.New(0)
+	c := dummy110M()
+	var ms []*Model
+	for _, name := range []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m"} {
+		dt := map[string]kernels.DType{"f32": kernels.F32, "f16": kernels.F16, "bf16": kernels.BF16, "q8_0": kernels.Q8_0,
+			"q4_0": kernels.Q4_0, "q4_k_m": kernels.Q4_K}[name]
+		w, err := DummyWeights(&c, dt)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if name == "q4_k_m" {
+			requantize(w, func(kind string) kernels.DType {
+				switch kind {
+				case "attn_v", "ffn_down", "output":
+					return kernels.Q6_K
+				}
+				return kernels.Q4_K
+			})
+		}
+		m := New(c, w, be)
+		m.Config.Name = "dummy-" + name
+		ms = append(ms, m)
+	}
+	return ms
+}
+
+// BenchmarkDTypes: one 512-token prefill chunk and decode steps of 1 and
+// 32 sequences (at position 256) of the dummy 134M llama per weight dtype.
+// Prefill reports tok/s and GFLOP/s of its matrix products (2·params per
+// token, attention left out) next to the machine's sgemm (sgemm-GFLOP/s,
+// measured in the same run), so "GEMM-bound" reads as a ratio.
+func BenchmarkDTypes(b *testing.B) {
+	pk := sgemmPeak()
+	for _, m := range dtypeModels(b) {
+		c := &m.Config
+		params := 0
+		for _, ly := range m.Weights.Layers {
+			for _, w := range []*kernels.Matrix{ly.Q, ly.K, ly.V, ly.O, ly.Gate, ly.Up, ly.Down} {
+				params += w.Rows * w.Cols
+			}
+		}
+		b.Run(c.Name+"/prefill512", func(b *testing.B) {
+			const plen = 512
+			kv, tables := benchKV(c, 1, plen, 16)
+			bt := &Batch{Seqs: []kernels.AttnSeq{{Pages: tables[0], QLen: plen, KVLen: plen}}}
+			for p := 0; p < plen; p++ {
+				bt.Tokens = append(bt.Tokens, int32((p*7)%c.Vocab))
+				bt.Positions = append(bt.Positions, int32(p))
+				bt.Slots = append(bt.Slots, tables[0][p/16]*16+int32(p%16))
+			}
+			for b.Loop() {
+				if _, err := m.Forward(bt, kv); err != nil {
+					b.Fatal(err)
+				}
+			}
+			sec := b.Elapsed().Seconds()
+			gf := float64(b.N) * plen * 2 * float64(params) / sec / 1e9
+			b.ReportMetric(float64(b.N*plen)/sec, "tok/s")
+			b.ReportMetric(gf, "GFLOP/s")
+			b.ReportMetric(pk, "sgemm-GFLOP/s")
+			b.ReportMetric(gf/pk, "of-sgemm")
+		})
+		for _, batch := range []int{1, 32} {
+			b.Run(fmt.Sprintf("%s/decode%d", c.Name, batch), func(b *testing.B) {
+				const ctx = 256
+				kv, tables := benchKV(c, batch, ctx+1, 16)
+				bt := &Batch{}
+				for s := 0; s < batch; s++ {
+					bt.Tokens = append(bt.Tokens, int32(s%c.Vocab))
+					bt.Positions = append(bt.Positions, ctx)
+					bt.Slots = append(bt.Slots, tables[s][ctx/16]*16+int32(ctx%16))
+					bt.Seqs = append(bt.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: s, QLen: 1, KVLen: ctx + 1})
+				}
+				for b.Loop() {
+					if _, err := m.Forward(bt, kv); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(batch*b.N)/b.Elapsed().Seconds(), "tok/s")
+			})
+		}
+	}
+}
+
+var (
+	peakOnce sync.Once
+	peak     float64
+)
+
+// sgemmPeak: OpenBLAS sgemm GFLOP/s on this machine now (best of five
+// 512x2048x2048 products through the cpu backend, all threads).
+func sgemmPeak() float64 {
+	peakOnce.Do(func() {
+		be := cpu.New(0)
+		w, _ := DummyWeights(&Config{Arch: "llama", Vocab: 2048, Dim: 2048, Heads: 1, KVHeads: 1, HeadDim: 2048, FF: 2048}, kernels.F32)
+		x := make([]float32, 512*2048)
+		for i := range x {
+			x[i] = float32(i%17) / 17
+		}
+		out := make([]float32, 512*2048)
+		be.MatMul(out, x, 512, w.Embed)
+		best := math.Inf(1)
+		for range 5 {
+			t0 := time.Now()
+			be.MatMul(out, x, 512, w.Embed)
+			best = min(best, time.Since(t0).Seconds())
+		}
+		peak = 2 * 512 * 2048 * 2048 / best / 1e9
+	})
+	return peak
 }

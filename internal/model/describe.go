@@ -28,7 +28,12 @@ type Description struct {
 	Tensors      int
 	Params       int64            // elements over all tensors in the files
 	DTypes       map[string]int64 // elements per tensor dtype
-	Bytes        int64            // tensor bytes
+	// Mix is which dtypes each kind of tensor has (GGUF): kind is the name
+	// without its block prefix ("attn_v.weight" for blk.N.attn_v.weight),
+	// mapped to tensor counts per dtype. Quantised files mix types (a
+	// Q4_K_M file keeps some attn_v and ffn_down tensors in Q6_K).
+	Mix   map[string]map[string]int
+	Bytes int64 // tensor bytes
 	// Generation is generation_config.json (HF directories only).
 	Generation GenerationConfig
 	// LoadError is why Load would refuse the model ("" when it loads).
@@ -68,6 +73,22 @@ func Describe(path string) (*Description, error) {
 		d.Params += n
 		d.DTypes[t.Type.String()] += n
 		d.Bytes += t.Size
+		if len(t.Dims) < 2 {
+			continue // norms and biases: always F32, and not what a mix is about
+		}
+		kind := t.Name
+		if rest, ok := strings.CutPrefix(kind, "blk."); ok {
+			if _, after, ok := strings.Cut(rest, "."); ok {
+				kind = after
+			}
+		}
+		if d.Mix == nil {
+			d.Mix = map[string]map[string]int{}
+		}
+		if d.Mix[kind] == nil {
+			d.Mix[kind] = map[string]int{}
+		}
+		d.Mix[kind][t.Type.String()]++
 	}
 	c, err := ConfigFromGGUF(f)
 	d.Config = c
@@ -157,6 +178,9 @@ func (d *Description) String() string {
 		dts[i] = fmt.Sprintf("%s %s", k, commas(d.DTypes[k]))
 	}
 	line("dtypes", "%s", strings.Join(dts, ", "))
+	if mixed := d.mixString(); mixed != "" {
+		line("tensor types", "%s", mixed)
+	}
 	line("context length", "%d", c.ContextLength)
 	line("shape", "vocab %d, hidden %d, layers %d, heads %d, kv heads %d, head dim %d, ffn %d", c.Vocab, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FF)
 	rope := fmt.Sprintf("theta %g, %d dims, ", c.RoPE.Theta, c.RoPE.Dim)
@@ -257,4 +281,30 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// mixString lists, for a file whose tensors are not all of one dtype, each
+// kind of matrix with its dtypes, e.g. "attn_v.weight Q4_K x6 Q6_K x6".
+func (d *Description) mixString() string {
+	if len(d.DTypes) < 2 || d.Mix == nil {
+		return ""
+	}
+	kinds := make([]string, 0, len(d.Mix))
+	for k := range d.Mix {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds)
+	var parts []string
+	for _, k := range kinds {
+		types := make([]string, 0, len(d.Mix[k]))
+		for t := range d.Mix[k] {
+			types = append(types, t)
+		}
+		slices.Sort(types)
+		for i, t := range types {
+			types[i] = fmt.Sprintf("%s x%d", t, d.Mix[k][t])
+		}
+		parts = append(parts, k+" "+strings.Join(types, " "))
+	}
+	return strings.Join(parts, "; ")
 }

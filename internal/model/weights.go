@@ -76,8 +76,22 @@ func dtypeOf(t gguf.Type) (kernels.DType, error) {
 		return kernels.Q8_0, nil
 	case gguf.TypeBF16:
 		return kernels.BF16, nil
+	case gguf.TypeQ4_0:
+		return kernels.Q4_0, nil
+	case gguf.TypeQ4_1:
+		return kernels.Q4_1, nil
+	case gguf.TypeQ5_0:
+		return kernels.Q5_0, nil
+	case gguf.TypeQ5_1:
+		return kernels.Q5_1, nil
+	case gguf.TypeQ4_K:
+		return kernels.Q4_K, nil
+	case gguf.TypeQ5_K:
+		return kernels.Q5_K, nil
+	case gguf.TypeQ6_K:
+		return kernels.Q6_K, nil
 	}
-	return 0, fmt.Errorf("tensor type %s is not supported (F32, F16, BF16 and Q8_0 are)", t)
+	return 0, fmt.Errorf("tensor type %s is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are)", t)
 }
 
 type ggufLoader struct {
@@ -231,8 +245,8 @@ func loadLayer(src tensorSource, n layerNames, c *Config, i int) (Layer, error) 
 // dtype dt: the same config always gives the same weights, so benchmarks
 // and tests are repeatable without a checkpoint.
 func DummyWeights(c *Config, dt kernels.DType) (*Weights, error) {
-	if dt == kernels.Q8_0 && (c.Dim%32 != 0 || c.FF%32 != 0 || (c.Heads*c.HeadDim)%32 != 0) {
-		return nil, fmt.Errorf("model: q8_0 dummy weights need dimensions that are multiples of 32")
+	if bs := dt.BlockSize(); c.Dim%bs != 0 || c.FF%bs != 0 || (c.Heads*c.HeadDim)%bs != 0 {
+		return nil, fmt.Errorf("model: %s dummy weights need dimensions that are multiples of %d", dt, bs)
 	}
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	w := &Weights{OutNorm: ones(c.Dim)}

@@ -18,7 +18,7 @@ func ToPB(p scheduler.Params) *pdv1.SamplingParams {
 		StopTokenIds: p.StopTokenIDs, IgnoreEos: p.IgnoreEOS, LogitBias: p.Sampling.LogitBias,
 		PresencePenalty: p.Sampling.PresencePenalty, FrequencyPenalty: p.Sampling.FrequencyPenalty,
 		RepetitionPenalty: p.Sampling.RepetitionPenalty, MinTokens: uint32(max(0, p.MinTokens)),
-		PromptLogprobs: p.PromptLogprobs,
+		PromptLogprobs: p.PromptLogprobs, ConstraintKind: p.Constraint.Kind, ConstraintSpec: p.Constraint.Spec,
 	}
 }
 
@@ -31,7 +31,7 @@ func FromPB(s *pdv1.SamplingParams) scheduler.Params {
 		Sampling: model.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs),
 			LogitBias: s.LogitBias, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepetitionPenalty: s.RepetitionPenalty},
 		MaxTokens: int(s.MaxTokens), StopTokenIDs: s.StopTokenIds, IgnoreEOS: s.IgnoreEos, MinTokens: int(s.MinTokens),
-		PromptLogprobs: s.PromptLogprobs,
+		PromptLogprobs: s.PromptLogprobs, Constraint: scheduler.Constraint{Kind: s.ConstraintKind, Spec: s.ConstraintSpec},
 	}
 	if s.Seed != nil {
 		seed := *s.Seed

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -62,15 +61,19 @@ func (d *Decode) abortReserved(res *reservation, why string) bool {
 		})
 	}
 	if d.o.Engine.WriterHeld(res.r) {
-		go d.tellWriter(res, why)
-		if !faults.On(faults.GuardDrainWait) {
-			// Test builds only: reuse the pages without waiting for the writer.
-			d.writerGone(res, false, "drain wait switched off")
-		}
+		askToDrain(d, res, why)
 	}
 	d.maybeEnd(res)
 	return true
 }
+
+// askToDrain tells the writer to stop; the pages stay quarantined until
+// it answers Drained or its session is proven closed (writerGone). It is a
+// variable only so that a faults build can give the pages back at once
+// (guards_faults.go, BATON_GUARDS_OFF=drain_wait): the quarantine is the
+// engine's and ends only through writerGone, so nothing outside Decode can
+// end it early at this moment; every other build only asks.
+var askToDrain = func(d *Decode, res *reservation, why string) { go d.tellWriter(res, why) }
 
 func (d *Decode) writerGone(res *reservation, drained bool, proof string) {
 	if !d.o.Engine.WriterGone(res.r, drained, proof) {

@@ -1,11 +1,11 @@
 package roles
 
 import (
+	"crypto/subtle"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
@@ -27,7 +27,7 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 		d.o.Metrics.LateDropped.WithLabelValues("admit").Inc()
 		return nil, fmt.Errorf("reservation %s no longer accepts writes", k)
 	}
-	if res.bound && res.key.Session != k.Session && faults.On(faults.GuardSessionBind) {
+	if res.bound && !sessionBound(res, k.Session[:]) {
 		d.authFailure("transfer")
 		return nil, fmt.Errorf("reservation %s is already being written by another session", k)
 	}
@@ -44,34 +44,18 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
 	res := d.findSession("transfer", k)
 	if res == nil {
-		if !faults.On(faults.GuardLateDrop) {
-			return d.unguardedWrite(w)
-		}
-		d.o.Metrics.LateDropped.WithLabelValues("write").Inc()
-		return fmt.Errorf("no live reservation for %s", k)
+		return lateWrite(d, w, fmt.Errorf("no live reservation for %s", k))
 	}
 	res.mu.Lock()
 	defer res.mu.Unlock()
 	if !res.writable() {
-		if !faults.On(faults.GuardLateDrop) {
-			return d.unguardedWrite(w)
-		}
-		d.o.Metrics.LateDropped.WithLabelValues("write").Inc()
-		return fmt.Errorf("reservation %s no longer accepts writes", k)
+		return lateWrite(d, w, fmt.Errorf("reservation %s no longer accepts writes", k))
 	}
 	ps := d.o.Pool.PageSize()
 	n := len(res.r.Prompt)
-	if faults.On(faults.GuardOwnerTag) {
-		if w.Index < 0 || w.Index >= len(res.prompt) || res.prompt[w.Index] != w.Page {
-			d.o.Metrics.HandoffFailures.WithLabelValues("owner_tag").Inc()
-			return fmt.Errorf("page %d at index %d is not in reservation %s", w.Page, w.Index, k)
-		}
-		if owner, _, st := d.o.Pool.Owner(w.Page); owner != res.r.Owner() || st != kvpool.PageAllocated {
-			d.o.Metrics.HandoffFailures.WithLabelValues("owner_tag").Inc()
-			return fmt.Errorf("page %d is tagged %v (%s), not %v", w.Page, owner, st, res.r.Owner())
-		}
-	} else if w.Page < 0 || int(w.Page) >= d.o.Pool.NumPages() || w.Index < 0 {
-		return fmt.Errorf("page %d outside the pool", w.Page)
+	if err := ownerTag(d, res, w.Index, w.Page); err != nil {
+		d.o.Metrics.HandoffFailures.WithLabelValues("owner_tag").Inc()
+		return err
 	}
 	if want := min(ps, n-w.Index*ps); w.Tokens != want {
 		d.o.Metrics.HandoffFailures.WithLabelValues("bad_count").Inc()
@@ -84,20 +68,54 @@ func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
 		return err
 	}
 	d.o.Metrics.TransferBytes.Add(float64(len(w.Data)))
-	if err := d.o.Pool.MarkWritten(res.r.Owner(), w.Page, w.Tokens); err != nil && faults.On(faults.GuardOwnerTag) {
-		return err
+	return d.o.Pool.MarkWritten(res.r.Owner(), w.Page, w.Tokens)
+}
+
+// lateWrite answers a frame for a reservation that no longer takes writes:
+// dropped and counted, never unpacked. It is a variable only so that a
+// faults build can land such frames instead (guards_faults.go,
+// BATON_GUARDS_OFF=late_drop). A Sink wrapped around Decode could not do
+// that without finding the reservation a second time, which counts the
+// refusals of find twice, and the count of late drops is what the gate
+// reads; every other build runs dropLate.
+var lateWrite = (*Decode).dropLate
+
+func (d *Decode) dropLate(_ transfer.PageWrite, why error) error {
+	d.o.Metrics.LateDropped.WithLabelValues("write").Inc()
+	return why
+}
+
+// ownerTag says whether page, sent for index of res's prompt pages, is the
+// page res gave that index, tagged as res's and allocated. Write and Commit
+// ask it of every page. It is a variable only so that a faults build can
+// let a frame land wherever it points (guards_faults.go,
+// BATON_GUARDS_OFF=owner_tag): the check sits between finding the
+// reservation and unpacking into the pool, under res.mu, so nothing
+// outside Decode can take it away without writing Write again; every
+// other build runs ownsPage.
+var ownerTag = (*Decode).ownsPage
+
+func (d *Decode) ownsPage(res *reservation, index int, page int32) error {
+	if index < 0 || index >= len(res.prompt) || res.prompt[index] != page {
+		return fmt.Errorf("page %d at index %d is not in reservation %s", page, index, res.key)
+	}
+	if owner, _, st := d.o.Pool.Owner(page); owner != res.r.Owner() || st != kvpool.PageAllocated {
+		return fmt.Errorf("page %d is tagged %v (%s), not %v", page, owner, st, res.r.Owner())
 	}
 	return nil
 }
 
-// unguardedWrite is what a receiver without the late-message drop would do
-// (test builds only, with the guard switched off): write the frame where it
-// points, whoever holds the page now.
-func (d *Decode) unguardedWrite(w transfer.PageWrite) error {
-	if w.Page < 0 || int(w.Page) >= d.o.Pool.NumPages() || w.Tokens <= 0 || w.Tokens > d.o.Pool.PageSize() {
-		return fmt.Errorf("page %d outside the pool", w.Page)
-	}
-	return transfer.Unpack(d.o.Pool.KV(), w.Page, w.Tokens, w.Data)
+// sessionBound says whether id names the transfer session decode admitted
+// for res, the only one that may write its pages or commit them. Admit,
+// the frames' lookup and Commit all ask it; called under res.mu. It is a
+// variable only so that a faults build can let any session in
+// (guards_faults.go, BATON_GUARDS_OFF=session_bind): the binding lives in
+// the reservation, which nothing outside Decode sees; every other build
+// runs boundTo.
+var sessionBound = (*reservation).boundTo
+
+func (res *reservation) boundTo(id []byte) bool {
+	return res.bound && len(id) == len(res.key.Session) && subtle.ConstantTimeCompare(res.key.Session[:], id) == 1
 }
 
 // Closed implements transfer.Sink: the session is closed and its receiver

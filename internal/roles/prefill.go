@@ -16,7 +16,6 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
-	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/scheduler"
@@ -69,8 +68,16 @@ func (p *Prefill) learnDecode(addr string) {
 func (p *Prefill) knowsDecode(addr string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.known[addr] || !faults.On(faults.GuardDialKnown)
+	return p.known[addr]
 }
+
+// dialKnown says whether a decode worker's word may make this worker dial
+// addr: only if the router paired them. It is a variable only so that a
+// faults build can dial anyone (guards_faults.go,
+// BATON_GUARDS_OFF=dial_known): the pairings are learned inside Prefill
+// from the router's requests, out of any wrapper's sight; every other
+// build runs knowsDecode.
+var dialKnown = (*Prefill).knowsDecode
 
 // SetShuttingDown makes Prefill refuse new work (the worker is shutting down).
 func (p *Prefill) SetShuttingDown() { p.shuttingDown.Store(true) }

@@ -65,7 +65,7 @@ func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 	if a.DecodeAddr == "" {
 		return nil, errors.New("abort without a decode address to answer")
 	}
-	if !p.knowsDecode(a.DecodeAddr) {
+	if !dialKnown(p, a.DecodeAddr) {
 		// The answer goes only where the router sent this worker before;
 		// an address taken from the request alone is never dialled.
 		p.o.Metrics.InternalAuthFailures.WithLabelValues("Abort").Inc()

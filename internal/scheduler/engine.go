@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -40,6 +39,9 @@ type Config struct {
 	PreemptAfter time.Duration
 	// IsEOG says whether a token ends generation (EOS, EOT).
 	IsEOG func(int32) bool
+	// Constrain makes the matchers of requests with a Constraint
+	// (structured output); nil refuses such requests.
+	Constrain Constrainer
 }
 
 // RejectError is a refusal at the door: the request allocated nothing.
@@ -74,7 +76,8 @@ type Engine struct {
 	ready   []*Request
 	running []*Request
 	sampler model.Sampler
-	eog     []int32 // the tokens IsEOG accepts, banned before min_tokens
+	eog     []int32  // the tokens IsEOG accepts, banned before min_tokens
+	allow   []uint64 // the constraint mask of the request being sampled
 }
 
 // NewEngine makes an engine; Run drives it.
@@ -117,7 +120,7 @@ func (e *Engine) Submit(r *Request) error {
 	if r.life.Role() != e.cfg.Role || e.cfg.Role == RoleDecode {
 		return fmt.Errorf("scheduler: a %s engine cannot take a %s request through Submit", e.cfg.Role, r.life.Role())
 	}
-	if rej := e.door(r); rej != nil {
+	if rej := door(e, r); rej != nil {
 		return e.reject(r, rej)
 	}
 	e.mu.Lock()
@@ -142,7 +145,7 @@ func (e *Engine) Submit(r *Request) error {
 // refuse a request before it opens anything on its behalf (a transport
 // session). A refused request is moved to Rejected.
 func (e *Engine) CheckDoor(r *Request) error {
-	if rej := e.door(r); rej != nil {
+	if rej := door(e, r); rej != nil {
 		return e.reject(r, rej)
 	}
 	return nil
@@ -166,7 +169,7 @@ func (e *Engine) Reserve(r *Request) error {
 	if e.cfg.Role != RoleDecode || r.life.Role() != RoleDecode {
 		return fmt.Errorf("scheduler: Reserve is for decode requests on a decode engine")
 	}
-	if rej := e.door(r); rej != nil {
+	if rej := door(e, r); rej != nil {
 		return e.reject(r, rej)
 	}
 	e.mu.Lock()
@@ -214,10 +217,18 @@ func (e *Engine) Join(r *Request, first model.Sampled) error {
 	return nil
 }
 
-func (e *Engine) door(r *Request) *RejectError {
-	if !faults.On(faults.GuardDoor) {
-		return nil // test builds only: the door switched off
-	}
+// door is every entry's check in Received: Submit, CheckDoor and Reserve
+// all call it, so a request is judged by one rule whichever way it came
+// in. It is a variable only so that a faults build can take the door away
+// (door_faults.go, BATON_GUARDS_OFF=door): the check is the engine's own
+// and nothing outside the engine sits between a request and it, so it
+// cannot be bypassed by a wrapper; every other build runs checkDoor.
+var door = (*Engine).checkDoor
+
+// checkDoor refuses what the engine cannot hold or read: an empty prompt,
+// one that fills the context, a completion past it, a token outside the
+// vocabulary.
+func (e *Engine) checkDoor(r *Request) *RejectError {
 	n, ctx := len(r.Prompt), e.cfg.ContextLength
 	vocab := e.model.Config.Vocab
 	switch {
@@ -289,6 +300,12 @@ func (e *Engine) takeInbox() {
 // deliverFirst emits the token prefill sampled and enters the batch.
 func (e *Engine) deliverFirst(r *Request) {
 	if err := r.life.To(StateDecoding, ""); err != nil {
+		e.fail(r, err)
+		return
+	}
+	// Prefill chose it under the same constraint; the matcher here starts
+	// from it.
+	if err := e.follow(r, r.first.ID); err != nil {
 		e.fail(r, err)
 		return
 	}
@@ -565,7 +582,20 @@ func (e *Engine) step() {
 			e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
 			continue
 		}
-		tok := e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, e.history(r))
+		h := e.history(r)
+		allow, err := e.allowed(r)
+		if err != nil {
+			e.remove(r)
+			e.fail(r, err)
+			continue
+		}
+		h.Allow = allow
+		tok := e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, h)
+		if err := e.follow(r, tok.ID); err != nil {
+			e.remove(r)
+			e.fail(r, err)
+			continue
+		}
 		if e.cfg.Role == RolePrefill {
 			e.prefilled(r, tok)
 			continue

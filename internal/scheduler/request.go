@@ -25,6 +25,9 @@ type Params struct {
 	// first (completions' echo with logprobs), with Sampling.TopLogprobs
 	// alternatives each.
 	PromptLogprobs bool
+	// Constraint, when set, restricts the output to a language (structured
+	// output).
+	Constraint Constraint
 }
 
 // Finish reasons, as the OpenAI API names them.
@@ -78,6 +81,7 @@ type Request struct {
 	room      uint64
 	seq       []int32         // prompt then generated tokens
 	first     *model.Sampled  // decode: the token prefill sampled, until delivered
+	matcher   Matcher         // follows the output through Params.Constraint
 	promptLP  []model.Sampled // the prompt's logprobs, until delivered
 	generated int
 	computed  int // positions whose KV is in the pages

@@ -77,6 +77,7 @@ func (g *generation) params() scheduler.Params {
 		p.Sampling.TopLogprobs = sp.TopLogprobs
 	}
 	p.PromptLogprobs = g.echoLogprobs
+	p.Constraint = scheduler.Constraint(sp.Constraint)
 	if sp.Seed != nil {
 		seed := uint64(*sp.Seed)
 		p.Seed = &seed
@@ -124,6 +125,16 @@ func (g *generation) start(prompt []int32) *openai.Error {
 	}
 	n := max(1, g.sampling.N)
 	base := g.params()
+	if c := base.Constraint; c.Kind != "" {
+		// Compiled here once, so a schema that cannot be followed is the
+		// client's 400 before any worker holds anything.
+		if g.s.o.Constraints == nil {
+			return openai.BadRequest("structured output (response_format, regex, ebnf) is not available on this server", "response_format")
+		}
+		if err := g.s.o.Constraints(c); err != nil {
+			return openai.BadRequest(err.Error(), "response_format")
+		}
+	}
 	for i := range n {
 		p := base
 		if p.Seed != nil {

@@ -63,6 +63,10 @@ type Options struct {
 	Info map[string]any
 	// LiveInfo, when set, adds live figures (pool occupancy) to /server_info.
 	LiveInfo func() map[string]any
+	// Constraints checks that a structured-output constraint can be
+	// followed with this server's vocabulary (compiling it, cached); nil
+	// refuses every constraint.
+	Constraints func(scheduler.Constraint) error
 	// Defaults are the model's own sampling defaults (generation_config.json),
 	// used for what a request leaves out; nil fields keep OpenAI's defaults.
 	Defaults SamplingDefaults

@@ -121,17 +121,20 @@ type hfTokenizerJSON struct {
 	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
 	PostProcessor json.RawMessage `json:"post_processor"`
 	Decoder       json.RawMessage `json:"decoder"`
-	Model         struct {
-		Type                    string            `json:"type"`
-		Vocab                   json.RawMessage   `json:"vocab"`
-		Merges                  []json.RawMessage `json:"merges"`
-		UnkToken                *string           `json:"unk_token"`
-		ByteFallback            bool              `json:"byte_fallback"`
-		FuseUnk                 bool              `json:"fuse_unk"`
-		IgnoreMerges            bool              `json:"ignore_merges"`
-		ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
-		EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
-	} `json:"model"`
+	Model         hfModelJSON     `json:"model"`
+}
+
+// hfModelJSON is tokenizer.json's model: the BPE vocabulary and merges.
+type hfModelJSON struct {
+	Type                    string            `json:"type"`
+	Vocab                   json.RawMessage   `json:"vocab"`
+	Merges                  []json.RawMessage `json:"merges"`
+	UnkToken                *string           `json:"unk_token"`
+	ByteFallback            bool              `json:"byte_fallback"`
+	FuseUnk                 bool              `json:"fuse_unk"`
+	IgnoreMerges            bool              `json:"ignore_merges"`
+	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
 }
 
 // hfText is what HF does to each run of text between added tokens before
@@ -342,13 +345,52 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 	if (m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "") || (m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "") {
 		return nil, errors.New("tokenizer: BPE with continuing_subword_prefix or end_of_word_suffix is not supported")
 	}
+	// The stages, in the order tokenizer.json describes its pipeline.
+	t, err := hfVocabulary(&tj)
+	if err != nil {
+		return nil, err
+	}
+	h := &hfText{byteFallback: m.ByteFallback, fuseUnk: m.FuseUnk, shrink: 1}
+	if err := hfNormalizers(t, h, tj.Normalizer); err != nil {
+		return nil, err
+	}
+	if err := hfPreTokenizers(t, h, tj.PreTokenizer); err != nil {
+		return nil, err
+	}
+	t.hf = h
+	t.ignoreMerges = m.IgnoreMerges
+	if err := hfMerges(t, m.Merges); err != nil {
+		return nil, err
+	}
+	hfSpecials(t, m, &cfg, &stm)
+	if err := hfPostProcessor(t, tj.PostProcessor, &cfg); err != nil {
+		return nil, err
+	}
+	t.cleanSpaces = cfg.CleanSpaces != nil && *cfg.CleanSpaces && t.kind == kindBPE
+	if err := hfChatTemplate(t, &cfg, files); err != nil {
+		return nil, err
+	}
+	t.findEOG()
+	hfGenerationEOS(t, files)
+	t.buildByteTokens()
+	if t.kind == kindSPM && !m.ByteFallback {
+		for b := range t.byteTok {
+			t.byteTok[b] = -1
+		}
+	}
+	t.buildPieces()
+	t.indexSpecial()
+	return t, nil
+}
+
+// hfVocabulary lays out the vocabulary and the added tokens by id; ids
+// may leave gaps, filled with unused entries that never match.
+func hfVocabulary(tj *hfTokenizerJSON) (*Tokenizer, error) {
+	m := &tj.Model
 	var vocab map[string]int64
 	if err := json.Unmarshal(m.Vocab, &vocab); err != nil || len(vocab) == 0 {
 		return nil, fmt.Errorf("tokenizer: tokenizer.json model.vocab must be a non-empty map of token to id (%v)", err)
 	}
-
-	// Lay out the vocabulary by id; ids may leave gaps, filled with unused
-	// entries that never match.
 	maxID := int64(-1)
 	check := func(id int64, what string) error {
 		if id < 0 || id >= maxHFVocab || id >= int64(len(vocab)+len(tj.AddedTokens))+65536 {
@@ -403,12 +445,15 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 			t.types[a.ID] = typeUserDefined
 		}
 	}
+	return t, nil
+}
 
-	// Pipeline: byte-level or SentencePiece-style.
-	h := &hfText{byteFallback: m.ByteFallback, fuseUnk: m.FuseUnk, shrink: 1}
-	norms, err := nodes(tj.Normalizer, 0)
+// hfNormalizers turns tokenizer.json's normalizers into h's, with what
+// each does to the bound on bytes per token (shrink).
+func hfNormalizers(t *Tokenizer, h *hfText, raw json.RawMessage) error {
+	norms, err := nodes(raw, 0)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, nd := range norms {
 		switch nd.Type {
@@ -438,11 +483,11 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 			t.addSpacePrefix = true
 		case "Replace":
 			if nd.Pattern.String == nil {
-				return nil, errors.New("tokenizer: only string patterns are supported in a Replace normalizer")
+				return errors.New("tokenizer: only string patterns are supported in a Replace normalizer")
 			}
 			from, to := *nd.Pattern.String, nd.Content
 			if from == "" {
-				return nil, errors.New("tokenizer: Replace normalizer with an empty pattern")
+				return errors.New("tokenizer: Replace normalizer with an empty pattern")
 			}
 			h.normalizers = append(h.normalizers, func(s string) string { return strings.ReplaceAll(s, from, to) })
 			if to == "" {
@@ -451,12 +496,18 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 				h.shrink *= (len(from) + len(to) - 1) / len(to)
 			}
 		default:
-			return nil, fmt.Errorf("tokenizer: normalizer %q is not supported", nd.Type)
+			return fmt.Errorf("tokenizer: normalizer %q is not supported", nd.Type)
 		}
 	}
-	pres, err := nodes(tj.PreTokenizer, 0)
+	return nil
+}
+
+// hfPreTokenizers picks the pipeline, byte-level or SentencePiece-style,
+// from tokenizer.json's pre-tokenizers.
+func hfPreTokenizers(t *Tokenizer, h *hfText, raw json.RawMessage) error {
+	pres, err := nodes(raw, 0)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	byteLevel := false
 	pre := &preTokenizer{}
@@ -467,14 +518,14 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 			if nd.UseRegex == nil || *nd.UseRegex {
 				re, err := compileSplit(gpt2Regex)
 				if err != nil {
-					return nil, err
+					return err
 				}
 				pre.res = append(pre.res, re)
 			}
 			h.prefixSpace = nd.AddPrefixSpace != nil && *nd.AddPrefixSpace
 		case "Split":
 			if nd.Behavior != "Isolated" || nd.Invert {
-				return nil, fmt.Errorf("tokenizer: Split pre-tokenizer with behavior %q (invert %v) is not supported (Isolated is)", nd.Behavior, nd.Invert)
+				return fmt.Errorf("tokenizer: Split pre-tokenizer with behavior %q (invert %v) is not supported (Isolated is)", nd.Behavior, nd.Invert)
 			}
 			var expr string
 			switch {
@@ -483,11 +534,11 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 			case nd.Pattern.String != nil && *nd.Pattern.String != "":
 				expr = regexp2.Escape(*nd.Pattern.String)
 			default:
-				return nil, errors.New("tokenizer: Split pre-tokenizer without a pattern")
+				return errors.New("tokenizer: Split pre-tokenizer without a pattern")
 			}
 			re, err := compileSplit(expr)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			pre.res = append(pre.res, re)
 		case "Digits":
@@ -513,27 +564,28 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 			h.msSplit = nd.Split == nil || *nd.Split
 			t.addSpacePrefix = h.scheme != "never"
 		default:
-			return nil, fmt.Errorf("tokenizer: pre-tokenizer %q is not supported", nd.Type)
+			return fmt.Errorf("tokenizer: pre-tokenizer %q is not supported", nd.Type)
 		}
 	}
 	if byteLevel {
 		if h.metaspace {
-			return nil, errors.New("tokenizer: ByteLevel and Metaspace pre-tokenizers together are not supported")
+			return errors.New("tokenizer: ByteLevel and Metaspace pre-tokenizers together are not supported")
 		}
 		t.kind, t.model = kindBPE, "gpt2"
 		t.pre = pre
 	} else {
 		if len(pre.res) > 0 {
-			return nil, errors.New("tokenizer: split regexes without a ByteLevel pre-tokenizer are not supported")
+			return errors.New("tokenizer: split regexes without a ByteLevel pre-tokenizer are not supported")
 		}
 		t.kind = kindSPM
 	}
-	t.hf = h
-	t.ignoreMerges = m.IgnoreMerges
+	return nil
+}
 
-	// Merges, by rank: "a b" strings or ["a", "b"] pairs.
-	t.merges = make(map[mergeKey]int32, len(m.Merges))
-	for i, raw := range m.Merges {
+// hfMerges reads the merges by rank: "a b" strings or ["a", "b"] pairs.
+func hfMerges(t *Tokenizer, merges []json.RawMessage) error {
+	t.merges = make(map[mergeKey]int32, len(merges))
+	for i, raw := range merges {
 		var k mergeKey
 		var s string
 		var pair []string
@@ -541,23 +593,28 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 		case json.Unmarshal(raw, &s) == nil:
 			l, r, ok := strings.Cut(s, " ")
 			if !ok {
-				return nil, fmt.Errorf("tokenizer: merge %d %q is not two tokens", i, s)
+				return fmt.Errorf("tokenizer: merge %d %q is not two tokens", i, s)
 			}
 			k = mergeKey{l, r}
 		case json.Unmarshal(raw, &pair) == nil && len(pair) == 2:
 			k = mergeKey{pair[0], pair[1]}
 		default:
-			return nil, fmt.Errorf("tokenizer: merge %d is neither \"a b\" nor [a, b]: %s", i, raw)
+			return fmt.Errorf("tokenizer: merge %d is neither \"a b\" nor [a, b]: %s", i, raw)
 		}
 		if _, ok := t.toID[k.left+k.right]; !ok {
-			return nil, fmt.Errorf("tokenizer: merge %d (%q, %q) makes %q, which is not in the vocabulary", i, k.left, k.right, k.left+k.right)
+			return fmt.Errorf("tokenizer: merge %d (%q, %q) makes %q, which is not in the vocabulary", i, k.left, k.right, k.left+k.right)
 		}
 		if _, dup := t.merges[k]; !dup {
 			t.merges[k] = int32(i)
 		}
 	}
+	return nil
+}
 
-	// Byte tokens (SentencePiece byte fallback) and the unknown token.
+// hfSpecials marks byte tokens (SentencePiece byte fallback) and the
+// unknown token, and finds BOS and EOS by their text in
+// tokenizer_config.json, then special_tokens_map.json.
+func hfSpecials(t *Tokenizer, m *hfModelJSON, cfg, stm *hfConfigJSON) {
 	if m.ByteFallback {
 		for i, s := range t.tokens {
 			if t.types[i] == typeNormal && byteTokenRE.MatchString(s) {
@@ -572,10 +629,8 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 		}
 	}
 
-	// Special tokens by text: tokenizer_config.json, then
-	// special_tokens_map.json.
 	lookup := func(field func(*hfConfigJSON) json.RawMessage) int32 {
-		for _, c := range []*hfConfigJSON{&cfg, &stm} {
+		for _, c := range []*hfConfigJSON{cfg, stm} {
 			if s, ok := specialText(field(c)); ok {
 				if id, ok := t.toID[s]; ok {
 					return id
@@ -590,12 +645,16 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 		t.unk = id
 		t.types[id] = typeUnknown
 	}
+}
 
-	// BOS/EOS added by Encode: add_bos_token/add_eos_token when given,
-	// else what the TemplateProcessing post-processor puts around $A.
-	posts, err := nodes(tj.PostProcessor, 0)
+// hfPostProcessor decides the BOS/EOS Encode adds: add_bos_token and
+// add_eos_token when given, else what the TemplateProcessing
+// post-processor puts around $A.
+func hfPostProcessor(t *Tokenizer, raw json.RawMessage, cfg *hfConfigJSON) error {
+	n := len(t.tokens)
+	posts, err := nodes(raw, 0)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, nd := range posts {
 		if nd.Type != "TemplateProcessing" || len(nd.Single) == 0 {
@@ -637,15 +696,20 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 		t.addEOS = *cfg.AddEOS
 	}
 	if t.addBOS && t.bos < 0 {
-		return nil, errors.New("tokenizer: BOS is to be added but there is no BOS token")
+		return errors.New("tokenizer: BOS is to be added but there is no BOS token")
 	}
 	if t.addEOS && t.eos < 0 {
-		return nil, errors.New("tokenizer: EOS is to be added but there is no EOS token")
+		return errors.New("tokenizer: EOS is to be added but there is no EOS token")
 	}
-	t.cleanSpaces = cfg.CleanSpaces != nil && *cfg.CleanSpaces && t.kind == kindBPE
+	return nil
+}
 
+// hfChatTemplate takes the chat template from tokenizer_config.json, else
+// chat_template.jinja, else chat_template.json.
+func hfChatTemplate(t *Tokenizer, cfg *hfConfigJSON, files hfFiles) error {
+	var err error
 	if t.chatTemplate, err = chatTemplateFrom(cfg.ChatTemplate); err != nil {
-		return nil, err
+		return err
 	}
 	if t.chatTemplate == "" && len(files.ChatTemplate) > 0 {
 		t.chatTemplate = string(files.ChatTemplate)
@@ -658,10 +722,13 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 			t.chatTemplate, _ = chatTemplateFrom(ct.ChatTemplate)
 		}
 	}
+	return nil
+}
 
-	t.findEOG()
-	// generation_config.json's eos_token_id (else config.json's) also ends
-	// generation: Qwen and Llama 3 instruct models list several.
+// hfGenerationEOS adds generation_config.json's eos_token_id (else
+// config.json's) to what ends generation: Qwen and Llama 3 instruct models
+// list several.
+func hfGenerationEOS(t *Tokenizer, files hfFiles) {
 	for _, b := range [][]byte{files.GenerationConfig, files.ModelConfig} {
 		if len(b) == 0 {
 			continue
@@ -674,7 +741,7 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 		}
 		ids := tokenIDs(g.EOS)
 		for _, id := range ids {
-			if id >= 0 && id < int64(n) {
+			if id >= 0 && id < int64(len(t.tokens)) {
 				t.eog[int32(id)] = true
 			}
 		}
@@ -682,15 +749,6 @@ func fromHF(files hfFiles) (*Tokenizer, error) {
 			break
 		}
 	}
-	t.buildByteTokens()
-	if t.kind == kindSPM && !m.ByteFallback {
-		for b := range t.byteTok {
-			t.byteTok[b] = -1
-		}
-	}
-	t.buildPieces()
-	t.indexSpecial()
-	return t, nil
 }
 
 // AddEOG makes ids end generation too (say, a model's

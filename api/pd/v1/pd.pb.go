@@ -320,6 +320,11 @@ type SamplingParams struct {
 	// Prefill scores every prompt token (echo with logprobs); top_logprobs
 	// alternatives each.
 	PromptLogprobs bool `protobuf:"varint,15,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	// Structured output: the output must be in this language ("json_object",
+	// "json_schema", "regex", "ebnf"; spec the schema, expression or grammar).
+	// Prefill follows it for the first token, decode from that token on.
+	ConstraintKind string `protobuf:"bytes,16,opt,name=constraint_kind,json=constraintKind,proto3" json:"constraint_kind,omitempty"`
+	ConstraintSpec string `protobuf:"bytes,17,opt,name=constraint_spec,json=constraintSpec,proto3" json:"constraint_spec,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -457,6 +462,20 @@ func (x *SamplingParams) GetPromptLogprobs() bool {
 		return x.PromptLogprobs
 	}
 	return false
+}
+
+func (x *SamplingParams) GetConstraintKind() string {
+	if x != nil {
+		return x.ConstraintKind
+	}
+	return ""
+}
+
+func (x *SamplingParams) GetConstraintSpec() string {
+	if x != nil {
+		return x.ConstraintSpec
+	}
+	return ""
 }
 
 type ReserveRequest struct {
@@ -1424,7 +1443,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\ttransport\x18\v \x01(\tR\ttransport\x12#\n" +
 	"\rtransfer_addr\x18\f \x01(\tR\ftransferAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\r \x01(\tR\bgrpcAddr\x12#\n" +
-	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\"\xf2\x04\n" +
+	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\"\xc4\x05\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
@@ -1445,7 +1464,9 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x12repetition_penalty\x18\r \x01(\x01R\x11repetitionPenalty\x12\x1d\n" +
 	"\n" +
 	"min_tokens\x18\x0e \x01(\rR\tminTokens\x12'\n" +
-	"\x0fprompt_logprobs\x18\x0f \x01(\bR\x0epromptLogprobs\x1a<\n" +
+	"\x0fprompt_logprobs\x18\x0f \x01(\bR\x0epromptLogprobs\x12'\n" +
+	"\x0fconstraint_kind\x18\x10 \x01(\tR\x0econstraintKind\x12'\n" +
+	"\x0fconstraint_spec\x18\x11 \x01(\tR\x0econstraintSpec\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\a\n" +

@@ -22,8 +22,8 @@ char *openblas_get_corename(void);
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 #endif
 
-static int g_have_simd;
-static float g_f16[65536]; // f16 bits -> float
+int g_have_simd;
+float g_f16[65536]; // f16 bits -> float
 
 static inline float bits_f32(uint32_t b) {
   float f;
@@ -78,7 +78,7 @@ int bk_init(void) {
 #define UNUSED_SIMD(s)
 #endif
 
-static int64_t row_bytes(int dtype, int64_t cols) {
+int64_t bk_row_bytes(int dtype, int64_t cols) {
   switch (dtype) {
   case BK_F32:
     return 4 * cols;
@@ -88,8 +88,9 @@ static int64_t row_bytes(int dtype, int64_t cols) {
   case BK_Q8_0:
     return cols / 32 * 34;
   }
-  return 0;
+  return bk_quant_row_bytes(dtype, cols);
 }
+#define row_bytes bk_row_bytes
 
 /* ---------------------------------------------------------------- BLAS */
 
@@ -101,6 +102,39 @@ void bk_sgemm(float *out, const float *x, int64_t n, const float *w, int64_t row
               int64_t cols, int64_t r0, int64_t r1) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)(r1 - r0), (int)cols, 1.0f,
               x, (int)cols, w + r0 * cols, (int)cols, 0.0f, out + r0, (int)rows);
+}
+
+// Per-thread scratch that grows and is kept: the gemm runs thousands of
+// times per second, and a malloc of a few hundred KiB is an mmap.
+static __thread float *tl_scratch;
+static __thread size_t tl_scratch_len;
+
+static float *scratch(size_t floats) {
+  if (tl_scratch_len < floats) {
+    free(tl_scratch);
+    tl_scratch = aligned_alloc(64, (floats * 4 + 63) / 64 * 64);
+    if (!tl_scratch) abort();
+    tl_scratch_len = floats;
+  }
+  return tl_scratch;
+}
+
+// Rows of a non-f32 weight dequantised at a time for sgemm: 48 rows of up
+// to 2048 floats stay in L2 while sgemm sweeps all rows of x past them.
+#define DQ_ROWS 48
+
+void bk_deq_sgemm(int simd, float *out, const float *x, int64_t n, const uint8_t *w, int dtype,
+                  int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
+  if (r1 <= r0 || n <= 0) return;
+  float *buf = scratch((size_t)(DQ_ROWS * cols));
+  int32_t ids[DQ_ROWS];
+  for (int64_t r = r0; r < r1; r += DQ_ROWS) {
+    int64_t nr = r1 - r < DQ_ROWS ? r1 - r : DQ_ROWS;
+    for (int64_t i = 0; i < nr; i++) ids[i] = (int32_t)(r + i);
+    bk_dequant_rows(simd, buf, w, dtype, cols, ids, nr);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)cols, 1.0f, x,
+                (int)cols, buf, (int)cols, 0.0f, out + r, (int)rows);
+  }
 }
 
 /* ------------------------------------------------------- dequantisation */
@@ -123,6 +157,8 @@ static void deq_row_scalar(float *dst, const uint8_t *row, int dtype, int64_t co
       for (int j = 0; j < 32; j++) dst[b * 32 + j] = d * (float)(int8_t)q[2 + j];
     }
     break;
+  default:
+    bk_quant_dequant_row(dst, row, dtype, cols);
   }
 }
 
@@ -161,6 +197,8 @@ AVX2 static void deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t
         _mm256_storeu_ps(dst + b * 32 + 8 * j, _mm256_mul_ps(d, ld8_q8(q + 2 + 8 * j)));
     }
     return;
+  default:
+    bk_quant_dequant_row_avx2(dst, row, dtype, cols);
   }
 }
 #endif
@@ -183,17 +221,10 @@ void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype, int64_t 
 
 /* --------------------------------------------------------------- MatMul */
 
-// Rows of w are taken MR at a time ("a panel"): non-f32 panels are
-// dequantised into a float buffer and then multiplied with every x row of
-// a block, so conversion is paid once per weight per block of x rows. Long
-// rows are cut into KC-column slices so that a panel and NR x rows stay in
-// L1 (partial sums accumulate in out).
-#define MR 4
-#define NR 3
-#define KC 512       // column slice (a multiple of 32: whole Q8_0 blocks)
-#define KC_MAX 1024  // rows up to this long are not sliced
-// Budget for the block of x rows that stays in cache while panels stream.
+// The scalar fallback dequantises one weight row at a time and multiplies
+// it with every x row of a block that stays in cache.
 #define XBLOCK_BYTES (192 * 1024)
+#define NR 3
 
 static int64_t x_block_rows(int64_t n, int64_t cols) {
   int64_t nb = XBLOCK_BYTES / (4 * cols);
@@ -235,68 +266,12 @@ AVX2_INLINE float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Four sums in one vector: lane i is the sum of v[i].
-AVX2_INLINE __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
-  __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-  __m256 t = _mm256_hadd_ps(ab, cd);
-  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
 // Eight sums in one vector: lane i is the sum of v[i].
 AVX2_INLINE __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5,
                            __m256 v6, __m256 v7) {
   __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
   __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));
   return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
-// Micro-kernel: the MR x NR dot products of 4 float rows w0..w3 and 3 x
-// rows; out[j*ldo + i] = wi·xj. Rows past the end are passed as duplicates
-// and their results dropped by the caller via nw/nx.
-AVX2 static void mk_f32(const float *w, int64_t ldw, int nw, const float *x, int64_t ldx, int nx,
-                        int64_t cols, float *out, int64_t ldo, int accumulate) {
-  const float *w0 = w, *w1 = w + (nw > 1 ? ldw : 0), *w2 = w + (nw > 2 ? 2 * ldw : 0),
-              *w3 = w + (nw > 3 ? 3 * ldw : 0);
-  const float *x0 = x, *x1 = x + (nx > 1 ? ldx : 0), *x2 = x + (nx > 2 ? 2 * ldx : 0);
-  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00,
-         a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
-  int64_t k = 0;
-  for (; k + 8 <= cols; k += 8) {
-    __m256 y0 = _mm256_loadu_ps(x0 + k), y1 = _mm256_loadu_ps(x1 + k),
-           y2 = _mm256_loadu_ps(x2 + k);
-    __m256 v = _mm256_loadu_ps(w0 + k);
-    a00 = _mm256_fmadd_ps(v, y0, a00);
-    a01 = _mm256_fmadd_ps(v, y1, a01);
-    a02 = _mm256_fmadd_ps(v, y2, a02);
-    v = _mm256_loadu_ps(w1 + k);
-    a10 = _mm256_fmadd_ps(v, y0, a10);
-    a11 = _mm256_fmadd_ps(v, y1, a11);
-    a12 = _mm256_fmadd_ps(v, y2, a12);
-    v = _mm256_loadu_ps(w2 + k);
-    a20 = _mm256_fmadd_ps(v, y0, a20);
-    a21 = _mm256_fmadd_ps(v, y1, a21);
-    a22 = _mm256_fmadd_ps(v, y2, a22);
-    v = _mm256_loadu_ps(w3 + k);
-    a30 = _mm256_fmadd_ps(v, y0, a30);
-    a31 = _mm256_fmadd_ps(v, y1, a31);
-    a32 = _mm256_fmadd_ps(v, y2, a32);
-  }
-  float r[3][4];
-  _mm_storeu_ps(r[0], hsum4x8(a00, a10, a20, a30));
-  _mm_storeu_ps(r[1], hsum4x8(a01, a11, a21, a31));
-  _mm_storeu_ps(r[2], hsum4x8(a02, a12, a22, a32));
-  for (; k < cols; k++) {
-    const float *wr[4] = {w0, w1, w2, w3}, *xr[3] = {x0, x1, x2};
-    for (int j = 0; j < 3; j++)
-      for (int i = 0; i < 4; i++) r[j][i] += wr[i][k] * xr[j][k];
-  }
-  if (accumulate) {
-    for (int j = 0; j < nx; j++)
-      for (int i = 0; i < nw; i++) out[j * ldo + i] += r[j][i];
-  } else {
-    for (int j = 0; j < nx; j++)
-      for (int i = 0; i < nw; i++) out[j * ldo + i] = r[j][i];
-  }
 }
 
 #define LD_F32(p) _mm256_loadu_ps((const float *)(p))
@@ -368,60 +343,179 @@ AVX2 static float row1_q8(const uint8_t *w, const float *x, int64_t cols) {
   return hsum8(_mm256_add_ps(a0, a1));
 }
 
-AVX2 static void matmul_avx2(float *out, const float *x, int64_t n, const uint8_t *w, int dtype,
-                             int64_t rows, int64_t cols, int64_t r0, int64_t r1, float *buf) {
+AVX2 static void gemv_avx2(float *out, const float *x, const uint8_t *w, int dtype, int64_t cols,
+                           int64_t r0, int64_t r1) {
   int64_t rb = row_bytes(dtype, cols);
-  if (n == 1) {
-    for (int64_t r = r0; r < r1; r++) {
-      const uint8_t *wr = w + r * rb;
-      switch (dtype) {
-      case BK_F32: out[r] = row1_f32(wr, x, cols); break;
-      case BK_F16: out[r] = row1_f16(wr, x, cols); break;
-      case BK_BF16: out[r] = row1_bf16(wr, x, cols); break;
-      case BK_Q8_0: out[r] = row1_q8(wr, x, cols); break;
-      }
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *wr = w + r * rb;
+    switch (dtype) {
+    case BK_F32: out[r] = row1_f32(wr, x, cols); break;
+    case BK_F16: out[r] = row1_f16(wr, x, cols); break;
+    case BK_BF16: out[r] = row1_bf16(wr, x, cols); break;
+    case BK_Q8_0: out[r] = row1_q8(wr, x, cols); break;
     }
-    return;
   }
-  int64_t kc = cols <= KC_MAX ? cols : KC;
-  int64_t nb = x_block_rows(n, kc < cols ? 2 * kc : cols);
-  for (int64_t i0 = 0; i0 < n; i0 += nb) {
-    int64_t i1 = i0 + nb < n ? i0 + nb : n;
-    for (int64_t r = r0; r < r1; r += MR) {
-      int nw = r1 - r < MR ? (int)(r1 - r) : MR;
-      for (int64_t k0 = 0; k0 < cols; k0 += kc) {
-        int64_t kl = cols - k0 < kc ? cols - k0 : kc;
-        int64_t koff = row_bytes(dtype, k0); // k0 is a multiple of 32
-        const float *panel = buf;
-        int64_t ldw = kl;
+}
+
+// Many-row products (see bk_gemm). The micro-kernel keeps a 16 x-row by 6
+// weight-row block of sums in 12 registers: per column it loads 16 x
+// values (two vectors of the packed panel) and broadcasts 6 weight values,
+// 12 FMAs for 8 loads, so it runs near the FMA ports' rate while each
+// weight value is read once per panel from L1. Sums are taken over GK
+// columns at a time and added into a small tile in memory, which keeps
+// the panel slice and the weight slice in L1 and the rounding error of a
+// float32 sum low (partial sums of at most GK terms).
+#define GW 6    // weight rows per micro-tile
+#define GK 256  // columns per slice
+// Budget for the panels of x that stay in L2 while a range of weight rows
+// streams past them; more rows than this re-stream the weights.
+#define GX_BYTES (256 * 1024)
+
+AVX2 static void mk16(const float *xp, const float *const *wr, int64_t k0, int64_t kl, float *c,
+                      int64_t ldc) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  const float *w0 = wr[0] + k0, *w1 = wr[1] + k0, *w2 = wr[2] + k0, *w3 = wr[3] + k0,
+              *w4 = wr[4] + k0, *w5 = wr[5] + k0;
+  for (int64_t k = 0; k < kl; k++) {
+    __m256 x0 = _mm256_loadu_ps(xp + 16 * k), x1 = _mm256_loadu_ps(xp + 16 * k + 8), b;
+    b = _mm256_broadcast_ss(w0 + k);
+    c00 = _mm256_fmadd_ps(b, x0, c00);
+    c01 = _mm256_fmadd_ps(b, x1, c01);
+    b = _mm256_broadcast_ss(w1 + k);
+    c10 = _mm256_fmadd_ps(b, x0, c10);
+    c11 = _mm256_fmadd_ps(b, x1, c11);
+    b = _mm256_broadcast_ss(w2 + k);
+    c20 = _mm256_fmadd_ps(b, x0, c20);
+    c21 = _mm256_fmadd_ps(b, x1, c21);
+    b = _mm256_broadcast_ss(w3 + k);
+    c30 = _mm256_fmadd_ps(b, x0, c30);
+    c31 = _mm256_fmadd_ps(b, x1, c31);
+    b = _mm256_broadcast_ss(w4 + k);
+    c40 = _mm256_fmadd_ps(b, x0, c40);
+    c41 = _mm256_fmadd_ps(b, x1, c41);
+    b = _mm256_broadcast_ss(w5 + k);
+    c50 = _mm256_fmadd_ps(b, x0, c50);
+    c51 = _mm256_fmadd_ps(b, x1, c51);
+  }
+#define ACC(j, lo, hi)                                                                        \
+  _mm256_storeu_ps(c + j * ldc, _mm256_add_ps(_mm256_loadu_ps(c + j * ldc), lo));             \
+  _mm256_storeu_ps(c + j * ldc + 8, _mm256_add_ps(_mm256_loadu_ps(c + j * ldc + 8), hi));
+  ACC(0, c00, c01) ACC(1, c10, c11) ACC(2, c20, c21) ACC(3, c30, c31) ACC(4, c40, c41)
+  ACC(5, c50, c51)
+#undef ACC
+}
+
+// The same for a panel with at most 8 live rows (half the work).
+AVX2 static void mk8(const float *xp, const float *const *wr, int64_t k0, int64_t kl, float *c,
+                     int64_t ldc) {
+  __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+  const float *w0 = wr[0] + k0, *w1 = wr[1] + k0, *w2 = wr[2] + k0, *w3 = wr[3] + k0,
+              *w4 = wr[4] + k0, *w5 = wr[5] + k0;
+  for (int64_t k = 0; k < kl; k++) {
+    __m256 x0 = _mm256_loadu_ps(xp + 16 * k);
+    c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + k), x0, c0);
+    c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w1 + k), x0, c1);
+    c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w2 + k), x0, c2);
+    c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w3 + k), x0, c3);
+    c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(w4 + k), x0, c4);
+    c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(w5 + k), x0, c5);
+  }
+  __m256 cs[GW] = {c0, c1, c2, c3, c4, c5};
+  for (int j = 0; j < GW; j++)
+    _mm256_storeu_ps(c + j * ldc, _mm256_add_ps(_mm256_loadu_ps(c + j * ldc), cs[j]));
+}
+
+AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
+                           int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
+  int64_t rb = row_bytes(dtype, cols);
+  int64_t npan = (n + 15) / 16;
+  int64_t pb = GX_BYTES / (64 * cols); // panels per block of x
+  if (pb < 1) pb = 1;
+  if (pb > npan) pb = npan;
+  int64_t ldc = 16 * pb;
+  float *tile = scratch((size_t)(GW * ldc + (dtype == BK_F32 ? 0 : GW * cols)));
+  float *deq = tile + GW * ldc;
+  for (int64_t p0 = 0; p0 < npan; p0 += pb) {
+    int64_t p1 = p0 + pb < npan ? p0 + pb : npan;
+    for (int64_t r = r0; r < r1; r += GW) {
+      int nw = r1 - r < GW ? (int)(r1 - r) : GW;
+      const float *wr[GW];
+      for (int j = 0; j < GW; j++) {
+        int jj = j < nw ? j : 0; // past the end: repeat row 0, result dropped
         if (dtype == BK_F32) {
-          panel = (const float *)(w + r * rb + koff);
-          ldw = cols;
+          wr[j] = (const float *)(w + (r + jj) * rb);
         } else {
-          for (int i = 0; i < nw; i++) deq_row_avx2(buf + i * kl, w + (r + i) * rb + koff, dtype, kl);
-        }
-        for (int64_t i = i0; i < i1; i += NR) {
-          int nx = i1 - i < NR ? (int)(i1 - i) : NR;
-          mk_f32(panel, ldw, nw, x + i * cols + k0, cols, nx, kl, out + i * rows + r, rows, k0 > 0);
+          if (j < nw) deq_row_avx2(deq + j * cols, w + (r + j) * rb, dtype, cols);
+          wr[j] = deq + jj * cols;
         }
       }
+      memset(tile, 0, sizeof(float) * GW * ldc);
+      for (int64_t k0 = 0; k0 < cols; k0 += GK) {
+        int64_t kl = cols - k0 < GK ? cols - k0 : GK;
+        for (int64_t p = p0; p < p1; p++) {
+          const float *xs = xp + (p * cols + k0) * 16;
+          float *c = tile + (p - p0) * 16;
+          if (n - 16 * p > 8)
+            mk16(xs, wr, k0, kl, c, ldc);
+          else
+            mk8(xs, wr, k0, kl, c, ldc);
+        }
+      }
+      int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
+      for (int j = 0; j < nw; j++)
+        for (int64_t i = 16 * p0; i < i1; i++) out[i * rows + r + j] = tile[j * ldc + i - 16 * p0];
     }
   }
 }
 #endif
 
+void bk_pack_x(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; p++) {
+    float *d = xp + p * cols * 16;
+    int64_t live = n - 16 * p < 16 ? n - 16 * p : 16;
+    const float *src[16];
+    for (int64_t l = 0; l < 16; l++) src[l] = x + (16 * p + (l < live ? l : 0)) * cols;
+    for (int64_t k = 0; k < cols; k++) {
+      for (int64_t l = 0; l < live; l++) d[16 * k + l] = src[l][k];
+      for (int64_t l = live; l < 16; l++) d[16 * k + l] = 0;
+    }
+  }
+}
+
+void bk_gemm(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype, int64_t rows,
+             int64_t cols, int64_t r0, int64_t r1) {
+  if (r1 <= r0 || n <= 0) return;
+#ifdef BK_X86
+  if (g_have_simd) {
+    gemm_avx2(out, xp, n, w, dtype, rows, cols, r0, r1);
+    return;
+  }
+#endif
+  abort(); // callers check bk_init's answer first
+}
+
 void bk_matmul(int simd, float *out, const float *x, int64_t n, const uint8_t *w, int dtype,
                int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   UNUSED_SIMD(simd);
   if (r1 <= r0 || n <= 0) return;
-  float *buf = malloc(sizeof(float) * MR * cols);
-  if (!buf) abort();
 #ifdef BK_X86
-  if (USE_SIMD(simd))
-    matmul_avx2(out, x, n, w, dtype, rows, cols, r0, r1, buf);
-  else
+  if (USE_SIMD(simd)) {
+    if (n == 1) {
+      gemv_avx2(out, x, w, dtype, cols, r0, r1);
+      return;
+    }
+    float *xp = malloc(sizeof(float) * 16 * cols * ((n + 15) / 16));
+    if (!xp) abort();
+    bk_pack_x(xp, x, n, cols, 0, (n + 15) / 16);
+    gemm_avx2(out, xp, n, w, dtype, rows, cols, r0, r1);
+    free(xp);
+    return;
+  }
 #endif
-    matmul_scalar(out, x, n, w, dtype, rows, cols, r0, r1, buf);
+  float *buf = malloc(sizeof(float) * cols);
+  if (!buf) abort();
+  matmul_scalar(out, x, n, w, dtype, rows, cols, r0, r1, buf);
   free(buf);
 }
 

@@ -37,13 +37,18 @@ const (
 	// 768..4096 columns: 1.5-3x at n=4..16, ~1.3x at n=32, even at n=64,
 	// while sgemm is ~1.3x faster at n=256).
 	defaultBLASMinN = 64
+	// deqBLASMinN: products of non-f32 weights with at least this many x
+	// rows (a prefill chunk) dequantise each weight row once and use
+	// sgemm; below it the own gemm, which dequantises a tile per block of
+	// x rows, is at least as fast.
+	deqBLASMinN = 128
 	// defaultMinWork is the least work worth giving to one more thread, in
 	// multiply-add equivalents (~1.3 µs of AVX2 work; a hot dispatch costs
 	// ~0.5 µs). Measured costs per element: SwiGLU ~12, Add ~3, RMSNorm ~4,
 	// a RoPE sin+cos ~500.
 	defaultMinWork = 1 << 15
-	// Matrix rows are split in multiples of this (the kernel's panel).
-	rowAlign = 4
+	// Matrix rows are split in multiples of this (the gemm's micro-tile).
+	rowAlign = 6
 )
 
 var (
@@ -169,9 +174,72 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		})
 		return
 	}
+	if w.DType != kernels.F32 && b.blasMinN > 0 && n >= max(b.blasMinN, deqBLASMinN) {
+		b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+			C.bk_deq_sgemm(b.simdFlag(), fptr(out), fptr(x), C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),
+				C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+		})
+		return
+	}
+	if w.DType >= kernels.Q4_0 && n < qdotMaxN {
+		b.qdot(out, x, n, w, wp, work)
+		return
+	}
+	if n >= 2 && b.simd && cpuHasSIMD {
+		b.gemm(out, x, n, w, wp, work)
+		return
+	}
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 		C.bk_matmul(b.simdFlag(), fptr(out), fptr(x), C.int64_t(n), (*C.uint8_t)(wp),
 			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+	})
+}
+
+// qdotMaxN: products with fewer x rows than this, with weights in one of
+// the ggml block formats, quantise x to 8 bits and use integer dot
+// products (what a decode step of a few sequences is: bound by reading the
+// weights, which stay 4-6 bits a value all the way into the registers).
+// From this many rows on, gemm's dequantised tiles and float FMAs win.
+const qdotMaxN = 4
+
+// qdot is MatMul through bk_quant_x and bk_qdot.
+func (b *Backend) qdot(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
+	nb := w.Cols / 32
+	qs := make([]int8, n*w.Cols)
+	d := make([]float32, n*nb)
+	s := make([]int32, n*nb)
+	qp := (*C.int8_t)(unsafe.Pointer(unsafe.SliceData(qs)))
+	sp := (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(s)))
+	C.bk_quant_x(qp, fptr(d), sp, fptr(x), C.int64_t(n), C.int64_t(w.Cols))
+	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+		C.bk_qdot(b.simdFlag(), fptr(out), qp, fptr(d), sp, C.int64_t(n), (*C.uint8_t)(wp),
+			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+	})
+}
+
+// packs holds the buffers x is packed into for gemm, so a forward pass
+// reuses them rather than allocating one per product.
+var packs sync.Pool
+
+// gemm is MatMul for n >= 2 on the SIMD path: x is packed once (in
+// parallel, by panels of 16 rows), then each range of weight rows is one C
+// call that reads its weights once for all n rows.
+func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
+	npan := (n + 15) / 16
+	need := npan * 16 * w.Cols
+	var xp []float32
+	if v, ok := packs.Get().(*[]float32); ok && cap(*v) >= need {
+		xp = (*v)[:need]
+	} else {
+		xp = make([]float32, need)
+	}
+	defer packs.Put(&xp)
+	b.parallel(npan, 1, n*w.Cols, func(lo, hi int) {
+		C.bk_pack_x(fptr(xp), fptr(x), C.int64_t(n), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+	})
+	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+		C.bk_gemm(fptr(out), fptr(xp), C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),
+			C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})
 }
 

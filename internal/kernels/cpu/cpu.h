@@ -8,7 +8,41 @@
 #include <stdint.h>
 
 // Weight dtypes; the numbering matches kernels.DType.
-enum { BK_F32 = 0, BK_F16 = 1, BK_Q8_0 = 2, BK_BF16 = 3 };
+enum {
+  BK_F32 = 0,
+  BK_F16 = 1,
+  BK_Q8_0 = 2,
+  BK_BF16 = 3,
+  BK_Q4_0 = 4,
+  BK_Q4_1 = 5,
+  BK_Q5_0 = 6,
+  BK_Q5_1 = 7,
+  BK_Q4_K = 8,
+  BK_Q5_K = 9,
+  BK_Q6_K = 10,
+};
+
+// Storage of one row of cols elements.
+int64_t bk_row_bytes(int dtype, int64_t cols);
+
+// The ggml block formats (quant.c), layouts as in kernels/quant.go.
+int64_t bk_quant_row_bytes(int dtype, int64_t cols);
+// bk_quant_dequant_row: exactly kernels.Matrix.Row.
+void bk_quant_dequant_row(float *dst, const uint8_t *row, int dtype, int64_t cols);
+// The same with AVX2 (x86-64 builds with SIMD only; same results).
+void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols);
+
+// bk_quant_x quantises n rows of x (cols each, a multiple of 32) to 8
+// bits in blocks of 32, as the integer dot products of the block formats
+// take them: qs (n*cols int8), d (one scale per block, n*cols/32) and s
+// (the sum of each block's quants).
+void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols);
+
+// bk_qdot computes out[i*rows + r] for r0 <= r < r1 and i < n from x
+// quantised by bk_quant_x, for the ggml block formats other than Q8_0:
+// integer dot products per block of 32, scaled in float.
+void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32_t *s, int64_t n,
+             const uint8_t *w, int dtype, int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 
 // bk_init builds lookup tables; call once before anything else. It returns
 // 1 when the CPU supports the SIMD path (AVX2, FMA and F16C).
@@ -24,11 +58,29 @@ const char *bk_blas_corename(void);
 void bk_sgemm(float *out, const float *x, int64_t n, const float *w,
               int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 
+// bk_deq_sgemm is bk_sgemm for weights of any dtype: rows are dequantised
+// a few dozen at a time (each once per call) and multiplied with all n
+// rows of x by OpenBLAS.
+void bk_deq_sgemm(int simd, float *out, const float *x, int64_t n, const uint8_t *w, int dtype,
+                  int64_t rows, int64_t cols, int64_t r0, int64_t r1);
+
 // bk_matmul is the same product with the backend's own kernels, for any
 // dtype (w is raw row data, dtype.RowBytes(cols) bytes a row).
 void bk_matmul(int simd, float *out, const float *x, int64_t n,
                const uint8_t *w, int dtype, int64_t rows, int64_t cols,
                int64_t r0, int64_t r1);
+
+// bk_pack_x lays x (n rows of cols) out for bk_gemm: panels of 16 rows,
+// panel p being cols groups of 16 floats (column k of rows 16p..16p+15,
+// zero past row n). It writes panels [p0, p1) of (n+15)/16.
+void bk_pack_x(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, int64_t p1);
+
+// bk_gemm is bk_matmul's product for n >= 2 on x packed by bk_pack_x, with
+// the SIMD kernels (only call it when bk_init returned 1). Each weight row
+// of [r0, r1) is read (and dequantised) once per block of x rows that fits
+// in L2, for all rows of the block.
+void bk_gemm(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype, int64_t rows,
+             int64_t cols, int64_t r0, int64_t r1);
 
 // bk_dequant_rows dequantises rows ids[0..nids) of w into dst (cols each).
 void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype,

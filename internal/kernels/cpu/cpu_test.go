@@ -276,9 +276,9 @@ func TestSwiGLUAdd(t *testing.T) {
 
 func TestEmbed(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
-	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0} {
-		for _, cols := range []int{32, 96, 4096, 33} {
-			if dt == kernels.Q8_0 && cols%32 != 0 {
+	for _, dt := range append([]kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}, kernels.QuantDTypes...) {
+		for _, cols := range []int{32, 96, 4096, 33, 512} {
+			if cols%dt.BlockSize() != 0 {
 				continue
 			}
 			w := randMatrix(rng, dt, 50, cols)
@@ -440,5 +440,113 @@ func TestConcurrentUse(t *testing.T) {
 	close(errs)
 	for e := range errs {
 		t.Error(e)
+	}
+}
+
+// qbound is how far a product with x quantised to 8 bits in blocks of 32
+// (bk_quant_x, the integer path of the ggml block formats) may be from the
+// exact one: each x element moves by at most half its block's step
+// amax/127, so the sum moves by at most Σ_blocks Σ|w|·step/2.
+func qbound(w *kernels.Matrix, x []float32, i, r int) float64 {
+	row := make([]float32, w.Cols)
+	w.Row(r, row)
+	var s float64
+	for b := 0; b < w.Cols/32; b++ {
+		var amax, wsum float64
+		for e := 32 * b; e < 32*b+32; e++ {
+			amax = max(amax, math.Abs(float64(x[i*w.Cols+e])))
+			wsum += math.Abs(float64(row[e]))
+		}
+		s += wsum * amax / 127 / 2
+	}
+	return s
+}
+
+// TestMatMulQuant: the ggml block formats against the reference
+// (dequantise, then multiply in float64). Below qdotMaxN rows x is
+// quantised to 8 bits and the result is within qbound of the reference;
+// from qdotMaxN rows on the product is float32 on dequantised weights,
+// within tolMatMul. The SIMD and scalar paths compute the same integer sums,
+// so they agree with each other to float rounding.
+func TestMatMulQuant(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	vs := variants(t)
+	rb := ref.New()
+	colsList, rowsList, nList := []int{256, 512, 1280}, []int{1, 5, 13}, []int{1, 2, 3, 4, 5, 17, 33}
+	if testing.Short() {
+		colsList, nList = []int{256}, []int{1, 3, 5}
+	}
+	for _, dt := range kernels.QuantDTypes {
+		for _, cols := range colsList {
+			for _, rows := range rowsList {
+				w := randMatrix(rng, dt, rows, cols)
+				for _, n := range nList {
+					x := randVec(rng, n*cols, 1)
+					want := make([]float32, n*rows)
+					rb.MatMul(want, x, n, w)
+					mag, qb := make([]float64, n*rows), make([]float64, n*rows)
+					for i := 0; i < n; i++ {
+						for r := 0; r < rows; r++ {
+							mag[i*rows+r] = kernelstest.MatMag(w, x, i, r)
+							qb[i*rows+r] = qbound(w, x, i, r)
+						}
+					}
+					var first []float32
+					for _, v := range vs {
+						got := make([]float32, n*rows+3)
+						for i := range got {
+							got[i] = 12345
+						}
+						v.b.MatMul(got, x, n, w)
+						what := fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name)
+						for i := range want {
+							d := math.Abs(float64(got[i] - want[i]))
+							bound := tolMatMul*mag[i] + 1e-30
+							if n < qdotMaxN {
+								bound = 1e-5*mag[i] + qb[i]
+							}
+							if !(d <= bound) {
+								t.Fatalf("%s: element %d: got %g, want %g (|diff| %g > bound %g)", what, i, got[i], want[i], d, bound)
+							}
+							if first != nil && n < qdotMaxN {
+								if e := math.Abs(float64(got[i] - first[i])); !(e <= 1e-5*(mag[i]+qb[i])) {
+									t.Fatalf("%s: element %d: %g, but %g on [%s]", what, i, got[i], first[i], vs[0].name)
+								}
+							}
+						}
+						for i := n * rows; i < len(got); i++ {
+							if got[i] != 12345 {
+								t.Fatalf("%s: wrote past the output", what)
+							}
+						}
+						if first == nil {
+							first = got
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestMatMulPrefill: prefill-sized products (n >= deqBLASMinN) of every
+// non-f32 dtype, which dequantise weight rows for sgemm where BLAS is on
+// and use the own gemm where it is off, against the reference.
+func TestMatMulPrefill(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 32))
+	const rows, cols, n = 53, 512, deqBLASMinN + 5
+	for _, dt := range append([]kernels.DType{kernels.F16, kernels.BF16, kernels.Q8_0}, kernels.QuantDTypes...) {
+		w := randMatrix(rng, dt, rows, cols)
+		x := randVec(rng, n*cols, 1)
+		want := make([]float32, n*rows)
+		ref.New().MatMul(want, x, n, w)
+		for _, v := range variants(t) {
+			got := make([]float32, n*rows)
+			v.b.MatMul(got, x, n, w)
+			c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
+			for i := range want {
+				c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
+			}
+		}
 	}
 }

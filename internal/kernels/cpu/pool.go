@@ -19,19 +19,37 @@ import (
 // on, more than a whole decode-sized MatMul; with workers spinning between
 // the back-to-back operations of a forward pass, a 2-way split pays from a
 // few µs of work on.
+//
+// Every operation is its own job value, handed to a worker through one
+// atomic pointer that the worker empties when it takes it, so nothing a
+// worker does after finishing one operation can touch the next one. run
+// never returns, by a panic or otherwise, while a helper still works on its
+// job: before, a caller whose range panicked (and was recovered above it)
+// released the pool while a helper was still inside the old operation; the
+// next operation's task was then overwritten by that helper's clean-up, and
+// the helper called a nil function.
 type pool struct {
 	mu      sync.Mutex // held by the one caller dispatching on the pool
 	workers []*worker
-	pending atomic.Int32 // helpers still working
-	next    atomic.Int64 // next range to hand out
 }
 
+type job struct {
+	fn      func(lo, hi int)
+	bounds  []int
+	next    atomic.Int64 // next range to hand out
+	pending atomic.Int32 // helpers that have not finished
+	failed  atomic.Pointer[workerPanic]
+}
+
+// workerPanic carries a panic raised in a helper to the caller, which
+// raises it again on its own goroutine (where it can be recovered) instead
+// of the helper taking the whole process down.
+type workerPanic struct{ v any }
+
 type worker struct {
-	seq    atomic.Uint64 // bumped to post a task
+	job    atomic.Pointer[job] // posted, not yet taken
 	parked atomic.Bool
 	wake   chan struct{}
-	fn     func()
-	p      *pool
 }
 
 const spinFor = 200 * time.Microsecond
@@ -48,49 +66,79 @@ func poolFor(threads int) *pool {
 	if p := pools[threads]; p != nil {
 		return p
 	}
-	p := &pool{}
-	for i := 1; i < threads; i++ {
-		w := &worker{wake: make(chan struct{}, 1), p: p}
-		p.workers = append(p.workers, w)
-		go w.loop()
-	}
+	p := newPool(threads)
 	pools[threads] = p
 	return p
 }
 
+func newPool(threads int) *pool {
+	p := &pool{}
+	for i := 1; i < threads; i++ {
+		w := &worker{wake: make(chan struct{}, 1)}
+		p.workers = append(p.workers, w)
+		go w.loop()
+	}
+	return p
+}
+
 func (w *worker) loop() {
-	var seen uint64
 	for {
-		w.wait(seen)
-		seen = w.seq.Load()
-		w.fn()
-		w.fn = nil
-		w.p.pending.Add(-1)
+		j := w.wait()
+		j.help()
 	}
 }
 
-// wait returns once seq differs from seen.
-func (w *worker) wait(seen uint64) {
+// help runs ranges of j until none is left, then says it is done (also when
+// a range panicked: the panic goes to the caller).
+func (j *job) help() {
+	defer func() {
+		if r := recover(); r != nil {
+			j.failed.CompareAndSwap(nil, &workerPanic{r})
+			j.next.Store(int64(len(j.bounds))) // the others stop early
+		}
+		j.pending.Add(-1)
+	}()
+	j.work()
+}
+
+func (j *job) work() {
+	n := len(j.bounds) - 1
+	for {
+		i := int(j.next.Add(1)) - 1
+		if i >= n {
+			return
+		}
+		j.fn(j.bounds[i], j.bounds[i+1])
+	}
+}
+
+// wait returns the next job posted to w.
+func (w *worker) wait() *job {
 	start := time.Now()
 	for i := 0; ; i++ {
-		if w.seq.Load() != seen {
-			return
+		if j := w.job.Swap(nil); j != nil {
+			return j
 		}
 		if i&63 == 63 && time.Since(start) > spinFor {
 			break
 		}
 		runtime.Gosched()
 	}
-	w.parked.Store(true)
-	if w.seq.Load() != seen && w.parked.Swap(false) {
-		return // a task came before we parked; nobody will send
+	for {
+		w.parked.Store(true)
+		if w.job.Load() != nil && w.parked.Swap(false) {
+			// A job came before we parked; nobody will send.
+		} else {
+			<-w.wake // the poster cleared parked and sends exactly once
+		}
+		if j := w.job.Swap(nil); j != nil {
+			return j
+		}
 	}
-	<-w.wake // the poster cleared parked and sends exactly once
 }
 
-func (w *worker) post(fn func()) {
-	w.fn = fn
-	w.seq.Add(1)
+func (w *worker) post(j *job) {
+	w.job.Store(j)
 	if w.parked.Swap(false) {
 		w.wake <- struct{}{}
 	}
@@ -98,7 +146,8 @@ func (w *worker) post(fn func()) {
 
 // run calls fn on each range bounds[i]..bounds[i+1], on the caller and up
 // to threads-1 workers. If another operation holds the pool, everything
-// runs on the caller, in order.
+// runs on the caller, in order. A panic in any range is raised again on the
+// caller once every helper has stopped.
 func (p *pool) run(bounds []int, threads int, fn func(lo, hi int)) {
 	n := len(bounds) - 1
 	helpers := min(threads-1, n-1, len(p.workers))
@@ -109,22 +158,29 @@ func (p *pool) run(bounds []int, threads int, fn func(lo, hi int)) {
 		return
 	}
 	defer p.mu.Unlock()
-	p.next.Store(0)
-	p.pending.Store(int32(helpers))
-	task := func() {
-		for {
-			i := int(p.next.Add(1)) - 1
-			if i >= n {
-				return
-			}
-			fn(bounds[i], bounds[i+1])
+	j := &job{fn: fn, bounds: bounds}
+	j.pending.Store(int32(helpers))
+	defer func() {
+		// Runs on a panic too: the helpers must be out of this job before
+		// the pool (and the caller's buffers) are handed to anyone else.
+		if r := recover(); r != nil {
+			j.next.Store(int64(n))
+			j.join()
+			panic(r)
 		}
-	}
+		j.join()
+		if f := j.failed.Load(); f != nil {
+			panic(f.v)
+		}
+	}()
 	for _, w := range p.workers[:helpers] {
-		w.post(task)
+		w.post(j)
 	}
-	task()
-	for p.pending.Load() != 0 {
+	j.work()
+}
+
+func (j *job) join() {
+	for j.pending.Load() != 0 {
 		runtime.Gosched()
 	}
 }

@@ -511,6 +511,11 @@ func (b *Backend) weight(w *kernels.Matrix) *devMatrix {
 	if err := w.Validate(); err != nil {
 		panic(err)
 	}
+	switch w.DType {
+	case kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0:
+	default:
+		panic(fmt.Sprintf("cuda: %s weights are not supported on this backend (f32, f16, bf16 and q8_0 are); use --device cpu", w.DType))
+	}
 	m := &devMatrix{dtype: w.DType, rows: w.Rows, cols: w.Cols, bytes: len(w.Data)}
 	m.ptr = b.alloc(m.bytes, fmt.Sprintf("a %dx%d %s weight", w.Rows, w.Cols, w.DType))
 	b.h2d(m.ptr, unsafe.Pointer(unsafe.SliceData(w.Data)), m.bytes)

@@ -13,7 +13,8 @@ import (
 )
 
 // RandMatrix makes a rows x cols matrix of dtype dt with normal values (Q8_0:
-// random blocks with small scales).
+// random blocks with small scales; the other block formats: normal values
+// quantised).
 func RandMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) *kernels.Matrix {
 	m := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
 	d := m.Data
@@ -29,6 +30,15 @@ func RandMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) *kernels.Matri
 	case kernels.BF16:
 		for i := 0; i < rows*cols; i++ {
 			binary.LittleEndian.PutUint16(d[2*i:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
+		}
+	default: // the ggml block formats: normal values through the quantiser
+		row := make([]float32, cols)
+		rb := dt.RowBytes(cols)
+		for r := 0; r < rows; r++ {
+			for i := range row {
+				row[i] = float32(rng.NormFloat64())
+			}
+			kernels.EncodeRow(d[r*rb:(r+1)*rb], row, dt)
 		}
 	case kernels.Q8_0:
 		for b := 0; b < rows*cols/32; b++ {

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# peer.sh: baton next to llama.cpp's llama-server on the same GGUF, the same
+# threads and the same client (baton bench serve), one server after the
+# other in one run, and one table of output tokens/s, TTFT and ITL with the
+# ratio baton / llama-server per number of streams.
+#
+#   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf
+#   deploy/bench/peer.sh [-b BATON] [-t THREADS] [-s "1 8 32"] [-i INPUT_LEN] [-o OUTPUT_LEN]
+#                        [-n PROMPTS_PER_STREAM] [-d OUTDIR] LLAMA_SERVER MODEL.gguf
+#
+# Machines shared with other work give noisy figures: compare only the
+# ratios of one run.
+set -euo pipefail
+
+usage() {
+	cat >&2 <<'USAGE'
+usage: deploy/bench/peer.sh [-b BATON] [-t THREADS] [-s "1 8 32"] [-i INPUT_LEN] [-o OUTPUT_LEN]
+                            [-n PROMPTS_PER_STREAM] [-d OUTDIR] LLAMA_SERVER MODEL.gguf
+USAGE
+}
+
+no_llama() {
+	cat >&2 <<'HOWTO'
+bench-peer needs llama.cpp's llama-server (LLAMA_SERVER=/path/to/llama-server).
+
+The figures in this project's notes come from llama.cpp at commit 0253fb2 (ggml 0.12.0),
+built for the CPU with native flags and OpenMP, no BLAS:
+
+    git clone https://github.com/ggml-org/llama.cpp && cd llama.cpp
+    git checkout 0253fb21f595246f54c192fe8332f34173be251b
+    cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_OPENMP=ON
+    cmake --build build -j"$(nproc)" --target llama-server llama-quantize
+
+then: make bench-peer LLAMA_SERVER=$PWD/build/bin/llama-server MODEL=/path/to/model.gguf
+(build/bin/llama-quantize model-f32.gguf model-q4_k_m.gguf Q4_K_M makes quantised variants.)
+HOWTO
+	exit 2
+}
+
+here=$(cd "$(dirname "$0")" && pwd)
+baton=$here/../../bin/baton
+threads=$(nproc)
+streams="1 8 32"
+in_len=128
+out_len=128
+per=2
+outdir=
+while getopts "b:t:s:i:o:n:d:h" opt; do
+	case $opt in
+	b) baton=$OPTARG ;;
+	t) threads=$OPTARG ;;
+	s) streams=$OPTARG ;;
+	i) in_len=$OPTARG ;;
+	o) out_len=$OPTARG ;;
+	n) per=$OPTARG ;;
+	d) outdir=$OPTARG ;;
+	*) usage; exit 2 ;;
+	esac
+done
+shift $((OPTIND - 1))
+llama=${1:-}
+model=${2:-}
+[ -n "$llama" ] || no_llama
+[ -x "$llama" ] || { echo "peer.sh: $llama is not an executable llama-server" >&2; no_llama; }
+[ -n "$model" ] && [ -f "$model" ] || { echo "peer.sh: MODEL=$model is not a GGUF file" >&2; usage; exit 2; }
+[ -x "$baton" ] || { echo "peer.sh: no baton binary at $baton (make build)" >&2; exit 2; }
+command -v jq >/dev/null || { echo "peer.sh: needs jq" >&2; exit 2; }
+command -v curl >/dev/null || { echo "peer.sh: needs curl" >&2; exit 2; }
+[ -n "$outdir" ] || outdir=$(mktemp -d "${TMPDIR:-/tmp}/baton-peer.XXXXXX")
+mkdir -p "$outdir"
+
+maxs=0
+for s in $streams; do [ "$s" -gt "$maxs" ] && maxs=$s; done
+ctx=$((maxs * (in_len + out_len + 64)))
+[ "$ctx" -lt 4096 ] && ctx=4096
+port=$((20000 + RANDOM % 20000))
+url=http://127.0.0.1:$port
+
+pid=
+stop() {
+	if [ -n "$pid" ]; then
+		kill "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+		pid=
+	fi
+}
+trap stop EXIT
+
+wait_up() {
+	for _ in $(seq 1 1200); do
+		kill -0 "$pid" 2>/dev/null || return 1
+		curl -fsS -m 2 "$url/health" >/dev/null 2>&1 && return 0
+		sleep 0.5
+	done
+	return 1
+}
+
+# bench NAME STREAMS: one baton bench serve run, its JSON report kept.
+bench() {
+	local n=$(($2 * per))
+	[ "$n" -lt 4 ] && n=4
+	"$baton" bench serve --url "$url" --concurrency "$2" --num-prompts "$n" --input-len "$in_len" \
+		--output-len "$out_len" --seed 7 --json --progress=false >"$outdir/$1-s$2.json" 2>"$outdir/$1-s$2.err" ||
+		echo "peer.sh: $1 at $2 streams failed (see $outdir/$1-s$2.err)" >&2
+}
+
+echo "model $model, $threads threads, streams: $streams, prompts $in_len tokens, outputs $out_len; logs in $outdir" >&2
+"$llama" -m "$model" -t "$threads" -tb "$threads" -c "$ctx" -np "$maxs" --host 127.0.0.1 --port "$port" \
+	>"$outdir/llama-server.log" 2>&1 &
+pid=$!
+wait_up || { echo "peer.sh: llama-server did not start:" >&2; tail -5 "$outdir/llama-server.log" >&2; exit 1; }
+for s in $streams; do bench llama $s; done
+stop
+
+"$baton" serve --role standalone --model "$model" --threads "$threads" --host 127.0.0.1 --port "$port" \
+	--max-running-requests "$maxs" >"$outdir/baton.log" 2>&1 &
+pid=$!
+wait_up || { echo "peer.sh: baton did not start:" >&2; tail -5 "$outdir/baton.log" >&2; exit 1; }
+for s in $streams; do bench baton $s; done
+stop
+
+field() { jq -r "$2 // empty" "$outdir/$1.json" 2>/dev/null || true; }
+printf '| %-7s | %-10s | %-10s | %-6s | %-19s | %-19s |\n' streams "llama tok/s" "baton tok/s" ratio "TTFT p50 ms (l / b)" "ITL p50 ms (l / b)"
+printf '|---------|------------|------------|--------|---------------------|---------------------|\n'
+for s in $streams; do
+	lt=$(field llama-s$s .output_throughput)
+	bt=$(field baton-s$s .output_throughput)
+	ratio=$(awk -v a="${lt:-0}" -v b="${bt:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", b / a; else print "-" }')
+	ttft=$(printf '%.0f / %.0f' "$(field llama-s$s .ttft_ms.p50)" "$(field baton-s$s .ttft_ms.p50)" 2>/dev/null || echo -)
+	itl=$(printf '%.1f / %.1f' "$(field llama-s$s .itl_ms.p50)" "$(field baton-s$s .itl_ms.p50)" 2>/dev/null || echo -)
+	printf '| %-7s | %-10.1f | %-10.1f | %-6s | %-19s | %-19s |\n' "$s" "${lt:-0}" "${bt:-0}" "$ratio" "$ttft" "$itl"
+done

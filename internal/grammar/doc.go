@@ -1,0 +1,22 @@
+// Package grammar constrains decoding to a formal language: a JSON Schema,
+// any JSON object, a regular expression or a GBNF grammar.
+//
+// Every front end lowers to one representation, a context-free grammar
+// over bytes (Grammar). Rules are lists of alternatives, each a sequence of
+// byte classes and references to other rules. Unicode character classes are
+// expanded into UTF-8 byte sequences, so tokens that split a character
+// (byte-fallback tokens, byte-level BPE) are handled like any other.
+//
+// A Matcher recognises a sequence with a pushdown automaton: its state is a
+// set of stacks of grammar positions, persistent and shared between
+// alternatives. The mask of allowed next tokens is computed by walking a
+// byte trie of the vocabulary from the current stacks. Most of that walk
+// depends only on the top few frames of a stack, so for each distinct top
+// (Compiled.ctx) the tokens that are accepted regardless of what lies
+// below are cached as a bitset, and only the remaining "uncertain" tokens,
+// those that would pop past the cached frames, are walked each step against
+// the real stack.
+//
+// Left recursion is rejected when a grammar is built: the automaton expands
+// rules eagerly and would not terminate on it.
+package grammar

@@ -1,0 +1,139 @@
+package cpu
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// goid is the calling goroutine's id (tests only: it parses a stack trace).
+func goid() uint64 {
+	var buf [64]byte
+	s := buf[:runtime.Stack(buf[:], false)]
+	s = bytes.TrimPrefix(s, []byte("goroutine "))
+	id, _ := strconv.ParseUint(string(s[:bytes.IndexByte(s, ' ')]), 10, 64)
+	return id
+}
+
+// TestPoolStress: many goroutines share one pool; some of their operations
+// end early because a range running on the submitting goroutine panics (a
+// request aborted mid-forward, recovered above the kernels). Every
+// operation must have run each range exactly once when it returns normally,
+// no range of an operation may run after its run returned (its buffers
+// belong to the caller again), and nothing may crash or hang.
+func TestPoolStress(t *testing.T) {
+	p := poolFor(4)
+	const goroutines = 8
+	iters := 3000
+	if testing.Short() {
+		iters = 500
+	}
+	var (
+		late, wrong, panics atomic.Int64
+		wg                  sync.WaitGroup
+	)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(seed uint64) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, 7))
+			me := goid()
+			for it := 0; it < iters; it++ {
+				nr := 2 + rng.IntN(15)
+				bounds := make([]int, nr+1)
+				for i := range bounds {
+					bounds[i] = i
+				}
+				counts := make([]atomic.Int32, nr)
+				var done atomic.Bool
+				abortAt := -1
+				if rng.IntN(3) == 0 {
+					abortAt = rng.IntN(nr)
+				}
+				spin := rng.IntN(2000)
+				fn := func(lo, hi int) {
+					if done.Load() {
+						late.Add(1)
+					}
+					counts[lo].Add(1)
+					if lo == abortAt && goid() == me {
+						panic("abort")
+					}
+					x := 0
+					for i := 0; i < spin; i++ {
+						x += i
+					}
+					_ = x
+				}
+				func() {
+					defer func() {
+						done.Store(true)
+						if r := recover(); r != nil {
+							panics.Add(1)
+							return
+						}
+						for i := range counts {
+							if c := counts[i].Load(); c != 1 {
+								wrong.Add(1)
+							}
+						}
+					}()
+					p.run(bounds, 4, fn)
+				}()
+			}
+		}(uint64(g))
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("pool operations hung (a helper never reported done, or reported twice)")
+	}
+	// Give a straggling helper time to show itself.
+	time.Sleep(10 * time.Millisecond)
+	if n := late.Load(); n != 0 {
+		t.Errorf("%d ranges ran after their operation returned", n)
+	}
+	if n := wrong.Load(); n != 0 {
+		t.Errorf("%d operations returned with ranges not run exactly once", n)
+	}
+	t.Logf("%d goroutines x %d operations, %d ended by a panic on the caller", goroutines, iters, panics.Load())
+}
+
+// TestPoolHelperPanicReachesCaller: a panic in a range that a helper runs
+// comes out of run on the caller's goroutine, after every helper stopped,
+// and the pool keeps working.
+func TestPoolHelperPanicReachesCaller(t *testing.T) {
+	p := poolFor(4)
+	for it := 0; it < 200; it++ {
+		me := goid()
+		bounds := []int{0, 1, 2, 3, 4, 5, 6, 7, 8}
+		var helped atomic.Bool
+		got := func() (r any) {
+			defer func() { r = recover() }()
+			p.run(bounds, 4, func(lo, hi int) {
+				if goid() != me {
+					helped.Store(true)
+					panic(fmt.Sprintf("range %d", lo))
+				}
+				time.Sleep(50 * time.Microsecond)
+			})
+			return nil
+		}()
+		if helped.Load() != (got != nil) {
+			t.Fatalf("iteration %d: a helper panicked: %v, run panicked with %v", it, helped.Load(), got)
+		}
+	}
+	var sum atomic.Int64
+	p.run([]int{0, 10, 20, 30, 40}, 4, func(lo, hi int) { sum.Add(int64(hi - lo)) })
+	if sum.Load() != 40 {
+		t.Fatalf("pool after panics covered %d of 40", sum.Load())
+	}
+}

@@ -1,0 +1,494 @@
+// The ggml block formats (Q4_0 .. Q6_K) for the cpu backend: dequantisation
+// and integer dot products against activations quantised to 8 bits in
+// blocks of 32. Layouts are described in kernels/quant.go.
+//
+// Every format is handled through one view of a 32-element sub-block, its
+// "integer form": element e is dw * sc[e/16] * q[e] (+ mw for the formats
+// with a minimum), q a signed 8-bit integer and sc two small integer
+// scales (1 and 1 where a format has none). A dot product with quantised
+// activations x = xd * xq is then, per sub-block, an exact integer sum
+// Σ sc·q·xq scaled by dw·xd, plus mw·xd·Σxq.
+#define _GNU_SOURCE
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && !defined(BK_NO_SIMD)
+#include <immintrin.h>
+#define QX86 1
+#define QAVX2 __attribute__((target("avx2,fma,f16c")))
+#define QAVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+#endif
+
+extern float g_f16[65536];
+extern int g_have_simd;
+
+static inline float hf(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return g_f16[v];
+}
+
+typedef struct {
+  int block, bytes, has_min;
+} layout;
+
+static layout lay(int dt) {
+  switch (dt) {
+  case BK_Q4_0: return (layout){32, 18, 0};
+  case BK_Q4_1: return (layout){32, 20, 1};
+  case BK_Q5_0: return (layout){32, 22, 0};
+  case BK_Q5_1: return (layout){32, 24, 1};
+  case BK_Q4_K: return (layout){256, 144, 1};
+  case BK_Q5_K: return (layout){256, 176, 1};
+  case BK_Q6_K: return (layout){256, 210, 0};
+  }
+  return (layout){1, 0, 0};
+}
+
+int64_t bk_quant_row_bytes(int dt, int64_t cols) {
+  layout l = lay(dt);
+  return cols / l.block * l.bytes;
+}
+
+// Scale and min j (0..7) of a Q4_K/Q5_K super-block's 12 packed bytes.
+static inline void scale_min_k(const uint8_t *s, int j, int *sc, int *m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+typedef struct {
+  int8_t q[32];
+  int sc[2];
+  float dw, mw;
+} qsub;
+
+// Sub-block s (of cols/32) of a row, in integer form.
+static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
+  layout l = lay(dt);
+  o->sc[0] = o->sc[1] = 1;
+  o->mw = 0;
+  if (l.block == 32) {
+    const uint8_t *b = row + s * l.bytes;
+    const uint8_t *qs;
+    uint32_t qh = 0;
+    int off = 0;
+    o->dw = hf(b);
+    switch (dt) {
+    case BK_Q4_0: qs = b + 2; off = 8; break;
+    case BK_Q4_1: o->mw = hf(b + 2); qs = b + 4; break;
+    case BK_Q5_0: memcpy(&qh, b + 2, 4); qs = b + 6; off = 16; break;
+    default: o->mw = hf(b + 2); memcpy(&qh, b + 4, 4); qs = b + 8; break;
+    }
+    for (int j = 0; j < 16; j++) {
+      o->q[j] = (int8_t)((int)((qs[j] & 15) | ((qh >> j) & 1) << 4) - off);
+      o->q[j + 16] = (int8_t)((int)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - off);
+    }
+    return;
+  }
+  const uint8_t *B = row + (s / 8) * l.bytes;
+  int j = (int)(s % 8);
+  if (dt == BK_Q6_K) {
+    int h = j / 4, k = j % 4;
+    const uint8_t *ql = B + 64 * h + 32 * (k % 2), *qh = B + 128 + 32 * h;
+    const int8_t *sc = (const int8_t *)(B + 192 + 8 * h);
+    o->dw = hf(B + 208);
+    o->sc[0] = sc[2 * k];
+    o->sc[1] = sc[2 * k + 1];
+    for (int e = 0; e < 32; e++) {
+      int nib = k < 2 ? ql[e] & 15 : ql[e] >> 4;
+      o->q[e] = (int8_t)((nib | ((qh[e] >> (2 * k)) & 3) << 4) - 32);
+    }
+    return;
+  }
+  int sc, m;
+  scale_min_k(B + 4, j, &sc, &m);
+  o->dw = hf(B);
+  o->mw = -(hf(B + 2) * (float)m);
+  o->sc[0] = o->sc[1] = sc;
+  const uint8_t *qs = B + (dt == BK_Q4_K ? 16 : 48) + 32 * (j / 2);
+  for (int e = 0; e < 32; e++) {
+    int v = j % 2 == 0 ? qs[e] & 15 : qs[e] >> 4;
+    if (dt == BK_Q5_K) v |= ((B[16 + e] >> j) & 1) << 4;
+    o->q[e] = (int8_t)v;
+  }
+}
+
+void bk_quant_dequant_row(float *dst, const uint8_t *row, int dt, int64_t cols) {
+  int has_min = lay(dt).has_min;
+  qsub o;
+  for (int64_t s = 0; s < cols / 32; s++) {
+    decode_sub(dt, row, s, &o);
+    float *y = dst + 32 * s;
+    for (int e = 0; e < 32; e++) {
+      // The reference's order of operations, so results are identical:
+      // (d·sc)·q, then the minimum added (never a +0 that would turn -0
+      // into +0).
+      float v = (o.dw * (float)o.sc[e / 16]) * (float)o.q[e];
+      y[e] = has_min ? v + o.mw : v;
+    }
+  }
+}
+
+void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols) {
+  int64_t nb = cols / 32;
+  for (int64_t i = 0; i < n; i++) {
+    for (int64_t b = 0; b < nb; b++) {
+      const float *xb = x + i * cols + 32 * b;
+      int8_t *qb = qs + i * cols + 32 * b;
+      float amax = 0;
+      for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+      float dd = amax / 127, id = dd != 0 ? 1 / dd : 0;
+      int32_t sum = 0;
+      for (int j = 0; j < 32; j++) {
+        int v = (int)lrintf(xb[j] * id);
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        qb[j] = (int8_t)v;
+        sum += v;
+      }
+      d[i * nb + b] = dd;
+      s[i * nb + b] = sum;
+    }
+  }
+}
+
+static void qdot_scalar(float *out, const int8_t *qs, const float *d, const int32_t *s, int64_t n,
+                        const uint8_t *w, int dt, int64_t rows, int64_t cols, int64_t r0,
+                        int64_t r1) {
+  int64_t rb = bk_quant_row_bytes(dt, cols), nb = cols / 32;
+  float acc[n > 0 ? n : 1];
+  qsub o;
+  for (int64_t r = r0; r < r1; r++) {
+    for (int64_t i = 0; i < n; i++) acc[i] = 0;
+    for (int64_t b = 0; b < nb; b++) {
+      decode_sub(dt, w + r * rb, b, &o);
+      for (int64_t i = 0; i < n; i++) {
+        const int8_t *xq = qs + i * cols + 32 * b;
+        int32_t s0 = 0, s1 = 0;
+        for (int e = 0; e < 16; e++) s0 += o.q[e] * xq[e];
+        for (int e = 16; e < 32; e++) s1 += o.q[e] * xq[e];
+        float xd = d[i * nb + b];
+        acc[i] += o.dw * xd * (float)(s0 * o.sc[0] + s1 * o.sc[1]) +
+                  o.mw * xd * (float)s[i * nb + b];
+      }
+    }
+    for (int64_t i = 0; i < n; i++) out[i * rows + r] = acc[i];
+  }
+}
+
+#ifdef QX86
+// A sub-block in integer form as vectors: 32 int8 quants and the 16 int16
+// scales of the pairs maddubs forms (pairs 0..7 cover elements 0..15).
+typedef struct {
+  __m256i q, sc;
+  float dw, mw;
+} vsub;
+
+QAVX2_INLINE __m256i nibbles(const uint8_t *p) {
+  __m128i v = _mm_loadu_si128((const __m128i *)p);
+  __m128i m = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// 32 bits to 32 bytes: byte j is 0x10 where bit j is set.
+QAVX2_INLINE __m256i high_bits(uint32_t qh) {
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                        2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+  v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  switch (dt) {
+  case BK_Q4_0: {
+    const uint8_t *b = row + s * 18;
+    o->dw = hf(b);
+    o->mw = 0;
+    o->q = _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8));
+    o->sc = _mm256_set1_epi16(1);
+    return;
+  }
+  case BK_Q4_1: {
+    const uint8_t *b = row + s * 20;
+    o->dw = hf(b);
+    o->mw = hf(b + 2);
+    o->q = nibbles(b + 4);
+    o->sc = _mm256_set1_epi16(1);
+    return;
+  }
+  case BK_Q5_0:
+  case BK_Q5_1: {
+    int one = dt == BK_Q5_1;
+    const uint8_t *b = row + s * (one ? 24 : 22);
+    uint32_t qh;
+    memcpy(&qh, b + 2 + 2 * one, 4);
+    o->dw = hf(b);
+    o->mw = one ? hf(b + 2) : 0;
+    __m256i q = _mm256_or_si256(nibbles(b + 6 + 2 * one), high_bits(qh));
+    o->q = one ? q : _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    o->sc = _mm256_set1_epi16(1);
+    return;
+  }
+  case BK_Q4_K:
+  case BK_Q5_K: {
+    int five = dt == BK_Q5_K;
+    const uint8_t *B = row + (s / 8) * (five ? 176 : 144);
+    int j = (int)(s % 8), sc, m;
+    scale_min_k(B + 4, j, &sc, &m);
+    o->dw = hf(B);
+    o->mw = -(hf(B + 2) * (float)m);
+    o->sc = _mm256_set1_epi16((short)sc);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(B + (five ? 48 : 16) + 32 * (j / 2)));
+    __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
+    if (five) {
+      __m256i h = _mm256_loadu_si256((const __m256i *)(B + 16));
+      h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+      q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+    }
+    o->q = q;
+    return;
+  }
+  case BK_Q6_K: {
+    const uint8_t *B = row + (s / 8) * 210;
+    int j = (int)(s % 8), h = j / 4, k = j % 4;
+    const int8_t *sc = (const int8_t *)(B + 192 + 8 * h);
+    __m256i v = _mm256_loadu_si256((const __m256i *)(B + 64 * h + 32 * (k % 2)));
+    __m256i nib = _mm256_and_si256(k < 2 ? v : _mm256_srli_epi16(v, 4), m4);
+    __m256i hv = _mm256_loadu_si256((const __m256i *)(B + 128 + 32 * h));
+    hv = _mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+    o->q = _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(hv, 4)), _mm256_set1_epi8(32));
+    o->dw = hf(B + 208);
+    o->mw = 0;
+    o->sc = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+    return;
+  }
+  }
+}
+
+QAVX2_INLINE float hsum_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Up to QN x rows per pass over a weight row, so every sub-block is
+// decoded once for all of them.
+#define QN 4
+
+QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float *d,
+                               const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
+                               int64_t cols, int64_t r0, int64_t r1) {
+  int64_t rb = bk_quant_row_bytes(dt, cols), nb = cols / 32;
+  for (int64_t i0 = 0; i0 < n; i0 += QN) {
+    int nn = n - i0 < QN ? (int)(n - i0) : QN;
+    for (int64_t r = r0; r < r1; r++) {
+      const uint8_t *row = w + r * rb;
+      __m256 acc[QN];
+      float accm[QN];
+      for (int i = 0; i < QN; i++) {
+        acc[i] = _mm256_setzero_ps();
+        accm[i] = 0;
+      }
+      for (int64_t b = 0; b < nb; b++) {
+        vsub o;
+        vdecode(dt, row, b, &o);
+        __m256i aq = _mm256_sign_epi8(o.q, o.q);
+        for (int i = 0; i < nn; i++) {
+          int64_t xi = (i0 + i) * nb + b;
+          __m256i xq = _mm256_loadu_si256((const __m256i *)(qs + (i0 + i) * cols + 32 * b));
+          __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xq, o.q));
+          __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, o.sc));
+          acc[i] = _mm256_fmadd_ps(f, _mm256_set1_ps(o.dw * d[xi]), acc[i]);
+          accm[i] += o.mw * d[xi] * (float)s[xi];
+        }
+      }
+      for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
+    }
+  }
+}
+
+// Dequantisation with the reference's operations in the same order (a
+// product (dw·sc)·q, then + mw for formats with a minimum; intrinsics are
+// never contracted into FMAs), so results are identical to the scalar path.
+QAVX2_INLINE void vdequant_dt(int dt, float *dst, const uint8_t *row, int64_t cols) {
+  int has_min = lay(dt).has_min;
+  for (int64_t b = 0; b < cols / 32; b++) {
+    vsub o;
+    vdecode(dt, row, b, &o);
+    int16_t sc[16];
+    _mm256_storeu_si256((__m256i *)sc, o.sc);
+    __m256 mw = _mm256_set1_ps(o.mw);
+    for (int k = 0; k < 4; k++) {
+      __m128i q8 = k < 2 ? _mm256_castsi256_si128(o.q) : _mm256_extracti128_si256(o.q, 1);
+      if (k % 2) q8 = _mm_srli_si128(q8, 8);
+      __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+      // scale of elements 8k..8k+7: sc[e/16] sits in pair lane (8k)/2
+      __m256 v = _mm256_mul_ps(_mm256_set1_ps(o.dw * (float)sc[4 * k]), q);
+      if (has_min) v = _mm256_add_ps(v, mw);
+      _mm256_storeu_ps(dst + 32 * b + 8 * k, v);
+    }
+  }
+}
+
+#define DEQ_FOR(DT, NAME)                                                                       \
+  QAVX2 static void NAME(float *dst, const uint8_t *row, int64_t cols) {                       \
+    vdequant_dt(DT, dst, row, cols);                                                            \
+  }
+DEQ_FOR(BK_Q4_0, deq_q4_0)
+DEQ_FOR(BK_Q4_1, deq_q4_1)
+DEQ_FOR(BK_Q5_0, deq_q5_0)
+DEQ_FOR(BK_Q5_1, deq_q5_1)
+DEQ_FOR(BK_Q4_K, deq_q4_k)
+DEQ_FOR(BK_Q5_K, deq_q5_k)
+DEQ_FOR(BK_Q6_K, deq_q6_k)
+
+void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t cols) {
+  switch (dt) {
+  case BK_Q4_0: deq_q4_0(dst, row, cols); return;
+  case BK_Q4_1: deq_q4_1(dst, row, cols); return;
+  case BK_Q5_0: deq_q5_0(dst, row, cols); return;
+  case BK_Q5_1: deq_q5_1(dst, row, cols); return;
+  case BK_Q4_K: deq_q4_k(dst, row, cols); return;
+  case BK_Q5_K: deq_q5_k(dst, row, cols); return;
+  case BK_Q6_K: deq_q6_k(dst, row, cols); return;
+  }
+  bk_quant_dequant_row(dst, row, dt, cols);
+}
+
+// The K formats a super-block at a time: scales and mins are unpacked once
+// per 256 elements, a 32-byte load of nibbles serves two sub-blocks, and
+// Q4_K/Q5_K quants (unsigned) go straight into maddubs.
+QAVX2_INLINE void qdot_k_dt(int dt, float *out, const int8_t *qs, const float *d,
+                            const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
+                            int64_t cols, int64_t r0, int64_t r1) {
+  const int six = dt == BK_Q6_K, five = dt == BK_Q5_K;
+  const int64_t bytes = six ? 210 : five ? 176 : 144, nsb = cols / 256, nb = cols / 32;
+  const int64_t rb = nsb * bytes;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  for (int64_t i0 = 0; i0 < n; i0 += QN) {
+    int nn = n - i0 < QN ? (int)(n - i0) : QN;
+    for (int64_t r = r0; r < r1; r++) {
+      const uint8_t *row = w + r * rb;
+      __m256 acc[QN];
+      float accm[QN];
+      for (int i = 0; i < QN; i++) {
+        acc[i] = _mm256_setzero_ps();
+        accm[i] = 0;
+      }
+      for (int64_t sb = 0; sb < nsb; sb++) {
+        const uint8_t *B = row + sb * bytes;
+        const int64_t xb = 8 * sb; // first x block of this super-block
+        if (six) {
+          float dd = hf(B + 208);
+          const int8_t *sc = (const int8_t *)(B + 192);
+          for (int h = 0; h < 2; h++) {
+            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(B + 64 * h));
+            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(B + 64 * h + 32));
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(B + 128 + 32 * h));
+            for (int k = 0; k < 4; k++) {
+              __m256i v = k % 2 ? ql1 : ql0;
+              __m256i nib = _mm256_and_si256(k < 2 ? v : _mm256_srli_epi16(v, 4), m4);
+              __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
+              __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(hb, 4)),
+                                          _mm256_set1_epi8(32));
+              __m256i aq = _mm256_sign_epi8(q, q);
+              __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * k + 1]),
+                                             _mm_set1_epi16(sc[8 * h + 2 * k]));
+              for (int i = 0; i < nn; i++) {
+                int64_t xi = (i0 + i) * nb + xb + 4 * h + k;
+                __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi));
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(x, q)), scv);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dd * d[xi]), acc[i]);
+              }
+            }
+          }
+          continue;
+        }
+        float dd = hf(B), dmin = hf(B + 2);
+        int sc[8], mn[8];
+        for (int j = 0; j < 8; j++) scale_min_k(B + 4, j, &sc[j], &mn[j]);
+        for (int i = 0; i < nn; i++) {
+          int64_t x0 = (i0 + i) * nb + xb;
+          for (int j = 0; j < 8; j++)
+            accm[i] += -(dmin * (float)mn[j]) * d[x0 + j] * (float)s[x0 + j];
+        }
+        const uint8_t *qsb = B + (five ? 48 : 16);
+        __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(B + 16)) : _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+          __m256i v = _mm256_loadu_si256((const __m256i *)(qsb + 32 * p));
+          __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          if (five) {
+            __m256i one = _mm256_set1_epi8(1);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+          }
+          __m256i slo = _mm256_set1_epi16((short)sc[2 * p]), shi = _mm256_set1_epi16((short)sc[2 * p + 1]);
+          for (int i = 0; i < nn; i++) {
+            int64_t xi = (i0 + i) * nb + xb + 2 * p;
+            __m256i xa = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi));
+            __m256i xc = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi + 32));
+            __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xa), slo);
+            __m256i pc = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xc), shi);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_set1_ps(dd * d[xi]), acc[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pc), _mm256_set1_ps(dd * d[xi + 1]), acc[i]);
+          }
+        }
+      }
+      for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
+    }
+  }
+}
+
+// One instance per format, so vdecode's switch is resolved at compile time.
+#define QDOT_FOR(DT, NAME)                                                                     \
+  QAVX2 static void NAME(float *out, const int8_t *qs, const float *d, const int32_t *s,        \
+                         int64_t n, const uint8_t *w, int64_t rows, int64_t cols, int64_t r0,  \
+                         int64_t r1) {                                                         \
+    qdot_avx2_dt(DT, out, qs, d, s, n, w, rows, cols, r0, r1);                                 \
+  }
+QDOT_FOR(BK_Q4_0, qdot_q4_0)
+QDOT_FOR(BK_Q4_1, qdot_q4_1)
+QDOT_FOR(BK_Q5_0, qdot_q5_0)
+QDOT_FOR(BK_Q5_1, qdot_q5_1)
+#define QDOTK_FOR(DT, NAME)                                                                    \
+  QAVX2 static void NAME(float *out, const int8_t *qs, const float *d, const int32_t *s,        \
+                         int64_t n, const uint8_t *w, int64_t rows, int64_t cols, int64_t r0,  \
+                         int64_t r1) {                                                         \
+    qdot_k_dt(DT, out, qs, d, s, n, w, rows, cols, r0, r1);                                    \
+  }
+QDOTK_FOR(BK_Q4_K, qdot_q4_k)
+QDOTK_FOR(BK_Q5_K, qdot_q5_k)
+QDOTK_FOR(BK_Q6_K, qdot_q6_k)
+#endif
+
+void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32_t *s, int64_t n,
+             const uint8_t *w, int dt, int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
+  if (r1 <= r0 || n <= 0) return;
+#ifdef QX86
+  if (simd && g_have_simd) {
+    switch (dt) {
+    case BK_Q4_0: qdot_q4_0(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q4_1: qdot_q4_1(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q5_0: qdot_q5_0(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q5_1: qdot_q5_1(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q4_K: qdot_q4_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q5_K: qdot_q5_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q6_K: qdot_q6_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    }
+  }
+#else
+  (void)simd;
+#endif
+  qdot_scalar(out, qs, d, s, n, w, dt, rows, cols, r0, r1);
+}
