@@ -125,11 +125,11 @@ func New(role string) *Set {
 	for _, o := range labels[role].outcomes {
 		s.Requests.WithLabelValues(role, o)
 	}
-	for _, r := range labels[role].rejects {
-		s.Rejected.WithLabelValues(role, r)
+	for _, reason := range labels[role].rejects {
+		s.Rejected.WithLabelValues(role, reason)
 	}
-	for _, r := range labels[role].handoff {
-		s.HandoffFailures.WithLabelValues(r)
+	for _, reason := range labels[role].handoff {
+		s.HandoffFailures.WithLabelValues(reason)
 	}
 	for _, k := range labels[role].late {
 		s.LateDropped.WithLabelValues(k)
@@ -168,7 +168,7 @@ var labels = map[string]roleLabels{
 	},
 	"router": {
 		outcomes: []string{"finished", "aborted", "error", "rejected"},
-		rejects:  []string{"too_long", "empty_prompt", "no_workers", "decode_full", "prefill_full", "workers_unavailable", "rejected_by_decode", "shutting_down"},
+		rejects:  []string{"too_long", "empty_prompt", "no_workers", "decode_full", "prefill_full", "workers_unavailable", "rejected_by_decode"},
 		rpcs:     []string{"tls"},
 	},
 }
