@@ -17,6 +17,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/batonlm/baton/internal/gguf"
@@ -93,6 +94,12 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			if err := applyEnv(cmd.Flags()); err != nil {
 				return err
 			}
+			for _, w := range unknownEnv(os.Environ()) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "baton: warning: environment variable "+w+"; it is ignored")
+			}
+			if err := sglangAliases(cmd.Flags(), f); err != nil {
+				return err
+			}
 			if err := f.validate(); err != nil {
 				return err
 			}
@@ -124,7 +131,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
-	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 503")
+	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 429 with Retry-After")
 	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every route but /health and /metrics (workers: /server_info and unknown routes)")
 	fs.BoolVar(&f.metricsKey, "metrics-require-key", false, "require --api-key on /metrics too (default: /metrics is open to scrapers)")
 	fs.DurationVar(&f.readTimeout, "request-read-timeout", 60*time.Second, "how long a client may take to send a request body; a slower upload gets 408")
@@ -134,6 +141,12 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
 	fs.StringVar(&f.device, "device", "auto", "kernels: cpu | cuda | auto (CUDA when a usable GPU is present, else CPU)")
 	fs.StringSliceVar(&f.rdmaDevices, "rdma-device", nil, "ucx transport: restrict UCX to these RDMA devices (e.g. mlx5_0)")
+	// SGLang's names for the same settings, so that a command line written
+	// for SGLang's PD mode needs no translating. Each writes the variable
+	// of baton's flag; sglangAliases refuses both names at once.
+	fs.StringVar(&f.role, "disaggregation-mode", "standalone", "SGLang's name for --role: null (standalone) | prefill | decode")
+	fs.StringVar(&f.transport, "disaggregation-transfer-backend", "tcp", "SGLang's name for --transport (tcp, ucx)")
+	fs.StringSliceVar(&f.rdmaDevices, "disaggregation-ib-device", nil, "SGLang's name for --rdma-device")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads for kernels (default: all cores)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running requests may finish after SIGTERM")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "check the flags and exit without serving")
@@ -511,7 +524,23 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	engDone := make(chan struct{})
 	go func() { eng.Run(engCtx); close(engDone) }()
 	defer func() { engStop(); <-engDone }()
-	return serveHTTP(ctx, f, logw, le.log, ln, srv, srv.SetReady, nil)
+	// As the workers do: the port stays open through the drain, /health
+	// says 503 so that a load balancer stops sending, and what is running
+	// finishes.
+	drain := func(ctx context.Context) {
+		srv.Drain()
+		for {
+			if running, queued := eng.Load(); running+queued == 0 {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	return serveHTTP(ctx, f, logw, le.log, ln, srv, srv.SetReady, drain)
 }
 
 // serveHTTP serves h on ln until SIGINT/SIGTERM. Then it reports not ready,
@@ -576,4 +605,33 @@ func ctxOrBackground(ctx context.Context) context.Context {
 // ucxOptions are the UCX settings from the flags.
 func ucxOptions(f *serveFlags) []ucx.Option {
 	return []ucx.Option{ucx.WithRDMADevices(f.rdmaDevices...)}
+}
+
+// sglangNames maps each SGLang flag serve accepts to baton's own.
+var sglangNames = [][2]string{
+	{"disaggregation-mode", "role"},
+	{"disaggregation-transfer-backend", "transport"},
+	{"disaggregation-ib-device", "rdma-device"},
+}
+
+// sglangAliases checks the SGLang names after parsing: a setting given
+// under both names is refused rather than settled by flag order, and
+// --disaggregation-mode takes only SGLang's values, "null" being SGLang's
+// word for a server without disaggregation.
+func sglangAliases(fs *pflag.FlagSet, f *serveFlags) error {
+	for _, n := range sglangNames {
+		if fs.Changed(n[0]) && fs.Changed(n[1]) {
+			return fmt.Errorf("--%s is SGLang's name for --%s: give one of them", n[0], n[1])
+		}
+	}
+	if fs.Changed("disaggregation-mode") {
+		switch f.role {
+		case "null":
+			f.role = "standalone"
+		case "prefill", "decode":
+		default:
+			return fmt.Errorf("unknown --disaggregation-mode %q (null, prefill, decode; the router is --role router)", f.role)
+		}
+	}
+	return nil
 }

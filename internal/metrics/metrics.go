@@ -16,8 +16,14 @@ type Set struct {
 	Registry *prometheus.Registry
 	Role     string
 
-	KVPagesTotal       prometheus.Gauge
-	KVPagesFree        prometheus.Gauge
+	// KVPagesTotal is KVPagesCapacity under its old name, which has the
+	// suffix Prometheus keeps for counters; exported one more release.
+	KVPagesTotal    prometheus.Gauge
+	KVPagesCapacity prometheus.Gauge
+	KVPagesFree     prometheus.Gauge
+	// TokenUsage is the fraction of the pool's pages in use (SGLang's
+	// token_usage).
+	TokenUsage         prometheus.Gauge
 	KVPagesQuarantined prometheus.Gauge
 	Requests           *prometheus.CounterVec // role, outcome
 	Rejected           *prometheus.CounterVec // role, reason
@@ -64,7 +70,9 @@ func New(role string) *Set {
 	s := &Set{
 		Registry:           r,
 		Role:               role,
-		KVPagesTotal:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_total", Help: "Pages in the KV pool.", ConstLabels: c}),
+		KVPagesTotal:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_total", Help: "Pages in the KV pool (deprecated: use baton_kv_pages_capacity).", ConstLabels: c}),
+		KVPagesCapacity:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_capacity", Help: "Pages in the KV pool.", ConstLabels: c}),
+		TokenUsage:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_token_usage", Help: "Fraction of the KV pool's pages in use (held by requests or quarantined), 0 to 1.", ConstLabels: c}),
 		KVPagesFree:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_free", Help: "Free pages in the KV pool.", ConstLabels: c}),
 		KVPagesQuarantined: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_quarantined", Help: "Pages whose request ended but whose writer has not confirmed it is drained.", ConstLabels: c}),
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_total", Help: "Requests by outcome."}, []string{"role", "outcome"}),
@@ -94,10 +102,75 @@ func New(role string) *Set {
 		IllegalMoves: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_lifecycle_illegal_moves_total",
 			Help: "Request state changes the lifecycle refused; anything but 0 is a bug.", ConstLabels: c}),
 	}
-	r.MustRegister(s.KVPagesTotal, s.KVPagesFree, s.KVPagesQuarantined, s.Requests, s.Rejected, s.Running, s.Queued,
-		s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens, s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.TransferSessions,
-		s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures, s.LateDropped, s.TransferBytes, s.TransferSeconds, s.DrainWait, s.InternalAuthFailures, s.IllegalMoves)
+	// What every role serves; a router holds no pool, queue, engine or
+	// transfer, so it exports none of their figures rather than zeros
+	// that would read as an empty pool.
+	r.MustRegister(s.Requests, s.Rejected, s.Running, s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens)
+	if role != "standalone" {
+		r.MustRegister(s.InternalAuthFailures)
+	}
+	if role != "router" {
+		r.MustRegister(s.KVPagesTotal, s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage, s.Queued,
+			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.IllegalMoves)
+	}
+	if role == "prefill" || role == "decode" {
+		r.MustRegister(s.TransferSessions, s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures,
+			s.TransferBytes, s.TransferSeconds, s.DrainWait)
+	}
+	if role == "decode" {
+		r.MustRegister(s.LateDropped)
+	}
+	// Labelled counters start at 0 for every label the role can count, so
+	// that a rate() or an alert on them works before the first event.
+	for _, o := range labels[role].outcomes {
+		s.Requests.WithLabelValues(role, o)
+	}
+	for _, reason := range labels[role].rejects {
+		s.Rejected.WithLabelValues(role, reason)
+	}
+	for _, reason := range labels[role].handoff {
+		s.HandoffFailures.WithLabelValues(reason)
+	}
+	for _, k := range labels[role].late {
+		s.LateDropped.WithLabelValues(k)
+	}
+	for _, rpc := range labels[role].rpcs {
+		s.InternalAuthFailures.WithLabelValues(rpc)
+	}
 	return s
+}
+
+// roleLabels are the label values a role's counters can take.
+type roleLabels struct {
+	outcomes, rejects, handoff, late, rpcs []string
+}
+
+// doorRejects are the engine's door checks (scheduler.Engine.door).
+var doorRejects = []string{"too_long", "empty_prompt", "bad_token"}
+
+var labels = map[string]roleLabels{
+	"standalone": {
+		outcomes: []string{"finished", "aborted", "error", "rejected"},
+		rejects:  append([]string{"queue_full", "shutting_down"}, doorRejects...),
+	},
+	"prefill": {
+		outcomes: []string{"sent", "drained", "aborted", "error", "rejected"},
+		rejects:  append([]string{"queue_full"}, doorRejects...),
+		handoff:  []string{"layout", "transfer", "commit"},
+		rpcs:     []string{"Info", "Prefill", "Abort", "tls", "transfer"},
+	},
+	"decode": {
+		outcomes: []string{"finished", "aborted", "error", "rejected"},
+		rejects:  append([]string{"no_space"}, doorRejects...),
+		handoff:  []string{"layout", "timeout", "writer", "coverage", "over_claim", "first_token", "owner_tag", "checksum", "bad_count"},
+		late:     []string{"admit", "write", "commit", "drained", "closed", "cancel", "abort"},
+		rpcs:     []string{"Info", "Reserve", "CancelReservation", "Commit", "Drained", "Abort", "Finish", "Stream", "tls", "transfer"},
+	},
+	"router": {
+		outcomes: []string{"finished", "aborted", "error", "rejected"},
+		rejects:  []string{"too_long", "empty_prompt", "no_workers", "decode_full", "prefill_full", "workers_unavailable", "rejected_by_decode"},
+		rpcs:     []string{"tls"},
+	},
 }
 
 // Outcome counts one finished request.

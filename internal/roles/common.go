@@ -177,9 +177,7 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set, o HTTPOptions) h
 	mux.Handle("GET /metrics", metricsH)
 	// Unknown routes are keyed too, so that a caller without the key
 	// cannot map what a worker serves.
-	mux.Handle("/", httpauth.Require(o.APIKey, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		openai.WriteError(rw, openai.NotFound("unknown route "+r.Method+" "+r.URL.Path, "not_found"))
-	})))
+	mux.Handle("/", httpauth.Require(o.APIKey, openai.NoRoute(mux)))
 	return mux
 }
 

@@ -97,3 +97,33 @@ func TestWorkerHTTPKey(t *testing.T) {
 		t.Fatalf("/server_info with no key configured: %d", code)
 	}
 }
+
+// A worker answers a known route under a wrong method with 405 and Allow,
+// an unknown one with 404, both in OpenAI's shape.
+func TestWorkerHTTPWrongMethod(t *testing.T) {
+	var ready atomic.Bool
+	ready.Store(true)
+	ts := httptest.NewServer(HTTPHandler(infoWorker{}, &ready, metrics.New("prefill"), HTTPOptions{}))
+	defer ts.Close()
+	for _, c := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"POST", "/health", 405, "GET, HEAD"},
+		{"DELETE", "/metrics", 405, "GET, HEAD"},
+		{"GET", "/v1/completions", 404, ""},
+	} {
+		req, _ := http.NewRequest(c.method, ts.URL+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || resp.Header.Get("Allow") != c.allow {
+			t.Fatalf("%s %s: %d Allow %q %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), b)
+		}
+		requireWorkerOpenAIError(t, c.method+" "+c.path, b)
+	}
+}

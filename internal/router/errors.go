@@ -14,6 +14,7 @@ const (
 	msgHandoff     = "the KV handoff between the prefill and decode workers failed; retry the request"
 	msgNoPair      = "no healthy prefill/decode pair is available; retry later"
 	msgDecodeFull  = "no decode worker has free KV cache for this request now; retry later"
+	msgPrefillFull = "every prefill worker's queue is full; retry later"
 	msgTimeout     = "the workers did not answer in time; retry the request"
 	msgMisconfig   = "the prefill and decode workers are not configured alike; the operator's logs say how"
 	msgInterrupted = "generation was interrupted: the decode worker stopped answering"

@@ -41,7 +41,12 @@ func TestClientErrorsLeakNothing(t *testing.T) {
 			c.decode[0].reserveErr = func() error {
 				return status.Error(codes.ResourceExhausted, "no room for 40 tokens in the KV pool now; retry later")
 			}
-		}, 503, msgDecodeFull, "no room for 40 tokens"},
+		}, 429, msgDecodeFull, "no room for 40 tokens"},
+		{"prefill queue full", func(c *cluster) {
+			c.prefill[0].prefillFn = func(context.Context, *pdv1.PrefillRequest) error {
+				return status.Error(codes.ResourceExhausted, "server is at capacity; retry later")
+			}
+		}, 429, msgPrefillFull, "server is at capacity"},
 		{"prefill cannot reach decode's transport", func(c *cluster) {
 			c.prefill[0].prefillFn = func(context.Context, *pdv1.PrefillRequest) error {
 				return status.Error(codes.Unavailable, "cannot reach decode transport 127.0.0.1:40999: dial tcp 127.0.0.1:40999: connection refused")

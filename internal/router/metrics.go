@@ -14,8 +14,12 @@ type routerMetrics struct {
 	mismatch prometheus.Counter
 }
 
+// retryStages are the steps whose failure before the first token is tried
+// again on another pair.
+var retryStages = []string{"reserve", "stream", "prefill", "decode"}
+
 func newRouterMetrics(reg *prometheus.Registry) *routerMetrics {
-	return &routerMetrics{
+	rm := &routerMetrics{
 		healthy: register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "baton_router_worker_healthy", Help: "1 when the worker answered its last probe (health, server_info and gRPC Info), else 0.",
 		}, []string{"url", "role"})),
@@ -29,6 +33,10 @@ func newRouterMetrics(reg *prometheus.Registry) *routerMetrics {
 			Name: "baton_router_layout_mismatch_total", Help: "Prefill/decode pairs refused because their KV layouts differ (counted once per difference seen).",
 		})),
 	}
+	for _, st := range retryStages {
+		rm.retries.WithLabelValues(st)
+	}
+	return rm
 }
 
 // register adds c to reg, or returns the collector already there, so that

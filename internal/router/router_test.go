@@ -585,7 +585,7 @@ func TestNonRetryableFailures(t *testing.T) {
 		}
 		_, err := c.generate("full", 4, scheduler.Params{})
 		var rej *scheduler.RejectError
-		if !errors.As(err, &rej) || rej.Status != 503 || rej.RetryAfter != 1 {
+		if !errors.As(err, &rej) || rej.Status != 429 || rej.RetryAfter != 1 {
 			t.Fatalf("got %v", err)
 		}
 		if n := c.decode[0].count("Reserve") + c.decode[1].count("Reserve"); n != 3 {

@@ -476,8 +476,15 @@ func rpcFailure(stage, what string, err error) *failure {
 			f.err = handoffError(http.StatusBadGateway)
 		}
 	case codes.ResourceExhausted:
-		f.retry, f.err = true, &Error{Status: http.StatusServiceUnavailable, Message: msgDecodeFull}
-		if stage != "reserve" {
+		// A worker at its door is full (queue, pool, per-peer bound):
+		// overload, which HTTP calls 429 as gRPC's own mapping does, so
+		// that clients back off and retry rather than count an outage.
+		f.retry, f.err = true, &Error{Status: http.StatusTooManyRequests, Message: msgDecodeFull}
+		switch stage {
+		case "reserve":
+		case "prefill":
+			f.err = &Error{Status: http.StatusTooManyRequests, Message: msgPrefillFull}
+		default:
 			f.err = handoffError(http.StatusServiceUnavailable)
 		}
 	case codes.Unavailable:
@@ -528,8 +535,12 @@ func rejectFrom(f failure) error {
 	switch {
 	case e.Status == http.StatusBadRequest:
 		return &scheduler.RejectError{Status: 400, Reason: "rejected_by_decode", Message: e.Message}
-	case f.code == codes.ResourceExhausted:
-		return &scheduler.RejectError{Status: 503, Reason: "decode_full", Message: e.Message, RetryAfter: 1}
+	case f.code == codes.ResourceExhausted && e.Status == http.StatusTooManyRequests:
+		reason := "decode_full"
+		if f.stage == "prefill" {
+			reason = "prefill_full"
+		}
+		return &scheduler.RejectError{Status: 429, Reason: reason, Message: e.Message, RetryAfter: 1}
 	case f.retry:
 		return &scheduler.RejectError{Status: 503, Reason: "workers_unavailable", Message: e.Message, RetryAfter: 1}
 	}

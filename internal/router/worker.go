@@ -50,6 +50,7 @@ type worker struct {
 func newWorker(u, role string, rm *routerMetrics) *worker {
 	w := &worker{url: u, role: role, rm: rm}
 	rm.healthy.WithLabelValues(u, role).Set(0)
+	rm.picks.WithLabelValues(u, role) // at 0 from the start, as rate() wants
 	return w
 }
 

@@ -30,7 +30,8 @@ type Config struct {
 	MaxRunning int
 	// ChunkSize caps the prompt tokens prefilled in one step.
 	ChunkSize int
-	// MaxQueue caps requests waiting for admission; more are refused with 503.
+	// MaxQueue caps requests waiting for admission; more are refused with
+	// 429, which clients and SDKs retry after Retry-After.
 	MaxQueue int
 	// PreemptAfter, when positive, lets a request that has waited that long
 	// for a full batch take the slot of the running request that has
@@ -45,10 +46,10 @@ type Config struct {
 
 // RejectError is a refusal at the door: the request allocated nothing.
 type RejectError struct {
-	Status     int    // 400 for a request that can never run, 503 when full
+	Status     int    // 400 for a request that can never run, 429 when full, 503 when unavailable
 	Reason     string // metric label
 	Message    string
-	RetryAfter int // seconds, for 503
+	RetryAfter int // seconds, for 429 and 503
 }
 
 func (e *RejectError) Error() string { return e.Message }
@@ -94,7 +95,9 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 		cfg.IsEOG = func(int32) bool { return false }
 	}
 	ms.KVPagesTotal.Set(float64(pool.NumPages()))
+	ms.KVPagesCapacity.Set(float64(pool.NumPages()))
 	ms.KVPagesFree.Set(float64(pool.Free()))
+	ms.TokenUsage.Set(1 - float64(pool.Free())/float64(max(1, pool.NumPages())))
 	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1)}
 	for id := range int32(m.Config.Vocab) {
 		if cfg.IsEOG(id) {
@@ -123,7 +126,9 @@ func (e *Engine) Submit(r *Request) error {
 	e.mu.Lock()
 	if e.queued >= e.cfg.MaxQueue {
 		e.mu.Unlock()
-		return e.reject(r, &RejectError{Status: 503, Reason: "queue_full", Message: "server is at capacity; retry later", RetryAfter: 1})
+		// 429 rather than 503: the server is up and merely busy, and OpenAI's
+		// SDKs retry a 429 by default.
+		return e.reject(r, &RejectError{Status: 429, Reason: "queue_full", Message: "server is at capacity; retry later", RetryAfter: 1})
 	}
 	e.nextRoom++
 	r.room = e.nextRoom
@@ -338,6 +343,7 @@ func (e *Engine) poolGauges() {
 	e.m.ReleaseErrors.Set(float64(st.ReleaseErrors))
 	e.m.KVPagesFree.Set(float64(st.Free))
 	e.m.KVPagesQuarantined.Set(float64(st.Quarantined))
+	e.m.TokenUsage.Set(1 - float64(st.Free)/float64(max(1, st.Total)))
 }
 
 // dropFlagged aborts the requests of q (not yet running) whose client

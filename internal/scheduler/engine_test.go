@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strings"
 	"sync"
@@ -336,5 +337,33 @@ func TestNaNLogitsAreNeverSampled(t *testing.T) {
 	}
 	if n := testutilValue(t, ms, "baton_nan_logits_total"); n != 1 {
 		t.Fatalf("NaN logits counted %v times, want 1", n)
+	}
+}
+
+// A full queue is overload, not an outage: 429 with Retry-After, which
+// OpenAI's SDKs retry by default, and nothing allocated.
+func TestQueueFullIs429(t *testing.T) {
+	l, err := model.Load(model.LoadOptions{}, ref.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.Model.Config
+	pool, err := kvpool.New(kvpool.Config{NumPages: 8, PageSize: 16, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The loop is not started, so the first request stays queued.
+	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 1, MaxQueue: 1}, metrics.New("standalone"))
+	if err := e.Submit(NewRequest("a", []int32{1, 2, 3}, Params{MaxTokens: 2})); err != nil {
+		t.Fatal(err)
+	}
+	r := NewRequest("b", []int32{1, 2, 3}, Params{MaxTokens: 2})
+	err = e.Submit(r)
+	var rej *RejectError
+	if !errors.As(err, &rej) || rej.Status != 429 || rej.Reason != "queue_full" || rej.RetryAfter < 1 {
+		t.Fatalf("got %v (%+v), want a 429 queue_full with Retry-After", err, rej)
+	}
+	if r.State() != StateRejected {
+		t.Fatalf("state %s", r.State())
 	}
 }

@@ -99,7 +99,7 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 		case http.StatusBadRequest:
 			return openai.BadRequest(rej.Message, param)
 		case http.StatusTooManyRequests:
-			return openai.TooManyRequests(rej.Message, time.Duration(rej.RetryAfter)*time.Second)
+			return openai.TooManyRequests(rej.Message, time.Duration(max(1, rej.RetryAfter))*time.Second)
 		default:
 			return openai.ServiceUnavailable(rej.Message, time.Duration(max(1, rej.RetryAfter))*time.Second)
 		}
@@ -116,6 +116,13 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 // start opens the n generations; if one is refused, those already started
 // are cancelled and the refusal is the answer.
 func (g *generation) start(prompt []int32) *openai.Error {
+	if g.s.draining.Load() {
+		if m := g.s.o.Metrics; m != nil {
+			m.Reject("shutting_down")
+			m.Outcome("rejected")
+		}
+		return openai.ServiceUnavailable("the server is shutting down; retry the request", time.Second)
+	}
 	n := max(1, g.sampling.N)
 	base := g.params()
 	if c := base.Constraint; c.Kind != "" {
@@ -314,7 +321,9 @@ func (s *Server) eventError(id string, ev scheduler.Event) *openai.Error {
 		switch st := hs.HTTPStatus(); {
 		case st == http.StatusBadRequest:
 			return openai.BadRequest(msg, "")
-		case st == http.StatusServiceUnavailable || st == http.StatusTooManyRequests:
+		case st == http.StatusTooManyRequests:
+			return openai.TooManyRequests(msg, time.Second)
+		case st == http.StatusServiceUnavailable:
 			return openai.ServiceUnavailable(msg, time.Second)
 		case st >= 500:
 			e := openai.Internal(msg)

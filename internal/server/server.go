@@ -111,11 +111,14 @@ const maxEchoLogprobsTokens = 32768
 
 // Server serves the OpenAI API.
 type Server struct {
-	o       Options
-	log     *slog.Logger
-	mux     *http.ServeMux
-	ready   atomic.Bool
-	created int64
+	o     Options
+	log   *slog.Logger
+	mux   *http.ServeMux
+	ready atomic.Bool
+	// draining is set by Drain: /health says so and new generations are
+	// refused while those already running finish.
+	draining atomic.Bool
+	created  int64
 	// maxTokenBytes is the most bytes of text one token can stand for (see
 	// tokenizer.MaxTokenBytes); 0 when no such bound holds.
 	maxTokenBytes int
@@ -148,14 +151,20 @@ func New(o Options) *Server {
 		}
 		s.mux.Handle("GET /metrics", h)
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		openai.WriteError(w, openai.NotFound("unknown route "+r.Method+" "+r.URL.Path, "not_found"))
-	})
+	s.mux.HandleFunc("/", openai.NoRoute(s.mux))
 	return s
 }
 
 // SetReady switches /health between 200 and 503.
 func (s *Server) SetReady(ok bool) { s.ready.Store(ok) }
+
+// Drain starts a shutdown: /health answers 503 so that load balancers
+// stop sending, and new generations are refused with 503 while the port
+// stays open for those already running.
+func (s *Server) Drain() {
+	s.draining.Store(true)
+	s.ready.Store(false)
+}
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
@@ -167,8 +176,12 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 
 func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
 	if !s.ready.Load() {
+		status := "starting"
+		if s.draining.Load() {
+			status = "draining"
+		}
 		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "starting"})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -457,3 +457,79 @@ func TestRefusalKeepsItsStatus(t *testing.T) {
 	}
 	openAIError(t, "504", b)
 }
+
+// Overload is a 429 with Retry-After whether the generator refuses at its
+// door (standalone's full queue) or its stream fails before any token
+// (the router's full workers); an outage stays a 503.
+func TestOverloadIs429(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		gen    *fakeGen
+		status int
+	}{
+		{"queue full", &fakeGen{refuse: &scheduler.RejectError{Status: 429, Reason: "queue_full", Message: "server is at capacity; retry later"}}, 429},
+		{"workers full", &fakeGen{fail: &scheduler.Event{Finish: scheduler.FinishError, Err: statusErr{429}}}, 429},
+		{"no workers", &fakeGen{refuse: &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: "no healthy worker", RetryAfter: 1}}, 503},
+	} {
+		ts, _ := newTestServer(t, Options{Generator: c.gen})
+		code, hdr, b := do(t, "POST", ts.URL+"/v1/completions", "", `{"model":"m","prompt":"hi"}`)
+		if code != c.status || hdr.Get("Retry-After") == "" {
+			t.Fatalf("%s: %d Retry-After %q %s", c.name, code, hdr.Get("Retry-After"), b)
+		}
+		openAIError(t, c.name, b)
+	}
+}
+
+// A known route under a wrong method is a 405 with Allow, as OpenAI
+// answers; an unknown route a 404; both in OpenAI's shape.
+func TestWrongMethodAndUnknownRoute(t *testing.T) {
+	ts, _ := newTestServer(t, Options{})
+	for _, c := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"GET", "/v1/completions", 405, "POST"},
+		{"GET", "/v1/chat/completions", 405, "POST"},
+		{"POST", "/v1/models", 405, "GET, HEAD"},
+		{"PUT", "/health", 405, "GET, HEAD"},
+		{"GET", "/v2/nothing", 404, ""},
+	} {
+		code, hdr, b := do(t, c.method, ts.URL+c.path, "", "")
+		if code != c.status || hdr.Get("Allow") != c.allow {
+			t.Fatalf("%s %s: %d Allow %q %s", c.method, c.path, code, hdr.Get("Allow"), b)
+		}
+		openAIError(t, c.method+" "+c.path, b)
+	}
+}
+
+// While a server drains, /health says 503 and new generations are refused
+// with 503 and Retry-After; other routes still answer.
+func TestDrainRefusesNewWork(t *testing.T) {
+	ts, g := newTestServer(t, Options{})
+	srvOf(t, ts).Drain()
+	code, hdr, b := do(t, "GET", ts.URL+"/health", "", "")
+	if code != 503 || hdr.Get("Retry-After") == "" || !strings.Contains(string(b), "draining") {
+		t.Fatalf("/health while draining: %d %s", code, b)
+	}
+	code, hdr, b = do(t, "POST", ts.URL+"/v1/completions", "", `{"model":"m","prompt":"hi"}`)
+	if code != 503 || hdr.Get("Retry-After") == "" {
+		t.Fatalf("a request while draining: %d %s", code, b)
+	}
+	openAIError(t, "draining", b)
+	if g.calls.Load() != 0 {
+		t.Fatal("the generator was called while draining")
+	}
+	if code, _, _ := do(t, "GET", ts.URL+"/v1/models", "", ""); code != 200 {
+		t.Fatalf("/v1/models while draining: %d", code)
+	}
+}
+
+func srvOf(t *testing.T, ts *httptest.Server) *Server {
+	t.Helper()
+	s, ok := ts.Config.Handler.(*Server)
+	if !ok {
+		t.Fatalf("handler %T", ts.Config.Handler)
+	}
+	return s
+}

@@ -362,8 +362,8 @@ func bundleOf(t *testing.T, cas ...*authtest.CA) string {
 
 // A decode worker holds one caller to --max-pages-per-peer, counted on the
 // identity the caller proved: a request that needs more pages than the bound
-// is refused with a 503 to retry, one that fits is served, and the refusal
-// holds nothing.
+// is refused with a 429 to retry (overload, not an outage), one that fits
+// is served, and the refusal holds nothing.
 func TestInternalAuthPerPeerPages(t *testing.T) {
 	p := secretPlane(t)
 	p.decode = append(p.decode, "--max-pages-per-peer", "4")
@@ -372,7 +372,7 @@ func TestInternalAuthPerPeerPages(t *testing.T) {
 	// 5 prompt tokens + 64 = 69 tokens: five pages of 16.
 	code, hdr, b := post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(body, 64))
 	e := requireOpenAIError(t, "over the per-peer bound", b)
-	if code != 503 || hdr.Get("Retry-After") == "" || leaky.Match(b) {
+	if code != 429 || hdr.Get("Retry-After") == "" || leaky.Match(b) {
 		t.Fatalf("a request over the caller's page bound: %d %s", code, b)
 	}
 	t.Logf("over the bound: %d %s", code, e.Error.Message)

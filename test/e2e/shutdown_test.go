@@ -64,7 +64,9 @@ func readToEnd(sc *bufio.Scanner) (finish string, done bool) {
 }
 
 // On SIGTERM a standalone server stops taking requests, lets the running one
-// finish, and exits 0.
+// finish, and exits 0. While it drains its port stays open, as a worker's
+// does: /health answers 503 so that a load balancer stops sending, and a
+// new request is refused with 503 and Retry-After.
 func TestGracefulShutdownStandalone(t *testing.T) {
 	s := startServer(t, "--model", slowModel(t), "--load-format", "dummy", "--served-model-name", "dummy")
 	resp, sc := streamUntilFirstChunk(t, s.URL, 40)
@@ -72,6 +74,25 @@ func TestGracefulShutdownStandalone(t *testing.T) {
 	if err := s.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		hresp, err := http.Get(s.URL + "/health")
+		if err != nil {
+			t.Fatalf("/health while draining: %v (the port closed before the running request finished)", err)
+		}
+		hresp.Body.Close()
+		if hresp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/health still %d after SIGTERM", hresp.StatusCode)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	code, hdr, b := post(t, s.URL+"/v1/completions", `{"model":"dummy","prompt":"Once","max_tokens":2}`)
+	if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" {
+		t.Fatalf("a new request while draining: %d %s", code, b)
+	}
+	requireOpenAIError(t, "draining", b)
 	finish, done := readToEnd(sc)
 	if finish != "length" || !done {
 		t.Fatalf("the running request did not finish: finish %q, [DONE] %v", finish, done)

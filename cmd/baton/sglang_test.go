@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// SGLang's PD flag names set baton's own flags.
+func TestSGLangFlagNames(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		out  string // dry run's line
+		err  string
+	}{
+		{args: []string{"--disaggregation-mode", "prefill"}, out: "prefill configuration is valid"},
+		{args: []string{"--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "tcp"}, out: "decode configuration is valid"},
+		{args: []string{"--disaggregation-mode", "null"}, out: "standalone configuration is valid"},
+		{args: []string{"--disaggregation-mode", "router"}, err: "unknown --disaggregation-mode"},
+		{args: []string{"--role", "decode", "--disaggregation-mode", "prefill"}, err: "give one of them"},
+		{args: []string{"--disaggregation-transfer-backend", "mooncake"}, err: `unknown --transport "mooncake"`},
+		{args: []string{"--disaggregation-mode", "decode"}, env: map[string]string{"BATON_ROLE": "prefill"}, out: "decode configuration is valid"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			cmd := serveCmd()
+			var out bytes.Buffer
+			cmd.SetOut(&out)
+			cmd.SetErr(&out)
+			cmd.SetArgs(append([]string{"--dry-run"}, c.args...))
+			err := cmd.Execute()
+			switch {
+			case c.err == "" && err != nil:
+				t.Errorf("%v: %v", c.args, err)
+			case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+				t.Errorf("%v: error %v, want one saying %q", c.args, err, c.err)
+			case c.out != "" && !strings.Contains(out.String(), c.out):
+				t.Errorf("%v: %q, want %q", c.args, out.String(), c.out)
+			}
+		})
+	}
+	cmd := serveCmd()
+	cmd.SetOut(&bytes.Buffer{})
+	cmd.SetArgs([]string{"--dry-run", "--role", "decode", "--disaggregation-ib-device", "mlx5_0,mlx5_1"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := cmd.Flags().GetStringSlice("rdma-device"); !slices.Equal(got, []string{"mlx5_0", "mlx5_1"}) {
+		t.Fatalf("--disaggregation-ib-device mlx5_0,mlx5_1 gave --rdma-device %v", got)
+	}
+}

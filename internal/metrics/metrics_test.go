@@ -1,0 +1,89 @@
+package metrics
+
+import (
+	"io"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+func scrape(t *testing.T, s *Set) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	b, _ := io.ReadAll(rec.Body)
+	return string(b)
+}
+
+// Each role exports what means something on it, labelled counters start
+// at 0 for their known labels, and the pool's size has a gauge's name.
+func TestRoleMetrics(t *testing.T) {
+	for _, c := range []struct {
+		role    string
+		has     []string
+		hasNot  []string
+		samples []string
+	}{
+		{"standalone", []string{"baton_kv_pages_capacity", "baton_token_usage", "baton_kv_pages_total"}, []string{"baton_kv_reservations_total", "baton_internal_auth_failures_total"},
+			[]string{`baton_requests_rejected_total{reason="queue_full",role="standalone"} 0`, `baton_requests_total{outcome="finished",role="standalone"} 0`}},
+		{"prefill", []string{"baton_kv_pages_capacity", "baton_token_usage", "baton_kv_transfer_sessions_total"}, nil,
+			[]string{`baton_handoff_failures_total{reason="transfer",role="prefill"} 0`, `baton_internal_auth_failures_total{role="prefill",rpc="Prefill"} 0`}},
+		{"decode", []string{"baton_kv_pages_capacity", "baton_token_usage", "baton_kv_reservations_total"}, nil,
+			[]string{`baton_handoff_failures_total{reason="checksum",role="decode"} 0`, `baton_late_messages_dropped_total{kind="write",role="decode"} 0`,
+				`baton_internal_auth_failures_total{role="decode",rpc="Reserve"} 0`, `baton_requests_rejected_total{reason="no_space",role="decode"} 0`}},
+		{"router", []string{"baton_requests_total", "baton_time_to_first_token_seconds", "baton_internal_auth_failures_total"},
+			[]string{"baton_kv_pages_total", "baton_kv_pages_capacity", "baton_kv_pages_free", "baton_token_usage", "baton_num_queue_reqs", "baton_kv_release_errors"},
+			[]string{`baton_requests_rejected_total{reason="no_workers",role="router"} 0`, `baton_requests_rejected_total{reason="decode_full",role="router"} 0`}},
+	} {
+		text := scrape(t, New(c.role))
+		for _, n := range c.has {
+			if !strings.Contains(text, "\n"+n) {
+				t.Errorf("%s: no %s", c.role, n)
+			}
+		}
+		for _, n := range c.hasNot {
+			if regexp.MustCompile(`(?m)^` + n + `\b`).MatchString(text) {
+				t.Errorf("%s exports %s, which means nothing on it", c.role, n)
+			}
+		}
+		for _, smp := range c.samples {
+			if !strings.Contains(text, smp+"\n") {
+				t.Errorf("%s: no sample %s", c.role, smp)
+			}
+		}
+		if c.role != "router" && !strings.Contains(text, "# HELP baton_kv_pages_total Pages in the KV pool (deprecated: use baton_kv_pages_capacity).") {
+			t.Errorf("%s: baton_kv_pages_total's HELP does not say it is deprecated", c.role)
+		}
+	}
+}
+
+// The names follow Prometheus's conventions (what promtool check metrics
+// asks): counters end in _total, nothing else does, every metric has a
+// HELP. baton_kv_pages_total is the one exception, deprecated and kept one
+// release.
+func TestMetricNamesLint(t *testing.T) {
+	for _, role := range []string{"standalone", "prefill", "decode", "router"} {
+		mfs, err := New(role).Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			name := mf.GetName()
+			if !strings.HasPrefix(name, "baton_") {
+				continue
+			}
+			counter := mf.GetType() == dto.MetricType_COUNTER
+			switch {
+			case mf.GetHelp() == "":
+				t.Errorf("%s: %s has no HELP", role, name)
+			case counter && !strings.HasSuffix(name, "_total"):
+				t.Errorf("%s: counter %s does not end in _total", role, name)
+			case !counter && strings.HasSuffix(name, "_total") && name != "baton_kv_pages_total":
+				t.Errorf("%s: %s %s ends in _total, which is for counters", role, mf.GetType(), name)
+			}
+		}
+	}
+}
