@@ -21,13 +21,19 @@ func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, re
 	if sess != nil {
 		_ = sess.Close()
 	}
-	if r.Lifecycle().Live() {
-		_ = r.Lifecycle().To(scheduler.StateAborting, why)
-	}
+	// Refused only when the engine tore the request down first, which
+	// leaves it Aborting just the same.
+	_ = r.Lifecycle().Move(prefillLive, scheduler.StateAborting, why)
 	p.drained(id, res, key, rf.LostDrained)
-	_ = r.Lifecycle().To(scheduler.StateDrained, "")
+	if err := r.Lifecycle().To(scheduler.StateDrained, ""); err != nil {
+		p.o.Metrics.IllegalMoves.Inc()
+		p.o.Log.Error("prefill request not Drained", "request_id", id, "err", err)
+	}
 	p.o.Metrics.Outcome("drained")
 }
+
+// prefillLive are the states a prefill request is on its way in.
+var prefillLive = []scheduler.State{scheduler.StateReceived, scheduler.StateAdmitted, scheduler.StatePrefilling, scheduler.StateSending}
 
 // drained tells decode this worker has no write in flight for key and will
 // issue none.

@@ -83,7 +83,6 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	}
 	sess, err := p.o.Sender.Open(ctx, res.TransferAddr, sessKey)
 	if err != nil {
-		_ = r.Lifecycle().To(scheduler.StateAborting, "transport open failed")
 		p.end(id, r, nil, res, key, rf, "transport open failed")
 		return nil, status.Errorf(codes.Unavailable, "cannot reach decode transport %s: %v", res.TransferAddr, err)
 	}
@@ -125,7 +124,6 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	}
 	if err != nil {
 		p.o.Metrics.HandoffFailures.WithLabelValues("transfer").Inc()
-		_ = r.Lifecycle().To(scheduler.StateAborting, err.Error())
 		p.end(id, r, sess, res, key, rf, err.Error())
 		return nil, status.Errorf(codes.Unavailable, "KV transfer failed: %v", err)
 	}
@@ -149,7 +147,6 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	}
 	if err != nil {
 		p.o.Metrics.HandoffFailures.WithLabelValues("commit").Inc()
-		_ = r.Lifecycle().To(scheduler.StateAborting, "commit refused: "+err.Error())
 		p.end(id, r, nil, res, key, rf, "commit refused")
 		log.Warn("commit refused", "err", err)
 		return nil, status.Errorf(status.Code(err), "commit refused by decode: %v", status.Convert(err).Message())
