@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -58,8 +59,9 @@ func JSONObject() *Grammar {
 // oneOf as plain alternatives (oneOf's exclusivity is not enforced), allOf
 // with one member, pattern (Go regexp syntax, unanchored as JSON Schema
 // means it) and the formats date, time, date-time, uuid, ipv4 and email.
-// Numeric bounds, other formats, uniqueItems and the like are not
-// enforced; pattern together with length bounds, and the combinators that
+// Integer minimum, maximum, exclusiveMinimum and exclusiveMaximum are
+// enforced; bounds on type number, other formats, multipleOf, uniqueItems
+// and the like are not; pattern together with length bounds, and the combinators that
 // need schema intersection (allOf of several, not, if/then), are refused.
 func FromJSONSchema(schema string) (*Grammar, error) {
 	v, err := parseJSON(schema)
@@ -75,6 +77,8 @@ func FromJSONSchema(schema string) (*Grammar, error) {
 	defs = append(defs, namedExpr{"root", body})
 	return build(defs, "root")
 }
+
+var errEmptyRange = errors.New("grammar: the integer bounds admit no value")
 
 type schemaCompiler struct {
 	root *jval
@@ -290,7 +294,16 @@ func (sc *schemaCompiler) typed(v *jval, t string, depth int) (expr, error) {
 			return nil, fmt.Errorf("grammar: minLength above maxLength")
 		}
 		return sc.rule("string", seq{lit{`"`}, rep{ref{"char"}, lo, hi}, lit{`"`}}), nil
-	case "number", "integer", "boolean", "null":
+	case "integer":
+		lo, hi, ok, err := intBounds(v)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return sc.rule("int-range", intRange(lo, hi)), nil
+		}
+		return ref{t}, nil
+	case "number", "boolean", "null":
 		return ref{t}, nil
 	case "array":
 		return sc.array(v, depth)
