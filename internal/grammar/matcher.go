@@ -137,16 +137,9 @@ func (m *Matcher) fillMask(mask []uint64) {
 			continue
 		}
 		cm := m.c.ctx(f, &m.w)
-		if cm.dense != nil {
-			for i, x := range cm.dense {
-				mask[i] |= x
-			}
-		}
-		for _, id := range cm.sparse {
-			mask[id>>6] |= 1 << (id & 63)
-		}
-		if cm.uncertain != nil {
-			m.w.walk(cm.uncertain, stackSet{f}, mask, nil)
+		cm.fill(mask)
+		if t := cm.uncertainTrie(m.c.v); t != nil {
+			m.w.walk(t, stackSet{f}, mask, nil)
 		}
 	}
 	if canEnd {
