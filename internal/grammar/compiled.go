@@ -9,9 +9,9 @@ import (
 
 // ctxFrames is how many top frames of a stack key the mask cache. More
 // frames make fewer tokens uncertain (a loop written through a helper rule
-// stays inside the cached context) but give more distinct contexts to
-// compute.
-const ctxFrames = 3
+// stays inside the cached context) but give more distinct contexts; each
+// deeper one costs little, being derived from the one above it.
+const ctxFrames = 5
 
 type ctxKey [ctxFrames]int32
 
@@ -32,9 +32,17 @@ func keyOf(f *frame, n int) ctxKey {
 // ctxMask is what the vocabulary does from one context: the tokens
 // accepted whatever lies below it, and the trie of those that depend on it.
 type ctxMask struct {
+	// base is the shallower context this one was derived from: its
+	// accepted tokens are accepted here too and are not stored again, which
+	// keeps deep contexts small.
+	base   *ctxMask
 	dense  []uint64 // accepted tokens as a bitset, when there are many
 	sparse []int32  // accepted tokens as a list, when there are few
 	unc    []int32  // uncertain tokens in trie order
+	// many says unc was dropped for being most of the vocabulary: a
+	// deeper context then walks the whole trie, and at run time this
+	// context is only used for stacks it covers entirely.
+	many bool
 	// uncertain is the trie of unc, built on first use: a shallow context
 	// whose uncertain tokens are most of the vocabulary is only a step to
 	// deeper ones, which walk the whole trie instead.
@@ -111,16 +119,20 @@ func (c *Compiled) ctxN(f *frame, n int, w *walker) *ctxMask {
 	}
 	mask := make([]uint64, c.MaskWords())
 	var unc []int32
+	m = &ctxMask{}
 	switch {
-	case base == nil || len(base.unc) > c.v.size/4:
+	case base == nil || base.many:
 		w.walk(c.v.trie, stackSet{local}, mask, &unc)
 	default:
-		base.fill(mask)
+		m.base = base
 		if t := base.uncertainTrie(c.v); t != nil {
 			w.walk(t, stackSet{local}, mask, &unc)
 		}
 	}
-	m = &ctxMask{unc: unc}
+	m.unc = unc
+	if n < ctxFrames && len(unc) > c.v.size/4 {
+		m.unc, m.many = nil, true
+	}
 	count := 0
 	for _, x := range mask {
 		count += bits.OnesCount64(x)
@@ -149,6 +161,9 @@ func (c *Compiled) ctxN(f *frame, n int, w *walker) *ctxMask {
 
 // fill ors the context's accepted tokens into mask.
 func (m *ctxMask) fill(mask []uint64) {
+	if m.base != nil {
+		m.base.fill(mask)
+	}
 	for i, x := range m.dense {
 		mask[i] |= x
 	}
@@ -168,4 +183,18 @@ func (c *Compiled) Warm() (err error) {
 		}
 	}
 	return nil
+}
+
+// cacheBytes estimates the memory held by the context cache.
+func (c *Compiled) cacheBytes() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := 0
+	for _, m := range c.ctxs {
+		n += 8*len(m.dense) + 4*len(m.sparse) + 4*len(m.unc)
+		if m.uncertain != nil {
+			n += 20*len(m.uncertain.nodes) + 4*len(m.uncertain.toks)
+		}
+	}
+	return n
 }

@@ -138,6 +138,11 @@ func (m *Matcher) fillMask(mask []uint64) {
 		}
 		cm := m.c.ctx(f, &m.w)
 		cm.fill(mask)
+		// A context that holds the whole stack has nothing below it: its
+		// uncertain tokens would go on past the end of the grammar.
+		if f.depth <= ctxFrames {
+			continue
+		}
 		if t := cm.uncertainTrie(m.c.v); t != nil {
 			m.w.walk(t, stackSet{f}, mask, nil)
 		}
