@@ -40,7 +40,7 @@ func jsonBase() []namedExpr {
 }
 
 // JSONObject is the grammar of any JSON object (response_format
-// json_object).
+// json_object), with FromJSONSchema's whitespace policy.
 func JSONObject() *Grammar {
 	g, err := build(append(jsonBase(), namedExpr{"root", ref{"object"}}), "root")
 	if err != nil {
@@ -49,7 +49,9 @@ func JSONObject() *Grammar {
 	return g
 }
 
-// FromJSONSchema builds the grammar of the JSON texts valid under schema.
+// FromJSONSchema builds the grammar of the JSON texts valid under schema,
+// written compactly: no whitespace except at most one space after each
+// ':' and ','.
 //
 // Supported: type (one or a list), properties with required, emitted in
 // schema order with optional ones omissible; additionalProperties (false
