@@ -122,7 +122,9 @@ func (c *Compiled) ctxN(f *frame, n int, w *walker) *ctxMask {
 	m = &ctxMask{}
 	switch {
 	case base == nil || base.many:
+		w.useMemo = true
 		w.walk(c.v.trie, stackSet{local}, mask, &unc)
+		w.useMemo = false
 	default:
 		m.base = base
 		if t := base.uncertainTrie(c.v); t != nil {
