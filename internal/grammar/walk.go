@@ -11,22 +11,22 @@ type walker struct {
 	// follows depends on frames the walk was not given.
 	past []bool
 
-	// memo remembers advances within one walk of the whole vocabulary.
-	// Inside free text every character leads back to the same stack set
-	// (built anew, so only equal in structure), and looking the set up is
-	// far cheaper than expanding it again for each of the trie's nodes.
+	// With useMemo, a walk of the whole vocabulary numbers the distinct
+	// stack sets it meets and remembers each (set, byte) advance. Inside
+	// free text every character leads back to the same set (built anew,
+	// so equal only in structure); one lookup per trie node then replaces
+	// expanding it again.
 	useMemo bool
-	hashes  []uint64 // setHash of sets[d]
-	memo    map[memoKey]memoEntry
-	memoBuf []*frame // backing store of the memo's sets
+	ids     []int32            // canonical number of sets[d]
+	canon   map[uint64][]int32 // setHash -> numbers of sets with that hash
+	canonSt []stackSet         // the set of each number
+	trans   map[transKey]int32
 }
 
-type memoKey struct {
-	h uint64
-	b byte
+type transKey struct {
+	id int32
+	b  byte
 }
-
-type memoEntry struct{ from, to stackSet }
 
 // setHash is an order-independent hash of a stack set's structure.
 func setHash(s stackSet) uint64 {
@@ -62,24 +62,45 @@ func sameSet(a, b stackSet) bool {
 	return true
 }
 
-// advance is Grammar.advance through the memo when it is on.
-func (w *walker) advance(from stackSet, h uint64, c byte, out stackSet) stackSet {
+// number returns the canonical number of s, keeping a copy of s if it is
+// new.
+func (w *walker) number(s stackSet) int32 {
+	h := setHash(s)
+	for _, id := range w.canon[h] {
+		if sameSet(w.canonSt[id], s) {
+			return id
+		}
+	}
+	id := int32(len(w.canonSt))
+	w.canonSt = append(w.canonSt, append(stackSet(nil), s...))
+	w.canon[h] = append(w.canon[h], id)
+	return id
+}
+
+// step advances sets[d-1] by c into sets[d], through the memo when on.
+func (w *walker) step(d int, c byte) stackSet {
+	from := w.sets[d-1]
+	out := w.sets[d][:0]
 	if !w.useMemo {
 		return w.g.advance(from, c, out, &w.arena)
 	}
-	k := memoKey{h, c}
-	if e, ok := w.memo[k]; ok && sameSet(e.from, from) {
-		return append(out, e.to...)
+	k := transKey{w.ids[d-1], c}
+	if id, ok := w.trans[k]; ok {
+		w.ids[d] = id
+		return append(out, w.canonSt[id]...)
 	}
 	out = w.g.advance(from, c, out, &w.arena)
-	start := len(w.memoBuf)
-	w.memoBuf = append(w.memoBuf, from...)
-	w.memoBuf = append(w.memoBuf, out...)
-	w.memo[k] = memoEntry{
-		from: w.memoBuf[start : start+len(from) : start+len(from)],
-		to:   w.memoBuf[start+len(from) : len(w.memoBuf) : len(w.memoBuf)],
-	}
+	id := w.number(out)
+	w.trans[k] = id
+	w.ids[d] = id
 	return out
+}
+
+func (w *walker) resetMemo() {
+	clear(w.canon)
+	clear(w.trans)
+	clear(w.canonSt)
+	w.canonSt = w.canonSt[:0]
 }
 
 // walk sets in mask the bit of every token of t that some stack in init
@@ -91,21 +112,18 @@ func (w *walker) walk(t *trie, init stackSet, mask []uint64, uncertain *[]int32)
 	if len(w.sets) == 0 {
 		w.sets = make([]stackSet, 1, 32)
 		w.past = make([]bool, 1, 32)
-		w.hashes = make([]uint64, 1, 32)
+		w.ids = make([]int32, 1, 32)
 	}
 	w.arena.reset()
-	if w.useMemo {
-		if w.memo == nil {
-			w.memo = map[memoKey]memoEntry{}
-		}
-		clear(w.memo)
-		clear(w.memoBuf)
-		w.memoBuf = w.memoBuf[:0]
-	}
 	w.sets[0] = append(w.sets[0][:0], init...)
 	w.past[0] = false
 	if w.useMemo {
-		w.hashes[0] = setHash(init)
+		if w.canon == nil {
+			w.canon = map[uint64][]int32{}
+			w.trans = map[transKey]int32{}
+		}
+		w.resetMemo()
+		w.ids[0] = w.number(init)
 	}
 	nodes := t.nodes
 	for i := 0; i < len(nodes); {
@@ -114,11 +132,10 @@ func (w *walker) walk(t *trie, init stackSet, mask []uint64, uncertain *[]int32)
 		for len(w.sets) <= d {
 			w.sets = append(w.sets, nil)
 			w.past = append(w.past, false)
-			w.hashes = append(w.hashes, 0)
+			w.ids = append(w.ids, 0)
 		}
-		from := w.sets[d-1]
-		past := w.past[d-1] || hasEmpty(from)
-		next := w.advance(from, w.hashes[d-1], n.b, w.sets[d][:0])
+		past := w.past[d-1] || hasEmpty(w.sets[d-1])
+		next := w.step(d, n.b)
 		w.sets[d] = next
 		if len(next) == 0 {
 			if past && uncertain != nil {
@@ -131,9 +148,6 @@ func (w *walker) walk(t *trie, init stackSet, mask []uint64, uncertain *[]int32)
 			mask[id>>6] |= 1 << (id & 63)
 		}
 		w.past[d] = past
-		if w.useMemo {
-			w.hashes[d] = setHash(next)
-		}
 		i++
 	}
 	// Drop references to frames so they can be collected.
@@ -141,9 +155,7 @@ func (w *walker) walk(t *trie, init stackSet, mask []uint64, uncertain *[]int32)
 		clear(w.sets[d][:cap(w.sets[d])])
 	}
 	if w.useMemo {
-		clear(w.memo)
-		clear(w.memoBuf)
-		w.memoBuf = w.memoBuf[:0]
+		w.resetMemo()
 	}
 	w.arena.reset()
 }
