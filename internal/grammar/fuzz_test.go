@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"errors"
 	"math/rand/v2"
 	"testing"
 )
@@ -19,6 +20,11 @@ func exercise(t *testing.T, g *Grammar) {
 			return
 		}
 		if err := m.Accept(allowed[rng.IntN(len(allowed))]); err != nil {
+			// Following the token may cost more than the mask did; then
+			// the matcher gives up, and says so.
+			if errors.Is(err, ErrAmbiguous) && errors.Is(m.Err(), ErrAmbiguous) {
+				return
+			}
 			t.Fatalf("masked token refused: %v", err)
 		}
 		if m.IsTerminated() {

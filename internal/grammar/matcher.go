@@ -57,7 +57,15 @@ func (m *Matcher) Accept(id int32) (err error) {
 		}
 		return m.err
 	}
-	defer catchAmbiguous(&err)
+	defer func() {
+		// recover must be called here, by the deferred function itself.
+		if p := recover(); p != nil {
+			if _, ok := p.(ambiguous); !ok {
+				panic(p)
+			}
+			err, m.err = ErrAmbiguous, ErrAmbiguous
+		}
+	}()
 	if m.terminated {
 		return fmt.Errorf("%w: %d after the end", ErrRejected, id)
 	}
