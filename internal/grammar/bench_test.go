@@ -66,6 +66,7 @@ func BenchmarkMask(b *testing.B) {
 			b.ReportMetric(float64(times[len(times)/2].Nanoseconds()), "p50-ns")
 			b.ReportMetric(float64(times[len(times)*99/100].Nanoseconds()), "p99-ns")
 			b.ReportMetric(float64(len(c.ctxs)), "contexts")
+			b.ReportMetric(float64(c.cacheBytes())/1024, "cache-KiB")
 			b.ReportMetric(float64(c.VocabSize()), "vocab")
 		})
 	}

@@ -15,8 +15,18 @@
 // (Compiled.ctx) the tokens that are accepted regardless of what lies
 // below are cached as a bitset, and only the remaining "uncertain" tokens,
 // those that would pop past the cached frames, are walked each step against
-// the real stack.
+// the real stack. Contexts are filled in lazily as sequences meet them, each
+// derived from the context one frame shallower, and shared by every
+// Matcher of the Compiled grammar; ForRequest keeps compiled grammars in a
+// cache so that requests with the same schema share them.
 //
 // Left recursion is rejected when a grammar is built: the automaton expands
-// rules eagerly and would not terminate on it.
+// rules eagerly and would not terminate on it. A grammar so ambiguous that
+// its parse stacks multiply past a bound is given up on with ErrAmbiguous
+// rather than followed at exponential cost.
+//
+// A vocabulary's trie is built once per *tokenizer.Tokenizer and kept for
+// the life of the process, as tokenizers are.
+//
+// See ForRequest for how a decoding engine drives a Matcher.
 package grammar

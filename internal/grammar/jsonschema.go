@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -39,7 +40,7 @@ func jsonBase() []namedExpr {
 }
 
 // JSONObject is the grammar of any JSON object (response_format
-// json_object).
+// json_object), with FromJSONSchema's whitespace policy.
 func JSONObject() *Grammar {
 	g, err := build(append(jsonBase(), namedExpr{"root", ref{"object"}}), "root")
 	if err != nil {
@@ -48,7 +49,9 @@ func JSONObject() *Grammar {
 	return g
 }
 
-// FromJSONSchema builds the grammar of the JSON texts valid under schema.
+// FromJSONSchema builds the grammar of the JSON texts valid under schema,
+// written compactly: no whitespace except at most one space after each
+// ':' and ','.
 //
 // Supported: type (one or a list), properties with required, emitted in
 // schema order with optional ones omissible; additionalProperties (false
@@ -58,8 +61,9 @@ func JSONObject() *Grammar {
 // oneOf as plain alternatives (oneOf's exclusivity is not enforced), allOf
 // with one member, pattern (Go regexp syntax, unanchored as JSON Schema
 // means it) and the formats date, time, date-time, uuid, ipv4 and email.
-// Numeric bounds, other formats, uniqueItems and the like are not
-// enforced; pattern together with length bounds, and the combinators that
+// Integer minimum, maximum, exclusiveMinimum and exclusiveMaximum are
+// enforced; bounds on type number, other formats, multipleOf, uniqueItems
+// and the like are not; pattern together with length bounds, and the combinators that
 // need schema intersection (allOf of several, not, if/then), are refused.
 func FromJSONSchema(schema string) (*Grammar, error) {
 	v, err := parseJSON(schema)
@@ -75,6 +79,8 @@ func FromJSONSchema(schema string) (*Grammar, error) {
 	defs = append(defs, namedExpr{"root", body})
 	return build(defs, "root")
 }
+
+var errEmptyRange = errors.New("grammar: the integer bounds admit no value")
 
 type schemaCompiler struct {
 	root *jval
@@ -290,7 +296,16 @@ func (sc *schemaCompiler) typed(v *jval, t string, depth int) (expr, error) {
 			return nil, fmt.Errorf("grammar: minLength above maxLength")
 		}
 		return sc.rule("string", seq{lit{`"`}, rep{ref{"char"}, lo, hi}, lit{`"`}}), nil
-	case "number", "integer", "boolean", "null":
+	case "integer":
+		lo, hi, ok, err := intBounds(v)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return sc.rule("int-range", intRange(lo, hi)), nil
+		}
+		return ref{t}, nil
+	case "number", "boolean", "null":
 		return ref{t}, nil
 	case "array":
 		return sc.array(v, depth)

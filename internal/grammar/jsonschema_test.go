@@ -11,9 +11,9 @@ import (
 )
 
 var testSchemas = map[string]string{
-	"flat":             `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"score":{"type":"number"},"ok":{"type":"boolean"},"none":{"type":"null"}},"required":["name","age","score","ok","none"]}`,
+	"flat":             `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer","minimum":0,"maximum":150},"score":{"type":"number"},"ok":{"type":"boolean"},"none":{"type":"null"}},"required":["name","age","score","ok","none"]}`,
 	"optional":         `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},"c":{"type":"boolean"}},"required":["b"]}`,
-	"all-optional":     `{"type":"object","properties":{"x":{"type":"integer"},"y":{"type":"integer"}}}`,
+	"all-optional":     `{"type":"object","properties":{"x":{"type":"integer","exclusiveMinimum":-10},"y":{"type":"integer","maximum":-3}}}`,
 	"nested":           `{"type":"object","properties":{"user":{"type":"object","properties":{"id":{"type":"integer"},"address":{"type":"object","properties":{"city":{"type":"string","maxLength":12},"zip":{"type":"string","minLength":5,"maxLength":5}},"required":["city","zip"]}},"required":["id","address"]}},"required":["user"]}`,
 	"array":            `{"type":"array","items":{"type":"string","maxLength":8},"minItems":2,"maxItems":4}`,
 	"array-of-objects": `{"type":"object","properties":{"points":{"type":"array","items":{"type":"object","properties":{"x":{"type":"number"},"y":{"type":"number"}},"required":["x","y"]},"maxItems":3}},"required":["points"]}`,

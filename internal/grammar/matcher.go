@@ -57,7 +57,15 @@ func (m *Matcher) Accept(id int32) (err error) {
 		}
 		return m.err
 	}
-	defer catchAmbiguous(&err)
+	defer func() {
+		// recover must be called here, by the deferred function itself.
+		if p := recover(); p != nil {
+			if _, ok := p.(ambiguous); !ok {
+				panic(p)
+			}
+			err, m.err = ErrAmbiguous, ErrAmbiguous
+		}
+	}()
 	if m.terminated {
 		return fmt.Errorf("%w: %d after the end", ErrRejected, id)
 	}
@@ -137,16 +145,14 @@ func (m *Matcher) fillMask(mask []uint64) {
 			continue
 		}
 		cm := m.c.ctx(f, &m.w)
-		if cm.dense != nil {
-			for i, x := range cm.dense {
-				mask[i] |= x
-			}
+		cm.fill(mask)
+		// A context that holds the whole stack has nothing below it: its
+		// uncertain tokens would go on past the end of the grammar.
+		if f.depth <= ctxFrames {
+			continue
 		}
-		for _, id := range cm.sparse {
-			mask[id>>6] |= 1 << (id & 63)
-		}
-		if cm.uncertain != nil {
-			m.w.walk(cm.uncertain, stackSet{f}, mask, nil)
+		if t := cm.uncertainTrie(m.c.v); t != nil {
+			m.w.walk(t, stackSet{f}, mask, nil)
 		}
 	}
 	if canEnd {

@@ -74,6 +74,61 @@ func TestMaskMatchesAccept(t *testing.T) {
 	}
 }
 
+// TestMaskDeepStacks checks masks against Accept on stacks deeper than the
+// cached contexts, where the uncertain tokens are walked against the
+// frames below.
+func TestMaskDeepStacks(t *testing.T) {
+	g, err := FromGBNF(`root ::= "(" root ")" | "[" root "]," | "x" | "(" "x"* ")" | "\"" [^"]* "\""`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, vn := range []string{"stories260K", "llama-spm"} {
+		c := mustCompile(t, g, loadTok(t, vn))
+		m := c.NewMatcher()
+		mask := make([]uint64, c.MaskWords())
+		prefix := `((([[(([(("ab`
+		for i := 0; i < len(prefix); i++ {
+			var id int32 = -1
+			for tid, b := range c.v.bytes {
+				if len(b) == 1 && b[0] == prefix[i] {
+					id = int32(tid)
+					break
+				}
+			}
+			if err := m.Accept(id); err != nil {
+				t.Fatalf("%s: %q: %v", vn, prefix[:i+1], err)
+			}
+			if i < len(prefix)-5 {
+				continue
+			}
+			m.FillMask(mask)
+			n := 0
+			for tid := int32(0); int(tid) < c.VocabSize(); tid++ {
+				err := m.Accept(tid)
+				if (err == nil) != maskHas(mask, tid) {
+					t.Fatalf("%s after %q: token %q: mask %v, Accept %v", vn, prefix[:i+1], c.v.bytes[tid], maskHas(mask, tid), err)
+				}
+				if err == nil {
+					n++
+					_ = m.Rollback(1)
+				}
+			}
+			if n == 0 {
+				t.Fatalf("%s: nothing allowed", vn)
+			}
+		}
+		deepest := int32(0)
+		for _, f := range m.stacks {
+			if f != nil {
+				deepest = max(deepest, f.depth)
+			}
+		}
+		if deepest <= ctxFrames {
+			t.Fatalf("%s: stacks only %d deep", vn, deepest)
+		}
+	}
+}
+
 func TestAcceptRefuses(t *testing.T) {
 	tok := loadTok(t, "llama-spm")
 	g, err := FromJSONSchema(`{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}`)

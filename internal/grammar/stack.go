@@ -41,8 +41,13 @@ func newFrame(pos int32, parent *frame, a *arena) *frame {
 // recogniser would enumerate for ever; past a budget the advance gives up
 // with ErrAmbiguous rather than hang a decoding thread.
 type arena struct {
-	heap   bool
-	steps  int
+	heap  bool
+	steps int
+	// popped lists the frames this advance has already returned to. A
+	// return to the same frame always expands the same way, and nullable
+	// rules can reach one frame by many routes (three ways to skip each of
+	// ten copies of ("0"*){0,2} make 3^10), so each is expanded once.
+	popped []*frame
 	chunks [][]frame
 	chunk  int
 	used   int
@@ -127,6 +132,12 @@ func (g *Grammar) expand(pos int32, parent *frame, s stackSet, a *arena) stackSe
 		if parent == nil {
 			return s.add(nil)
 		}
+		for _, p := range a.popped {
+			if p == parent {
+				return s
+			}
+		}
+		a.popped = append(a.popped, parent)
 		return g.expand(parent.pos, parent.parent, s, a)
 	}
 	cont := parent
@@ -145,6 +156,8 @@ func (g *Grammar) expand(pos int32, parent *frame, s stackSet, a *arena) stackSe
 // the stacks in from.
 func (g *Grammar) advance(from stackSet, c byte, out stackSet, a *arena) stackSet {
 	a.steps = 0
+	clear(a.popped)
+	a.popped = a.popped[:0]
 	for _, f := range from {
 		if f == nil {
 			continue

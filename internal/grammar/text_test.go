@@ -214,3 +214,18 @@ func TestCache(t *testing.T) {
 		}
 	}
 }
+
+// TestNullableRepeats: nullable parts repeated reach the same frames by
+// exponentially many routes; each is expanded once, so this stays cheap.
+func TestNullableRepeats(t *testing.T) {
+	g, err := FromGBNF(`root ::= ("0"* | "1"?){0,2}{12} "x"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, g, loadTok(t, "stories260K"))
+	for s, want := range map[string]bool{"x": true, "0001110x": true, "1111111111111111111111111x": false, "0000": false} {
+		if got := acceptText(c, s, true) == nil; got != want {
+			t.Errorf("%q: got %v, want %v", s, got, want)
+		}
+	}
+}
