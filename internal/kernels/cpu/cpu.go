@@ -104,7 +104,7 @@ func (*Backend) Name() string { return "cpu" }
 func (b *Backend) Threads() int { return b.threads }
 
 // Features describes what was chosen at run time, e.g.
-// "avx2+fma+f16c, openblas 0.3.21 (Zen) for f32 n>=64, 2 threads".
+// "avx2+fma+f16c, openblas 0.3.21 (Zen) for f32 n>=64, dequantised n>=128, 2 threads".
 func (b *Backend) Features() string {
 	isa := "scalar"
 	if b.simd && cpuHasSIMD {
@@ -119,7 +119,8 @@ func (b *Backend) Features() string {
 		if len(cfg) >= 2 && strings.EqualFold(cfg[0], "openblas") {
 			ver = "openblas " + cfg[1]
 		}
-		blas = fmt.Sprintf("%s (%s) for f32 n>=%d", ver, C.GoString(C.bk_blas_corename()), b.blasMinN)
+		blas = fmt.Sprintf("%s (%s) for f32 n>=%d, dequantised n>=%d", ver, C.GoString(C.bk_blas_corename()), b.blasMinN,
+			max(b.blasMinN, deqBLASMinN))
 	}
 	return fmt.Sprintf("%s, %s, %d threads", isa, blas, b.threads)
 }
