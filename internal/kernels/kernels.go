@@ -350,6 +350,12 @@ type Backend interface {
 	Attention(out, q []float32, kv PagedKV, layer int, seqs []AttnSeq, heads int, scale float32)
 }
 
+// DTypeSupporter is a backend that multiplies only some weight dtypes;
+// one that does not implement it takes them all.
+type DTypeSupporter interface {
+	SupportsDType(DType) bool
+}
+
 // Resident is a backend that can keep activation buffers in memory of its
 // own (a GPU's) between calls, so that a forward pass copies in only its
 // inputs and copies out only what the host reads. A buffer is kept with

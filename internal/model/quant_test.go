@@ -280,3 +280,31 @@ func TestQuantizedGGUF(t *testing.T) {
 		}
 	}
 }
+
+// dtypeLimited is a backend that multiplies only f32 weights.
+type dtypeLimited struct{ kernels.Backend }
+
+func (dtypeLimited) SupportsDType(dt kernels.DType) bool { return dt == kernels.F32 }
+
+// TestLoadRefusesUnsupportedDTypes: a backend that cannot run a file's
+// weight dtypes (as CUDA with Q4_K) refuses the model at load time.
+func TestLoadRefusesUnsupportedDTypes(t *testing.T) {
+	c := Config{Arch: "llama", Vocab: 256, Dim: 256, Layers: 1, Heads: 4, KVHeads: 4, HeadDim: 64, FF: 256, ContextLength: 32,
+		NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
+	w, err := DummyWeights(&c, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requantize(w, func(string) kernels.DType { return kernels.Q4_K })
+	path := filepath.Join(t.TempDir(), "q4k.gguf")
+	writeGGUF(t, path, c, w)
+	_, err = Load(LoadOptions{Path: path}, dtypeLimited{ref.New()})
+	if err == nil || !strings.Contains(err.Error(), "q4_k") || !strings.Contains(err.Error(), "--device cpu") {
+		t.Fatalf("load of q4_k weights on an f32-only backend: %v", err)
+	}
+	l, err := Load(LoadOptions{Path: path}, ref.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Model.Close()
+}

@@ -41,6 +41,16 @@ func (w *Weights) vectors() [][]float32 {
 	return vs
 }
 
+// matrices are the weight matrices (Output may be Embed again).
+func (w *Weights) matrices() []*kernels.Matrix {
+	ms := []*kernels.Matrix{w.Embed, w.Output}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+	}
+	return ms
+}
+
 // Params counts the parameters.
 func (w *Weights) Params() int64 {
 	n := int64(0)
