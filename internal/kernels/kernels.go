@@ -26,6 +26,7 @@ const (
 	Q4_K
 	Q5_K
 	Q6_K
+	Q3_K
 )
 
 func (d DType) String() string {

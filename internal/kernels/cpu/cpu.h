@@ -20,6 +20,7 @@ enum {
   BK_Q4_K = 8,
   BK_Q5_K = 9,
   BK_Q6_K = 10,
+  BK_Q3_K = 11,
 };
 
 // Storage of one row of cols elements.

@@ -47,6 +47,7 @@ static layout lay(int dt) {
   case BK_Q4_K: return (layout){256, 144, 1};
   case BK_Q5_K: return (layout){256, 176, 1};
   case BK_Q6_K: return (layout){256, 210, 0};
+  case BK_Q3_K: return (layout){256, 110, 0};
   }
   return (layout){1, 0, 0};
 }
@@ -98,6 +99,19 @@ static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
   }
   const uint8_t *B = row + (s / 8) * l.bytes;
   int j = (int)(s % 8);
+  if (dt == BK_Q3_K) {
+    int h = j / 4, k = j % 4;
+    const uint8_t *hm = B, *qs = B + 32 + 32 * h, *sc = B + 96;
+    o->dw = hf(B + 108);
+    for (int t = 0; t < 2; t++) {
+      int g = 8 * h + 2 * k + t;
+      int lo = g < 8 ? sc[g % 8] & 15 : sc[g % 8] >> 4;
+      o->sc[t] = (lo | ((sc[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+    }
+    for (int e = 0; e < 32; e++)
+      o->q[e] = (int8_t)(((qs[e] >> (2 * k)) & 3) - (((hm[e] >> (4 * h + k)) & 1) ? 0 : 4));
+    return;
+  }
   if (dt == BK_Q6_K) {
     int h = j / 4, k = j % 4;
     const uint8_t *ql = B + 64 * h + 32 * (k % 2), *qh = B + 128 + 32 * h;
@@ -268,6 +282,17 @@ QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
     o->q = q;
     return;
   }
+  case BK_Q3_K: {
+    // The rarest format here: decoded by the scalar code, multiplied with
+    // the vector code.
+    qsub q;
+    decode_sub(dt, row, s, &q);
+    o->q = _mm256_loadu_si256((const __m256i *)q.q);
+    o->sc = _mm256_set_m128i(_mm_set1_epi16((short)q.sc[1]), _mm_set1_epi16((short)q.sc[0]));
+    o->dw = q.dw;
+    o->mw = 0;
+    return;
+  }
   case BK_Q6_K: {
     const uint8_t *B = row + (s / 8) * 210;
     int j = (int)(s % 8), h = j / 4, k = j % 4;
@@ -300,6 +325,7 @@ QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float
                                const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
                                int64_t cols, int64_t r0, int64_t r1) {
   int64_t rb = bk_quant_row_bytes(dt, cols), nb = cols / 32;
+  int64_t per = bk_quant_x_block(dt) / 32, nd = nb / per; // sub-blocks per x scale
   for (int64_t i0 = 0; i0 < n; i0 += QN) {
     int nn = n - i0 < QN ? (int)(n - i0) : QN;
     for (int64_t r = r0; r < r1; r++) {
@@ -316,11 +342,12 @@ QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float
         __m256i aq = _mm256_sign_epi8(o.q, o.q);
         for (int i = 0; i < nn; i++) {
           int64_t xi = (i0 + i) * nb + b;
+          float xd = d[(i0 + i) * nd + b / per];
           __m256i xq = _mm256_loadu_si256((const __m256i *)(qs + (i0 + i) * cols + 32 * b));
           __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xq, o.q));
           __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, o.sc));
-          acc[i] = _mm256_fmadd_ps(f, _mm256_set1_ps(o.dw * d[xi]), acc[i]);
-          accm[i] += o.mw * d[xi] * (float)s[xi];
+          acc[i] = _mm256_fmadd_ps(f, _mm256_set1_ps(o.dw * xd), acc[i]);
+          accm[i] += o.mw * xd * (float)s[xi];
         }
       }
       for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
@@ -362,6 +389,7 @@ DEQ_FOR(BK_Q5_1, deq_q5_1)
 DEQ_FOR(BK_Q4_K, deq_q4_k)
 DEQ_FOR(BK_Q5_K, deq_q5_k)
 DEQ_FOR(BK_Q6_K, deq_q6_k)
+DEQ_FOR(BK_Q3_K, deq_q3_k)
 
 void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t cols) {
   switch (dt) {
@@ -372,6 +400,7 @@ void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t c
   case BK_Q4_K: deq_q4_k(dst, row, cols); return;
   case BK_Q5_K: deq_q5_k(dst, row, cols); return;
   case BK_Q6_K: deq_q6_k(dst, row, cols); return;
+  case BK_Q3_K: deq_q3_k(dst, row, cols); return;
   }
   bk_quant_dequant_row(dst, row, dt, cols);
 }
@@ -482,6 +511,7 @@ QDOT_FOR(BK_Q4_0, qdot_q4_0)
 QDOT_FOR(BK_Q4_1, qdot_q4_1)
 QDOT_FOR(BK_Q5_0, qdot_q5_0)
 QDOT_FOR(BK_Q5_1, qdot_q5_1)
+QDOT_FOR(BK_Q3_K, qdot_q3_k)
 #define QDOTK_FOR(DT, NAME)                                                                    \
   QAVX2 static void NAME(float *out, const int8_t *qs, const float *d, const int32_t *s,        \
                          int64_t n, const uint8_t *w, int64_t rows, int64_t cols, int64_t r0,  \
@@ -506,6 +536,7 @@ void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32
     case BK_Q4_K: qdot_q4_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q5_K: qdot_q5_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q6_K: qdot_q6_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q3_K: qdot_q3_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     }
   }
 #else
