@@ -40,6 +40,7 @@ bench:
 
 # baton next to llama.cpp's llama-server on one GGUF (deploy/bench/peer.sh):
 #   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf [THREADS=2] [STREAMS="1 8 32"]
+#   (LLAMA_ARGS / BATON_ARGS in the environment add flags to either server)
 LLAMA_SERVER ?=
 MODEL ?=
 THREADS ?= $(shell nproc)

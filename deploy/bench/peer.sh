@@ -8,8 +8,10 @@
 #   deploy/bench/peer.sh [-b BATON] [-t THREADS] [-s "1 8 32"] [-i INPUT_LEN] [-o OUTPUT_LEN]
 #                        [-n PROMPTS_PER_STREAM] [-d OUTDIR] LLAMA_SERVER MODEL.gguf
 #
-# Machines shared with other work give noisy figures: compare only the
-# ratios of one run.
+# LLAMA_ARGS and BATON_ARGS add flags to either server (e.g. LLAMA_ARGS="--poll 0"
+# on a machine shared with other work, where llama.cpp's spinning threads
+# lose their time slices). Machines shared with other work give noisy
+# figures: compare only the ratios of one run.
 set -euo pipefail
 
 usage() {
@@ -105,15 +107,17 @@ bench() {
 }
 
 echo "model $model, $threads threads, streams: $streams, prompts $in_len tokens, outputs $out_len; logs in $outdir" >&2
+echo "load average now: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores" >&2
+# shellcheck disable=SC2086 # LLAMA_ARGS and BATON_ARGS are word lists
 "$llama" -m "$model" -t "$threads" -tb "$threads" -c "$ctx" -np "$maxs" --host 127.0.0.1 --port "$port" \
-	>"$outdir/llama-server.log" 2>&1 &
+	${LLAMA_ARGS:-} >"$outdir/llama-server.log" 2>&1 &
 pid=$!
 wait_up || { echo "peer.sh: llama-server did not start:" >&2; tail -5 "$outdir/llama-server.log" >&2; exit 1; }
 for s in $streams; do bench llama $s; done
 stop
 
 "$baton" serve --role standalone --model "$model" --threads "$threads" --host 127.0.0.1 --port "$port" \
-	--max-running-requests "$maxs" >"$outdir/baton.log" 2>&1 &
+	--max-running-requests "$maxs" ${BATON_ARGS:-} >"$outdir/baton.log" 2>&1 &
 pid=$!
 wait_up || { echo "peer.sh: baton did not start:" >&2; tail -5 "$outdir/baton.log" >&2; exit 1; }
 for s in $streams; do bench baton $s; done

@@ -26,6 +26,7 @@ const (
 	Q4_K
 	Q5_K
 	Q6_K
+	Q3_K
 )
 
 func (d DType) String() string {
@@ -348,6 +349,12 @@ type Backend interface {
 	// grouped-query heads (query head h reads KV head h/(heads/KVHeads)).
 	// out has the shape of q.
 	Attention(out, q []float32, kv PagedKV, layer int, seqs []AttnSeq, heads int, scale float32)
+}
+
+// DTypeSupporter is a backend that multiplies only some weight dtypes;
+// one that does not implement it takes them all.
+type DTypeSupporter interface {
+	SupportsDType(DType) bool
 }
 
 // Resident is a backend that can keep activation buffers in memory of its

@@ -30,6 +30,12 @@ import (
 //	      scales: element l (l < 32) of quarter k takes the low (k even) or
 //	      high (k odd) nibble of low byte l + 32·(k%2) and bits 2k..2k+1 of
 //	      high byte l; q-32.
+//	Q3_K  256 elements, 110 bytes: 32 bytes of high bits, 64 bytes of 2-bit
+//	      quants, 12 bytes packing sixteen 6-bit scales (see scaleQ3K), d.
+//	      Each half of 128 elements uses 32 quant bytes: element l of
+//	      quarter k takes bits 2k..2k+1 of byte l and, as its third bit, bit
+//	      4h+k of high byte l; q-4. Scale of elements 16g..16g+15: scale g,
+//	      minus 32.
 type dtypeDesc struct {
 	name  string
 	block int // elements per block
@@ -48,10 +54,22 @@ var dtypeInfo = [...]dtypeDesc{
 	Q4_K: {"q4_k", 256, 144},
 	Q5_K: {"q5_k", 256, 176},
 	Q6_K: {"q6_k", 256, 210},
+	Q3_K: {"q3_k", 256, 110},
 }
 
 // QuantDTypes are the block formats beyond Q8_0, in declaration order.
-var QuantDTypes = []DType{Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K}
+var QuantDTypes = []DType{Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K}
+
+// scaleQ3K unpacks scale g (0..15, before the -32) of a Q3_K block: low 4
+// bits from the low (g < 8) or high nibble of byte g%8, top 2 bits from
+// bits 2(g/4)..2(g/4)+1 of byte 8+g%4.
+func scaleQ3K(s []byte, g int) int {
+	lo := s[g%8] & 15
+	if g >= 8 {
+		lo = s[g%8] >> 4
+	}
+	return int(lo | (s[8+g%4]>>(2*(g/4))&3)<<4)
+}
 
 func half(b []byte) float32 { return F16ToF32(binary.LittleEndian.Uint16(b)) }
 
@@ -140,6 +158,21 @@ func decodeRow(dt DType, b []byte, dst []float32) {
 						}
 						v := int(nib|(qh[l]>>(2*k)&3)<<4) - 32
 						y[128*h+32*k+l] = d * float32(int8(sc[is+2*k])) * float32(v)
+					}
+				}
+			}
+		case Q3_K:
+			d := half(q[108:])
+			hm, qs, sc := q[:32], q[32:96], q[96:108]
+			for h := 0; h < 2; h++ {
+				for k := 0; k < 4; k++ {
+					for l := 0; l < 32; l++ {
+						v := int(qs[32*h+l]>>(2*k)&3) - 4
+						if hm[l]>>(4*h+k)&1 != 0 {
+							v += 4
+						}
+						g := 8*h + 2*k + l/16
+						y[128*h+32*k+l] = d * float32(scaleQ3K(sc, g)-32) * float32(v)
 					}
 				}
 			}
@@ -264,6 +297,36 @@ func encodeRow(dt DType, dst []byte, row []float32) {
 						*lb |= byte(q&15) << 4
 					}
 					o[128+32*h+l] |= byte(q>>4) << (2 * k)
+				}
+			}
+		case Q3_K:
+			var scale [16]float32
+			var smax float32
+			for g := 0; g < 16; g++ {
+				scale[g] = absMax(x[16*g:16*g+16]) / 3
+				smax = max(smax, scale[g])
+			}
+			d := rhalf(smax / 31)
+			binary.LittleEndian.PutUint16(o[108:], F32ToF16(d))
+			sc := o[96:108]
+			for g := 0; g < 16; g++ {
+				var v int
+				if d > 0 {
+					v = int(min(31, math.Ceil(float64(scale[g]/d))))
+				}
+				u := byte(v + 32)
+				if g < 8 {
+					sc[g] |= u & 15
+				} else {
+					sc[g%8] |= (u & 15) << 4
+				}
+				sc[8+g%4] |= (u >> 4) << (2 * (g / 4))
+				step := d * float32(v)
+				for e := 16 * g; e < 16*g+16; e++ {
+					q := quantLevel(x[e], step, -4, 3) + 4
+					h, k, l := e/128, e%128/32, e%32
+					o[32+32*h+l] |= byte(q&3) << (2 * k)
+					o[l] |= byte(q>>2) << (4*h + k)
 				}
 			}
 		default:

@@ -29,9 +29,9 @@ func TestQuantRoundTrip(t *testing.T) {
 			}
 			got := make([]float32, cols)
 			m.Row(0, got)
-			levels := map[DType]float32{Q4_0: 15, Q4_1: 15, Q5_0: 31, Q5_1: 31, Q4_K: 15, Q5_K: 31, Q6_K: 63}[dt]
+			levels := map[DType]float32{Q4_0: 15, Q4_1: 15, Q5_0: 31, Q5_1: 31, Q4_K: 15, Q5_K: 31, Q6_K: 63, Q3_K: 6}[dt]
 			sub := 32
-			if dt == Q6_K {
+			if dt == Q6_K || dt == Q3_K {
 				sub = 16
 			}
 			var worst float64
@@ -40,7 +40,7 @@ func TestQuantRoundTrip(t *testing.T) {
 				if dt == Q4_K || dt == Q5_K {
 					lo = min(lo, 0)
 				}
-				if dt == Q4_0 || dt == Q5_0 || dt == Q6_K {
+				if dt == Q4_0 || dt == Q5_0 || dt == Q6_K || dt == Q3_K {
 					a := max(-lo, hi)
 					lo, hi = -a, a
 				}
@@ -57,6 +57,16 @@ func TestQuantRoundTrip(t *testing.T) {
 						mmax = max(mmax, -min(l, 0))
 					}
 					slack = mmax / 63
+				}
+				// Q3_K's 16 scales are 6-bit multiples of d = (largest
+				// scale)/31, rounded up: a block's step grows by up to d.
+				if dt == Q3_K {
+					var amax float32
+					sb := b / 16 * 256
+					for j := sb; j < sb+256; j++ {
+						amax = max(amax, float32(math.Abs(float64(row[j]))))
+					}
+					slack = amax / 3 / 31
 				}
 				for i := b * sub; i < b*sub+sub; i++ {
 					err := math.Abs(float64(got[i] - row[i]))
@@ -144,4 +154,18 @@ func TestQuantLayout(t *testing.T) {
 	y = row(Q6_K, b)
 	check("q6_k[200]", y[200], 0.125*-3*float32(0x27-32))
 	check("q6_k[0]", y[0], 0) // scale 0
+
+	// Q3_K: d = 0.5. Element 200 is half 1, quarter 2, l = 8: low 2 bits
+	// from bits 4..5 of quant byte 32·1+8, third bit from bit 4·1+2 = 6 of
+	// high byte 8; scale group 8+2·2+0 = 12 takes the high nibble of scale
+	// byte 4 and bits 6..7 of scale byte 8: 0b10_0101 = 37, minus 32.
+	b = make([]byte, 110)
+	h(b[108:], 0.5)
+	b[32+40] = 0b11 << 4
+	b[8] = 1 << 6
+	b[96+4] = 0x5 << 4
+	b[96+8] = 0b10 << 6
+	y = row(Q3_K, b)
+	check("q3_k[200]", y[200], 0.5*5*3)
+	check("q3_k[0]", y[0], 0.5*-32*-4) // all zero bits: scale -32, quant -4
 }

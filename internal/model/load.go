@@ -106,6 +106,9 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 	default:
 		err = fmt.Errorf("model: unknown load format %q (auto, gguf, safetensors, dummy)", o.Format)
 	}
+	if err == nil {
+		err = checkDTypes(w, be)
+	}
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -113,6 +116,22 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 	m := New(c, w, be)
 	m.closer = f.Close
 	return &Loaded{Model: m, GGUF: f, Name: name, Format: format}, nil
+}
+
+// checkDTypes refuses, at load time, weights a backend cannot multiply
+// (the CUDA kernels take no ggml block format but Q8_0), rather than
+// letting the first request fail.
+func checkDTypes(w *Weights, be kernels.Backend) error {
+	s, ok := be.(kernels.DTypeSupporter)
+	if !ok {
+		return nil
+	}
+	for _, m := range w.matrices() {
+		if !s.SupportsDType(m.DType) {
+			return fmt.Errorf("model: the %s backend does not run %s weights; use --device cpu", be.Name(), m.DType)
+		}
+	}
+	return nil
 }
 
 // loadHF loads a Hugging Face model directory: config.json, the

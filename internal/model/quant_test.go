@@ -46,8 +46,8 @@ func requantize(w *Weights, pick func(kind string) kernels.DType) {
 
 // TestQuantizedModel runs a small llama whose weights mix the ggml block
 // formats the way quantised GGUF files do (Q4_K with attn_v, ffn_down and
-// the output in Q6_K, as in a Q4_K_M file; and one with the 32-element
-// formats) on the cpu backend and on the reference, which dequantises
+// the output in Q6_K, as in a Q4_K_M file; Q5_K_M and Q3_K_M-style mixes;
+// and one with the 32-element formats) on the cpu backend and on the reference, which dequantises
 // every row and multiplies in float64. A prefill of four sequences (float
 // products on dequantised tiles) agrees closely; a decode step of one
 // (activations quantised to 8 bits for integer dot products) within what
@@ -68,6 +68,17 @@ func TestQuantizedModel(t *testing.T) {
 				return kernels.Q6_K
 			}
 			return kernels.Q5_K
+		},
+		"q3_k_m": func(kind string) kernels.DType {
+			switch kind {
+			case "attn_v", "attn_output":
+				return kernels.Q5_K
+			case "ffn_down":
+				return kernels.Q4_K
+			case "output":
+				return kernels.Q6_K
+			}
+			return kernels.Q3_K
 		},
 		"legacy": func(kind string) kernels.DType {
 			return map[string]kernels.DType{"attn_q": kernels.Q4_0, "attn_k": kernels.Q4_1, "attn_v": kernels.Q5_0,
@@ -279,4 +290,32 @@ func TestQuantizedGGUF(t *testing.T) {
 			}
 		}
 	}
+}
+
+// dtypeLimited is a backend that multiplies only f32 weights.
+type dtypeLimited struct{ kernels.Backend }
+
+func (dtypeLimited) SupportsDType(dt kernels.DType) bool { return dt == kernels.F32 }
+
+// TestLoadRefusesUnsupportedDTypes: a backend that cannot run a file's
+// weight dtypes (as CUDA with Q4_K) refuses the model at load time.
+func TestLoadRefusesUnsupportedDTypes(t *testing.T) {
+	c := Config{Arch: "llama", Vocab: 256, Dim: 256, Layers: 1, Heads: 4, KVHeads: 4, HeadDim: 64, FF: 256, ContextLength: 32,
+		NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
+	w, err := DummyWeights(&c, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requantize(w, func(string) kernels.DType { return kernels.Q4_K })
+	path := filepath.Join(t.TempDir(), "q4k.gguf")
+	writeGGUF(t, path, c, w)
+	_, err = Load(LoadOptions{Path: path}, dtypeLimited{ref.New()})
+	if err == nil || !strings.Contains(err.Error(), "q4_k") || !strings.Contains(err.Error(), "--device cpu") {
+		t.Fatalf("load of q4_k weights on an f32-only backend: %v", err)
+	}
+	l, err := Load(LoadOptions{Path: path}, ref.New())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Model.Close()
 }

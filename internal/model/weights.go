@@ -41,6 +41,16 @@ func (w *Weights) vectors() [][]float32 {
 	return vs
 }
 
+// matrices are the weight matrices (Output may be Embed again).
+func (w *Weights) matrices() []*kernels.Matrix {
+	ms := []*kernels.Matrix{w.Embed, w.Output}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+	}
+	return ms
+}
+
 // Params counts the parameters.
 func (w *Weights) Params() int64 {
 	n := int64(0)
@@ -90,8 +100,10 @@ func dtypeOf(t gguf.Type) (kernels.DType, error) {
 		return kernels.Q5_K, nil
 	case gguf.TypeQ6_K:
 		return kernels.Q6_K, nil
+	case gguf.TypeQ3_K:
+		return kernels.Q3_K, nil
 	}
-	return 0, fmt.Errorf("tensor type %s is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K are)", t)
+	return 0, fmt.Errorf("tensor type %s is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K and Q6_K are)", t)
 }
 
 type ggufLoader struct {

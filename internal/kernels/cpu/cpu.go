@@ -104,7 +104,7 @@ func (*Backend) Name() string { return "cpu" }
 func (b *Backend) Threads() int { return b.threads }
 
 // Features describes what was chosen at run time, e.g.
-// "avx2+fma+f16c, openblas 0.3.21 (Zen) for f32 n>=64, 2 threads".
+// "avx2+fma+f16c, openblas 0.3.21 (Zen) for f32 n>=64, dequantised n>=128, 2 threads".
 func (b *Backend) Features() string {
 	isa := "scalar"
 	if b.simd && cpuHasSIMD {
@@ -119,7 +119,8 @@ func (b *Backend) Features() string {
 		if len(cfg) >= 2 && strings.EqualFold(cfg[0], "openblas") {
 			ver = "openblas " + cfg[1]
 		}
-		blas = fmt.Sprintf("%s (%s) for f32 n>=%d", ver, C.GoString(C.bk_blas_corename()), b.blasMinN)
+		blas = fmt.Sprintf("%s (%s) for f32 n>=%d, dequantised n>=%d", ver, C.GoString(C.bk_blas_corename()), b.blasMinN,
+			max(b.blasMinN, deqBLASMinN))
 	}
 	return fmt.Sprintf("%s, %s, %d threads", isa, blas, b.threads)
 }
@@ -196,7 +197,8 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 }
 
 // qdotMaxN: products with fewer x rows than this, with weights in one of
-// the ggml block formats, quantise x to 8 bits and use integer dot
+// the ggml block formats, quantise x to 8 bits (one scale per block of the
+// format: 32 elements, 256 for the K formats) and use integer dot
 // products (what a decode step of a few sequences is: bound by reading the
 // weights, which stay 4-6 bits a value all the way into the registers).
 // From this many rows on, gemm's dequantised tiles and float FMAs win.
@@ -204,13 +206,13 @@ const qdotMaxN = 4
 
 // qdot is MatMul through bk_quant_x and bk_qdot.
 func (b *Backend) qdot(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
-	nb := w.Cols / 32
+	block := int(C.bk_quant_x_block(C.int(w.DType)))
 	qs := make([]int8, n*w.Cols)
-	d := make([]float32, n*nb)
-	s := make([]int32, n*nb)
+	d := make([]float32, n*w.Cols/block)
+	s := make([]int32, n*w.Cols/32)
 	qp := (*C.int8_t)(unsafe.Pointer(unsafe.SliceData(qs)))
 	sp := (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(s)))
-	C.bk_quant_x(qp, fptr(d), sp, fptr(x), C.int64_t(n), C.int64_t(w.Cols))
+	C.bk_quant_x(qp, fptr(d), sp, fptr(x), C.int64_t(n), C.int64_t(w.Cols), C.int64_t(block))
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 		C.bk_qdot(b.simdFlag(), fptr(out), qp, fptr(d), sp, C.int64_t(n), (*C.uint8_t)(wp),
 			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))

@@ -20,6 +20,7 @@ enum {
   BK_Q4_K = 8,
   BK_Q5_K = 9,
   BK_Q6_K = 10,
+  BK_Q3_K = 11,
 };
 
 // Storage of one row of cols elements.
@@ -32,11 +33,14 @@ void bk_quant_dequant_row(float *dst, const uint8_t *row, int dtype, int64_t col
 // The same with AVX2 (x86-64 builds with SIMD only; same results).
 void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols);
 
-// bk_quant_x quantises n rows of x (cols each, a multiple of 32) to 8
-// bits in blocks of 32, as the integer dot products of the block formats
-// take them: qs (n*cols int8), d (one scale per block, n*cols/32) and s
-// (the sum of each block's quants).
-void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols);
+// bk_quant_x quantises n rows of x (cols each, a multiple of block) to 8
+// bits, as the integer dot products of the block formats take them: qs
+// (n*cols int8), d (one scale per block of `block` elements: n*cols/block)
+// and s (the sum of the quants of each 32 elements: n*cols/32). block is
+// bk_quant_x_block of the weight dtype.
+int bk_quant_x_block(int dtype);
+void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols,
+                int64_t block);
 
 // bk_qdot computes out[i*rows + r] for r0 <= r < r1 and i < n from x
 // quantised by bk_quant_x, for the ggml block formats other than Q8_0:

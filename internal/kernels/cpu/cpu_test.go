@@ -443,17 +443,19 @@ func TestConcurrentUse(t *testing.T) {
 	}
 }
 
-// qbound is how far a product with x quantised to 8 bits in blocks of 32
-// (bk_quant_x, the integer path of the ggml block formats) may be from the
-// exact one: each x element moves by at most half its block's step
-// amax/127, so the sum moves by at most Σ_blocks Σ|w|·step/2.
+// qbound is how far a product with x quantised to 8 bits (bk_quant_x, the
+// integer path of the ggml block formats: one scale per 32 elements, per
+// 256 for the K formats) may be from the exact one: each x element moves
+// by at most half its block's step amax/127, so the sum moves by at most
+// Σ_blocks Σ|w|·step/2.
 func qbound(w *kernels.Matrix, x []float32, i, r int) float64 {
 	row := make([]float32, w.Cols)
 	w.Row(r, row)
+	bs := min(w.DType.BlockSize(), 256)
 	var s float64
-	for b := 0; b < w.Cols/32; b++ {
+	for b := 0; b < w.Cols/bs; b++ {
 		var amax, wsum float64
-		for e := 32 * b; e < 32*b+32; e++ {
+		for e := bs * b; e < bs*b+bs; e++ {
 			amax = max(amax, math.Abs(float64(x[i*w.Cols+e])))
 			wsum += math.Abs(float64(row[e]))
 		}

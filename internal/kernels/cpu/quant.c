@@ -7,7 +7,10 @@
 // with a minimum), q a signed 8-bit integer and sc two small integer
 // scales (1 and 1 where a format has none). A dot product with quantised
 // activations x = xd * xq is then, per sub-block, an exact integer sum
-// Σ sc·q·xq scaled by dw·xd, plus mw·xd·Σxq.
+// Σ sc·q·xq scaled by dw·xd, plus mw·xd·Σxq. Activations share one scale
+// per block of the weight format (32 elements, or 256 for the K formats,
+// whose dw is one per 256 too): the SIMD kernels then add a whole K
+// super-block's integer sums before the one conversion to float.
 #define _GNU_SOURCE
 #include "cpu.h"
 
@@ -44,6 +47,7 @@ static layout lay(int dt) {
   case BK_Q4_K: return (layout){256, 144, 1};
   case BK_Q5_K: return (layout){256, 176, 1};
   case BK_Q6_K: return (layout){256, 210, 0};
+  case BK_Q3_K: return (layout){256, 110, 0};
   }
   return (layout){1, 0, 0};
 }
@@ -95,6 +99,19 @@ static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
   }
   const uint8_t *B = row + (s / 8) * l.bytes;
   int j = (int)(s % 8);
+  if (dt == BK_Q3_K) {
+    int h = j / 4, k = j % 4;
+    const uint8_t *hm = B, *qs = B + 32 + 32 * h, *sc = B + 96;
+    o->dw = hf(B + 108);
+    for (int t = 0; t < 2; t++) {
+      int g = 8 * h + 2 * k + t;
+      int lo = g < 8 ? sc[g % 8] & 15 : sc[g % 8] >> 4;
+      o->sc[t] = (lo | ((sc[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+    }
+    for (int e = 0; e < 32; e++)
+      o->q[e] = (int8_t)(((qs[e] >> (2 * k)) & 3) - (((hm[e] >> (4 * h + k)) & 1) ? 0 : 4));
+    return;
+  }
   if (dt == BK_Q6_K) {
     int h = j / 4, k = j % 4;
     const uint8_t *ql = B + 64 * h + 32 * (k % 2), *qh = B + 128 + 32 * h;
@@ -137,24 +154,30 @@ void bk_quant_dequant_row(float *dst, const uint8_t *row, int dt, int64_t cols) 
   }
 }
 
-void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols) {
-  int64_t nb = cols / 32;
+int bk_quant_x_block(int dt) { return lay(dt).block == 256 ? 256 : 32; }
+
+void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols,
+                int64_t block) {
+  int64_t nb = cols / 32, nd = cols / block;
   for (int64_t i = 0; i < n; i++) {
-    for (int64_t b = 0; b < nb; b++) {
-      const float *xb = x + i * cols + 32 * b;
-      int8_t *qb = qs + i * cols + 32 * b;
+    for (int64_t g = 0; g < nd; g++) {
+      const float *xg = x + i * cols + block * g;
       float amax = 0;
-      for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+      for (int64_t j = 0; j < block; j++) amax = fmaxf(amax, fabsf(xg[j]));
       float dd = amax / 127, id = dd != 0 ? 1 / dd : 0;
-      int32_t sum = 0;
-      for (int j = 0; j < 32; j++) {
-        int v = (int)lrintf(xb[j] * id);
-        v = v > 127 ? 127 : v < -127 ? -127 : v;
-        qb[j] = (int8_t)v;
-        sum += v;
+      d[i * nd + g] = dd;
+      for (int64_t b = g * block / 32; b < (g + 1) * block / 32; b++) {
+        const float *xb = x + i * cols + 32 * b;
+        int8_t *qb = qs + i * cols + 32 * b;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) {
+          int v = (int)lrintf(xb[j] * id);
+          v = v > 127 ? 127 : v < -127 ? -127 : v;
+          qb[j] = (int8_t)v;
+          sum += v;
+        }
+        s[i * nb + b] = sum;
       }
-      d[i * nb + b] = dd;
-      s[i * nb + b] = sum;
     }
   }
 }
@@ -163,6 +186,7 @@ static void qdot_scalar(float *out, const int8_t *qs, const float *d, const int3
                         const uint8_t *w, int dt, int64_t rows, int64_t cols, int64_t r0,
                         int64_t r1) {
   int64_t rb = bk_quant_row_bytes(dt, cols), nb = cols / 32;
+  int64_t per = bk_quant_x_block(dt) / 32, nd = nb / per; // sub-blocks per x scale
   float acc[n > 0 ? n : 1];
   qsub o;
   for (int64_t r = r0; r < r1; r++) {
@@ -174,7 +198,7 @@ static void qdot_scalar(float *out, const int8_t *qs, const float *d, const int3
         int32_t s0 = 0, s1 = 0;
         for (int e = 0; e < 16; e++) s0 += o.q[e] * xq[e];
         for (int e = 16; e < 32; e++) s1 += o.q[e] * xq[e];
-        float xd = d[i * nb + b];
+        float xd = d[i * nd + b / per];
         acc[i] += o.dw * xd * (float)(s0 * o.sc[0] + s1 * o.sc[1]) +
                   o.mw * xd * (float)s[i * nb + b];
       }
@@ -258,6 +282,17 @@ QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
     o->q = q;
     return;
   }
+  case BK_Q3_K: {
+    // The rarest format here: decoded by the scalar code, multiplied with
+    // the vector code.
+    qsub q;
+    decode_sub(dt, row, s, &q);
+    o->q = _mm256_loadu_si256((const __m256i *)q.q);
+    o->sc = _mm256_set_m128i(_mm_set1_epi16((short)q.sc[1]), _mm_set1_epi16((short)q.sc[0]));
+    o->dw = q.dw;
+    o->mw = 0;
+    return;
+  }
   case BK_Q6_K: {
     const uint8_t *B = row + (s / 8) * 210;
     int j = (int)(s % 8), h = j / 4, k = j % 4;
@@ -290,6 +325,7 @@ QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float
                                const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
                                int64_t cols, int64_t r0, int64_t r1) {
   int64_t rb = bk_quant_row_bytes(dt, cols), nb = cols / 32;
+  int64_t per = bk_quant_x_block(dt) / 32, nd = nb / per; // sub-blocks per x scale
   for (int64_t i0 = 0; i0 < n; i0 += QN) {
     int nn = n - i0 < QN ? (int)(n - i0) : QN;
     for (int64_t r = r0; r < r1; r++) {
@@ -306,11 +342,12 @@ QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float
         __m256i aq = _mm256_sign_epi8(o.q, o.q);
         for (int i = 0; i < nn; i++) {
           int64_t xi = (i0 + i) * nb + b;
+          float xd = d[(i0 + i) * nd + b / per];
           __m256i xq = _mm256_loadu_si256((const __m256i *)(qs + (i0 + i) * cols + 32 * b));
           __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xq, o.q));
           __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, o.sc));
-          acc[i] = _mm256_fmadd_ps(f, _mm256_set1_ps(o.dw * d[xi]), acc[i]);
-          accm[i] += o.mw * d[xi] * (float)s[xi];
+          acc[i] = _mm256_fmadd_ps(f, _mm256_set1_ps(o.dw * xd), acc[i]);
+          accm[i] += o.mw * xd * (float)s[xi];
         }
       }
       for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
@@ -352,6 +389,7 @@ DEQ_FOR(BK_Q5_1, deq_q5_1)
 DEQ_FOR(BK_Q4_K, deq_q4_k)
 DEQ_FOR(BK_Q5_K, deq_q5_k)
 DEQ_FOR(BK_Q6_K, deq_q6_k)
+DEQ_FOR(BK_Q3_K, deq_q3_k)
 
 void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t cols) {
   switch (dt) {
@@ -362,13 +400,17 @@ void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t c
   case BK_Q4_K: deq_q4_k(dst, row, cols); return;
   case BK_Q5_K: deq_q5_k(dst, row, cols); return;
   case BK_Q6_K: deq_q6_k(dst, row, cols); return;
+  case BK_Q3_K: deq_q3_k(dst, row, cols); return;
   }
   bk_quant_dequant_row(dst, row, dt, cols);
 }
 
 // The K formats a super-block at a time: scales and mins are unpacked once
-// per 256 elements, a 32-byte load of nibbles serves two sub-blocks, and
-// Q4_K/Q5_K quants (unsigned) go straight into maddubs.
+// per 256 elements, a 32-byte load of nibbles serves two sub-blocks,
+// Q4_K/Q5_K quants (unsigned) go straight into maddubs, and the integer
+// sums of the 8 sub-blocks (x has one scale per super-block) are added
+// before one conversion to float. Sums stay far inside int32: at most
+// 8 sub-blocks x 2 pairs x (32·127·2) x 128.
 QAVX2_INLINE void qdot_k_dt(int dt, float *out, const int8_t *qs, const float *d,
                             const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
                             int64_t cols, int64_t r0, int64_t r1) {
@@ -389,8 +431,11 @@ QAVX2_INLINE void qdot_k_dt(int dt, float *out, const int8_t *qs, const float *d
       for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *B = row + sb * bytes;
         const int64_t xb = 8 * sb; // first x block of this super-block
+        __m256i isum[QN];
+        for (int i = 0; i < QN; i++) isum[i] = _mm256_setzero_si256();
+        float dd;
         if (six) {
-          float dd = hf(B + 208);
+          dd = hf(B + 208);
           const int8_t *sc = (const int8_t *)(B + 192);
           for (int h = 0; h < 2; h++) {
             __m256i ql0 = _mm256_loadu_si256((const __m256i *)(B + 64 * h));
@@ -406,44 +451,49 @@ QAVX2_INLINE void qdot_k_dt(int dt, float *out, const int8_t *qs, const float *d
               __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * k + 1]),
                                              _mm_set1_epi16(sc[8 * h + 2 * k]));
               for (int i = 0; i < nn; i++) {
-                int64_t xi = (i0 + i) * nb + xb + 4 * h + k;
-                __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi));
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(x, q)), scv);
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dd * d[xi]), acc[i]);
+                const int8_t *xq = qs + (i0 + i) * cols + 256 * sb + 128 * h + 32 * k;
+                __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+                isum[i] = _mm256_add_epi32(
+                    isum[i],
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(x, q)), scv));
               }
             }
           }
-          continue;
-        }
-        float dd = hf(B), dmin = hf(B + 2);
-        int sc[8], mn[8];
-        for (int j = 0; j < 8; j++) scale_min_k(B + 4, j, &sc[j], &mn[j]);
-        for (int i = 0; i < nn; i++) {
-          int64_t x0 = (i0 + i) * nb + xb;
-          for (int j = 0; j < 8; j++)
-            accm[i] += -(dmin * (float)mn[j]) * d[x0 + j] * (float)s[x0 + j];
-        }
-        const uint8_t *qsb = B + (five ? 48 : 16);
-        __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(B + 16)) : _mm256_setzero_si256();
-        for (int p = 0; p < 4; p++) {
-          __m256i v = _mm256_loadu_si256((const __m256i *)(qsb + 32 * p));
-          __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-          if (five) {
-            __m256i one = _mm256_set1_epi8(1);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
-          }
-          __m256i slo = _mm256_set1_epi16((short)sc[2 * p]), shi = _mm256_set1_epi16((short)sc[2 * p + 1]);
+        } else {
+          dd = hf(B);
+          float dmin = hf(B + 2);
+          int sc[8], mn[8];
+          for (int j = 0; j < 8; j++) scale_min_k(B + 4, j, &sc[j], &mn[j]);
           for (int i = 0; i < nn; i++) {
-            int64_t xi = (i0 + i) * nb + xb + 2 * p;
-            __m256i xa = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi));
-            __m256i xc = _mm256_loadu_si256((const __m256i *)(qs + 32 * xi + 32));
-            __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xa), slo);
-            __m256i pc = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xc), shi);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_set1_ps(dd * d[xi]), acc[i]);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pc), _mm256_set1_ps(dd * d[xi + 1]), acc[i]);
+            const int32_t *xs = s + (i0 + i) * nb + xb;
+            int32_t m = 0;
+            for (int j = 0; j < 8; j++) m += mn[j] * xs[j];
+            accm[i] -= dmin * d[(i0 + i) * nsb + sb] * (float)m;
+          }
+          const uint8_t *qsb = B + (five ? 48 : 16);
+          __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(B + 16)) : _mm256_setzero_si256();
+          for (int p = 0; p < 4; p++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qsb + 32 * p));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (five) {
+              __m256i one = _mm256_set1_epi8(1);
+              lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+              hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+            }
+            __m256i slo = _mm256_set1_epi16((short)sc[2 * p]), shi = _mm256_set1_epi16((short)sc[2 * p + 1]);
+            for (int i = 0; i < nn; i++) {
+              const int8_t *xq = qs + (i0 + i) * cols + 256 * sb + 64 * p;
+              __m256i xa = _mm256_loadu_si256((const __m256i *)xq);
+              __m256i xc = _mm256_loadu_si256((const __m256i *)(xq + 32));
+              __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xa), slo);
+              __m256i pc = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xc), shi);
+              isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(pa, pc));
+            }
           }
         }
+        for (int i = 0; i < nn; i++)
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]),
+                                   _mm256_set1_ps(dd * d[(i0 + i) * nsb + sb]), acc[i]);
       }
       for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
     }
@@ -461,6 +511,7 @@ QDOT_FOR(BK_Q4_0, qdot_q4_0)
 QDOT_FOR(BK_Q4_1, qdot_q4_1)
 QDOT_FOR(BK_Q5_0, qdot_q5_0)
 QDOT_FOR(BK_Q5_1, qdot_q5_1)
+QDOT_FOR(BK_Q3_K, qdot_q3_k)
 #define QDOTK_FOR(DT, NAME)                                                                    \
   QAVX2 static void NAME(float *out, const int8_t *qs, const float *d, const int32_t *s,        \
                          int64_t n, const uint8_t *w, int64_t rows, int64_t cols, int64_t r0,  \
@@ -485,6 +536,7 @@ void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32
     case BK_Q4_K: qdot_q4_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q5_K: qdot_q5_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q6_K: qdot_q6_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q3_K: qdot_q3_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     }
   }
 #else

@@ -502,6 +502,16 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 
 // ---- weights ----
 
+// SupportsDType implements kernels.DTypeSupporter: the kernels cover the
+// float types and Q8_0, not the other ggml block formats.
+func (*Backend) SupportsDType(dt kernels.DType) bool {
+	switch dt {
+	case kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0:
+		return true
+	}
+	return false
+}
+
 // weight returns the device copy of w, uploading it the first time.
 func (b *Backend) weight(w *kernels.Matrix) *devMatrix {
 	key := weak.Make(w)
@@ -511,9 +521,7 @@ func (b *Backend) weight(w *kernels.Matrix) *devMatrix {
 	if err := w.Validate(); err != nil {
 		panic(err)
 	}
-	switch w.DType {
-	case kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0:
-	default:
+	if !b.SupportsDType(w.DType) {
 		panic(fmt.Sprintf("cuda: %s weights are not supported on this backend (f32, f16, bf16 and q8_0 are); use --device cpu", w.DType))
 	}
 	m := &devMatrix{dtype: w.DType, rows: w.Rows, cols: w.Cols, bytes: len(w.Data)}
