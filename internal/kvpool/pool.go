@@ -45,12 +45,12 @@ var (
 	// ErrDoubleRelease: the page was already released by this owner (or is
 	// free, or is named twice in one call). Always a bug in the caller.
 	ErrDoubleRelease = errors.New("kvpool: page released twice")
-	// ErrNoWriter: WriterDrained or ForceReclaim for a page with no writer
+	// ErrNoWriter: WriterDrained or WriterClosed for a page with no writer
 	// attached.
 	ErrNoWriter = errors.New("kvpool: no writer attached to page")
 	// ErrWriterAttached: AttachWriter for a page that already has a writer.
 	ErrWriterAttached = errors.New("kvpool: writer already attached to page")
-	// ErrNoProof: ForceReclaim without a proof. A timeout is not a proof, so
+	// ErrNoProof: WriterClosed without a proof. A timeout is not a proof, so
 	// the caller has to say what is.
 	ErrNoProof = errors.New("kvpool: force reclaim needs a proof that no write can land")
 )
@@ -142,15 +142,15 @@ type Stats struct {
 	AllocFailures uint64 // Alloc calls refused for lack of space
 	Releases      uint64 // successful Release calls
 	Drains        uint64 // successful WriterDrained calls
-	Reclaims      uint64 // successful ForceReclaim calls
+	Reclaims      uint64 // successful WriterClosed calls
 	PagesFreed    uint64 // pages returned to the free list
-	// ReleaseErrors counts refused Release, WriterDrained and ForceReclaim
+	// ReleaseErrors counts refused Release, WriterDrained and WriterClosed
 	// calls: double releases, wrong or stale tags, free pages, bad ids. Each
 	// is a bug in a caller, so tests assert it stays zero.
 	ReleaseErrors uint64
 }
 
-// ReclaimRecord remembers one ForceReclaim, so that an operator can see why
+// ReclaimRecord remembers one WriterClosed, so that an operator can see why
 // quarantined pages were freed without their writer's word.
 type ReclaimRecord struct {
 	Owner Owner
@@ -159,8 +159,8 @@ type ReclaimRecord struct {
 	Proof string
 }
 
-// maxReclaimRecords bounds the reclaim log: reclaims are rare, and the log
-// is for diagnosis, not accounting (Stats counts them all).
+// maxReclaimRecords bounds the reclaim log, which keeps the most recent
+// proofs for diagnosis, not accounting (Stats counts them all).
 const maxReclaimRecords = 64
 
 // page is the bookkeeping of one page. Kept small and in one slice so that
@@ -341,7 +341,7 @@ func (p *Pool) Stats() Stats {
 	return p.stats
 }
 
-// Reclaims returns the most recent ForceReclaim records, oldest first.
+// Reclaims returns the most recent WriterClosed records, oldest first.
 func (p *Pool) Reclaims() []ReclaimRecord {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
@@ -529,7 +529,7 @@ func (p *Pool) AttachWriter(owner Owner, pages []int32) error {
 
 // Release is the request letting go of its pages (it reached a terminal
 // state). A page no writer holds goes back to the free list; a page a writer
-// still holds goes to quarantine until WriterDrained or ForceReclaim. The
+// still holds goes to quarantine until WriterDrained or WriterClosed. The
 // call is all-or-nothing: any page that is not allocated to owner (free,
 // already released, someone else's, named twice) makes it change nothing and
 // return an error, which is counted as a bug.
@@ -593,13 +593,15 @@ func (p *Pool) WriterDrained(owner Owner, pages []int32) error {
 	return nil
 }
 
-// ForceReclaim drops the writer of these pages without its word, for when
-// the transport can prove no write can land any more (connection closed and
-// flushed, endpoint destroyed, peer process gone). proof says which; it is
-// kept in the reclaim log. A timeout is not a proof: without a proof the
-// pages stay quarantined, because a late write into a reused page corrupts
-// another request silently.
-func (p *Pool) ForceReclaim(owner Owner, pages []int32, proof string) error {
+// WriterClosed drops the writer of these pages on the transport's proof
+// that no write of it can land any more (connection closed and its
+// receiver joined, endpoint flushed and destroyed, peer process gone):
+// the normal end of a writer on a transport whose receiver writes the
+// pages, and the way out after a crash. proof says which; it is kept in
+// the reclaim log. A timeout is not a proof: without one the pages stay
+// quarantined, because a late write into a reused page corrupts another
+// request silently.
+func (p *Pool) WriterClosed(owner Owner, pages []int32, proof string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if proof == "" {

@@ -352,16 +352,16 @@ func TestDrainWrongOwner(t *testing.T) {
 	checkInvariants(t, p)
 }
 
-func TestForceReclaim(t *testing.T) {
+func TestWriterClosed(t *testing.T) {
 	p := newPool(t, 4, false)
 	a := quarantined(t, p, 1, 2)
 	// No proof, no free: a timeout alone must never reuse the pages.
-	wantErr(t, p.ForceReclaim(a.Owner, a.Pages, ""), ErrNoProof)
+	wantErr(t, p.WriterClosed(a.Owner, a.Pages, ""), ErrNoProof)
 	if p.Free() != 2 {
 		t.Fatalf("free %d after proofless reclaim", p.Free())
 	}
 	const proof = "tcp: connection to prefill-0 closed and receiver joined"
-	if err := p.ForceReclaim(a.Owner, a.Pages, proof); err != nil {
+	if err := p.WriterClosed(a.Owner, a.Pages, proof); err != nil {
 		t.Fatal(err)
 	}
 	if p.Free() != 4 {
@@ -380,7 +380,7 @@ func TestForceReclaim(t *testing.T) {
 	if err := p.AttachWriter(b.Owner, b.Pages); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.ForceReclaim(b.Owner, b.Pages, "endpoint destroyed"); err != nil {
+	if err := p.WriterClosed(b.Owner, b.Pages, "endpoint destroyed"); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, st := p.Owner(b.Pages[0]); st != PageAllocated {
@@ -402,7 +402,7 @@ func TestReclaimLogBounded(t *testing.T) {
 		if err := p.AttachWriter(a.Owner, a.Pages); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.ForceReclaim(a.Owner, a.Pages, "closed"); err != nil {
+		if err := p.WriterClosed(a.Owner, a.Pages, "closed"); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.Release(a.Owner, a.Pages); err != nil {
@@ -654,7 +654,7 @@ func TestConcurrent(t *testing.T) {
 				if writer && !drainFirst {
 					var err error
 					if rng.IntN(4) == 0 {
-						err = p.ForceReclaim(a.Owner, a.Pages, "test: peer gone")
+						err = p.WriterClosed(a.Owner, a.Pages, "test: peer gone")
 					} else {
 						err = p.WriterDrained(a.Owner, a.Pages)
 					}

@@ -187,7 +187,7 @@ func (e *Engine) Reserve(r *Request) error {
 		return err
 	}
 	if err := r.life.To(StateReserved, ""); err != nil {
-		_ = e.pool.ForceReclaim(a.Owner, prompt, "reservation never handed out")
+		_ = e.pool.WriterClosed(a.Owner, prompt, "reservation never handed out")
 		_ = e.pool.Release(a.Owner, a.Pages)
 		return err
 	}
@@ -846,7 +846,7 @@ func (e *Engine) WriterGone(r *Request, drained bool, proof string) bool {
 	if drained {
 		err = e.pool.WriterDrained(r.owner, pages)
 	} else {
-		err = e.pool.ForceReclaim(r.owner, pages, proof)
+		err = e.pool.WriterClosed(r.owner, pages, proof)
 	}
 	if r.life.State() == StateDraining {
 		e.must(r.life.To(StateAborted, ""))

@@ -20,7 +20,7 @@ import (
 
 // raceSink is a decode side in miniature for the race test: live
 // reservations for Admit, and Closed as the transport's drain proof, which
-// frees quarantined pages (kvpool.ForceReclaim with the proof) when the
+// frees quarantined pages (kvpool.WriterClosed with the proof) when the
 // drain guard is on.
 type raceSink struct {
 	pool  *kvpool.Pool
@@ -61,8 +61,8 @@ func (s *raceSink) Closed(k transfer.Key, proof string) {
 	s.closed[k] = proof
 	if a, ok := s.attached[k]; ok {
 		delete(s.attached, k)
-		if err := s.pool.ForceReclaim(a.Owner, a.Pages, proof); err != nil {
-			s.bad = append(s.bad, fmt.Sprintf("ForceReclaim(%v): %v", k, err))
+		if err := s.pool.WriterClosed(a.Owner, a.Pages, proof); err != nil {
+			s.bad = append(s.bad, fmt.Sprintf("WriterClosed(%v): %v", k, err))
 		}
 	}
 }
