@@ -18,18 +18,7 @@ func TestHTTPSecurityFlags(t *testing.T) {
 		{[]string{"--request-read-timeout", "0s"}, "must be positive"},
 		{[]string{"--request-read-timeout", "5s"}, ""},
 	} {
-		cmd := serveCmd()
-		var out bytes.Buffer
-		cmd.SetOut(&out)
-		cmd.SetErr(&out)
-		cmd.SetArgs(append([]string{"--dry-run"}, c.args...))
-		err := cmd.Execute()
-		switch {
-		case c.err == "" && err != nil:
-			t.Errorf("%v: %v", c.args, err)
-		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
-			t.Errorf("%v: error %v, want one saying %q", c.args, err, c.err)
-		}
+		dryRun(t, c.args, c.err, "")
 	}
 }
 
@@ -62,17 +51,26 @@ func TestInternalPlaneFlags(t *testing.T) {
 		{[]string{"--role", "router", "--prefill", "http://a:1", "--decode", "http://b:2", "--internal-tls-ca", good, "--cluster-secret-file", good}, "choose one"},
 		{[]string{"--host", "0.0.0.0"}, ""},
 	} {
-		cmd := serveCmd()
-		var out bytes.Buffer
-		cmd.SetOut(&out)
-		cmd.SetErr(&out)
-		cmd.SetArgs(append([]string{"--dry-run"}, c.args...))
-		err := cmd.Execute()
-		switch {
-		case c.err == "" && err != nil:
-			t.Errorf("%v: %v", c.args, err)
-		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
-			t.Errorf("%v: error %v, want one saying %q", c.args, err, c.err)
-		}
+		dryRun(t, c.args, c.err, "")
+	}
+}
+
+// dryRun runs serve --dry-run with args; wantErr, when set, is part of the
+// error it must fail with, else it must pass (printing wantOut if set).
+func dryRun(t *testing.T, args []string, wantErr, wantOut string) {
+	t.Helper()
+	cmd := serveCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(append([]string{"--dry-run"}, args...))
+	err := cmd.Execute()
+	switch {
+	case wantErr == "" && err != nil:
+		t.Errorf("%v: %v", args, err)
+	case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+		t.Errorf("%v: error %v, want one saying %q", args, err, wantErr)
+	case wantOut != "" && !strings.Contains(out.String(), wantOut):
+		t.Errorf("%v: %q, want %q", args, out.String(), wantOut)
 	}
 }

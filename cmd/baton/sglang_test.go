@@ -27,20 +27,7 @@ func TestSGLangFlagNames(t *testing.T) {
 			for k, v := range c.env {
 				t.Setenv(k, v)
 			}
-			cmd := serveCmd()
-			var out bytes.Buffer
-			cmd.SetOut(&out)
-			cmd.SetErr(&out)
-			cmd.SetArgs(append([]string{"--dry-run"}, c.args...))
-			err := cmd.Execute()
-			switch {
-			case c.err == "" && err != nil:
-				t.Errorf("%v: %v", c.args, err)
-			case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
-				t.Errorf("%v: error %v, want one saying %q", c.args, err, c.err)
-			case c.out != "" && !strings.Contains(out.String(), c.out):
-				t.Errorf("%v: %q, want %q", c.args, out.String(), c.out)
-			}
+			dryRun(t, c.args, c.err, c.out)
 		})
 	}
 	cmd := serveCmd()
