@@ -194,21 +194,7 @@ func TestCommitTokenCountChecked(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var sums []uint64
-		for i, pg := range res.Pages {
-			data := make([]byte, transfer.PackedSize(p.dPool.KV(), 4))
-			if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: 4, Data: data}); err != nil {
-				t.Fatal(err)
-			}
-			sums = append(sums, transfer.Checksum(data))
-		}
-		if err := sess.Flush(ctx); err != nil {
-			t.Fatal(err)
-		}
+		sess, sums := landZeros(t, ctx, p, res)
 		_, err = p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(claim), PageChecksums: sums,
 			FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr, Capability: res.Capability, SessionId: sidOf(sess)})
 		if err == nil {

@@ -42,24 +42,8 @@ func TestAbortRacesCommit(t *testing.T) {
 			events <- ev
 		}
 	}()
-	// The writer lands both pages (zeros: finite KV, checksums known).
-	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess, sums := landZeros(t, ctx, p, res)
 	defer sess.Close()
-	kv := p.dPool.KV()
-	var sums []uint64
-	for i, pg := range res.Pages {
-		data := make([]byte, transfer.PackedSize(kv, 4))
-		if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: 4, Data: data}); err != nil {
-			t.Fatal(err)
-		}
-		sums = append(sums, transfer.Checksum(data))
-	}
-	if err := sess.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
 	commit := &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(prompt)), PageChecksums: sums,
 		FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr, Capability: res.Capability, SessionId: sidOf(sess)}
 
@@ -103,4 +87,28 @@ func TestAbortRacesCommit(t *testing.T) {
 	if n := testutilCounter(t, p.dm, "baton_kv_read_gate_failures_total"); n != 0 {
 		t.Errorf("the engine read pages the abort had released: %v read-gate failures", n)
 	}
+}
+
+// landZeros opens a writer's session for res and lands every page full
+// (zeros: finite KV whose checksums are known), for a Commit to claim.
+func landZeros(t *testing.T, ctx context.Context, p *pair, res *pdv1.Reservation) (transfer.Session, []uint64) {
+	t.Helper()
+	sess, err := tcp.NewSender().Open(ctx, res.TransferAddr, resKey(res))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := int(p.layout.PageSize)
+	var sums []uint64
+	for i, pg := range res.Pages {
+		tokens := min(ps, int(res.PromptTokens)-i*ps)
+		data := make([]byte, transfer.PackedSize(p.dPool.KV(), tokens))
+		if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: tokens, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+		sums = append(sums, transfer.Checksum(data))
+	}
+	if err := sess.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return sess, sums
 }
