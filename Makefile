@@ -3,19 +3,27 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-peer lint proto clean
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-peer lint proto clean deps-run deps-test
+
+# What the machine needs beyond Go: installed from Debian's packages when
+# run as root, else the command to run is printed (deploy/local/deps.sh).
+deps-run:
+	@./deploy/local/deps.sh run
+
+deps-test:
+	@./deploy/local/deps.sh test
 
 build:
 	$(GO) build -o $(BIN) ./cmd/baton
 
-run: build
+run: deps-run build
 	PORT=$(PORT) ./deploy/local/pd.sh
 
 run-standalone: build
 	@echo "try: curl -s http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"stories260K\",\"prompt\":\"Once upon a time\",\"max_tokens\":64}'"
 	./$(BIN) serve --role standalone --host 127.0.0.1 --port $(PORT) --kv-poison
 
-test: build
+test: deps-test build
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(PKGS)
 	$(GO) test -race -count=1 -timeout 5m ./internal/roles/ ./internal/kvpool/ ./internal/auth/ ./internal/transfer/tcp/
