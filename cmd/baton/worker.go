@@ -72,7 +72,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			sender = s
 		}
 		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: sender, Transport: f.transport,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, Log: le.log})
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, Identity: le.identity(), Log: le.log})
 		p.SetAddr(grpcAddr)
 		defer p.Close()
 		pdv1.RegisterPrefillServer(gs, p)
@@ -81,7 +81,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		eng = le.engine(f, scheduler.RoleDecode, ms)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Transport: f.transport,
-			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer, Auth: plane, Log: le.log})
+			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer, Auth: plane, Identity: le.identity(), Log: le.log})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver
 		if f.transport == "ucx" {
@@ -143,4 +143,9 @@ func advertised(f *serveFlags, addr string) string {
 	}
 	_, port, _ := net.SplitHostPort(addr)
 	return net.JoinHostPort(f.advertiseHost, port)
+}
+
+// identity is what this worker serves, for the router to compare.
+func (le *loadedEngine) identity() roles.Identity {
+	return roles.Identity{ServedModel: le.name, Tokenizer: le.tok.Fingerprint()}
 }

@@ -181,6 +181,12 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set, o HTTPOptions) h
 	return mux
 }
 
+// Identity is what a worker serves: the model name clients use and its
+// tokenizer's fingerprint (tokenizer.Tokenizer.Fingerprint).
+type Identity struct {
+	ServedModel, Tokenizer string
+}
+
 // describeAuth says how peers are authenticated, for Info and /server_info.
 func describeAuth(p *auth.Plane) string {
 	if p == nil {

@@ -58,6 +58,8 @@ type DecodeOptions struct {
 	// Reserve may hold at once (0: no bound), so that one member gone
 	// wrong cannot take the whole pool.
 	MaxReservationsPerPeer, MaxPagesPerPeer int
+	// Identity is what the worker serves, reported in Info.
+	Identity Identity
 	// Auth authenticates this worker's calls to prefill workers (nil:
 	// plaintext, tests on loopback).
 	Auth *auth.Plane
@@ -166,6 +168,7 @@ func (d *Decode) WorkerInfo() *pdv1.WorkerInfo {
 		Running: uint32(running), Queued: uint32(queued), Transport: d.transport(), GrpcAddr: d.grpcAddr}
 	info.TransferAddr = d.transferAddr
 	info.InternalAuth = describeAuth(d.o.Auth)
+	info.ServedModel, info.TokenizerFingerprint = d.o.Identity.ServedModel, d.o.Identity.Tokenizer
 	poolInfo(info, d.o.Pool)
 	return info
 }

@@ -31,6 +31,8 @@ type PrefillOptions struct {
 	Sender                transfer.Sender
 	Transport             string // the Sender's name ("tcp" if empty); must match Reservation.transport
 	ContextLength, MaxSeq int
+	// Identity is what the worker serves, reported in Info.
+	Identity Identity
 	// Auth authenticates this worker's calls to decode workers (nil:
 	// plaintext, tests on loopback).
 	Auth *auth.Plane
@@ -108,7 +110,8 @@ func (p *Prefill) Close() { p.peers.close() }
 func (p *Prefill) WorkerInfo() *pdv1.WorkerInfo {
 	running, queued := p.o.Engine.Load()
 	info := &pdv1.WorkerInfo{Role: "prefill", Layout: p.o.Layout, ContextLength: uint32(p.o.ContextLength), MaxSequenceTokens: uint32(p.o.MaxSeq),
-		Running: uint32(running), Queued: uint32(queued), Transport: p.transport(), GrpcAddr: p.grpcAddr, InternalAuth: describeAuth(p.o.Auth)}
+		Running: uint32(running), Queued: uint32(queued), Transport: p.transport(), GrpcAddr: p.grpcAddr, InternalAuth: describeAuth(p.o.Auth),
+		ServedModel: p.o.Identity.ServedModel, TokenizerFingerprint: p.o.Identity.Tokenizer}
 	poolInfo(info, p.o.Pool)
 	return info
 }

@@ -59,6 +59,10 @@ type Options struct {
 	// ResolveInterval is how often dns+http names are looked up again
 	// (default 5 s; a name without workers is looked up at every probe).
 	ResolveInterval time.Duration
+	// ModelName and TokenizerFingerprint are what the router serves: a
+	// worker reporting another served model or another tokenizer is not
+	// paired (empty: not checked).
+	ModelName, TokenizerFingerprint string
 	// Auth proves the router to the workers and checks that each is the
 	// role it is configured as; nil dials in plaintext (tests on loopback).
 	Auth *auth.Plane

@@ -174,6 +174,10 @@ func (r *Router) probe(parent context.Context, w *worker) {
 		unhealthy(fmt.Errorf("configured as a %s worker but Info says its role is %q", w.role, info.Role))
 		return
 	}
+	if why := r.identityDiff(info); why != "" {
+		unhealthy(errors.New(why))
+		return
+	}
 	r.mu.Lock()
 	if w.conn != conn { // replaced by a concurrent probe or Close
 		r.mu.Unlock()
@@ -303,4 +307,19 @@ func dialAddr(advertised, base string) (string, error) {
 		host = u.Hostname()
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// identityDiff says how a worker's served model or tokenizer differs from
+// the router's, or "": the router tokenizes every prompt and names the
+// model in every answer, so a worker that tokenizes differently would
+// compute text nobody asked for under a name it does not serve.
+func (r *Router) identityDiff(info *pdv1.WorkerInfo) string {
+	switch {
+	case r.o.ModelName != "" && info.ServedModel != "" && info.ServedModel != r.o.ModelName:
+		return fmt.Sprintf("serves model %q, the router serves %q (give both the same --model or --served-model-name)", info.ServedModel, r.o.ModelName)
+	case r.o.TokenizerFingerprint != "" && info.TokenizerFingerprint != "" && info.TokenizerFingerprint != r.o.TokenizerFingerprint:
+		return fmt.Sprintf("tokenizes with another tokenizer (fingerprint %s, the router's %s): give the router the workers' --model or --tokenizer",
+			info.TokenizerFingerprint, r.o.TokenizerFingerprint)
+	}
+	return ""
 }

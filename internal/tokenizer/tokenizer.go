@@ -27,6 +27,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/batonlm/baton/internal/gguf"
 )
@@ -81,6 +82,9 @@ type Tokenizer struct {
 	ignoreMerges bool
 
 	chatTemplate string
+
+	fpOnce sync.Once
+	fp     string // Fingerprint, computed once
 
 	// hf is set for tokenizers built from tokenizer.json: how each text
 	// run is normalized, and merges (above) are applied by rank for

@@ -166,8 +166,13 @@ type WorkerInfo struct {
 	TransferAddr      string                 `protobuf:"bytes,12,opt,name=transfer_addr,json=transferAddr,proto3" json:"transfer_addr,omitempty"` // decode: where its transport receiver listens
 	GrpcAddr          string                 `protobuf:"bytes,13,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
 	InternalAuth      string                 `protobuf:"bytes,14,opt,name=internal_auth,json=internalAuth,proto3" json:"internal_auth,omitempty"` // how peers are authenticated: "mtls", "secret", "none (...)"
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// What the worker serves, for the router to compare with its own: the
+	// model name clients use, and the tokenizer's fingerprint (token ids
+	// mean the same on both sides only if these agree).
+	ServedModel          string `protobuf:"bytes,15,opt,name=served_model,json=servedModel,proto3" json:"served_model,omitempty"`
+	TokenizerFingerprint string `protobuf:"bytes,16,opt,name=tokenizer_fingerprint,json=tokenizerFingerprint,proto3" json:"tokenizer_fingerprint,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *WorkerInfo) Reset() {
@@ -294,6 +299,20 @@ func (x *WorkerInfo) GetGrpcAddr() string {
 func (x *WorkerInfo) GetInternalAuth() string {
 	if x != nil {
 		return x.InternalAuth
+	}
+	return ""
+}
+
+func (x *WorkerInfo) GetServedModel() string {
+	if x != nil {
+		return x.ServedModel
+	}
+	return ""
+}
+
+func (x *WorkerInfo) GetTokenizerFingerprint() string {
+	if x != nil {
+		return x.TokenizerFingerprint
 	}
 	return ""
 }
@@ -1423,7 +1442,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x06layers\x18\x04 \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\x05 \x01(\rR\akvHeads\x12\x19\n" +
 	"\bhead_dim\x18\x06 \x01(\rR\aheadDim\"\r\n" +
-	"\vInfoRequest\"\xe9\x03\n" +
+	"\vInfoRequest\"\xc1\x04\n" +
 	"\n" +
 	"WorkerInfo\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12-\n" +
@@ -1443,7 +1462,9 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\ttransport\x18\v \x01(\tR\ttransport\x12#\n" +
 	"\rtransfer_addr\x18\f \x01(\tR\ftransferAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\r \x01(\tR\bgrpcAddr\x12#\n" +
-	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\"\xc4\x05\n" +
+	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\x12!\n" +
+	"\fserved_model\x18\x0f \x01(\tR\vservedModel\x123\n" +
+	"\x15tokenizer_fingerprint\x18\x10 \x01(\tR\x14tokenizerFingerprint\"\xc4\x05\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
