@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/batonlm/baton/test/harness"
 )
 
 // slowModel writes a config for a dummy model slow enough on CPU (tens of
@@ -112,10 +114,8 @@ func TestGracefulShutdownStandalone(t *testing.T) {
 func TestGracefulShutdownDecodeWorker(t *testing.T) {
 	cfg := slowModel(t)
 	args := []string{"--model", cfg, "--load-format", "dummy", "--served-model-name", "dummy"}
-	c := startCluster(t, 1, 1, args, nil)
-	// The router serves the model name from its own flags.
-	_ = c.Router.Stop()
-	c.Router = startServer(t, "--role", "router", "--served-model-name", "dummy", "--prefill", c.Prefill[0].URL, "--decode", c.Decode[0].URL)
+	// The router serves the workers' model name, or it would not pair with them.
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, WorkerArgs: args, RouterArgs: []string{"--served-model-name", "dummy"}})
 	resp, sc := streamUntilFirstChunk(t, c.Router.URL, 30)
 	defer resp.Body.Close()
 	d := c.Decode[0]
