@@ -221,10 +221,17 @@ void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype, int64_t 
 
 /* --------------------------------------------------------------- MatMul */
 
-// The scalar fallback dequantises one weight row at a time and multiplies
-// it with every x row of a block that stays in cache.
+// The scalar fallback, and the SIMD path for a few x rows, take weight rows
+// MR at a time ("a panel"): non-f32 panels are dequantised into a float
+// buffer and multiplied with every x row of a block that stays in cache,
+// NR x rows per micro-kernel call (dot products, summed across lanes at
+// the end). Long rows are cut into KC-column slices so that a panel and NR
+// x rows stay in L1.
 #define XBLOCK_BYTES (192 * 1024)
+#define MR 4
 #define NR 3
+#define KC 512      // column slice (a multiple of 256: whole blocks of every format)
+#define KC_MAX 1024 // rows up to this long are not sliced
 
 static int64_t x_block_rows(int64_t n, int64_t cols) {
   int64_t nb = XBLOCK_BYTES / (4 * cols);
@@ -266,12 +273,68 @@ AVX2_INLINE float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Four sums in one vector: lane i is the sum of v[i].
+AVX2_INLINE __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d) {
+  __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+  __m256 t = _mm256_hadd_ps(ab, cd);
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
 // Eight sums in one vector: lane i is the sum of v[i].
 AVX2_INLINE __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5,
                            __m256 v6, __m256 v7) {
   __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
   __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v4, v5), _mm256_hadd_ps(v6, v7));
   return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// Micro-kernel: the MR x NR dot products of 4 float rows w0..w3 and 3 x
+// rows; out[j*ldo + i] = wi·xj. Rows past the end are passed as duplicates
+// and their results dropped by the caller via nw/nx.
+AVX2 static void mk_f32(const float *w, int64_t ldw, int nw, const float *x, int64_t ldx, int nx,
+                        int64_t cols, float *out, int64_t ldo, int accumulate) {
+  const float *w0 = w, *w1 = w + (nw > 1 ? ldw : 0), *w2 = w + (nw > 2 ? 2 * ldw : 0),
+              *w3 = w + (nw > 3 ? 3 * ldw : 0);
+  const float *x0 = x, *x1 = x + (nx > 1 ? ldx : 0), *x2 = x + (nx > 2 ? 2 * ldx : 0);
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00,
+         a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+  int64_t k = 0;
+  for (; k + 8 <= cols; k += 8) {
+    __m256 y0 = _mm256_loadu_ps(x0 + k), y1 = _mm256_loadu_ps(x1 + k),
+           y2 = _mm256_loadu_ps(x2 + k);
+    __m256 v = _mm256_loadu_ps(w0 + k);
+    a00 = _mm256_fmadd_ps(v, y0, a00);
+    a01 = _mm256_fmadd_ps(v, y1, a01);
+    a02 = _mm256_fmadd_ps(v, y2, a02);
+    v = _mm256_loadu_ps(w1 + k);
+    a10 = _mm256_fmadd_ps(v, y0, a10);
+    a11 = _mm256_fmadd_ps(v, y1, a11);
+    a12 = _mm256_fmadd_ps(v, y2, a12);
+    v = _mm256_loadu_ps(w2 + k);
+    a20 = _mm256_fmadd_ps(v, y0, a20);
+    a21 = _mm256_fmadd_ps(v, y1, a21);
+    a22 = _mm256_fmadd_ps(v, y2, a22);
+    v = _mm256_loadu_ps(w3 + k);
+    a30 = _mm256_fmadd_ps(v, y0, a30);
+    a31 = _mm256_fmadd_ps(v, y1, a31);
+    a32 = _mm256_fmadd_ps(v, y2, a32);
+  }
+  float r[3][4];
+  _mm_storeu_ps(r[0], hsum4x8(a00, a10, a20, a30));
+  _mm_storeu_ps(r[1], hsum4x8(a01, a11, a21, a31));
+  _mm_storeu_ps(r[2], hsum4x8(a02, a12, a22, a32));
+  for (; k < cols; k++) {
+    const float *wr[4] = {w0, w1, w2, w3}, *xr[3] = {x0, x1, x2};
+    for (int j = 0; j < 3; j++)
+      for (int i = 0; i < 4; i++) r[j][i] += wr[i][k] * xr[j][k];
+  }
+  if (accumulate) {
+    for (int j = 0; j < nx; j++)
+      for (int i = 0; i < nw; i++) out[j * ldo + i] += r[j][i];
+  } else {
+    for (int j = 0; j < nx; j++)
+      for (int i = 0; i < nw; i++) out[j * ldo + i] = r[j][i];
+  }
 }
 
 #define LD_F32(p) _mm256_loadu_ps((const float *)(p))
@@ -353,6 +416,38 @@ AVX2 static void gemv_avx2(float *out, const float *x, const uint8_t *w, int dty
     case BK_F16: out[r] = row1_f16(wr, x, cols); break;
     case BK_BF16: out[r] = row1_bf16(wr, x, cols); break;
     case BK_Q8_0: out[r] = row1_q8(wr, x, cols); break;
+    }
+  }
+}
+
+// Products of a few x rows (2 <= n < the gemm's threshold): the 4x3
+// dot-product micro-kernel needs 7 loads per 12 FMAs where the gemm's,
+// with one x vector of 8 rows live, needs 7 per 6.
+AVX2 static void dotmm_avx2(float *out, const float *x, int64_t n, const uint8_t *w, int dtype,
+                            int64_t rows, int64_t cols, int64_t r0, int64_t r1, float *buf) {
+  int64_t rb = row_bytes(dtype, cols);
+  int64_t kc = cols <= KC_MAX ? cols : KC;
+  int64_t nb = x_block_rows(n, kc < cols ? 2 * kc : cols);
+  for (int64_t i0 = 0; i0 < n; i0 += nb) {
+    int64_t i1 = i0 + nb < n ? i0 + nb : n;
+    for (int64_t r = r0; r < r1; r += MR) {
+      int nw = r1 - r < MR ? (int)(r1 - r) : MR;
+      for (int64_t k0 = 0; k0 < cols; k0 += kc) {
+        int64_t kl = cols - k0 < kc ? cols - k0 : kc;
+        int64_t koff = row_bytes(dtype, k0); // k0 is a multiple of 32
+        const float *panel = buf;
+        int64_t ldw = kl;
+        if (dtype == BK_F32) {
+          panel = (const float *)(w + r * rb + koff);
+          ldw = cols;
+        } else {
+          for (int i = 0; i < nw; i++) deq_row_avx2(buf + i * kl, w + (r + i) * rb + koff, dtype, kl);
+        }
+        for (int64_t i = i0; i < i1; i += NR) {
+          int nx = i1 - i < NR ? (int)(i1 - i) : NR;
+          mk_f32(panel, ldw, nw, x + i * cols + k0, cols, nx, kl, out + i * rows + r, rows, k0 > 0);
+        }
+      }
     }
   }
 }
@@ -505,11 +600,10 @@ void bk_matmul(int simd, float *out, const float *x, int64_t n, const uint8_t *w
       gemv_avx2(out, x, w, dtype, cols, r0, r1);
       return;
     }
-    float *xp = malloc(sizeof(float) * 16 * cols * ((n + 15) / 16));
-    if (!xp) abort();
-    bk_pack_x(xp, x, n, cols, 0, (n + 15) / 16);
-    gemm_avx2(out, xp, n, w, dtype, rows, cols, r0, r1);
-    free(xp);
+    float *buf = malloc(sizeof(float) * MR * (cols <= KC_MAX ? cols : KC));
+    if (!buf) abort();
+    dotmm_avx2(out, x, n, w, dtype, rows, cols, r0, r1, buf);
+    free(buf);
     return;
   }
 #endif

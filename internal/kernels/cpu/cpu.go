@@ -186,7 +186,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		b.qdot(out, x, n, w, wp, work)
 		return
 	}
-	if n >= 2 && b.simd && cpuHasSIMD {
+	if n >= gemmMinN && b.simd && cpuHasSIMD {
 		b.gemm(out, x, n, w, wp, work)
 		return
 	}
@@ -219,11 +219,19 @@ func (b *Backend) qdot(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 	})
 }
 
+// gemmMinN: from this many x rows on, products use the packed-x gemm;
+// below, bk_matmul's dot-product kernel. With 8 or fewer rows the gemm has
+// one x vector live and needs 7 loads per 6 FMAs (the dot-product kernel 7
+// per 12), and from 9 to 15 rows it pads to 16; on a shared machine the
+// two measured within noise of each other there, so the older kernel keeps
+// the small batches.
+const gemmMinN = 16
+
 // packs holds the buffers x is packed into for gemm, so a forward pass
 // reuses them rather than allocating one per product.
 var packs sync.Pool
 
-// gemm is MatMul for n >= 2 on the SIMD path: x is packed once (in
+// gemm is MatMul for n >= gemmMinN on the SIMD path: x is packed once (in
 // parallel, by panels of 16 rows), then each range of weight rows is one C
 // call that reads its weights once for all n rows.
 func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {

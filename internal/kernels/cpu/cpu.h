@@ -79,7 +79,7 @@ void bk_matmul(int simd, float *out, const float *x, int64_t n,
 // zero past row n). It writes panels [p0, p1) of (n+15)/16.
 void bk_pack_x(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, int64_t p1);
 
-// bk_gemm is bk_matmul's product for n >= 2 on x packed by bk_pack_x, with
+// bk_gemm is bk_matmul's product for many rows (n >= 2) on x packed by bk_pack_x, with
 // the SIMD kernels (only call it when bk_init returned 1). Each weight row
 // of [r0, r1) is read (and dequantised) once per block of x rows that fits
 // in L2, for all rows of the block.
