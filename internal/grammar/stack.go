@@ -197,12 +197,3 @@ func hasEmpty(s stackSet) bool {
 	}
 	return false
 }
-
-func hasLive(s stackSet) bool {
-	for _, f := range s {
-		if f != nil {
-			return true
-		}
-	}
-	return false
-}

@@ -31,6 +31,14 @@ func RandMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) *kernels.Matri
 		for i := 0; i < rows*cols; i++ {
 			binary.LittleEndian.PutUint16(d[2*i:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
 		}
+	case kernels.Q8_0:
+		for b := 0; b < rows*cols/32; b++ {
+			blk := d[34*b:]
+			binary.LittleEndian.PutUint16(blk, kernels.F32ToF16(float32(0.001+0.05*rng.Float64())))
+			for j := 0; j < 32; j++ {
+				blk[2+j] = byte(int8(rng.IntN(255) - 127))
+			}
+		}
 	default: // the ggml block formats: normal values through the quantiser
 		row := make([]float32, cols)
 		rb := dt.RowBytes(cols)
@@ -39,14 +47,6 @@ func RandMatrix(rng *rand.Rand, dt kernels.DType, rows, cols int) *kernels.Matri
 				row[i] = float32(rng.NormFloat64())
 			}
 			kernels.EncodeRow(d[r*rb:(r+1)*rb], row, dt)
-		}
-	case kernels.Q8_0:
-		for b := 0; b < rows*cols/32; b++ {
-			blk := d[34*b:]
-			binary.LittleEndian.PutUint16(blk, kernels.F32ToF16(float32(0.001+0.05*rng.Float64())))
-			for j := 0; j < 32; j++ {
-				blk[2+j] = byte(int8(rng.IntN(255) - 127))
-			}
 		}
 	}
 	return m
