@@ -22,17 +22,8 @@ type tokenizeResponse struct {
 // would tokenize it, {"messages"} as chat would (template and all), so a
 // client can count what a request will cost before sending it.
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
-	body, e := s.readBody(w, r)
+	f, e := s.readFields(w, r)
 	if e != nil {
-		openai.WriteError(w, e)
-		return
-	}
-	var f map[string]json.RawMessage
-	if err := json.Unmarshal(body, &f); err != nil || f == nil {
-		openai.WriteError(w, openai.BadRequest("request body must be a JSON object", ""))
-		return
-	}
-	if e := s.checkModelField(f["model"]); e != nil {
 		openai.WriteError(w, e)
 		return
 	}
@@ -77,17 +68,8 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 
 // detokenize answers POST /detokenize: {"tokens"} back to text.
 func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
-	body, e := s.readBody(w, r)
+	f, e := s.readFields(w, r)
 	if e != nil {
-		openai.WriteError(w, e)
-		return
-	}
-	var f map[string]json.RawMessage
-	if err := json.Unmarshal(body, &f); err != nil || f == nil {
-		openai.WriteError(w, openai.BadRequest("request body must be a JSON object", ""))
-		return
-	}
-	if e := s.checkModelField(f["model"]); e != nil {
 		openai.WriteError(w, e)
 		return
 	}
@@ -178,4 +160,21 @@ func (s *Server) encodeChat(text string) []int32 {
 	bos := s.o.Tokenizer.TokenText(s.o.Tokenizer.BOS())
 	addBOS := bos == "" || !strings.HasPrefix(text, bos)
 	return s.o.Tokenizer.Encode(text, addBOS, true)
+}
+
+// readFields reads a /tokenize or /detokenize body: a JSON object whose
+// optional model must be this server's.
+func (s *Server) readFields(w http.ResponseWriter, r *http.Request) (map[string]json.RawMessage, *openai.Error) {
+	body, e := s.readBody(w, r)
+	if e != nil {
+		return nil, e
+	}
+	var f map[string]json.RawMessage
+	if err := json.Unmarshal(body, &f); err != nil || f == nil {
+		return nil, openai.BadRequest("request body must be a JSON object", "")
+	}
+	if e := s.checkModelField(f["model"]); e != nil {
+		return nil, e
+	}
+	return f, nil
 }
