@@ -90,10 +90,23 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// As the workers and standalone do: the port stays open through the
+	// drain, /health says 503 so that a load balancer stops sending, new
+	// generations are refused, and the streams already relayed finish.
+	drain := func(ctx context.Context) {
+		srv.Drain()
+		for rt.InFlight() > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
 	return serveHTTP(ctx, f, logw, log, ln, srv, func(ready bool) {
 		stopping.Store(!ready)
 		srv.SetReady(ready && rt.Ready())
-	}, nil)
+	}, drain)
 }
 
 // routerTokenizer loads only the tokenizer (and chat template) of the model:

@@ -388,6 +388,10 @@ func (r *Router) Generate(id string, prompt []int32, p scheduler.Params) (server
 	return s, nil
 }
 
+// InFlight is the number of generations the router has accepted and not
+// yet ended: what a drain waits for.
+func (r *Router) InFlight() int { return int(r.inflight.Load()) }
+
 func (r *Router) streamEnded() {
 	r.m.Running.Set(float64(r.inflight.Add(-1)))
 }

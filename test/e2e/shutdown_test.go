@@ -109,6 +109,50 @@ func TestGracefulShutdownStandalone(t *testing.T) {
 	}
 }
 
+// SIGTERM to the router in the middle of a stream: its port stays open,
+// /health says 503, a new request gets 503 with Retry-After, the stream it
+// relays finishes, and it exits 0.
+func TestGracefulShutdownRouter(t *testing.T) {
+	args := []string{"--model", slowModel(t), "--load-format", "dummy", "--served-model-name", "dummy"}
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, WorkerArgs: args, RouterArgs: []string{"--served-model-name", "dummy"}})
+	r := c.Router
+	resp, sc := streamUntilFirstChunk(t, r.URL, 40)
+	defer resp.Body.Close()
+	if err := r.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		hresp, err := http.Get(r.URL + "/health")
+		if err != nil {
+			t.Fatalf("/health while draining: %v (the port closed before the relayed stream finished)", err)
+		}
+		hresp.Body.Close()
+		if hresp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/health still %d after SIGTERM", hresp.StatusCode)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	code, hdr, b := post(t, r.URL+"/v1/completions", `{"model":"dummy","prompt":"Once","max_tokens":2}`)
+	if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" {
+		t.Fatalf("a new request while the router drains: %d %s", code, b)
+	}
+	finish, done := readToEnd(sc)
+	if finish != "length" || !done {
+		t.Fatalf("the relayed stream did not finish: finish %q, [DONE] %v", finish, done)
+	}
+	select {
+	case <-r.Exited():
+	case <-time.After(15 * time.Second):
+		t.Fatal("router did not exit after SIGTERM")
+	}
+	if err := r.ExitErr(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+}
+
 // SIGTERM to a decode worker in the middle of a stream: the stream still
 // completes, the worker exits 0, and it refused nothing it had accepted.
 func TestGracefulShutdownDecodeWorker(t *testing.T) {
