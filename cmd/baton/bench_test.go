@@ -16,9 +16,20 @@ import (
 // sseServer answers every completion with n chunks and usage, or with
 // HTTP 503 when fail is set.
 func sseServer(t *testing.T, fail bool) (*httptest.Server, *atomic.Int32) {
+	failEvery := 0
+	if fail {
+		failEvery = 1
+	}
+	return sseServerFailing(t, failEvery)
+}
+
+// sseServerFailing is sseServer that answers every failEvery-th request
+// (0: none) with HTTP 503.
+func sseServerFailing(t *testing.T, failEvery int) (*httptest.Server, *atomic.Int32) {
 	var calls atomic.Int32
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
+		n := calls.Add(1)
+		fail := failEvery > 0 && int(n)%failEvery == 0
 		if r.URL.Path != "/v1/completions" || r.Header.Get("Authorization") != "Bearer k" {
 			http.Error(w, `{"error":{"message":"wrong path or key"}}`, http.StatusNotFound)
 			return
@@ -91,6 +102,19 @@ func TestBenchServeFailures(t *testing.T) {
 	}
 	if !strings.Contains(out, "Failed requests:") || !strings.Contains(out, "HTTP 503: overloaded") {
 		t.Errorf("the report of a failed run is not printed:\n%s", out)
+	}
+	// Some failed: the run still fails, unless --allow-failures says the
+	// figures of the rest are wanted anyway.
+	some, _ := sseServerFailing(t, 2)
+	out, err = runBench("serve", "--url", some.URL, "--model", "m", "--api-key", "k", "--num-prompts", "4", "--output-len", "2")
+	if err == nil || !strings.Contains(err.Error(), "2 of 4 requests failed") {
+		t.Errorf("half the requests failed, yet err = %v", err)
+	}
+	if !strings.Contains(out, "Failed requests:") {
+		t.Errorf("the report of a partly failed run is not printed:\n%s", out)
+	}
+	if _, err := runBench("serve", "--url", some.URL, "--model", "m", "--api-key", "k", "--num-prompts", "4", "--output-len", "2", "--allow-failures"); err != nil {
+		t.Errorf("--allow-failures: %v", err)
 	}
 	if _, err := runBench("serve", "--url", s.URL, "--no-such-flag"); err == nil || !strings.Contains(err.Error(), "unknown flag") {
 		t.Errorf("unknown flag: %v", err)
