@@ -2,7 +2,9 @@ package roles
 
 import (
 	"context"
+	"slices"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -212,4 +214,66 @@ func TestCommitTokenCountChecked(t *testing.T) {
 	if n := labelled(t, p.dm, "baton_handoff_failures_total", "reason", "over_claim"); n < 1 {
 		t.Error("the over-claim was not counted")
 	}
+}
+
+// A reservation has one reader: a second Stream, even with the capability,
+// is refused and counted, and the first reader still gets every token.
+func TestOneStreamPerReservation(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 512)
+	ctx := context.Background()
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "one", Prompt: want.PromptIDs,
+		Sampling: &pdv1.SamplingParams{MaxTokens: uint32(len(want.GeneratedIDs))}, Layout: p.layout, Writer: p.prefillAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := p.dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch, Capability: res.Capability})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the first Stream's handler has claimed the reservation.
+	r := p.decode.find("test", res.Room, res.Epoch, res.Capability)
+	for deadline := time.Now().Add(5 * time.Second); !r.claimed(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the first Stream never claimed the reservation")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	second, err := p.dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch, Capability: res.Capability})
+	if err == nil {
+		_, err = second.Recv()
+	}
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a second Stream of one reservation: %v", err)
+	}
+	if n := labelled(t, p.dm, "baton_internal_auth_failures_total", "rpc", "Stream"); n < 1 {
+		t.Error("the second Stream was not counted")
+	}
+	if _, err := p.pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: "one", Prompt: want.PromptIDs,
+		Sampling: &pdv1.SamplingParams{MaxTokens: uint32(len(want.GeneratedIDs))}, Reservation: res}); err != nil {
+		t.Fatal(err)
+	}
+	var got []int32
+	for {
+		ev, err := first.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Token != nil {
+			got = append(got, ev.Token.Id)
+		}
+		if ev.Finish != "" || ev.Error != "" {
+			break
+		}
+	}
+	if !slices.Equal(got, want.GeneratedIDs) {
+		t.Fatalf("the first reader got %v, want %v", got, want.GeneratedIDs)
+	}
+	waitAllFree(t, p.dPool)
+}
+
+func (res *reservation) claimed() bool {
+	res.mu.Lock()
+	defer res.mu.Unlock()
+	return res.reader
 }
