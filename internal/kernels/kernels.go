@@ -27,6 +27,7 @@ const (
 	Q5_K
 	Q6_K
 	Q3_K
+	Q2_K
 )
 
 func (d DType) String() string {

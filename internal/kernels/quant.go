@@ -36,6 +36,11 @@ import (
 //	      quarter k takes bits 2k..2k+1 of byte l and, as its third bit, bit
 //	      4h+k of high byte l; q-4. Scale of elements 16g..16g+15: scale g,
 //	      minus 32.
+//	Q2_K  256 elements, 84 bytes: sixteen bytes of scales (low nibble a
+//	      4-bit scale, high nibble a 4-bit min, one pair per 16 elements),
+//	      64 bytes of 2-bit quants, d, dmin. Each half of 128 elements uses
+//	      32 quant bytes: element l of quarter k takes bits 2k..2k+1 of byte
+//	      l; w = d·sc·q - dmin·m, q unsigned.
 type dtypeDesc struct {
 	name  string
 	block int // elements per block
@@ -55,10 +60,11 @@ var dtypeInfo = [...]dtypeDesc{
 	Q5_K: {"q5_k", 256, 176},
 	Q6_K: {"q6_k", 256, 210},
 	Q3_K: {"q3_k", 256, 110},
+	Q2_K: {"q2_k", 256, 84},
 }
 
 // QuantDTypes are the block formats beyond Q8_0, in declaration order.
-var QuantDTypes = []DType{Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K}
+var QuantDTypes = []DType{Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K}
 
 // scaleQ3K unpacks scale g (0..15, before the -32) of a Q3_K block: low 4
 // bits from the low (g < 8) or high nibble of byte g%8, top 2 bits from
@@ -173,6 +179,18 @@ func decodeRow(dt DType, b []byte, dst []float32) {
 						}
 						g := 8*h + 2*k + l/16
 						y[128*h+32*k+l] = d * float32(scaleQ3K(sc, g)-32) * float32(v)
+					}
+				}
+			}
+		case Q2_K:
+			d, dmin := half(q[80:]), half(q[82:])
+			sc, qs := q[:16], q[16:80]
+			for h := 0; h < 2; h++ {
+				for k := 0; k < 4; k++ {
+					for l := 0; l < 32; l++ {
+						g := 8*h + 2*k + l/16
+						v := int(qs[32*h+l] >> (2 * k) & 3)
+						y[128*h+32*k+l] = float32(float32(d*float32(sc[g]&15))*float32(v)) - float32(dmin*float32(sc[g]>>4))
 					}
 				}
 			}
@@ -327,6 +345,34 @@ func encodeRow(dt DType, dst []byte, row []float32) {
 					h, k, l := e/128, e%128/32, e%32
 					o[32+32*h+l] |= byte(q&3) << (2 * k)
 					o[l] |= byte(q>>2) << (4*h + k)
+				}
+			}
+		case Q2_K:
+			var scale, mn [16]float32
+			var smax, mmax float32
+			for g := 0; g < 16; g++ {
+				lo, hi := minMax(x[16*g : 16*g+16])
+				lo = min(lo, 0)
+				scale[g], mn[g] = (hi-lo)/3, -lo
+				smax, mmax = max(smax, scale[g]), max(mmax, mn[g])
+			}
+			d, dmin := rhalf(smax/15), rhalf(mmax/15)
+			binary.LittleEndian.PutUint16(o[80:], F32ToF16(d))
+			binary.LittleEndian.PutUint16(o[82:], F32ToF16(dmin))
+			for g := 0; g < 16; g++ {
+				var sc, m uint8
+				if d > 0 {
+					sc = uint8(min(15, math.Ceil(float64(scale[g]/d))))
+				}
+				if dmin > 0 {
+					m = uint8(min(15, math.Ceil(float64(mn[g]/dmin))))
+				}
+				o[g] = sc | m<<4
+				step, off := d*float32(sc), dmin*float32(m)
+				for e := 16 * g; e < 16*g+16; e++ {
+					q := quantLevel(x[e]+off, step, 0, 3)
+					h, k, l := e/128, e%128/32, e%32
+					o[16+32*h+l] |= byte(q) << (2 * k)
 				}
 			}
 		default:

@@ -29,15 +29,15 @@ func TestQuantRoundTrip(t *testing.T) {
 			}
 			got := make([]float32, cols)
 			m.Row(0, got)
-			levels := map[DType]float32{Q4_0: 15, Q4_1: 15, Q5_0: 31, Q5_1: 31, Q4_K: 15, Q5_K: 31, Q6_K: 63, Q3_K: 6}[dt]
+			levels := map[DType]float32{Q4_0: 15, Q4_1: 15, Q5_0: 31, Q5_1: 31, Q4_K: 15, Q5_K: 31, Q6_K: 63, Q3_K: 6, Q2_K: 3}[dt]
 			sub := 32
-			if dt == Q6_K || dt == Q3_K {
+			if dt == Q6_K || dt == Q3_K || dt == Q2_K {
 				sub = 16
 			}
 			var worst float64
 			for b := 0; b < cols/sub; b++ {
 				lo, hi := minMax(row[b*sub : b*sub+sub])
-				if dt == Q4_K || dt == Q5_K {
+				if dt == Q4_K || dt == Q5_K || dt == Q2_K {
 					lo = min(lo, 0)
 				}
 				if dt == Q4_0 || dt == Q5_0 || dt == Q6_K || dt == Q3_K {
@@ -67,6 +67,20 @@ func TestQuantRoundTrip(t *testing.T) {
 						amax = max(amax, float32(math.Abs(float64(row[j]))))
 					}
 					slack = amax / 3 / 31
+				}
+				// Q2_K's 4-bit scales and mins are multiples of d = (largest
+				// scale)/15 and dmin = (largest min)/15, rounded up: a step
+				// grows by up to d, and a minimum moves by up to dmin, which
+				// the top level may then clip.
+				if dt == Q2_K {
+					var smax, mmax float32
+					sb := b / 16 * 256
+					for j := sb; j < sb+256; j += 16 {
+						l, hi := minMax(row[j : j+16])
+						l = min(l, 0)
+						smax, mmax = max(smax, (hi-l)/3), max(mmax, -l)
+					}
+					slack = smax/15 + 2*mmax/15
 				}
 				for i := b * sub; i < b*sub+sub; i++ {
 					err := math.Abs(float64(got[i] - row[i]))
@@ -168,4 +182,19 @@ func TestQuantLayout(t *testing.T) {
 	y = row(Q3_K, b)
 	check("q3_k[200]", y[200], 0.5*5*3)
 	check("q3_k[0]", y[0], 0.5*-32*-4) // all zero bits: scale -32, quant -4
+
+	// Q2_K: d = 0.5, dmin = 0.25. Element 148 is half 1, quarter 0, l = 20:
+	// bits 0..1 of quant byte 16+32+20, scale pair 8+0+1 = 9 (scale 6,
+	// min 3). Element 244 (quarter 3, l = 20) takes bits 6..7 of the same
+	// byte and pair 15 (scale 1, min 2).
+	b = make([]byte, 84)
+	h(b[80:], 0.5)
+	h(b[82:], 0.25)
+	b[9] = 3<<4 | 6
+	b[15] = 2<<4 | 1
+	b[16+32+20] = 3<<6 | 2
+	y = row(Q2_K, b)
+	check("q2_k[148]", y[148], 0.5*6*2-0.25*3)
+	check("q2_k[244]", y[244], 0.5*1*3-0.25*2)
+	check("q2_k[0]", y[0], 0)
 }

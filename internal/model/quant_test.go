@@ -46,7 +46,7 @@ func requantize(w *Weights, pick func(kind string) kernels.DType) {
 
 // TestQuantizedModel runs a small llama whose weights mix the ggml block
 // formats the way quantised GGUF files do (Q4_K with attn_v, ffn_down and
-// the output in Q6_K, as in a Q4_K_M file; Q5_K_M and Q3_K_M-style mixes;
+// the output in Q6_K, as in a Q4_K_M file; Q5_K_M, Q3_K_M and Q2_K-style mixes;
 // and one with the 32-element formats) on the cpu backend and on the reference, which dequantises
 // every row and multiplies in float64. A prefill of four sequences (float
 // products on dequantised tiles) agrees closely; a decode step of one
@@ -79,6 +79,15 @@ func TestQuantizedModel(t *testing.T) {
 				return kernels.Q6_K
 			}
 			return kernels.Q3_K
+		},
+		"q2_k": func(kind string) kernels.DType {
+			switch kind {
+			case "attn_v", "ffn_down":
+				return kernels.Q3_K
+			case "output":
+				return kernels.Q6_K
+			}
+			return kernels.Q2_K
 		},
 		"legacy": func(kind string) kernels.DType {
 			return map[string]kernels.DType{"attn_q": kernels.Q4_0, "attn_k": kernels.Q4_1, "attn_v": kernels.Q5_0,
@@ -142,7 +151,7 @@ func TestQuantizedModel(t *testing.T) {
 
 // ggmlType is the GGUF type id of a kernels dtype.
 var ggmlType = map[kernels.DType]uint32{kernels.F32: 0, kernels.F16: 1, kernels.Q4_0: 2, kernels.Q4_1: 3, kernels.Q5_0: 6,
-	kernels.Q5_1: 7, kernels.Q8_0: 8, kernels.Q4_K: 12, kernels.Q5_K: 13, kernels.Q6_K: 14, kernels.BF16: 30}
+	kernels.Q5_1: 7, kernels.Q8_0: 8, kernels.Q2_K: 10, kernels.Q3_K: 11, kernels.Q4_K: 12, kernels.Q5_K: 13, kernels.Q6_K: 14, kernels.BF16: 30}
 
 // writeGGUF writes a llama GGUF (version 3, no tokenizer) holding w.
 func writeGGUF(t *testing.T, path string, c Config, w *Weights) {

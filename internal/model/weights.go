@@ -102,8 +102,10 @@ func dtypeOf(t gguf.Type) (kernels.DType, error) {
 		return kernels.Q6_K, nil
 	case gguf.TypeQ3_K:
 		return kernels.Q3_K, nil
+	case gguf.TypeQ2_K:
+		return kernels.Q2_K, nil
 	}
-	return 0, fmt.Errorf("tensor type %s is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K and Q6_K are)", t)
+	return 0, fmt.Errorf("tensor type %s is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K are)", t)
 }
 
 type ggufLoader struct {

@@ -21,6 +21,7 @@ enum {
   BK_Q5_K = 9,
   BK_Q6_K = 10,
   BK_Q3_K = 11,
+  BK_Q2_K = 12,
 };
 
 // Storage of one row of cols elements.

@@ -3,9 +3,10 @@
 // blocks of 32. Layouts are described in kernels/quant.go.
 //
 // Every format is handled through one view of a 32-element sub-block, its
-// "integer form": element e is dw * sc[e/16] * q[e] (+ mw for the formats
-// with a minimum), q a signed 8-bit integer and sc two small integer
-// scales (1 and 1 where a format has none). A dot product with quantised
+// "integer form": element e is dw * sc[e/16] * q[e] (+ mw[e/16] for the
+// formats with a minimum), q a signed 8-bit integer and sc two small
+// integer scales (1 and 1 where a format has none). Only Q2_K has a
+// minimum per 16 elements; the others repeat theirs in both halves. A dot product with quantised
 // activations x = xd * xq is then, per sub-block, an exact integer sum
 // Σ sc·q·xq scaled by dw·xd, plus mw·xd·Σxq. Activations share one scale
 // per block of the weight format (32 elements, or 256 for the K formats,
@@ -48,6 +49,7 @@ static layout lay(int dt) {
   case BK_Q5_K: return (layout){256, 176, 1};
   case BK_Q6_K: return (layout){256, 210, 0};
   case BK_Q3_K: return (layout){256, 110, 0};
+  case BK_Q2_K: return (layout){256, 84, 1};
   }
   return (layout){1, 0, 0};
 }
@@ -71,14 +73,14 @@ static inline void scale_min_k(const uint8_t *s, int j, int *sc, int *m) {
 typedef struct {
   int8_t q[32];
   int sc[2];
-  float dw, mw;
+  float dw, mw[2];
 } qsub;
 
 // Sub-block s (of cols/32) of a row, in integer form.
 static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
   layout l = lay(dt);
   o->sc[0] = o->sc[1] = 1;
-  o->mw = 0;
+  o->mw[0] = o->mw[1] = 0;
   if (l.block == 32) {
     const uint8_t *b = row + s * l.bytes;
     const uint8_t *qs;
@@ -87,10 +89,11 @@ static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
     o->dw = hf(b);
     switch (dt) {
     case BK_Q4_0: qs = b + 2; off = 8; break;
-    case BK_Q4_1: o->mw = hf(b + 2); qs = b + 4; break;
+    case BK_Q4_1: o->mw[0] = hf(b + 2); qs = b + 4; break;
     case BK_Q5_0: memcpy(&qh, b + 2, 4); qs = b + 6; off = 16; break;
-    default: o->mw = hf(b + 2); memcpy(&qh, b + 4, 4); qs = b + 8; break;
+    default: o->mw[0] = hf(b + 2); memcpy(&qh, b + 4, 4); qs = b + 8; break;
     }
+    o->mw[1] = o->mw[0];
     for (int j = 0; j < 16; j++) {
       o->q[j] = (int8_t)((int)((qs[j] & 15) | ((qh >> j) & 1) << 4) - off);
       o->q[j + 16] = (int8_t)((int)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - off);
@@ -112,6 +115,19 @@ static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
       o->q[e] = (int8_t)(((qs[e] >> (2 * k)) & 3) - (((hm[e] >> (4 * h + k)) & 1) ? 0 : 4));
     return;
   }
+  if (dt == BK_Q2_K) {
+    int h = j / 4, k = j % 4;
+    const uint8_t *sc = B, *qs = B + 16 + 32 * h;
+    o->dw = hf(B + 80);
+    float dmin = hf(B + 82);
+    for (int t = 0; t < 2; t++) {
+      int g = 8 * h + 2 * k + t;
+      o->sc[t] = sc[g] & 15;
+      o->mw[t] = -(dmin * (float)(sc[g] >> 4));
+    }
+    for (int e = 0; e < 32; e++) o->q[e] = (int8_t)((qs[e] >> (2 * k)) & 3);
+    return;
+  }
   if (dt == BK_Q6_K) {
     int h = j / 4, k = j % 4;
     const uint8_t *ql = B + 64 * h + 32 * (k % 2), *qh = B + 128 + 32 * h;
@@ -128,7 +144,7 @@ static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
   int sc, m;
   scale_min_k(B + 4, j, &sc, &m);
   o->dw = hf(B);
-  o->mw = -(hf(B + 2) * (float)m);
+  o->mw[0] = o->mw[1] = -(hf(B + 2) * (float)m);
   o->sc[0] = o->sc[1] = sc;
   const uint8_t *qs = B + (dt == BK_Q4_K ? 16 : 48) + 32 * (j / 2);
   for (int e = 0; e < 32; e++) {
@@ -149,7 +165,7 @@ void bk_quant_dequant_row(float *dst, const uint8_t *row, int dt, int64_t cols) 
       // (d·sc)·q, then the minimum added (never a +0 that would turn -0
       // into +0).
       float v = (o.dw * (float)o.sc[e / 16]) * (float)o.q[e];
-      y[e] = has_min ? v + o.mw : v;
+      y[e] = has_min ? v + o.mw[e / 16] : v;
     }
   }
 }
@@ -199,8 +215,15 @@ static void qdot_scalar(float *out, const int8_t *qs, const float *d, const int3
         for (int e = 0; e < 16; e++) s0 += o.q[e] * xq[e];
         for (int e = 16; e < 32; e++) s1 += o.q[e] * xq[e];
         float xd = d[i * nd + b / per];
-        acc[i] += o.dw * xd * (float)(s0 * o.sc[0] + s1 * o.sc[1]) +
-                  o.mw * xd * (float)s[i * nb + b];
+        float m;
+        if (o.mw[0] == o.mw[1]) {
+          m = o.mw[0] * xd * (float)s[i * nb + b];
+        } else {
+          int32_t h0 = 0, h1 = 0;
+          for (int e = 0; e < 16; e++) h0 += xq[e], h1 += xq[e + 16];
+          m = o.mw[0] * xd * (float)h0 + o.mw[1] * xd * (float)h1;
+        }
+        acc[i] += o.dw * xd * (float)(s0 * o.sc[0] + s1 * o.sc[1]) + m;
       }
     }
     for (int64_t i = 0; i < n; i++) out[i * rows + r] = acc[i];
@@ -212,7 +235,7 @@ static void qdot_scalar(float *out, const int8_t *qs, const float *d, const int3
 // scales of the pairs maddubs forms (pairs 0..7 cover elements 0..15).
 typedef struct {
   __m256i q, sc;
-  float dw, mw;
+  float dw, mw[2];
 } vsub;
 
 QAVX2_INLINE __m256i nibbles(const uint8_t *p) {
@@ -237,7 +260,7 @@ QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
   case BK_Q4_0: {
     const uint8_t *b = row + s * 18;
     o->dw = hf(b);
-    o->mw = 0;
+    o->mw[0] = o->mw[1] = 0;
     o->q = _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8));
     o->sc = _mm256_set1_epi16(1);
     return;
@@ -245,7 +268,7 @@ QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
   case BK_Q4_1: {
     const uint8_t *b = row + s * 20;
     o->dw = hf(b);
-    o->mw = hf(b + 2);
+    o->mw[0] = o->mw[1] = hf(b + 2);
     o->q = nibbles(b + 4);
     o->sc = _mm256_set1_epi16(1);
     return;
@@ -257,7 +280,7 @@ QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
     uint32_t qh;
     memcpy(&qh, b + 2 + 2 * one, 4);
     o->dw = hf(b);
-    o->mw = one ? hf(b + 2) : 0;
+    o->mw[0] = o->mw[1] = one ? hf(b + 2) : 0;
     __m256i q = _mm256_or_si256(nibbles(b + 6 + 2 * one), high_bits(qh));
     o->q = one ? q : _mm256_sub_epi8(q, _mm256_set1_epi8(16));
     o->sc = _mm256_set1_epi16(1);
@@ -270,7 +293,7 @@ QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
     int j = (int)(s % 8), sc, m;
     scale_min_k(B + 4, j, &sc, &m);
     o->dw = hf(B);
-    o->mw = -(hf(B + 2) * (float)m);
+    o->mw[0] = o->mw[1] = -(hf(B + 2) * (float)m);
     o->sc = _mm256_set1_epi16((short)sc);
     __m256i v = _mm256_loadu_si256((const __m256i *)(B + (five ? 48 : 16) + 32 * (j / 2)));
     __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, m4);
@@ -282,15 +305,17 @@ QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
     o->q = q;
     return;
   }
-  case BK_Q3_K: {
-    // The rarest format here: decoded by the scalar code, multiplied with
+  case BK_Q3_K:
+  case BK_Q2_K: {
+    // The rarest formats here: decoded by the scalar code, multiplied with
     // the vector code.
     qsub q;
     decode_sub(dt, row, s, &q);
     o->q = _mm256_loadu_si256((const __m256i *)q.q);
     o->sc = _mm256_set_m128i(_mm_set1_epi16((short)q.sc[1]), _mm_set1_epi16((short)q.sc[0]));
     o->dw = q.dw;
-    o->mw = 0;
+    o->mw[0] = q.mw[0];
+    o->mw[1] = q.mw[1];
     return;
   }
   case BK_Q6_K: {
@@ -303,7 +328,7 @@ QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
     hv = _mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
     o->q = _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(hv, 4)), _mm256_set1_epi8(32));
     o->dw = hf(B + 208);
-    o->mw = 0;
+    o->mw[0] = o->mw[1] = 0;
     o->sc = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
     return;
   }
@@ -347,7 +372,16 @@ QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float
           __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xq, o.q));
           __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, o.sc));
           acc[i] = _mm256_fmadd_ps(f, _mm256_set1_ps(o.dw * xd), acc[i]);
-          accm[i] += o.mw * xd * (float)s[xi];
+          if (dt == BK_Q2_K) {
+            // A minimum per 16 elements: the sums of x's quants by half
+            // (lanes 0..3 cover elements 0..15, lanes 4..7 the rest).
+            __m256i hs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq),
+                                           _mm256_set1_epi16(1));
+            __m256 mv = _mm256_set_m128(_mm_set1_ps(o.mw[1] * xd), _mm_set1_ps(o.mw[0] * xd));
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs), mv, acc[i]);
+          } else {
+            accm[i] += o.mw[0] * xd * (float)s[xi];
+          }
         }
       }
       for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
@@ -365,8 +399,8 @@ QAVX2_INLINE void vdequant_dt(int dt, float *dst, const uint8_t *row, int64_t co
     vdecode(dt, row, b, &o);
     int16_t sc[16];
     _mm256_storeu_si256((__m256i *)sc, o.sc);
-    __m256 mw = _mm256_set1_ps(o.mw);
     for (int k = 0; k < 4; k++) {
+      __m256 mw = _mm256_set1_ps(o.mw[k / 2]);
       __m128i q8 = k < 2 ? _mm256_castsi256_si128(o.q) : _mm256_extracti128_si256(o.q, 1);
       if (k % 2) q8 = _mm_srli_si128(q8, 8);
       __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
@@ -390,6 +424,7 @@ DEQ_FOR(BK_Q4_K, deq_q4_k)
 DEQ_FOR(BK_Q5_K, deq_q5_k)
 DEQ_FOR(BK_Q6_K, deq_q6_k)
 DEQ_FOR(BK_Q3_K, deq_q3_k)
+DEQ_FOR(BK_Q2_K, deq_q2_k)
 
 void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t cols) {
   switch (dt) {
@@ -401,6 +436,7 @@ void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t c
   case BK_Q5_K: deq_q5_k(dst, row, cols); return;
   case BK_Q6_K: deq_q6_k(dst, row, cols); return;
   case BK_Q3_K: deq_q3_k(dst, row, cols); return;
+  case BK_Q2_K: deq_q2_k(dst, row, cols); return;
   }
   bk_quant_dequant_row(dst, row, dt, cols);
 }
@@ -512,6 +548,7 @@ QDOT_FOR(BK_Q4_1, qdot_q4_1)
 QDOT_FOR(BK_Q5_0, qdot_q5_0)
 QDOT_FOR(BK_Q5_1, qdot_q5_1)
 QDOT_FOR(BK_Q3_K, qdot_q3_k)
+QDOT_FOR(BK_Q2_K, qdot_q2_k)
 #define QDOTK_FOR(DT, NAME)                                                                    \
   QAVX2 static void NAME(float *out, const int8_t *qs, const float *d, const int32_t *s,        \
                          int64_t n, const uint8_t *w, int64_t rows, int64_t cols, int64_t r0,  \
@@ -537,6 +574,7 @@ void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32
     case BK_Q5_K: qdot_q5_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q6_K: qdot_q6_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q3_K: qdot_q3_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
+    case BK_Q2_K: qdot_q2_k(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     }
   }
 #else
