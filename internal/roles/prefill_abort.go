@@ -21,9 +21,12 @@ func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, re
 	if sess != nil {
 		_ = sess.Close()
 	}
-	// Refused only when the engine tore the request down first, which
-	// leaves it Aborting just the same.
-	_ = r.Lifecycle().Move(prefillLive, scheduler.StateAborting, why)
+	// Refused when the engine tore the request down first, which leaves it
+	// Aborting just the same; anywhere else it is a bug.
+	if err := r.Lifecycle().Move(prefillLive, scheduler.StateAborting, why); err != nil && r.State() != scheduler.StateAborting {
+		p.o.Metrics.IllegalMoves.Inc()
+		p.o.Log.Error("prefill request not Aborting", "request_id", id, "err", err)
+	}
 	p.drained(id, res, key, rf.LostDrained)
 	if err := r.Lifecycle().To(scheduler.StateDrained, ""); err != nil {
 		p.o.Metrics.IllegalMoves.Inc()
