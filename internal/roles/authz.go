@@ -19,7 +19,6 @@ import (
 var callers = map[string][]auth.Role{
 	"/baton.pd.v1.Decode/Info":              {auth.RoleRouter},
 	"/baton.pd.v1.Decode/Reserve":           {auth.RoleRouter},
-	"/baton.pd.v1.Decode/CancelReservation": {auth.RoleRouter},
 	"/baton.pd.v1.Decode/Commit":            {auth.RolePrefill},
 	"/baton.pd.v1.Decode/Drained":           {auth.RolePrefill},
 	"/baton.pd.v1.Decode/Abort":             {auth.RoleRouter},

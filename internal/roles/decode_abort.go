@@ -113,16 +113,9 @@ func (d *Decode) tellWriter(res *reservation, why string) {
 	}
 }
 
-// CancelReservation implements the RPC (the router gives up on a handoff).
-func (d *Decode) CancelReservation(ctx context.Context, c *pdv1.CancelRequest) (*pdv1.Ack, error) {
-	res := d.find("CancelReservation", c.Room, c.Epoch, c.Capability)
-	if res == nil || !d.abortReserved(res, "reservation cancelled: "+c.Reason) {
-		d.o.Metrics.LateDropped.WithLabelValues("cancel").Inc()
-	}
-	return &pdv1.Ack{}, nil
-}
-
-// Abort implements the RPC (the client left).
+// Abort implements the RPC: the router ends a request wherever it is (the
+// client left, or the router gave the reservation up before or during its
+// handoff).
 func (d *Decode) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, error) {
 	res := d.find("Abort", a.Room, a.Epoch, a.Capability)
 	if res == nil || !d.abortReserved(res, "aborted: "+a.Reason) {
