@@ -218,6 +218,11 @@ func handoffsMatch(t *testing.T, p *pair, want reference, n int, what string) {
 	}
 	wg.Wait()
 	waitAllFree(t, p.dPool, p.pPool)
+	// A normal handoff ends the writer's hold by its Commit (its word that
+	// it is done), never by a reclaim on a close proof.
+	if st := p.dPool.Stats(); st.Reclaims != 0 || st.Drains != uint64(n) || st.ReleaseErrors != 0 {
+		t.Errorf("%s: decode pool drains %d (want %d), reclaims %d (want 0), release errors %d", what, st.Drains, n, st.Reclaims, st.ReleaseErrors)
+	}
 }
 
 // With room for one request in the batch, committed requests wait their turn
