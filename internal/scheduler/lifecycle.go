@@ -55,6 +55,7 @@ const (
 	StatePreempted                   // standalone: taken off the batch, waiting for re-admission; see Lifecycle
 	StateVerifying                   // decode: Commit arrived (the writer's word that it is done); no write lands while its claims are checked
 	StateLanded                      // decode: the writer's session closed before Commit; what it wrote stays, nothing more lands
+	StateAbandoned                   // decode: the writer said Drained without a Commit; its hold ended, the request waits for its abort
 	numStates
 )
 
@@ -77,6 +78,7 @@ var stateNames = [numStates]string{
 	StatePreempted:  "Preempted",
 	StateVerifying:  "Verifying",
 	StateLanded:     "Landed",
+	StateAbandoned:  "Abandoned",
 }
 
 func (s State) String() string {
@@ -107,7 +109,8 @@ func (s State) Live() bool {
 // writer still holds its prompt pages: from Reserve until Commit (the
 // writer's word that it is done), and while an abort waits for its proof
 // (Draining). Landed counts: the session's close is proven, but the pool
-// still names the writer until the request is committed or torn down. It
+// still names the writer until the request is committed or torn down;
+// Abandoned does not (the writer's Drained ended its hold). It
 // is a function of the state alone, so there is no second field to drift.
 func (s State) WriterHolds() bool {
 	switch s {
@@ -178,6 +181,9 @@ var moves = map[Role][][2]State{
 		{StateReceiving, StateVerifying},
 		{StateReceiving, StateLanded},
 		{StateLanded, StateVerifying},
+		{StateReserved, StateAbandoned},
+		{StateReceiving, StateAbandoned},
+		{StateLanded, StateAbandoned},
 		{StateVerifying, StateCommitted},
 		{StateCommitted, StateDecoding},
 		{StateDecoding, StateFinished},
@@ -185,6 +191,7 @@ var moves = map[Role][][2]State{
 		{StateReserved, StateAborting},
 		{StateReceiving, StateAborting},
 		{StateLanded, StateAborting},
+		{StateAbandoned, StateAborting},
 		{StateVerifying, StateAborting},
 		{StateCommitted, StateAborting},
 		{StateDecoding, StateAborting},

@@ -14,7 +14,7 @@ var lcAllStates = []State{
 	StateReceived, StateRejected, StateAdmitted, StatePrefilling, StateSending,
 	StateSent, StateReserved, StateReceiving, StateCommitted, StateDecoding,
 	StateFinished, StateAborting, StateDraining, StateAborted, StateDrained,
-	StatePreempted, StateVerifying, StateLanded,
+	StatePreempted, StateVerifying, StateLanded, StateAbandoned,
 }
 
 var lcAllRoles = []Role{RoleStandalone, RolePrefill, RoleDecode}
@@ -56,6 +56,7 @@ func lifecycleSituations() map[Role][]lcSituation {
 		pmt  = StatePreempted
 		vfy  = StateVerifying
 		lnd  = StateLanded
+		abn  = StateAbandoned
 	)
 	p := func(s ...State) []State { return s }
 	return map[Role][]lcSituation{
@@ -98,9 +99,11 @@ func lifecycleSituations() map[Role][]lcSituation {
 		RoleDecode: {
 			{"Received", p(), p(rej, res, abt)},
 			{"Rejected", p(rej), p()},
-			{"Reserved", p(res), p(rcvg, vfy, abt)},
-			{"Receiving", p(res, rcvg), p(vfy, lnd, abt)},
-			{"Landed", p(res, rcvg, lnd), p(vfy, abt)},
+			{"Reserved", p(res), p(rcvg, vfy, abn, abt)},
+			{"Receiving", p(res, rcvg), p(vfy, lnd, abn, abt)},
+			{"Landed", p(res, rcvg, lnd), p(vfy, abn, abt)},
+			{"Abandoned", p(res, rcvg, abn), p(abt)},
+			{"Aborting from Abandoned", p(res, abn, abt), p(drn, abd)},
 			{"Verifying after the session closed", p(res, rcvg, lnd, vfy), p(com, abt)},
 			{"Aborting from Landed", p(res, rcvg, lnd, abt), p(drn, abd)},
 			{"Verifying", p(res, rcvg, vfy), p(com, abt)},
@@ -469,6 +472,7 @@ func TestOnEndRunsOnceAtTheEnd(t *testing.T) {
 // Whether a decode writer holds the prompt pages is read off the state.
 func TestWriterHolds(t *testing.T) {
 	holds := map[State]bool{StateReserved: true, StateReceiving: true, StateLanded: true, StateDraining: true}
+	// Abandoned: the writer's Drained ended its hold.
 	for _, s := range lcAllStates {
 		if s.WriterHolds() != holds[s] {
 			t.Errorf("%s: WriterHolds %v, want %v", s, s.WriterHolds(), holds[s])

@@ -80,7 +80,7 @@ func (e *Engine) call(m message) answer {
 // batch. The loop ends such a request by a compare-and-move from them; the
 // reserving worker moves it only forward among them (Reserved → Receiving
 // on the first write).
-var preCommit = []State{StateReserved, StateReceiving, StateLanded, StateVerifying}
+var preCommit = []State{StateReserved, StateReceiving, StateLanded, StateAbandoned, StateVerifying}
 
 // handle acts on the messages, in the order they were sent. Stop messages
 // for requests not decoding yet wait in e.held and are tried again on the
@@ -224,16 +224,13 @@ func (e *Engine) writerGone(r *Request, drained bool, proof string) bool {
 		e.must(r, r.life.Move([]State{StateReceiving}, StateLanded, ""))
 		return true
 	case drained && (st == StateReserved || st == StateReceiving || st == StateLanded):
-		// The writer stopped without a Commit: it gave the request up.
-		why := "the prefill worker stopped before committing the handoff"
-		if r.life.Move([]State{st}, StateAborting, why) != nil {
+		// The writer stopped without a Commit (a prefill that failed or
+		// refused): its hold ends by its word. The request waits for the
+		// router, which was told why, to abort it.
+		if r.life.Move([]State{StateReserved, StateReceiving, StateLanded}, StateAbandoned, "") != nil {
 			return false
 		}
-		e.release(r) // quarantined: the writer is still named on them
 		e.poolErr(r, e.pool.WriterDrained(r.owner, r.promptPages))
-		e.must(r, r.life.To(StateAborted, why))
-		e.m.Outcome("aborted")
-		r.emit(Event{Finish: FinishAbort, Err: errors.New(why)})
 		return true
 	case !drained && (st == StateVerifying || st == StateCommitted || st == StateDecoding || st == StateFinished):
 		// The writer let go at Commit; its session's close is expected.
@@ -278,7 +275,7 @@ func (e *Engine) Join(r *Request, first model.Sampled) error {
 // word (drained: Drained) or a transport proof that no further write can
 // land. A Draining request's pages leave quarantine and it is Aborted; a
 // request still receiving is Landed (session closed) or, on a Drained
-// without a Commit, aborted. False: there was no hold to end (a late
+// without a Commit, Abandoned (the hold ends by that word). False: there was no hold to end (a late
 // message).
 func (e *Engine) WriterGone(r *Request, drained bool, proof string) bool {
 	return e.call(message{kind: msgWriterGone, r: r, drained: drained, proof: proof}).ok

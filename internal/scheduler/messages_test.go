@@ -44,7 +44,8 @@ func reserve(t *testing.T, e *Engine, id string) *Request {
 
 // The decode worker's messages, as the loop answers them: an abort leaves
 // the pages quarantined while the writer holds them (Draining) until its
-// word; a session closed before Commit is Landed and an abort then frees
+// word; a Drained before Commit ends the hold (Abandoned) and the request
+// waits for its abort; a session closed before Commit is Landed and an abort then frees
 // by that proof; a Commit ends the writer's hold (Drained, not a reclaim);
 // a stopped engine answers ErrStopped.
 func TestDecodeMessages(t *testing.T) {
@@ -84,6 +85,17 @@ func TestDecodeMessages(t *testing.T) {
 	}
 	if st := pool.Stats(); st.Reclaims != before.Reclaims+1 {
 		t.Fatalf("abort after the close proof: %d reclaims, want %d", st.Reclaims, before.Reclaims+1)
+	}
+
+	g := reserve(t, e, "abandoned")
+	if !e.WriterGone(g, true, "") || g.State() != StateAbandoned {
+		t.Fatalf("Drained before Commit: state %s, want Abandoned", g.State())
+	}
+	if err := e.CommitArrived(g); err == nil {
+		t.Fatal("a Commit after the writer's Drained was taken")
+	}
+	if !e.Abort(g, "router gave up") || g.State() != StateAborted {
+		t.Fatalf("abort of an abandoned request: state %s, want Aborted", g.State())
 	}
 
 	c := reserve(t, e, "commit")
