@@ -140,6 +140,8 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		return nil, status.Errorf(status.Code(err), "commit refused by decode: %v", status.Convert(err).Message())
 	}
 	if err := r.Lifecycle().To(scheduler.StateSent, ""); err != nil {
+		p.o.Metrics.IllegalMoves.Inc()
+		log.Error("prefill request not Sent", "err", err)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	p.o.Metrics.Outcome("sent")

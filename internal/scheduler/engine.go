@@ -291,6 +291,7 @@ func (e *Engine) takeInbox() {
 // deliverFirst emits the token prefill sampled and enters the batch.
 func (e *Engine) deliverFirst(r *Request) {
 	if err := r.life.To(StateDecoding, ""); err != nil {
+		e.must(r, err)
 		e.fail(r, err)
 		return
 	}
@@ -354,6 +355,7 @@ func (e *Engine) admit() {
 			e.waiting = e.waiting[1:]
 			e.dequeued()
 			if err := r.life.To(StateAdmitted, ""); err != nil {
+				e.must(r, err)
 				e.fail(r, err)
 				continue
 			}
@@ -371,6 +373,7 @@ func (e *Engine) admit() {
 		e.waiting = e.waiting[1:]
 		e.dequeued()
 		if err := r.life.To(StateAdmitted, ""); err != nil {
+			e.must(r, err)
 			_ = e.pool.Release(a.Owner, a.Pages)
 			e.fail(r, err)
 			continue
@@ -421,6 +424,7 @@ func (e *Engine) maybePreempt() {
 	}
 	e.remove(victim)
 	if err := victim.life.To(StatePreempted, ""); err != nil {
+		e.must(victim, err)
 		e.fail(victim, err)
 		return
 	}
@@ -603,6 +607,7 @@ func (e *Engine) remove(r *Request) {
 func (e *Engine) prefilled(r *Request, tok model.Sampled) {
 	e.remove(r)
 	if err := r.life.To(StateSending, ""); err != nil {
+		e.must(r, err)
 		e.fail(r, err)
 		return
 	}
@@ -666,6 +671,7 @@ func containsToken(ids []int32, id int32) bool {
 // finish ends a request normally and releases its pages.
 func (e *Engine) finish(r *Request, reason string) {
 	if err := r.life.To(StateFinished, reason); err != nil {
+		e.must(r, err)
 		e.fail(r, err)
 		return
 	}
