@@ -4,9 +4,11 @@ import (
 	"log/slog"
 
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
 
 	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/transfer"
 )
 
 // internalFlags say how router, prefill and decode prove themselves to
@@ -56,4 +58,18 @@ func (f *internalFlags) check(role, host string) error {
 		return nil
 	}
 	return p.CheckBind(host)
+}
+
+// decorate is what a prefill worker's parts are wrapped in: nothing in
+// this build. A faults build (inject_faults.go) puts the frame and request
+// faults of BATON_FAULTS here, around the transport sender, the calls to
+// decode and the gRPC server, so that the worker's own code has one path.
+var decorate = struct {
+	sender        func(transfer.Sender) transfer.Sender
+	dialOptions   func() []grpc.DialOption
+	serverOptions func() []grpc.ServerOption
+}{
+	sender:        func(s transfer.Sender) transfer.Sender { return s },
+	dialOptions:   func() []grpc.DialOption { return nil },
+	serverOptions: func() []grpc.ServerOption { return nil },
 }

@@ -56,7 +56,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	grpcAddr := advertised(f, gln.Addr().String())
-	gs := grpc.NewServer(roles.ServerOptions(plane)...)
+	gs := grpc.NewServer(append(roles.ServerOptions(plane), decorate.serverOptions()...)...)
 	var worker roles.Worker
 	var eng *scheduler.Engine
 	switch f.role {
@@ -71,8 +71,8 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			defer s.Close()
 			sender = s
 		}
-		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: sender, Transport: f.transport,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, Identity: le.identity(), Log: le.log})
+		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: decorate.sender(sender), Transport: f.transport,
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: decorate.dialOptions(), Identity: le.identity(), Log: le.log})
 		p.SetAddr(grpcAddr)
 		defer p.Close()
 		pdv1.RegisterPrefillServer(gs, p)

@@ -163,8 +163,8 @@ var labels = map[string]roleLabels{
 		outcomes: []string{"finished", "aborted", "error", "rejected"},
 		rejects:  append([]string{"no_space"}, doorRejects...),
 		handoff:  []string{"layout", "timeout", "writer", "coverage", "over_claim", "first_token", "owner_tag", "checksum", "bad_count"},
-		late:     []string{"admit", "write", "commit", "drained", "closed", "cancel", "abort"},
-		rpcs:     []string{"Info", "Reserve", "CancelReservation", "Commit", "Drained", "Abort", "Finish", "Stream", "tls", "transfer"},
+		late:     []string{"admit", "write", "commit", "drained", "closed", "abort"},
+		rpcs:     []string{"Info", "Reserve", "Commit", "Drained", "Abort", "Finish", "Stream", "tls", "transfer"},
 	},
 	"router": {
 		outcomes: []string{"finished", "aborted", "error", "rejected"},

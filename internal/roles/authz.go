@@ -17,17 +17,16 @@ import (
 // reservation a call may touch is the capability's business; this is who
 // may make the call at all.
 var callers = map[string][]auth.Role{
-	"/baton.pd.v1.Decode/Info":              {auth.RoleRouter},
-	"/baton.pd.v1.Decode/Reserve":           {auth.RoleRouter},
-	"/baton.pd.v1.Decode/CancelReservation": {auth.RoleRouter},
-	"/baton.pd.v1.Decode/Commit":            {auth.RolePrefill},
-	"/baton.pd.v1.Decode/Drained":           {auth.RolePrefill},
-	"/baton.pd.v1.Decode/Abort":             {auth.RoleRouter},
-	"/baton.pd.v1.Decode/Finish":            {auth.RoleRouter},
-	"/baton.pd.v1.Decode/Stream":            {auth.RoleRouter},
-	"/baton.pd.v1.Prefill/Info":             {auth.RoleRouter},
-	"/baton.pd.v1.Prefill/Prefill":          {auth.RoleRouter},
-	"/baton.pd.v1.Prefill/Abort":            {auth.RoleDecode},
+	"/baton.pd.v1.Decode/Info":     {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Reserve":  {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Commit":   {auth.RolePrefill},
+	"/baton.pd.v1.Decode/Drained":  {auth.RolePrefill},
+	"/baton.pd.v1.Decode/Abort":    {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Finish":   {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Stream":   {auth.RoleRouter},
+	"/baton.pd.v1.Prefill/Info":    {auth.RoleRouter},
+	"/baton.pd.v1.Prefill/Prefill": {auth.RoleRouter},
+	"/baton.pd.v1.Prefill/Abort":   {auth.RoleDecode},
 }
 
 // ServerOptions are a worker's gRPC server options: the plane's

@@ -82,9 +82,7 @@ type reservation struct {
 	bound     bool // a transfer session was admitted: key.Session names it
 	firstByte time.Time
 	abortedAt time.Time
-	ended     time.Time // terminal and writer gone: eligible for removal
-	streamed  bool      // a Stream delivered the last event
-	reader    bool      // a Stream call took the reservation's events
+	reader    bool // a Stream call took the reservation's events
 	timer     *time.Timer
 }
 
@@ -100,8 +98,11 @@ type Decode struct {
 	peers        conns
 	shuttingDown atomic.Bool
 
+	// mu guards the tables. It is never held while waiting on the engine
+	// (the engine runs ended, which takes it, on its loop).
 	mu    sync.Mutex
 	rooms map[transfer.Key]*reservation // by room and epoch alone
+	over  map[transfer.Key]time.Time    // rooms whose request ended, and when
 	usage map[string]*peerUse
 	stop  chan struct{}
 	wg    sync.WaitGroup
@@ -112,7 +113,7 @@ func NewDecode(o DecodeOptions) *Decode {
 	if o.HandoffTimeout <= 0 {
 		o.HandoffTimeout = 60 * time.Second
 	}
-	d := &Decode{o: o, rooms: map[transfer.Key]*reservation{}, usage: map[string]*peerUse{}, stop: make(chan struct{})}
+	d := &Decode{o: o, rooms: map[transfer.Key]*reservation{}, over: map[transfer.Key]time.Time{}, usage: map[string]*peerUse{}, stop: make(chan struct{})}
 	if o.Auth != nil {
 		d.peers.opts = o.Auth.DialOptions(auth.RolePrefill)
 	}
@@ -144,10 +145,7 @@ func (d *Decode) Busy() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, res := range d.rooms {
-		res.mu.Lock()
-		ended := !res.ended.IsZero()
-		res.mu.Unlock()
-		if !ended {
+		if !res.r.Lifecycle().Terminal() {
 			return true
 		}
 	}
@@ -189,26 +187,32 @@ func rejectStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// maybeEnd notes when a reservation is over: terminal and its writer gone.
-func (d *Decode) maybeEnd(res *reservation) {
-	if !res.r.Lifecycle().Terminal() || d.o.Engine.WriterHeld(res.r) {
-		return
-	}
-	res.mu.Lock()
-	first := res.ended.IsZero()
-	if first {
-		res.ended = time.Now()
-	}
-	res.mu.Unlock()
-	if first {
-		d.o.Metrics.ReservationsActive.Dec()
-		d.releasePeer(res.peer, res.held)
-	}
+// ended runs once, on the move that ends a reservation's request (a
+// terminal state: its pages are released and no writer holds them), on
+// whichever goroutine made it (the engine loop, mostly): the request no
+// longer counts against the worker or its peer.
+func (d *Decode) ended(res *reservation) {
+	d.o.Metrics.ReservationsActive.Dec()
+	d.releasePeer(res.peer, res.held)
+	d.mu.Lock()
+	d.over[roomKey(res.key.Room, res.key.Epoch)] = time.Now()
+	d.mu.Unlock()
 }
 
-// sweep forgets reservations that are over and whose events were streamed
-// (or that nobody streamed for a minute), and aborts finished requests whose
-// reader vanished.
+// forget drops an ended reservation from the table (its events were
+// streamed, or nobody came for them).
+func (d *Decode) forget(res *reservation) {
+	k := roomKey(res.key.Room, res.key.Epoch)
+	d.mu.Lock()
+	if _, over := d.over[k]; over {
+		delete(d.rooms, k)
+		delete(d.over, k)
+	}
+	d.mu.Unlock()
+}
+
+// sweep forgets reservations that ended more than a minute ago without a
+// Stream taking their last event.
 func (d *Decode) sweep() {
 	defer d.wg.Done()
 	t := time.NewTicker(time.Second)
@@ -220,20 +224,12 @@ func (d *Decode) sweep() {
 		case <-t.C:
 		}
 		d.mu.Lock()
-		var live []*reservation
-		for k, res := range d.rooms {
-			res.mu.Lock()
-			ended, streamed := res.ended, res.streamed
-			res.mu.Unlock()
-			if !ended.IsZero() && (streamed || time.Since(ended) > time.Minute) {
+		for k, at := range d.over {
+			if time.Since(at) > time.Minute {
 				delete(d.rooms, k)
-				continue
+				delete(d.over, k)
 			}
-			live = append(live, res)
 		}
 		d.mu.Unlock()
-		for _, res := range live {
-			d.maybeEnd(res) // a request that finished in the engine ends here
-		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -13,9 +14,12 @@ import (
 // moves (a Commit, the engine taking the request) into that moment.
 var testHookAbort func(*reservation)
 
-// abortReserved aborts a reservation that has not joined the batch, or asks
-// the engine to abort it if it has. The writer is told to stop; the pages
-// stay quarantined until it says Drained or its session is proven closed.
+// abortReserved ends a reservation's request wherever it is, through the
+// engine loop (the only goroutine that moves a request it may run, or
+// touches its pages). A request that had not joined the batch is left
+// Draining while its writer holds the prompt pages: the writer is told to
+// stop, and the pages stay quarantined until it says Drained or its
+// session is proven closed.
 func (d *Decode) abortReserved(res *reservation, why string) bool {
 	res.mu.Lock()
 	if res.abortedAt.IsZero() {
@@ -26,46 +30,46 @@ func (d *Decode) abortReserved(res *reservation, why string) bool {
 	if testHookAbort != nil {
 		testHookAbort(res)
 	}
-	if !d.o.Engine.ReleaseReserved(res.r, why) {
-		// Committed or decoding: the engine loop holds the request and its
-		// pages; only a message reaches it there.
-		if res.r.Lifecycle().Live() {
-			res.r.Cancel()
-			return true
-		}
+	if !d.o.Engine.Abort(res.r, why) {
 		return false
+	}
+	if res.r.State() != scheduler.StateDraining {
+		return true // freed by the engine: committed, or the writer was proven gone
 	}
 	d.o.Log.Info("aborted before decode", "request_id", res.r.ID, "room", res.key.Room, "why", why)
 	res.mu.Lock()
 	bound, landed := res.bound, !res.firstByte.IsZero()
 	res.mu.Unlock()
-	if d.o.Engine.WriterHeld(res.r) && (!bound || (!landed && !d.oneSided)) {
+	if !bound || (!landed && !d.oneSided) {
 		// No session was ever admitted for this reservation, so no writer
 		// was given its pages; or, where the receiver writes the pages
 		// itself, none of the admitted session's frames landed. Either way
-		// the request is Aborting now, every admission and write is refused
+		// the request is Draining now, every admission and write is refused
 		// from here on, and nothing can land, whether or not the writer is
 		// still reachable.
 		d.writerGone(res, false, "no write landed and none is admitted from now on")
 	}
-	if ev, ok := d.recv.(transfer.Evictor); ok && landed && d.o.Engine.WriterHeld(res.r) {
+	if ev, ok := d.recv.(transfer.Evictor); ok && landed && d.writerHolds(res) {
 		// A writer that neither drains nor closes within the handoff
 		// timeout (gone wrong, or holding its connection to keep the pages
 		// quarantined) is cut off by the receiver, whose goroutine's end
 		// (Closed) is then the proof that nothing more lands.
 		time.AfterFunc(d.o.HandoffTimeout, func() {
-			if d.o.Engine.WriterHeld(res.r) {
+			if d.writerHolds(res) {
 				d.o.Log.Warn("writer still holds its session after an abort; the receiver ends it", "request_id", res.r.ID, "room", res.key.Room)
 				ev.Evict(res.sessionKey())
 			}
 		})
 	}
-	if d.o.Engine.WriterHeld(res.r) {
+	if d.writerHolds(res) {
 		askToDrain(d, res, why)
 	}
-	d.maybeEnd(res)
 	return true
 }
+
+// writerHolds says whether res's writer still holds its prompt pages: a
+// function of the request's state.
+func (d *Decode) writerHolds(res *reservation) bool { return res.r.State().WriterHolds() }
 
 // askToDrain tells the writer to stop; the pages stay quarantined until
 // it answers Drained or its session is proven closed (writerGone). It is a
@@ -85,11 +89,10 @@ func (d *Decode) writerGone(res *reservation, drained bool, proof string) {
 		return
 	}
 	res.mu.Lock()
-	if !res.abortedAt.IsZero() {
+	if !res.abortedAt.IsZero() && res.r.State() == scheduler.StateAborted {
 		d.o.Metrics.DrainWait.Observe(time.Since(res.abortedAt).Seconds())
 	}
 	res.mu.Unlock()
-	d.maybeEnd(res)
 }
 
 // tellWriter sends Abort to the prefill worker writing res; it answers with
@@ -110,16 +113,9 @@ func (d *Decode) tellWriter(res *reservation, why string) {
 	}
 }
 
-// CancelReservation implements the RPC (the router gives up on a handoff).
-func (d *Decode) CancelReservation(ctx context.Context, c *pdv1.CancelRequest) (*pdv1.Ack, error) {
-	res := d.find("CancelReservation", c.Room, c.Epoch, c.Capability)
-	if res == nil || !d.abortReserved(res, "reservation cancelled: "+c.Reason) {
-		d.o.Metrics.LateDropped.WithLabelValues("cancel").Inc()
-	}
-	return &pdv1.Ack{}, nil
-}
-
-// Abort implements the RPC (the client left).
+// Abort implements the RPC: the router ends a request wherever it is (the
+// client left, or the router gave the reservation up before or during its
+// handoff).
 func (d *Decode) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, error) {
 	res := d.find("Abort", a.Room, a.Epoch, a.Capability)
 	if res == nil || !d.abortReserved(res, "aborted: "+a.Reason) {

@@ -11,7 +11,6 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/kernels"
-	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -34,8 +33,9 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 	res.mu.Lock()
 	first := res.firstByte
 	// Nothing lands from here on: writes are checked against the state
-	// under res.mu.
-	err := res.r.Lifecycle().Move([]scheduler.State{scheduler.StateReserved, scheduler.StateReceiving}, scheduler.StateVerifying, "")
+	// under res.mu. The engine loop makes the move (and ends the writer's
+	// hold: a Commit is its word that it is done); it never takes res.mu.
+	err := d.o.Engine.CommitArrived(res.r)
 	res.mu.Unlock()
 	if err != nil {
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
@@ -44,11 +44,13 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 	if reason, err := d.verify(res, c); err != nil {
 		d.o.Metrics.HandoffFailures.WithLabelValues(reason).Inc()
 		d.o.Log.Warn("commit refused", "request_id", res.r.ID, "room", key.Room, "check", reason, "err", err)
-		d.o.Engine.FailReserved(res.r, fmt.Errorf("KV handoff failed the %s check: %w", reason, err))
-		d.maybeEnd(res)
+		d.o.Engine.Fail(res.r, fmt.Errorf("KV handoff failed the %s check: %w", reason, err))
 		return nil, status.Errorf(codes.FailedPrecondition, "commit refused by the %s check: %v", reason, err)
 	}
-	if err := res.r.Lifecycle().Move([]scheduler.State{scheduler.StateVerifying}, scheduler.StateCommitted, ""); err != nil {
+	if res.r.Params.PromptLogprobs {
+		res.r.SetPromptLogprobs(TokensFromPB(c.PromptLogprobs, len(res.r.Prompt)-1))
+	}
+	if err := d.o.Engine.Join(res.r, TokenFromPB(c.FirstToken)); err != nil {
 		// An abort ended it while its pages were checked.
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s: %v", key, err)
@@ -56,12 +58,6 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 	res.timer.Stop()
 	if !first.IsZero() {
 		d.o.Metrics.TransferSeconds.Observe(time.Since(first).Seconds())
-	}
-	if res.r.Params.PromptLogprobs {
-		res.r.SetPromptLogprobs(TokensFromPB(c.PromptLogprobs, len(res.r.Prompt)-1))
-	}
-	if err := d.o.Engine.Join(res.r, TokenFromPB(c.FirstToken)); err != nil {
-		return nil, status.Error(codes.Internal, err.Error())
 	}
 	d.o.Log.Info("committed", "request_id", res.r.ID, "room", key.Room, "tokens", c.TokensWritten)
 	return &pdv1.Ack{}, nil

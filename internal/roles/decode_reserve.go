@@ -38,11 +38,12 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 	ps := d.o.Pool.PageSize()
 	res := &reservation{r: r, key: key, writer: req.Writer, prompt: r.Pages()[:(len(req.Prompt)+ps-1)/ps],
 		peer: peer, held: held}
+	d.o.Metrics.ReservationsTotal.Inc()
+	d.o.Metrics.ReservationsActive.Inc()
+	r.Lifecycle().OnEnd(func() { d.ended(res) })
 	d.mu.Lock()
 	d.rooms[roomKey(key.Room, key.Epoch)] = res
 	d.mu.Unlock()
-	d.o.Metrics.ReservationsTotal.Inc()
-	d.o.Metrics.ReservationsActive.Inc()
 	res.timer = time.AfterFunc(d.o.HandoffTimeout, func() {
 		if d.abortReserved(res, "handoff timeout: no commit from prefill") {
 			d.o.Metrics.HandoffFailures.WithLabelValues("timeout").Inc()

@@ -42,10 +42,9 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			return err
 		}
 		if ev.Finish != "" {
-			res.mu.Lock()
-			res.streamed = true
-			res.mu.Unlock()
-			d.maybeEnd(res)
+			// Forgotten now if it has ended; one still Draining is
+			// forgotten by the sweep a minute after it ends.
+			d.forget(res)
 			return nil
 		}
 	}

@@ -17,7 +17,7 @@ import (
 
 // FuzzDecodeControl drives a decode worker's control plane and receiver
 // gate with arbitrary sequences of Reserve, page writes, Commit, Drained,
-// Abort, CancelReservation and session-closed proofs, with keys, pages and
+// Abort and session-closed proofs, with keys, pages and
 // counts taken from the input. Whatever the sequence: nothing panics, no
 // release is refused, every page comes back once the reservations end, and
 // no write landed outside a live reservation (a freed page is all NaN under
@@ -113,7 +113,7 @@ func fuzzBody(t *testing.T, in []byte) {
 				_, _ = d.Abort(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Reason: "fuzz", Capability: k.Cap[:]})
 			case 5:
 				k, _ := pick()
-				_, _ = d.CancelReservation(ctx, &pdv1.CancelRequest{Room: k.Room, Epoch: k.Epoch, Reason: "fuzz", Capability: k.Cap[:]})
+				_, _ = d.Abort(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Reason: "fuzz", Capability: k.Cap[:]})
 			case 6:
 				k, _ := pick()
 				d.Closed(k, "fuzz: session closed")

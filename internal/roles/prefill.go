@@ -11,8 +11,12 @@ package roles
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
@@ -36,7 +40,11 @@ type PrefillOptions struct {
 	// Auth authenticates this worker's calls to decode workers (nil:
 	// plaintext, tests on loopback).
 	Auth *auth.Plane
-	Log  *slog.Logger
+	// DialOptions go before Auth's on every call to a decode worker, so
+	// that they see (and may change) a call before it is signed: where a
+	// faults build puts its decorators (cmd/baton/inject_faults.go).
+	DialOptions []grpc.DialOption
+	Log         *slog.Logger
 }
 
 // Prefill is the prefill worker: it computes prompts in chunks, writes each
@@ -94,8 +102,11 @@ func (p *Prefill) Busy() bool {
 // NewPrefill makes a prefill worker.
 func NewPrefill(o PrefillOptions) *Prefill {
 	p := &Prefill{o: o, active: map[transfer.Key]context.CancelFunc{}, known: map[string]bool{}}
-	if o.Auth != nil {
-		p.peers.opts = o.Auth.DialOptions(auth.RoleDecode)
+	switch {
+	case o.Auth != nil:
+		p.peers.opts = append(slices.Clone(o.DialOptions), o.Auth.DialOptions(auth.RoleDecode)...)
+	case len(o.DialOptions) > 0:
+		p.peers.opts = append(slices.Clone(o.DialOptions), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	return p
 }

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/faults/inject"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -17,14 +16,17 @@ import (
 // end tears a failed prefill down in the order the page rules need: close
 // the session (after which nothing of it is in flight), then tell decode
 // Drained, then Drained here.
-func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, res *pdv1.Reservation, key transfer.Key, rf inject.Request, why string) {
+func (p *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, res *pdv1.Reservation, key transfer.Key, why string) {
 	if sess != nil {
 		_ = sess.Close()
 	}
-	// Refused only when the engine tore the request down first, which
-	// leaves it Aborting just the same.
-	_ = r.Lifecycle().Move(prefillLive, scheduler.StateAborting, why)
-	p.drained(id, res, key, rf.LostDrained)
+	// Refused when the engine tore the request down first, which leaves it
+	// Aborting just the same; anywhere else it is a bug.
+	if err := r.Lifecycle().Move(prefillLive, scheduler.StateAborting, why); err != nil && r.State() != scheduler.StateAborting {
+		p.o.Metrics.IllegalMoves.Inc()
+		p.o.Log.Error("prefill request not Aborting", "request_id", id, "err", err)
+	}
+	p.drained(id, res, key)
 	if err := r.Lifecycle().To(scheduler.StateDrained, ""); err != nil {
 		p.o.Metrics.IllegalMoves.Inc()
 		p.o.Log.Error("prefill request not Drained", "request_id", id, "err", err)
@@ -37,10 +39,7 @@ var prefillLive = []scheduler.State{scheduler.StateReceived, scheduler.StateAdmi
 
 // drained tells decode this worker has no write in flight for key and will
 // issue none.
-func (p *Prefill) drained(id string, res *pdv1.Reservation, key transfer.Key, lost bool) {
-	if lost { // an injected fault: the message never arrives
-		return
-	}
+func (p *Prefill) drained(id string, res *pdv1.Reservation, key transfer.Key) {
 	cc, err := p.peers.get(res.DecodeAddr)
 	if err != nil {
 		return
@@ -61,9 +60,6 @@ func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 	p.mu.Lock()
 	cancel, ok := p.active[key]
 	p.mu.Unlock()
-	if ok && inject.IgnoreAbort() {
-		return &pdv1.Ack{}, nil // test builds only: a writer that keeps writing
-	}
 	if ok {
 		cancel()
 		return &pdv1.Ack{}, nil
@@ -77,6 +73,6 @@ func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 		p.o.Metrics.InternalAuthFailures.WithLabelValues("Abort").Inc()
 		return nil, status.Error(codes.PermissionDenied, "abort from a decode worker this prefill worker was never paired with")
 	}
-	go p.drained(a.RequestId, &pdv1.Reservation{DecodeAddr: a.DecodeAddr}, key, false)
+	go p.drained(a.RequestId, &pdv1.Reservation{DecodeAddr: a.DecodeAddr}, key)
 	return &pdv1.Ack{}, nil
 }

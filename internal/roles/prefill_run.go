@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/faults/inject"
 	"github.com/batonlm/baton/internal/pdparams"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
@@ -37,24 +36,22 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	}
 	key := transfer.Key{Room: res.Room, Epoch: res.Epoch, Cap: capability}
 	p.learnDecode(res.DecodeAddr)
-	// Test builds may inject faults here; release builds roll none.
-	rf := inject.ForRequest()
 	if p.shuttingDown.Load() {
-		p.drained(id, res, key, rf.LostDrained)
+		p.drained(id, res, key)
 		return nil, status.Error(codes.Unavailable, "prefill worker is shutting down")
 	}
 	log := p.o.Log.With("request_id", id, "room", key.Room, "epoch", key.Epoch)
 	if why := pdv1.LayoutDiff(p.o.Layout, res.Layout, "this worker", "the peer"); why != "" {
 		p.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
-		p.drained(id, res, key, rf.LostDrained)
+		p.drained(id, res, key)
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
 	}
 	if res.Transport != "" && res.Transport != p.transport() {
-		p.drained(id, res, key, rf.LostDrained)
+		p.drained(id, res, key)
 		return nil, status.Errorf(codes.FailedPrecondition, "decode reserved over transport %q, this prefill worker speaks %q", res.Transport, p.transport())
 	}
 	if int(res.PromptTokens) != len(req.Prompt) || len(res.Pages) != p.o.Pool.PagesFor(len(req.Prompt)) {
-		p.drained(id, res, key, rf.LostDrained)
+		p.drained(id, res, key)
 		return nil, status.Errorf(codes.InvalidArgument, "reservation covers %d tokens in %d pages; the prompt has %d tokens",
 			res.PromptTokens, len(res.Pages), len(req.Prompt))
 	}
@@ -74,26 +71,21 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	// any session to decode exists.
 	if err := p.o.Engine.CheckDoor(r); err != nil {
 		log.Info("prefill refused", "err", err)
-		p.drained(id, res, key, rf.LostDrained)
+		p.drained(id, res, key)
 		return nil, rejectStatus(err)
 	}
-	sessKey := key
-	if rf.WrongEpoch {
-		sessKey.Epoch++
-	}
-	sess, err := p.o.Sender.Open(ctx, res.TransferAddr, sessKey)
+	sess, err := p.o.Sender.Open(ctx, res.TransferAddr, key)
 	if err != nil {
-		p.end(id, r, nil, res, key, rf, "transport open failed")
+		p.end(id, r, nil, res, key, "transport open failed")
 		return nil, status.Errorf(codes.Unavailable, "cannot reach decode transport %s: %v", res.TransferAddr, err)
 	}
-	sess = inject.WrapSession(sess, rf, len(res.Pages)-1)
 	p.o.Metrics.TransferSessions.Inc()
 	ship := newShipper(res, p.o.Pool.PageSize(), len(req.Prompt), sess)
 	r.OnChunk = ship.onChunk
 	if err := p.o.Engine.Submit(r); err != nil {
 		_ = sess.Close()
 		_ = ship.finish()
-		p.drained(id, res, key, rf.LostDrained)
+		p.drained(id, res, key)
 		return nil, rejectStatus(err)
 	}
 	start := time.Now()
@@ -111,7 +103,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		p.wait(r) // the engine has let go of r: no more pages will be queued
 		_ = sess.Close()
 		_ = ship.finish()
-		p.end(id, r, nil, res, key, rf, why)
+		p.end(id, r, nil, res, key, why)
 		if !ok {
 			return nil, status.Error(codes.Canceled, why)
 		}
@@ -124,7 +116,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	}
 	if err != nil {
 		p.o.Metrics.HandoffFailures.WithLabelValues("transfer").Inc()
-		p.end(id, r, sess, res, key, rf, err.Error())
+		p.end(id, r, sess, res, key, err.Error())
 		return nil, status.Errorf(codes.Unavailable, "KV transfer failed: %v", err)
 	}
 	bytes := sess.Bytes()
@@ -135,23 +127,21 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 	cc, err := p.peers.get(res.DecodeAddr)
 	if err == nil {
 		cctx, ccancel := context.WithTimeout(withRequestID(ctx, id), 30*time.Second)
-		claimed := uint32(len(req.Prompt))
-		if rf.OverClaim {
-			claimed++
-		}
 		sid := sess.ID()
-		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: sessKey.Epoch, TokensWritten: claimed,
+		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(req.Prompt)),
 			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:],
 			PromptLogprobs: TokensToPB(ev.Prompt)})
 		ccancel()
 	}
 	if err != nil {
 		p.o.Metrics.HandoffFailures.WithLabelValues("commit").Inc()
-		p.end(id, r, nil, res, key, rf, "commit refused")
+		p.end(id, r, nil, res, key, "commit refused")
 		log.Warn("commit refused", "err", err)
 		return nil, status.Errorf(status.Code(err), "commit refused by decode: %v", status.Convert(err).Message())
 	}
 	if err := r.Lifecycle().To(scheduler.StateSent, ""); err != nil {
+		p.o.Metrics.IllegalMoves.Inc()
+		log.Error("prefill request not Sent", "err", err)
 		return nil, status.Error(codes.Internal, err.Error())
 	}
 	p.o.Metrics.Outcome("sent")

@@ -201,6 +201,7 @@ func TestHandoffGreedyReference(t *testing.T) {
 // once, checks every token of each, and then that every page came back.
 func handoffsMatch(t *testing.T, p *pair, want reference, n int, what string) {
 	t.Helper()
+	before := p.dPool.Stats()
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
@@ -218,6 +219,13 @@ func handoffsMatch(t *testing.T, p *pair, want reference, n int, what string) {
 	}
 	wg.Wait()
 	waitAllFree(t, p.dPool, p.pPool)
+	// A normal handoff ends the writer's hold by its Commit (its word that
+	// it is done), never by a reclaim on a close proof.
+	st := p.dPool.Stats()
+	drains, reclaims := st.Drains-before.Drains, st.Reclaims-before.Reclaims
+	if reclaims != 0 || drains != uint64(n) || st.ReleaseErrors != 0 {
+		t.Errorf("%s: decode pool drains %d (want %d), reclaims %d (want 0), release errors %d", what, drains, n, reclaims, st.ReleaseErrors)
+	}
 }
 
 // With room for one request in the batch, committed requests wait their turn

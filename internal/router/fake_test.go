@@ -52,7 +52,6 @@ type fake struct {
 	ids      []string // x-request-id metadata of every non-Info call
 	reserves []*pdv1.ReserveRequest
 	resv     []*pdv1.Reservation // what Reserve answered, in order
-	cancels  []*pdv1.CancelRequest
 	aborts   []*pdv1.AbortRequest
 	finishes []*pdv1.AbortRequest
 	prefills []*pdv1.PrefillRequest
@@ -72,7 +71,7 @@ type fakeRoom struct {
 	room      uint64
 	id        string // the request id
 	committed chan struct{}
-	ended     chan struct{} // Abort, Finish or CancelReservation
+	ended     chan struct{} // Abort or Finish
 	once      sync.Once
 	endOnce   sync.Once
 	// closedClean is set when the stream sent its last event after the
@@ -258,18 +257,6 @@ func (d fakeDecode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv
 		Layout: proto.Clone(d.info.Layout).(*pdv1.KVLayout), Transport: "tcp", DecodeAddr: d.grpcAddr}
 	d.resv = append(d.resv, res)
 	return proto.Clone(res).(*pdv1.Reservation), nil
-}
-
-func (d fakeDecode) CancelReservation(ctx context.Context, req *pdv1.CancelRequest) (*pdv1.Ack, error) {
-	d.record(ctx, "CancelReservation")
-	d.mu.Lock()
-	d.cancels = append(d.cancels, req)
-	rm := d.rooms[req.Room]
-	d.mu.Unlock()
-	if rm != nil {
-		rm.end()
-	}
-	return &pdv1.Ack{}, nil
 }
 
 func (d fakeDecode) Abort(ctx context.Context, req *pdv1.AbortRequest) (*pdv1.Ack, error) {

@@ -437,11 +437,11 @@ func TestRetryBeforeFirstToken(t *testing.T) {
 			d0 := c.decode[0]
 			d0.mu.Lock()
 			if tc.cancels {
-				if len(d0.cancels) != 1 || len(d0.resv) != 1 || d0.cancels[0].Room != d0.resv[0].Room || d0.cancels[0].Epoch != d0.resv[0].Epoch {
-					t.Errorf("cancels %v for reservations %v", d0.cancels, d0.resv)
+				if len(d0.aborts) != 1 || len(d0.resv) != 1 || d0.aborts[0].Room != d0.resv[0].Room || d0.aborts[0].Epoch != d0.resv[0].Epoch {
+					t.Errorf("aborts %v for reservations %v", d0.aborts, d0.resv)
 				}
-			} else if len(d0.cancels) != 0 {
-				t.Errorf("cancelled %v though nothing was reserved", d0.cancels)
+			} else if len(d0.aborts) != 0 {
+				t.Errorf("aborted %v though nothing was reserved", d0.aborts)
 			}
 			d0.mu.Unlock()
 			if tc.stage == "prefill" {
@@ -477,8 +477,8 @@ func TestRetriesExhausted(t *testing.T) {
 	if n := c.decode[0].count("Reserve") + c.decode[1].count("Reserve"); n != 3 {
 		t.Errorf("%d reservations, want 3 (one try and 2 retries)", n)
 	}
-	if n := c.decode[0].count("CancelReservation") + c.decode[1].count("CancelReservation"); n != 3 {
-		t.Errorf("%d reservations cancelled, want 3", n)
+	if n := c.decode[0].count("Abort") + c.decode[1].count("Abort"); n != 3 {
+		t.Errorf("%d reservations aborted, want 3", n)
 	}
 }
 
@@ -535,8 +535,8 @@ func TestNonRetryableFailures(t *testing.T) {
 		if n := c.decode[0].count("Reserve") + c.decode[1].count("Reserve"); n != 1 {
 			t.Errorf("%d reservations for a request prefill refused", n)
 		}
-		if n := c.decode[0].count("CancelReservation"); n != 1 {
-			t.Errorf("reservation cancelled %d times", n)
+		if n := c.decode[0].count("Abort"); n != 1 {
+			t.Errorf("reservation aborted %d times", n)
 		}
 	})
 	t.Run("layout refused by prefill", func(t *testing.T) {
@@ -696,8 +696,9 @@ func TestCancelAbortsOnDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 		<-entered
-		st.Cancel()
 		d := c.decode[0]
+		reserved := d.count("Reserve")
+		st.Cancel()
 		eventually(t, "Abort", func() bool { return d.count("Abort") == 1 })
 		d.mu.Lock()
 		if a, res := d.aborts[0], d.resv[len(d.resv)-1]; a.Room != res.Room || a.Epoch != res.Epoch {
@@ -709,8 +710,11 @@ func TestCancelAbortsOnDecode(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("the prefill call was not cancelled")
 		}
-		if n := d.count("CancelReservation"); n != 0 {
-			t.Errorf("a cancelled request is aborted, not retried: %d CancelReservation", n)
+		if n := d.count("Reserve"); n != reserved {
+			t.Errorf("a cancelled request is aborted, not retried: %d reservations after the cancel", n-reserved)
+		}
+		if n := d.count("Abort"); n != 1 {
+			t.Errorf("a cancelled request is aborted once: %d Abort", n)
 		}
 		done()
 	})

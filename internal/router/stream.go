@@ -28,7 +28,7 @@ const RequestIDKey = "x-request-id"
 
 const (
 	// controlTimeout bounds the short control calls (Reserve,
-	// CancelReservation, Abort, Finish) so that a hung worker cannot hold a
+	// Abort, Finish) so that a hung worker cannot hold a
 	// request, or its clean-up, forever.
 	controlTimeout = 10 * time.Second
 	// settleGrace bounds how long an ended request waits for its calls to
@@ -143,7 +143,7 @@ func (s *stream) run(started chan<- error) {
 		avoid[d], avoid[p] = true, true
 		res, f := s.reserve(d, p, dc)
 		if f == nil && attempt > 0 && s.quitting() {
-			s.cancelReservation(s.log, dc, res, "client went away before prefill was asked")
+			s.abort(s.log, dc, res, "client went away before prefill was asked")
 			s.endOutcome()
 			return
 		}
@@ -223,7 +223,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 	evs, err := dc.Stream(ctx, &pdv1.StreamRequest{Room: res.Room, Epoch: res.Epoch, Capability: res.Capability})
 	if err != nil {
 		f := rpcFailure("stream", "decode token stream failed", err)
-		s.cancelReservation(log, dc, res, "token stream failed: "+err.Error())
+		s.abort(log, dc, res, "token stream failed: "+err.Error())
 		return f
 	}
 	prefillDone := make(chan error, 1)
@@ -262,7 +262,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				continue
 			}
 			f := rpcFailure("prefill", "prefill failed", err)
-			s.cancelReservation(log, dc, res, "prefill failed: "+err.Error())
+			s.abort(log, dc, res, "prefill failed: "+err.Error())
 			return f
 		case it := <-recv:
 			if it.err != nil {
@@ -284,11 +284,11 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				} else {
 					f = rpcFailure("stream", "decode token stream failed", it.err)
 				}
-				s.cancelReservation(log, dc, res, "token stream failed: "+it.err.Error())
+				s.abort(log, dc, res, "token stream failed: "+it.err.Error())
 				return f
 			}
 			if done, f := s.forward(log, it.ev, dc, res); f != nil {
-				s.cancelReservation(log, dc, res, "decode failed the request before its first token: "+f.detail.Error())
+				s.abort(log, dc, res, "decode failed the request before its first token: "+f.detail.Error())
 				return f
 			} else if done {
 				s.settle(recv, pending)
@@ -402,26 +402,16 @@ func (s *stream) tellDecode(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Re
 	s.endOutcome()
 }
 
-// abort tells decode to abort a request the router gave up on.
+// abort tells decode to end a request the router gave up on: the client
+// left, or the attempt failed and its pages go back before the next one.
+// Prefill may have been told (and may have written) already: decode keeps
+// the pages until the writer drained, so the router need not wait here.
 func (s *stream) abort(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reservation, reason string) {
 	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
 	defer cancel()
 	if _, err := dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, RequestId: s.id, Reason: reason, Capability: res.Capability}); err != nil {
 		log.Warn("could not tell decode to abort", "reason", reason, "err", err)
 	}
-}
-
-// cancelReservation gives an attempt's pages back before the next attempt.
-// Prefill may have been told (and may have written) already: decode keeps
-// the pages until the writer drained, so the router need not wait here.
-func (s *stream) cancelReservation(log *slog.Logger, dc pdv1.DecodeClient, res *pdv1.Reservation, reason string) {
-	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
-	defer cancel()
-	if _, err := dc.CancelReservation(ctx, &pdv1.CancelRequest{Room: res.Room, Epoch: res.Epoch, Reason: reason, Capability: res.Capability}); err != nil {
-		log.Warn("could not cancel the reservation", "reason", reason, "err", err)
-		return
-	}
-	log.Debug("reservation cancelled", "reason", reason)
 }
 
 // settle lets an ended request's calls end on their own before relay

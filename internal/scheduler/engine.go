@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -63,10 +64,14 @@ type Engine struct {
 
 	mu       sync.Mutex
 	inbox    []*Request
-	joined   []*Request // decode: committed, waiting to enter the batch
+	msgs     []message // for the loop, in the order they were sent
+	stopped  bool      // Run returned: messages are answered ErrStopped
 	wake     chan struct{}
 	nextRoom uint64
 	queued   int // requests submitted but not yet admitted (inbox + waiting)
+
+	// held are Stop messages for requests not decoding yet (loop only).
+	held []message
 
 	nRunning, nQueued atomic.Int32
 
@@ -123,6 +128,7 @@ func (e *Engine) Submit(r *Request) error {
 	if rej := door(e, r); rej != nil {
 		return e.reject(r, rej)
 	}
+	r.eng = e
 	e.mu.Lock()
 	if e.queued >= e.cfg.MaxQueue {
 		e.mu.Unlock()
@@ -187,33 +193,13 @@ func (e *Engine) Reserve(r *Request) error {
 		return err
 	}
 	if err := r.life.To(StateReserved, ""); err != nil {
+		e.must(r, err)
 		_ = e.pool.WriterClosed(a.Owner, prompt, "reservation never handed out")
 		_ = e.pool.Release(a.Owner, a.Pages)
 		return err
 	}
-	r.room, r.owner, r.pages, r.writerPages = room, a.Owner, a.Pages, prompt
+	r.room, r.owner, r.pages, r.promptPages, r.eng = room, a.Owner, a.Pages, prompt, e
 	e.poolGauges()
-	return nil
-}
-
-// Join puts a committed decode request into the batch: its prompt KV is in
-// its pages (verified by the caller) and first is the token prefill sampled.
-func (e *Engine) Join(r *Request, first model.Sampled) error {
-	if r.life.State() != StateCommitted {
-		return fmt.Errorf("scheduler: join of a request in state %s", r.life.State())
-	}
-	r.seq = append([]int32(nil), r.Prompt...)
-	r.first = &first
-	r.computed = len(r.Prompt)
-	seed := rand.Uint64()
-	if r.Params.Seed != nil {
-		seed = *r.Params.Seed + 1 // the first draw was prefill's
-	}
-	r.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	e.mu.Lock()
-	e.joined = append(e.joined, r)
-	e.mu.Unlock()
-	e.poke()
 	return nil
 }
 
@@ -269,7 +255,6 @@ func (e *Engine) poke() {
 func (e *Engine) Run(ctx context.Context) {
 	for {
 		e.takeInbox()
-		e.handleFlags()
 		e.admit()
 		e.maybePreempt()
 		e.admit()
@@ -290,24 +275,23 @@ func (e *Engine) Run(ctx context.Context) {
 	}
 }
 
+// takeInbox takes new requests and messages together, so that a message
+// about a request submitted before it finds the request in the loop's
+// queues.
 func (e *Engine) takeInbox() {
 	e.mu.Lock()
-	in, joined := e.inbox, e.joined
-	e.inbox, e.joined = nil, nil
+	in, msgs := e.inbox, e.msgs
+	e.inbox, e.msgs = nil, nil
 	e.mu.Unlock()
 	e.waiting = append(e.waiting, in...)
-	for _, r := range joined {
-		if r.life.State() != StateCommitted {
-			continue // aborted between commit and join; whoever aborted it released it
-		}
-		e.ready = append(e.ready, r)
-	}
+	e.handle(msgs)
 	e.gauges()
 }
 
 // deliverFirst emits the token prefill sampled and enters the batch.
 func (e *Engine) deliverFirst(r *Request) {
 	if err := r.life.To(StateDecoding, ""); err != nil {
+		e.must(r, err)
 		e.fail(r, err)
 		return
 	}
@@ -346,43 +330,6 @@ func (e *Engine) poolGauges() {
 	e.m.TokenUsage.Set(1 - float64(st.Free)/float64(max(1, st.Total)))
 }
 
-// dropFlagged aborts the requests of q (not yet running) whose client
-// cancelled or stopped them and returns the rest, in place; queued says q
-// counts toward the queue gauge.
-func (e *Engine) dropFlagged(q []*Request, queued bool) []*Request {
-	keep := q[:0]
-	for _, r := range q {
-		if cancel, stop := r.flags(); cancel || stop {
-			if queued {
-				e.dequeued()
-			}
-			e.abort(r, "client cancelled")
-			continue
-		}
-		keep = append(keep, r)
-	}
-	return keep
-}
-
-// handleFlags acts on Cancel and Stop from readers, between steps.
-func (e *Engine) handleFlags() {
-	e.waiting = e.dropFlagged(e.waiting, true)
-	e.ready = e.dropFlagged(e.ready, false)
-	run := e.running[:0]
-	for _, r := range e.running {
-		cancel, stop := r.flags()
-		switch {
-		case cancel:
-			e.abort(r, "client cancelled")
-		case stop && r.life.State() == StateDecoding:
-			e.finish(r, FinishStop)
-		default:
-			run = append(run, r)
-		}
-	}
-	e.running = run
-}
-
 func (e *Engine) dequeued() {
 	e.mu.Lock()
 	e.queued--
@@ -408,6 +355,7 @@ func (e *Engine) admit() {
 			e.waiting = e.waiting[1:]
 			e.dequeued()
 			if err := r.life.To(StateAdmitted, ""); err != nil {
+				e.must(r, err)
 				e.fail(r, err)
 				continue
 			}
@@ -425,6 +373,7 @@ func (e *Engine) admit() {
 		e.waiting = e.waiting[1:]
 		e.dequeued()
 		if err := r.life.To(StateAdmitted, ""); err != nil {
+			e.must(r, err)
 			_ = e.pool.Release(a.Owner, a.Pages)
 			e.fail(r, err)
 			continue
@@ -475,6 +424,7 @@ func (e *Engine) maybePreempt() {
 	}
 	e.remove(victim)
 	if err := victim.life.To(StatePreempted, ""); err != nil {
+		e.must(victim, err)
 		e.fail(victim, err)
 		return
 	}
@@ -527,7 +477,7 @@ func (e *Engine) step() {
 			continue
 		}
 		if r.life.State() == StateAdmitted {
-			e.must(r.life.To(StatePrefilling, ""))
+			e.must(r, r.life.To(StatePrefilling, ""))
 		}
 		q0 := len(b.Tokens)
 		for p := r.computed; p < end; p++ {
@@ -657,6 +607,7 @@ func (e *Engine) remove(r *Request) {
 func (e *Engine) prefilled(r *Request, tok model.Sampled) {
 	e.remove(r)
 	if err := r.life.To(StateSending, ""); err != nil {
+		e.must(r, err)
 		e.fail(r, err)
 		return
 	}
@@ -669,7 +620,7 @@ func (e *Engine) prefilled(r *Request, tok model.Sampled) {
 func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	now := time.Now()
 	if r.life.State() == StatePrefilling { // first token, or first after a re-admission
-		e.must(r.life.To(StateDecoding, ""))
+		e.must(r, r.life.To(StateDecoding, ""))
 	}
 	if r.generated == 0 {
 		e.m.TTFT.Observe(now.Sub(r.arrived).Seconds())
@@ -720,6 +671,7 @@ func containsToken(ids []int32, id int32) bool {
 // finish ends a request normally and releases its pages.
 func (e *Engine) finish(r *Request, reason string) {
 	if err := r.life.To(StateFinished, reason); err != nil {
+		e.must(r, err)
 		e.fail(r, err)
 		return
 	}
@@ -729,16 +681,22 @@ func (e *Engine) finish(r *Request, reason string) {
 	r.emit(Event{Finish: reason})
 }
 
-// abort ends a live request early (see tearDown).
-func (e *Engine) abort(r *Request, why string) {
-	e.tearDown(r, why)
+// abort ends a live request early (see tearDown); only the call that made
+// the move tells the reader.
+func (e *Engine) abort(r *Request, why string) bool {
+	if !e.tearDown(r, why) {
+		return false
+	}
 	e.m.Outcome("aborted")
 	r.emit(Event{Finish: FinishAbort, Err: errors.New(why)})
+	return true
 }
 
 // fail aborts a request because of an error the client must see (5xx).
 func (e *Engine) fail(r *Request, err error) {
-	e.tearDown(r, err.Error())
+	if !e.tearDown(r, err.Error()) {
+		return
+	}
 	e.m.Outcome("error")
 	r.emit(Event{Finish: FinishError, Err: err})
 }
@@ -748,38 +706,61 @@ func (e *Engine) fail(r *Request, err error) {
 // its worker closes the transport session and tells decode before it may
 // say Drained. A decode request whose prompt pages a writer still holds
 // goes to Draining (the pages wait in quarantine); otherwise it is Aborted.
-func (e *Engine) tearDown(r *Request, why string) {
-	if !r.life.Live() || r.life.To(StateAborting, why) != nil {
-		return
+// It reports whether it made the move (a request already ending is left
+// to whoever ends it).
+func (e *Engine) tearDown(r *Request, why string) bool {
+	from := r.life.State()
+	if !from.Live() {
+		return false
 	}
-	e.releaseAborting(r, why)
+	if err := r.life.Move([]State{from}, StateAborting, why); err != nil {
+		e.must(r, err)
+		return false
+	}
+	e.releaseAborting(r, from, why)
+	return true
 }
 
-// releaseAborting is the rest of a teardown once r is Aborting.
-func (e *Engine) releaseAborting(r *Request, why string) {
+// releaseAborting is the rest of a teardown once r is Aborting; from is
+// the state it left, which says whether a writer still holds its prompt
+// pages (State.WriterHolds).
+func (e *Engine) releaseAborting(r *Request, from State, why string) {
+	owner, prompt := r.owner, r.promptPages
 	e.release(r)
 	switch r.life.Role() {
 	case RoleStandalone:
-		e.must(r.life.To(StateAborted, why))
+		e.must(r, r.life.To(StateAborted, why))
 	case RoleDecode:
-		// Under r.mu so that a writer letting go at this moment either sees
-		// Draining (and finishes the abort) or is seen here as gone.
-		r.mu.Lock()
-		if r.writerPages != nil {
-			e.must(r.life.To(StateDraining, why))
-		} else {
-			e.must(r.life.To(StateAborted, why))
+		switch {
+		case from == StateLanded:
+			// The writer's session was proven closed before Commit: nothing
+			// more lands, so its hold ends with this abort, by that proof.
+			e.poolErr(r, e.pool.WriterClosed(owner, prompt, "the writer's session closed before the abort"))
+			e.must(r, r.life.To(StateAborted, why))
+		case from.WriterHolds():
+			e.must(r, r.life.To(StateDraining, why))
+		default:
+			e.must(r, r.life.To(StateAborted, why))
 		}
-		r.mu.Unlock()
 	}
 }
 
 // must notes a lifecycle move that cannot be refused unless the engine
-// has a bug: it is counted (tests require zero) rather than ignored.
-func (e *Engine) must(err error) {
+// has a bug: it is counted (tests require zero) and logged, never ignored.
+func (e *Engine) must(r *Request, err error) {
 	if err != nil {
 		e.m.IllegalMoves.Inc()
+		slog.Error("illegal lifecycle move", "request_id", r.ID, "err", err)
 	}
+}
+
+// poolErr logs a writer release the pool refused; the pool keeps such
+// pages rather than freeing them twice, and counts the error itself.
+func (e *Engine) poolErr(r *Request, err error) {
+	if err != nil {
+		slog.Error("kv pool refused a writer release", "request_id", r.ID, "err", err)
+	}
+	e.poolGauges()
 }
 
 // release gives r's pages back; pages a writer still holds wait in
@@ -796,72 +777,6 @@ func (e *Engine) release(r *Request) {
 	e.poolGauges()
 }
 
-// outsideBatch are the decode states of a request that has not joined the
-// batch: only in them may a goroutine other than the engine loop end it.
-// Once Committed, the request is the engine loop's, and only a message
-// (Cancel) reaches it.
-var outsideBatch = []State{StateReserved, StateReceiving, StateVerifying}
-
-// ReleaseReserved ends a decode request that has not joined the batch:
-// Aborting, release, then Draining while a writer holds its prompt pages,
-// else Aborted. The move to Aborting is a compare-and-move from
-// outsideBatch, so a Commit that won the race (the request is Committed or
-// decoding) makes it report false and touch nothing; the caller then
-// cancels through the engine loop.
-func (e *Engine) ReleaseReserved(r *Request, why string) bool {
-	if r.life.Move(outsideBatch, StateAborting, why) != nil {
-		return false
-	}
-	e.releaseAborting(r, why)
-	e.m.Outcome("aborted")
-	r.emit(Event{Finish: FinishAbort, Err: errors.New(why)})
-	return true
-}
-
-// FailReserved fails a decode request that has not joined the batch with
-// an error its client sees (a failed handoff check); like ReleaseReserved
-// it does nothing to a request the engine loop already holds.
-func (e *Engine) FailReserved(r *Request, err error) {
-	if r.life.Move(outsideBatch, StateAborting, err.Error()) != nil {
-		return
-	}
-	e.releaseAborting(r, err.Error())
-	e.m.Outcome("error")
-	r.emit(Event{Finish: FinishError, Err: err})
-}
-
-// WriterGone records that r's writer let go of its pages, with its word
-// (Drained) or a transport proof that no further write can land. Pages in
-// quarantine return to the free list; a Draining request becomes Aborted.
-// It reports false when there was no writer to let go (a late message).
-func (e *Engine) WriterGone(r *Request, drained bool, proof string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	pages := r.writerPages
-	if pages == nil {
-		return false
-	}
-	r.writerPages = nil
-	var err error
-	if drained {
-		err = e.pool.WriterDrained(r.owner, pages)
-	} else {
-		err = e.pool.WriterClosed(r.owner, pages, proof)
-	}
-	if r.life.State() == StateDraining {
-		e.must(r.life.To(StateAborted, ""))
-	}
-	e.poolGauges()
-	return err == nil
-}
-
-// WriterHeld reports whether r's writer has not let go yet.
-func (e *Engine) WriterHeld(r *Request) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.writerPages != nil
-}
-
 func (e *Engine) shutdown() {
 	e.takeInbox()
 	for _, r := range e.waiting {
@@ -870,6 +785,14 @@ func (e *Engine) shutdown() {
 	for _, r := range append(e.running, e.ready...) {
 		e.abort(r, "server shutting down")
 	}
-	e.waiting, e.running, e.ready = nil, nil, nil
+	e.waiting, e.running, e.ready, e.held = nil, nil, nil, nil
 	e.gauges()
+	e.mu.Lock()
+	e.stopped = true
+	left := e.msgs
+	e.msgs = nil
+	e.mu.Unlock()
+	for _, m := range left {
+		m.answer(false, ErrStopped)
+	}
 }

@@ -53,7 +53,9 @@ const (
 	StateAborted                     // standalone, decode, terminal: torn down, pages released
 	StateDrained                     // prefill, terminal: torn down after in-flight writes completed and decode was told
 	StatePreempted                   // standalone: taken off the batch, waiting for re-admission; see Lifecycle
-	StateVerifying                   // decode: Commit arrived; no write lands while its claims are checked
+	StateVerifying                   // decode: Commit arrived (the writer's word that it is done); no write lands while its claims are checked
+	StateLanded                      // decode: the writer's session closed before Commit; what it wrote stays, nothing more lands
+	StateAbandoned                   // decode: the writer said Drained without a Commit; its hold ended, the request waits for its abort
 	numStates
 )
 
@@ -75,6 +77,8 @@ var stateNames = [numStates]string{
 	StateDrained:    "Drained",
 	StatePreempted:  "Preempted",
 	StateVerifying:  "Verifying",
+	StateLanded:     "Landed",
+	StateAbandoned:  "Abandoned",
 }
 
 func (s State) String() string {
@@ -99,6 +103,21 @@ func (s State) Terminal() bool {
 // request's messages (writes, commits) may touch its pages.
 func (s State) Live() bool {
 	return s > 0 && s < numStates && !s.Terminal() && s != StateAborting && s != StateDraining
+}
+
+// WriterHolds reports whether, in state s, a decode request's transfer
+// writer still holds its prompt pages: from Reserve until Commit (the
+// writer's word that it is done), and while an abort waits for its proof
+// (Draining). Landed counts: the session's close is proven, but the pool
+// still names the writer until the request is committed or torn down;
+// Abandoned does not (the writer's Drained ended its hold). It
+// is a function of the state alone, so there is no second field to drift.
+func (s State) WriterHolds() bool {
+	switch s {
+	case StateReserved, StateReceiving, StateLanded, StateDraining:
+		return true
+	}
+	return false
 }
 
 // ErrIllegalTransition is what every refused move matches with errors.Is.
@@ -160,12 +179,19 @@ var moves = map[Role][][2]State{
 		{StateReserved, StateReceiving},
 		{StateReserved, StateVerifying},
 		{StateReceiving, StateVerifying},
+		{StateReceiving, StateLanded},
+		{StateLanded, StateVerifying},
+		{StateReserved, StateAbandoned},
+		{StateReceiving, StateAbandoned},
+		{StateLanded, StateAbandoned},
 		{StateVerifying, StateCommitted},
 		{StateCommitted, StateDecoding},
 		{StateDecoding, StateFinished},
 		{StateReceived, StateAborting},
 		{StateReserved, StateAborting},
 		{StateReceiving, StateAborting},
+		{StateLanded, StateAborting},
+		{StateAbandoned, StateAborting},
 		{StateVerifying, StateAborting},
 		{StateCommitted, StateAborting},
 		{StateDecoding, StateAborting},
@@ -214,6 +240,7 @@ type Lifecycle struct {
 	state       State
 	reason      string
 	preemptions int
+	onEnd       func()
 }
 
 // NewLifecycle starts a request of the given role in Received.
@@ -229,6 +256,23 @@ func (l *Lifecycle) State() State {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.state
+}
+
+// OnEnd names f to run once, right after the move into a terminal state,
+// on the goroutine that made it (outside the lock; f must not block). A
+// worker counts a request as over there, instead of keeping its own
+// "ended" flag beside the state. If the request has already ended, f runs
+// now.
+func (l *Lifecycle) OnEnd(f func()) {
+	l.mu.Lock()
+	ended := l.state.Terminal()
+	if !ended {
+		l.onEnd = f
+	}
+	l.mu.Unlock()
+	if ended {
+		f()
+	}
 }
 
 // Terminal reports whether the request has ended (and must hold nothing).
@@ -262,8 +306,8 @@ func (l *Lifecycle) Preemptions() int {
 // is ignored, so that a later move cannot overwrite why a request ended.
 func (l *Lifecycle) To(next State, reason string) error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.moveLocked(next, reason)
+	err := l.moveLocked(next, reason)
+	return l.unlockAfter(err)
 }
 
 // Move is To from one of the states in from only: compare and move under
@@ -272,13 +316,28 @@ func (l *Lifecycle) To(next State, reason string) error {
 // refused like an illegal move.
 func (l *Lifecycle) Move(from []State, next State, reason string) error {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, f := range from {
 		if l.state == f {
-			return l.moveLocked(next, reason)
+			return l.unlockAfter(l.moveLocked(next, reason))
 		}
 	}
-	return &TransitionError{Role: l.role, From: l.state, To: next}
+	err := &TransitionError{Role: l.role, From: l.state, To: next}
+	l.mu.Unlock()
+	return err
+}
+
+// unlockAfter releases the lock after a move and, when the move ended the
+// request, runs the OnEnd function (once: no move leaves a terminal state).
+func (l *Lifecycle) unlockAfter(err error) error {
+	var f func()
+	if err == nil && l.state.Terminal() {
+		f, l.onEnd = l.onEnd, nil
+	}
+	l.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	return err
 }
 
 func (l *Lifecycle) moveLocked(next State, reason string) error {

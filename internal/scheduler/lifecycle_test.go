@@ -14,7 +14,7 @@ var lcAllStates = []State{
 	StateReceived, StateRejected, StateAdmitted, StatePrefilling, StateSending,
 	StateSent, StateReserved, StateReceiving, StateCommitted, StateDecoding,
 	StateFinished, StateAborting, StateDraining, StateAborted, StateDrained,
-	StatePreempted, StateVerifying,
+	StatePreempted, StateVerifying, StateLanded, StateAbandoned,
 }
 
 var lcAllRoles = []Role{RoleStandalone, RolePrefill, RoleDecode}
@@ -55,6 +55,8 @@ func lifecycleSituations() map[Role][]lcSituation {
 		drd  = StateDrained
 		pmt  = StatePreempted
 		vfy  = StateVerifying
+		lnd  = StateLanded
+		abn  = StateAbandoned
 	)
 	p := func(s ...State) []State { return s }
 	return map[Role][]lcSituation{
@@ -97,8 +99,13 @@ func lifecycleSituations() map[Role][]lcSituation {
 		RoleDecode: {
 			{"Received", p(), p(rej, res, abt)},
 			{"Rejected", p(rej), p()},
-			{"Reserved", p(res), p(rcvg, vfy, abt)},
-			{"Receiving", p(res, rcvg), p(vfy, abt)},
+			{"Reserved", p(res), p(rcvg, vfy, abn, abt)},
+			{"Receiving", p(res, rcvg), p(vfy, lnd, abn, abt)},
+			{"Landed", p(res, rcvg, lnd), p(vfy, abn, abt)},
+			{"Abandoned", p(res, rcvg, abn), p(abt)},
+			{"Aborting from Abandoned", p(res, abn, abt), p(drn, abd)},
+			{"Verifying after the session closed", p(res, rcvg, lnd, vfy), p(com, abt)},
+			{"Aborting from Landed", p(res, rcvg, lnd, abt), p(drn, abd)},
 			{"Verifying", p(res, rcvg, vfy), p(com, abt)},
 			{"Verifying without a frame", p(res, vfy), p(com, abt)},
 			{"Committed", p(res, rcvg, vfy, com), p(dec, abt)},
@@ -434,5 +441,41 @@ func TestMoveComparesAndMoves(t *testing.T) {
 	}
 	if l.State() != StateCommitted || l.Reason() != "" {
 		t.Fatalf("a refused Move changed the request: %s %q", l.State(), l.Reason())
+	}
+}
+
+// OnEnd runs once, on the move into a terminal state, and at once for a
+// request that has already ended; a refused move never runs it.
+func TestOnEndRunsOnceAtTheEnd(t *testing.T) {
+	l := lcReach(t, RoleDecode, lcPath(StateReserved, StateReceiving))
+	n := 0
+	l.OnEnd(func() { n++ })
+	lcMust(t, l.To(StateAborting, "test"))
+	lcMust(t, l.To(StateDraining, ""))
+	if n != 0 {
+		t.Fatalf("OnEnd ran %d times before the end", n)
+	}
+	lcMust(t, l.To(StateAborted, ""))
+	if err := l.To(StateAborted, ""); err == nil {
+		t.Fatal("a terminal request moved again")
+	}
+	if n != 1 {
+		t.Fatalf("OnEnd ran %d times, want 1", n)
+	}
+	late := 0
+	l.OnEnd(func() { late++ })
+	if late != 1 {
+		t.Fatalf("OnEnd on an ended request ran %d times, want 1", late)
+	}
+}
+
+// Whether a decode writer holds the prompt pages is read off the state.
+func TestWriterHolds(t *testing.T) {
+	holds := map[State]bool{StateReserved: true, StateReceiving: true, StateLanded: true, StateDraining: true}
+	// Abandoned: the writer's Drained ended its hold.
+	for _, s := range lcAllStates {
+		if s.WriterHolds() != holds[s] {
+			t.Errorf("%s: WriterHolds %v, want %v", s, s.WriterHolds(), holds[s])
+		}
 	}
 }

@@ -59,9 +59,10 @@ const FinishPrefilled = "prefilled"
 type ChunkHook func(kv kernels.PagedKV, pages []int32, from, to int)
 
 // Request is one generation. The HTTP side creates it, submits it, reads
-// events with Next and may Cancel or Stop it; everything else belongs to
-// the engine loop (or, on a decode worker before the request joins the
-// batch, to the worker that reserved it).
+// events with Next and may Cancel or Stop it (messages to the engine loop);
+// everything else belongs to the engine loop. A decode request's state
+// moves before Commit are made by the worker that reserved it (Reserved,
+// Receiving, Landed), every other one by the loop.
 type Request struct {
 	ID      string
 	Prompt  []int32
@@ -69,13 +70,11 @@ type Request struct {
 	OnChunk ChunkHook
 
 	life *Lifecycle
+	eng  *Engine // set by Submit or Reserve, before the request is shared
 
-	mu       sync.Mutex
-	events   []Event
-	wake     chan struct{}
-	cancel   bool // client went away: abort
-	stop     bool // the reader found a stop string: finish
-	finished bool
+	mu     sync.Mutex
+	events []Event
+	wake   chan struct{}
 
 	// engine-owned
 	room      uint64
@@ -87,9 +86,10 @@ type Request struct {
 	computed  int // positions whose KV is in the pages
 	owner     kvpool.Owner
 	pages     []int32
-	// writerPages are the pages a transfer writer holds (decode: the
-	// prompt's), until WriterGone; guarded by mu.
-	writerPages []int32
+	// promptPages are a decode request's prompt pages, the ones its
+	// transfer writer is named on; whether it still holds them is
+	// State().WriterHolds().
+	promptPages []int32
 	rng         *rand.Rand
 	arrived     time.Time
 	queuedAt    time.Time // when it last entered the waiting queue
@@ -151,32 +151,28 @@ func (r *Request) takePromptLP() []model.Sampled {
 	return lp
 }
 
-// Cancel asks the engine to abort the request (the client went away).
-func (r *Request) Cancel() { r.flag(&r.cancel) }
+// Cancel asks the engine to abort the request (the client went away). It
+// is a message to the engine loop, which acts on it between steps; a
+// request never submitted has nothing to cancel.
+func (r *Request) Cancel() {
+	if r.eng != nil {
+		r.eng.post(message{kind: msgCancel, r: r, why: "client cancelled"})
+	}
+}
 
 // Stop asks the engine to finish the request now (a stop string matched).
-func (r *Request) Stop() { r.flag(&r.stop) }
-
-func (r *Request) flag(f *bool) {
-	r.mu.Lock()
-	*f = true
-	r.mu.Unlock()
+func (r *Request) Stop() {
+	if r.eng != nil {
+		r.eng.post(message{kind: msgStop, r: r})
+	}
 }
 
-func (r *Request) flags() (cancel, stop bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.cancel, r.stop
-}
-
+// emit queues an event for the reader. Only the goroutine that made the
+// matching move emits (the loop, for every move after Commit), so a request
+// gets exactly one last event without a flag to say it had one.
 func (r *Request) emit(ev Event) {
 	r.mu.Lock()
-	if r.finished {
-		r.mu.Unlock()
-		return
-	}
 	r.events = append(r.events, ev)
-	r.finished = ev.Finish != ""
 	r.mu.Unlock()
 	select {
 	case r.wake <- struct{}{}:

@@ -176,14 +176,14 @@ func scenarioAdversary(t *testing.T, guardsOff string) violations {
 		v.add("a victim while the intruder holds %d reservations: %s", len(held), msg)
 	}
 	for _, r := range held {
-		_, _ = intruder.decode.CancelReservation(timeout(t), &pdv1.CancelRequest{Room: r.Room, Epoch: r.Epoch, Capability: r.Capability})
+		_, _ = intruder.decode.Abort(timeout(t), &pdv1.AbortRequest{Room: r.Room, Epoch: r.Epoch, Capability: r.Capability})
 	}
 
 	if n := tr.hits.Load(); n > 0 {
 		v.add("workers dialled an attacker's address %d times", n)
 	}
 	m := harness.Metrics(t, d)
-	for _, rpc := range []string{"Reserve", "Stream", "Commit", "Abort", "Finish", "CancelReservation", "Drained", "Info", "transfer"} {
+	for _, rpc := range []string{"Reserve", "Stream", "Commit", "Abort", "Finish", "Drained", "Info", "transfer"} {
 		if m[fmt.Sprintf(`baton_internal_auth_failures_total{role="decode",rpc=%q}`, rpc)] < 1 {
 			v.add("decode counted no refused %s", rpc)
 		}
@@ -205,7 +205,7 @@ func strangerAttacks(t *testing.T, a *attacker, v *violations, prompt []int32, l
 	if res, err := a.decode.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "stranger", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: 8},
 		Layout: layout, Writer: prefillGRPC}); err == nil {
 		v.add("%s reserved pages (room %d)", a.name, res.Room)
-		_, _ = a.decode.CancelReservation(ctx, &pdv1.CancelRequest{Room: res.Room, Epoch: res.Epoch, Capability: res.Capability})
+		_, _ = a.decode.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Capability: res.Capability})
 	}
 	if _, err := a.decode.Info(ctx, &pdv1.InfoRequest{}); err == nil {
 		v.add("%s read decode's Info", a.name)
@@ -251,7 +251,6 @@ func attackReservation(ctx context.Context, a *attacker, k transfer.Key, v *viol
 	// the victim's output and in the pool.
 	_, _ = a.decode.Abort(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Capability: k.Cap[:]})
 	_, _ = a.decode.Finish(ctx, &pdv1.AbortRequest{Room: k.Room, Epoch: k.Epoch, Capability: k.Cap[:]})
-	_, _ = a.decode.CancelReservation(ctx, &pdv1.CancelRequest{Room: k.Room, Epoch: k.Epoch, Capability: k.Cap[:]})
 	_, _ = a.decode.Drained(ctx, &pdv1.DrainedRequest{Room: k.Room, Epoch: k.Epoch, Writer: prefillGRPC, Capability: k.Cap[:]})
 }
 

@@ -687,74 +687,6 @@ func (x *Reservation) GetCapability() []byte {
 	return nil
 }
 
-type CancelRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
-	Capability    []byte                 `protobuf:"bytes,4,opt,name=capability,proto3" json:"capability,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *CancelRequest) Reset() {
-	*x = CancelRequest{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[6]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *CancelRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*CancelRequest) ProtoMessage() {}
-
-func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[6]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
-func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{6}
-}
-
-func (x *CancelRequest) GetRoom() uint64 {
-	if x != nil {
-		return x.Room
-	}
-	return 0
-}
-
-func (x *CancelRequest) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *CancelRequest) GetReason() string {
-	if x != nil {
-		return x.Reason
-	}
-	return ""
-}
-
-func (x *CancelRequest) GetCapability() []byte {
-	if x != nil {
-		return x.Capability
-	}
-	return nil
-}
-
 type Ack struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -763,7 +695,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[7]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +707,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[7]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +720,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{7}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{6}
 }
 
 type PrefillRequest struct {
@@ -803,7 +735,7 @@ type PrefillRequest struct {
 
 func (x *PrefillRequest) Reset() {
 	*x = PrefillRequest{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[8]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -815,7 +747,7 @@ func (x *PrefillRequest) String() string {
 func (*PrefillRequest) ProtoMessage() {}
 
 func (x *PrefillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[8]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -828,7 +760,7 @@ func (x *PrefillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillRequest.ProtoReflect.Descriptor instead.
 func (*PrefillRequest) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{8}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PrefillRequest) GetRequestId() string {
@@ -869,7 +801,7 @@ type PrefillReply struct {
 
 func (x *PrefillReply) Reset() {
 	*x = PrefillReply{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[9]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +813,7 @@ func (x *PrefillReply) String() string {
 func (*PrefillReply) ProtoMessage() {}
 
 func (x *PrefillReply) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[9]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +826,7 @@ func (x *PrefillReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillReply.ProtoReflect.Descriptor instead.
 func (*PrefillReply) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{9}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PrefillReply) GetTokensWritten() uint32 {
@@ -921,7 +853,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[10]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +865,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[10]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +878,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{10}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TokenLogprob) GetId() int32 {
@@ -974,7 +906,7 @@ type Token struct {
 
 func (x *Token) Reset() {
 	*x = Token{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[11]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +918,7 @@ func (x *Token) String() string {
 func (*Token) ProtoMessage() {}
 
 func (x *Token) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[11]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +931,7 @@ func (x *Token) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Token.ProtoReflect.Descriptor instead.
 func (*Token) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{11}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Token) GetId() int32 {
@@ -1046,7 +978,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[12]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +990,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[12]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1003,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{12}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CommitRequest) GetRoom() uint64 {
@@ -1151,7 +1083,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[13]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1095,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[13]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1108,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{13}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AbortRequest) GetRoom() uint64 {
@@ -1235,7 +1167,7 @@ type DrainedRequest struct {
 
 func (x *DrainedRequest) Reset() {
 	*x = DrainedRequest{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[14]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1179,7 @@ func (x *DrainedRequest) String() string {
 func (*DrainedRequest) ProtoMessage() {}
 
 func (x *DrainedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[14]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1192,7 @@ func (x *DrainedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainedRequest.ProtoReflect.Descriptor instead.
 func (*DrainedRequest) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{14}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DrainedRequest) GetRoom() uint64 {
@@ -1302,7 +1234,7 @@ type StreamRequest struct {
 
 func (x *StreamRequest) Reset() {
 	*x = StreamRequest{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[15]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1246,7 @@ func (x *StreamRequest) String() string {
 func (*StreamRequest) ProtoMessage() {}
 
 func (x *StreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[15]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1259,7 @@ func (x *StreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRequest.ProtoReflect.Descriptor instead.
 func (*StreamRequest) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{15}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StreamRequest) GetRoom() uint64 {
@@ -1367,7 +1299,7 @@ type TokenEvent struct {
 
 func (x *TokenEvent) Reset() {
 	*x = TokenEvent{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[16]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1311,7 @@ func (x *TokenEvent) String() string {
 func (*TokenEvent) ProtoMessage() {}
 
 func (x *TokenEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[16]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1324,7 @@ func (x *TokenEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenEvent.ProtoReflect.Descriptor instead.
 func (*TokenEvent) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{16}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TokenEvent) GetToken() *Token {
@@ -1511,13 +1443,6 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"decodeAddr\x12\x1e\n" +
 	"\n" +
 	"capability\x18\t \x01(\fR\n" +
-	"capability\"q\n" +
-	"\rCancelRequest\x12\x12\n" +
-	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1e\n" +
-	"\n" +
-	"capability\x18\x04 \x01(\fR\n" +
 	"capability\"\x05\n" +
 	"\x03Ack\"\xbc\x01\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
@@ -1581,11 +1506,10 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x06finish\x18\x02 \x01(\tR\x06finish\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x12\n" +
 	"\x04code\x18\x04 \x01(\x05R\x04code\x12;\n" +
-	"\x0fprompt_logprobs\x18\x05 \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs2\xe8\x03\n" +
+	"\x0fprompt_logprobs\x18\x05 \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs2\xa5\x03\n" +
 	"\x06Decode\x129\n" +
 	"\x04Info\x12\x18.baton.pd.v1.InfoRequest\x1a\x17.baton.pd.v1.WorkerInfo\x12@\n" +
-	"\aReserve\x12\x1b.baton.pd.v1.ReserveRequest\x1a\x18.baton.pd.v1.Reservation\x12A\n" +
-	"\x11CancelReservation\x12\x1a.baton.pd.v1.CancelRequest\x1a\x10.baton.pd.v1.Ack\x126\n" +
+	"\aReserve\x12\x1b.baton.pd.v1.ReserveRequest\x1a\x18.baton.pd.v1.Reservation\x126\n" +
 	"\x06Commit\x12\x1a.baton.pd.v1.CommitRequest\x1a\x10.baton.pd.v1.Ack\x128\n" +
 	"\aDrained\x12\x1b.baton.pd.v1.DrainedRequest\x1a\x10.baton.pd.v1.Ack\x124\n" +
 	"\x05Abort\x12\x19.baton.pd.v1.AbortRequest\x1a\x10.baton.pd.v1.Ack\x125\n" +
@@ -1608,7 +1532,7 @@ func file_api_pd_v1_pd_proto_rawDescGZIP() []byte {
 	return file_api_pd_v1_pd_proto_rawDescData
 }
 
-var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_api_pd_v1_pd_proto_goTypes = []any{
 	(*KVLayout)(nil),       // 0: baton.pd.v1.KVLayout
 	(*InfoRequest)(nil),    // 1: baton.pd.v1.InfoRequest
@@ -1616,56 +1540,53 @@ var file_api_pd_v1_pd_proto_goTypes = []any{
 	(*SamplingParams)(nil), // 3: baton.pd.v1.SamplingParams
 	(*ReserveRequest)(nil), // 4: baton.pd.v1.ReserveRequest
 	(*Reservation)(nil),    // 5: baton.pd.v1.Reservation
-	(*CancelRequest)(nil),  // 6: baton.pd.v1.CancelRequest
-	(*Ack)(nil),            // 7: baton.pd.v1.Ack
-	(*PrefillRequest)(nil), // 8: baton.pd.v1.PrefillRequest
-	(*PrefillReply)(nil),   // 9: baton.pd.v1.PrefillReply
-	(*TokenLogprob)(nil),   // 10: baton.pd.v1.TokenLogprob
-	(*Token)(nil),          // 11: baton.pd.v1.Token
-	(*CommitRequest)(nil),  // 12: baton.pd.v1.CommitRequest
-	(*AbortRequest)(nil),   // 13: baton.pd.v1.AbortRequest
-	(*DrainedRequest)(nil), // 14: baton.pd.v1.DrainedRequest
-	(*StreamRequest)(nil),  // 15: baton.pd.v1.StreamRequest
-	(*TokenEvent)(nil),     // 16: baton.pd.v1.TokenEvent
-	nil,                    // 17: baton.pd.v1.SamplingParams.LogitBiasEntry
+	(*Ack)(nil),            // 6: baton.pd.v1.Ack
+	(*PrefillRequest)(nil), // 7: baton.pd.v1.PrefillRequest
+	(*PrefillReply)(nil),   // 8: baton.pd.v1.PrefillReply
+	(*TokenLogprob)(nil),   // 9: baton.pd.v1.TokenLogprob
+	(*Token)(nil),          // 10: baton.pd.v1.Token
+	(*CommitRequest)(nil),  // 11: baton.pd.v1.CommitRequest
+	(*AbortRequest)(nil),   // 12: baton.pd.v1.AbortRequest
+	(*DrainedRequest)(nil), // 13: baton.pd.v1.DrainedRequest
+	(*StreamRequest)(nil),  // 14: baton.pd.v1.StreamRequest
+	(*TokenEvent)(nil),     // 15: baton.pd.v1.TokenEvent
+	nil,                    // 16: baton.pd.v1.SamplingParams.LogitBiasEntry
 }
 var file_api_pd_v1_pd_proto_depIdxs = []int32{
 	0,  // 0: baton.pd.v1.WorkerInfo.layout:type_name -> baton.pd.v1.KVLayout
-	17, // 1: baton.pd.v1.SamplingParams.logit_bias:type_name -> baton.pd.v1.SamplingParams.LogitBiasEntry
+	16, // 1: baton.pd.v1.SamplingParams.logit_bias:type_name -> baton.pd.v1.SamplingParams.LogitBiasEntry
 	3,  // 2: baton.pd.v1.ReserveRequest.sampling:type_name -> baton.pd.v1.SamplingParams
 	0,  // 3: baton.pd.v1.ReserveRequest.layout:type_name -> baton.pd.v1.KVLayout
 	0,  // 4: baton.pd.v1.Reservation.layout:type_name -> baton.pd.v1.KVLayout
 	3,  // 5: baton.pd.v1.PrefillRequest.sampling:type_name -> baton.pd.v1.SamplingParams
 	5,  // 6: baton.pd.v1.PrefillRequest.reservation:type_name -> baton.pd.v1.Reservation
-	10, // 7: baton.pd.v1.Token.top:type_name -> baton.pd.v1.TokenLogprob
-	11, // 8: baton.pd.v1.CommitRequest.first_token:type_name -> baton.pd.v1.Token
-	11, // 9: baton.pd.v1.CommitRequest.prompt_logprobs:type_name -> baton.pd.v1.Token
-	11, // 10: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
-	11, // 11: baton.pd.v1.TokenEvent.prompt_logprobs:type_name -> baton.pd.v1.Token
+	9,  // 7: baton.pd.v1.Token.top:type_name -> baton.pd.v1.TokenLogprob
+	10, // 8: baton.pd.v1.CommitRequest.first_token:type_name -> baton.pd.v1.Token
+	10, // 9: baton.pd.v1.CommitRequest.prompt_logprobs:type_name -> baton.pd.v1.Token
+	10, // 10: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
+	10, // 11: baton.pd.v1.TokenEvent.prompt_logprobs:type_name -> baton.pd.v1.Token
 	1,  // 12: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
 	4,  // 13: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
-	6,  // 14: baton.pd.v1.Decode.CancelReservation:input_type -> baton.pd.v1.CancelRequest
-	12, // 15: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
-	14, // 16: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
-	13, // 17: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
-	13, // 18: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
-	15, // 19: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
-	1,  // 20: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
-	8,  // 21: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
-	13, // 22: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
-	2,  // 23: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
-	5,  // 24: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
-	7,  // 25: baton.pd.v1.Decode.CancelReservation:output_type -> baton.pd.v1.Ack
-	7,  // 26: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
-	7,  // 27: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
-	7,  // 28: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
-	7,  // 29: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
-	16, // 30: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
-	2,  // 31: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
-	9,  // 32: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
-	7,  // 33: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
-	23, // [23:34] is the sub-list for method output_type
-	12, // [12:23] is the sub-list for method input_type
+	11, // 14: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
+	13, // 15: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
+	12, // 16: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
+	12, // 17: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
+	14, // 18: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
+	1,  // 19: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
+	7,  // 20: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
+	12, // 21: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
+	2,  // 22: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
+	5,  // 23: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
+	6,  // 24: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
+	6,  // 25: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
+	6,  // 26: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
+	6,  // 27: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
+	15, // 28: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
+	2,  // 29: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
+	8,  // 30: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
+	6,  // 31: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
+	22, // [22:32] is the sub-list for method output_type
+	12, // [12:22] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -1683,7 +1604,7 @@ func file_api_pd_v1_pd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_pd_v1_pd_proto_rawDesc), len(file_api_pd_v1_pd_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -25,14 +25,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Decode_Info_FullMethodName              = "/baton.pd.v1.Decode/Info"
-	Decode_Reserve_FullMethodName           = "/baton.pd.v1.Decode/Reserve"
-	Decode_CancelReservation_FullMethodName = "/baton.pd.v1.Decode/CancelReservation"
-	Decode_Commit_FullMethodName            = "/baton.pd.v1.Decode/Commit"
-	Decode_Drained_FullMethodName           = "/baton.pd.v1.Decode/Drained"
-	Decode_Abort_FullMethodName             = "/baton.pd.v1.Decode/Abort"
-	Decode_Finish_FullMethodName            = "/baton.pd.v1.Decode/Finish"
-	Decode_Stream_FullMethodName            = "/baton.pd.v1.Decode/Stream"
+	Decode_Info_FullMethodName    = "/baton.pd.v1.Decode/Info"
+	Decode_Reserve_FullMethodName = "/baton.pd.v1.Decode/Reserve"
+	Decode_Commit_FullMethodName  = "/baton.pd.v1.Decode/Commit"
+	Decode_Drained_FullMethodName = "/baton.pd.v1.Decode/Drained"
+	Decode_Abort_FullMethodName   = "/baton.pd.v1.Decode/Abort"
+	Decode_Finish_FullMethodName  = "/baton.pd.v1.Decode/Finish"
+	Decode_Stream_FullMethodName  = "/baton.pd.v1.Decode/Stream"
 )
 
 // DecodeClient is the client API for Decode service.
@@ -41,11 +40,13 @@ const (
 type DecodeClient interface {
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*WorkerInfo, error)
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*Reservation, error)
-	CancelReservation(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*Ack, error)
 	Commit(ctx context.Context, in *CommitRequest, opts ...grpc.CallOption) (*Ack, error)
 	Drained(ctx context.Context, in *DrainedRequest, opts ...grpc.CallOption) (*Ack, error)
-	// Abort ends a request early (the client left); Finish ends it normally
-	// (a stop string matched at the router).
+	// Abort ends a request early, wherever it is: the client left, or the
+	// router gives a reservation up before or during its handoff (this was
+	// once a second RPC, CancelReservation(CancelRequest); neither name is to
+	// be reused). Finish ends it normally (a stop string matched at the
+	// router).
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*Ack, error)
 	Finish(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*Ack, error)
 	Stream(ctx context.Context, in *StreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TokenEvent], error)
@@ -73,16 +74,6 @@ func (c *decodeClient) Reserve(ctx context.Context, in *ReserveRequest, opts ...
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Reservation)
 	err := c.cc.Invoke(ctx, Decode_Reserve_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (c *decodeClient) CancelReservation(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*Ack, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(Ack)
-	err := c.cc.Invoke(ctx, Decode_CancelReservation_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -154,11 +145,13 @@ type Decode_StreamClient = grpc.ServerStreamingClient[TokenEvent]
 type DecodeServer interface {
 	Info(context.Context, *InfoRequest) (*WorkerInfo, error)
 	Reserve(context.Context, *ReserveRequest) (*Reservation, error)
-	CancelReservation(context.Context, *CancelRequest) (*Ack, error)
 	Commit(context.Context, *CommitRequest) (*Ack, error)
 	Drained(context.Context, *DrainedRequest) (*Ack, error)
-	// Abort ends a request early (the client left); Finish ends it normally
-	// (a stop string matched at the router).
+	// Abort ends a request early, wherever it is: the client left, or the
+	// router gives a reservation up before or during its handoff (this was
+	// once a second RPC, CancelReservation(CancelRequest); neither name is to
+	// be reused). Finish ends it normally (a stop string matched at the
+	// router).
 	Abort(context.Context, *AbortRequest) (*Ack, error)
 	Finish(context.Context, *AbortRequest) (*Ack, error)
 	Stream(*StreamRequest, grpc.ServerStreamingServer[TokenEvent]) error
@@ -177,9 +170,6 @@ func (UnimplementedDecodeServer) Info(context.Context, *InfoRequest) (*WorkerInf
 }
 func (UnimplementedDecodeServer) Reserve(context.Context, *ReserveRequest) (*Reservation, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
-}
-func (UnimplementedDecodeServer) CancelReservation(context.Context, *CancelRequest) (*Ack, error) {
-	return nil, status.Error(codes.Unimplemented, "method CancelReservation not implemented")
 }
 func (UnimplementedDecodeServer) Commit(context.Context, *CommitRequest) (*Ack, error) {
 	return nil, status.Error(codes.Unimplemented, "method Commit not implemented")
@@ -249,24 +239,6 @@ func _Decode_Reserve_Handler(srv interface{}, ctx context.Context, dec func(inte
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(DecodeServer).Reserve(ctx, req.(*ReserveRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
-func _Decode_CancelReservation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(CancelRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(DecodeServer).CancelReservation(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Decode_CancelReservation_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(DecodeServer).CancelReservation(ctx, req.(*CancelRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -368,10 +340,6 @@ var Decode_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reserve",
 			Handler:    _Decode_Reserve_Handler,
-		},
-		{
-			MethodName: "CancelReservation",
-			Handler:    _Decode_CancelReservation_Handler,
 		},
 		{
 			MethodName: "Commit",

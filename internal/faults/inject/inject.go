@@ -1,8 +1,10 @@
 // Package inject puts faults into a prefill worker's handoff (frame and
-// request faults of a BATON_FAULTS spec) in binaries built with the faults
-// tag; in every other build there is no spec and each hook is a no-op. It
-// sits apart from package faults so that the guards' switches, which the
-// scheduler reads, do not bring the transport along.
+// request faults of a BATON_FAULTS spec) as decorators around the parts the
+// worker is made of: its transport Sender, its gRPC calls to decode and its
+// gRPC server. Only files built with the faults tag install them
+// (cmd/baton/inject_faults.go), so the worker's own code has one path and
+// never asks about a fault. Without a spec each decorator returns what it
+// was given.
 package inject
 
 import (
@@ -13,6 +15,10 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/faults"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -35,36 +41,139 @@ func roll(sp *faults.Spec, p float64) bool {
 	return rng.Float64() < p
 }
 
-// IgnoreAbort reports whether a writer should ignore Abort (a fault).
-func IgnoreAbort() bool {
-	sp := faults.Active()
-	return sp != nil && sp.IgnoreAbort
-}
-
-// Request holds the per-request faults rolled for one prefill.
-type Request struct {
+// request holds the per-request faults rolled for one reservation.
+type request struct {
 	ShortWrite, OverClaim, WrongEpoch, LostDrained bool
+	open                                           int // sessions open for it
 }
 
-// ForRequest rolls the per-request faults (none without a spec).
-func ForRequest() Request {
-	sp := faults.Active()
-	if sp == nil {
-		return Request{}
+// requests are the rolls by reservation capability (unique per
+// reservation, and carried by Open, Commit and Drained alike).
+var requests = struct {
+	sync.Mutex
+	m map[transfer.Capability]*request
+}{m: map[transfer.Capability]*request{}}
+
+// forRequest rolls a reservation's faults the first time any decorator
+// sees it and returns the same roll after.
+func forRequest(sp *faults.Spec, c transfer.Capability) *request {
+	requests.Lock()
+	defer requests.Unlock()
+	rf := requests.m[c]
+	if rf == nil {
+		rf = &request{ShortWrite: roll(sp, sp.ShortWrite), OverClaim: roll(sp, sp.OverClaim),
+			WrongEpoch: roll(sp, sp.WrongEpoch), LostDrained: roll(sp, sp.LostDrained)}
+		requests.m[c] = rf
 	}
-	return Request{ShortWrite: roll(sp, sp.ShortWrite), OverClaim: roll(sp, sp.OverClaim),
-		WrongEpoch: roll(sp, sp.WrongEpoch), LostDrained: roll(sp, sp.LostDrained)}
+	return rf
 }
 
-// WrapSession puts the frame faults between a prefill and its session:
-// drop, delay, duplicate, reorder, corrupt, misdirect, a slow writer, a
-// short write (the last page never sent) and a kill mid-transfer.
-func WrapSession(s transfer.Session, rf Request, lastIndex int) transfer.Session {
+func forget(c transfer.Capability) {
+	requests.Lock()
+	delete(requests.m, c)
+	requests.Unlock()
+}
+
+// Sender wraps a prefill worker's transport: per reservation it may open
+// the session with a wrong epoch, and it puts the frame faults between the
+// worker and the session.
+func Sender(s transfer.Sender) transfer.Sender {
 	sp := faults.Active()
 	if sp == nil {
 		return s
 	}
-	return &session{Session: s, sp: sp, rf: rf, last: lastIndex}
+	return &sender{Sender: s, sp: sp}
+}
+
+type sender struct {
+	transfer.Sender
+	sp *faults.Spec
+}
+
+func (s *sender) Open(ctx context.Context, addr string, k transfer.Key) (transfer.Session, error) {
+	rf := forRequest(s.sp, k.Cap)
+	if rf.WrongEpoch {
+		k.Epoch++
+	}
+	sess, err := s.Sender.Open(ctx, addr, k)
+	if err != nil {
+		return nil, err
+	}
+	requests.Lock()
+	rf.open++
+	requests.Unlock()
+	var out transfer.Session = &session{Session: sess, sp: s.sp, rf: rf}
+	if rf.ShortWrite {
+		out = &shortSession{Session: out}
+	}
+	return out, nil
+}
+
+// DialOptions decorate a prefill worker's calls to decode: a Commit may
+// claim one token more than was written, or name the wrong epoch the
+// session was opened with, and a Drained may be lost. They go before the
+// internal plane's options, so a signed call is signed as changed.
+func DialOptions() []grpc.DialOption {
+	sp := faults.Active()
+	if sp == nil {
+		return nil
+	}
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		switch m := req.(type) {
+		case *pdv1.CommitRequest:
+			c, _ := transfer.CapabilityFrom(m.Capability)
+			rf := forRequest(sp, c)
+			if rf.OverClaim || rf.WrongEpoch {
+				m = cloneCommit(m)
+				if rf.OverClaim {
+					m.TokensWritten++
+				}
+				if rf.WrongEpoch {
+					m.Epoch++
+				}
+			}
+			err := invoker(ctx, method, m, reply, cc, opts...)
+			if err == nil {
+				forget(c)
+			}
+			return err
+		case *pdv1.DrainedRequest:
+			c, _ := transfer.CapabilityFrom(m.Capability)
+			lost := forRequest(sp, c).LostDrained
+			forget(c)
+			if lost { // the message never arrives
+				return nil
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})}
+}
+
+func cloneCommit(m *pdv1.CommitRequest) *pdv1.CommitRequest {
+	return proto.Clone(m).(*pdv1.CommitRequest)
+}
+
+// ServerOptions decorate a prefill worker's gRPC server: with ignore_abort
+// it answers decode's Abort without stopping a writer whose session is
+// open, so that it carries on writing.
+func ServerOptions() []grpc.ServerOption {
+	sp := faults.Active()
+	if sp == nil || !sp.IgnoreAbort {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if a, ok := req.(*pdv1.AbortRequest); ok && info.FullMethod == "/baton.pd.v1.Prefill/Abort" {
+			c, _ := transfer.CapabilityFrom(a.Capability)
+			requests.Lock()
+			rf := requests.m[c]
+			writing := rf != nil && rf.open > 0
+			requests.Unlock()
+			if writing {
+				return &pdv1.Ack{}, nil
+			}
+		}
+		return handler(ctx, req)
+	})}
 }
 
 var frames struct {
@@ -74,10 +183,10 @@ var frames struct {
 
 type session struct {
 	transfer.Session
-	sp   *faults.Spec
-	rf   Request
-	last int
-	held *transfer.PageWrite // a frame held back to be sent after the next one
+	sp     *faults.Spec
+	rf     *request
+	held   *transfer.PageWrite // a frame held back to be sent after the next one
+	closed bool
 }
 
 func (s *session) Write(w transfer.PageWrite) error {
@@ -95,7 +204,7 @@ func (s *session) Write(w transfer.PageWrite) error {
 	if s.sp.Delay > 0 && roll(s.sp, s.sp.DelayP) {
 		time.Sleep(s.sp.Delay)
 	}
-	if (s.rf.ShortWrite && w.Index == s.last) || roll(s.sp, s.sp.Drop) {
+	if roll(s.sp, s.sp.Drop) {
 		return nil
 	}
 	if roll(s.sp, s.sp.Corrupt) && len(w.Data) > 0 {
@@ -139,5 +248,37 @@ func (s *session) Flush(ctx context.Context) error {
 	if err := s.release(); err != nil {
 		return err
 	}
+	return s.Session.Flush(ctx)
+}
+
+func (s *session) Close() error {
+	if !s.closed {
+		s.closed = true
+		requests.Lock()
+		s.rf.open--
+		requests.Unlock()
+	}
+	return s.Session.Close()
+}
+
+// shortSession never sends the last page written: each frame waits for
+// the next one, and the one still waiting at Flush is dropped. Pages are
+// written in order, so that is the prompt's last page.
+type shortSession struct {
+	transfer.Session
+	last *transfer.PageWrite
+}
+
+func (s *shortSession) Write(w transfer.PageWrite) error {
+	prev := s.last
+	s.last = &w
+	if prev == nil {
+		return nil
+	}
+	return s.Session.Write(*prev)
+}
+
+func (s *shortSession) Flush(ctx context.Context) error {
+	s.last = nil
 	return s.Session.Flush(ctx)
 }
