@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/batonlm/baton/internal/kernels"
 )
@@ -53,6 +54,13 @@ var (
 	// ErrNoProof: WriterClosed without a proof. A timeout is not a proof, so
 	// the caller has to say what is.
 	ErrNoProof = errors.New("kvpool: force reclaim needs a proof that no write can land")
+	// ErrShared: a write, mark or writer attachment aimed at a shared
+	// (prefix cache) page, which is read-only for its whole life; or a
+	// read of one by a request that holds no pin on it.
+	ErrShared = errors.New("kvpool: page is shared and read-only")
+	// ErrStale: a shared page named by a cache key it no longer holds (it
+	// was evicted, maybe reused). Nothing was pinned or allocated.
+	ErrStale = errors.New("kvpool: shared page no longer holds that key")
 )
 
 // Config sizes a pool.
@@ -98,6 +106,7 @@ const (
 	PageFree                         // on the free list
 	PageAllocated                    // owned by a request (and maybe a writer)
 	PageQuarantined                  // released by its request, a writer may still write
+	PageShared                       // in the prefix cache: complete, read-only, pinned by its readers
 )
 
 func (s PageState) String() string {
@@ -108,6 +117,8 @@ func (s PageState) String() string {
 		return "allocated"
 	case PageQuarantined:
 		return "quarantined"
+	case PageShared:
+		return "shared"
 	}
 	return "invalid"
 }
@@ -126,15 +137,20 @@ type PageInfo struct {
 	Written int
 	State   PageState
 	Writer  bool // a writer was attached and has not drained
+	Refs    int  // shared pages: how many requests hold a pin
 }
 
 // Stats is a snapshot of the pool's gauges and counters.
 type Stats struct {
-	// Gauges, in pages. Free+Allocated+Quarantined == Total always.
+	// Gauges, in pages. Free+Allocated+Quarantined+Shared == Total
+	// always; Cached (shared pages nobody pins, evictable) is part of
+	// Shared, so Free+Cached+Used() == Total too.
 	Total       int
 	Free        int
 	Allocated   int
 	Quarantined int
+	Shared      int // prefix cache pages, pinned or not
+	Cached      int // shared pages with no pin: the cache's evictable part
 	WriterHeld  int // pages with a writer attached (allocated or quarantined)
 
 	// Counters since the pool was made.
@@ -148,7 +164,18 @@ type Stats struct {
 	// calls: double releases, wrong or stale tags, free pages, bad ids. Each
 	// is a bug in a caller, so tests assert it stays zero.
 	ReleaseErrors uint64
+
+	Published uint64 // pages made shared
+	Evictions uint64 // shared pages evicted back to the free list
+	// SharedWriteRefusals counts writes, marks and writer attachments
+	// refused because the page is shared. Each is a bug in a caller (or
+	// a peer aiming at a cached page), so tests assert it stays zero.
+	SharedWriteRefusals uint64
 }
+
+// Used is how many pages someone holds: allocated, quarantined, or
+// shared with a pin.
+func (s Stats) Used() int { return s.Allocated + s.Quarantined + s.Shared - s.Cached }
 
 // ReclaimRecord remembers one WriterClosed, so that an operator can see why
 // quarantined pages were freed without their writer's word.
@@ -170,6 +197,11 @@ type page struct {
 	written     int32
 	state       PageState
 	writer      bool
+	refs        int32    // shared: pins held
+	key         CacheKey // shared: the prefix cache key of its contents
+	// prev, next link a cached (shared, unpinned) page into the LRU list;
+	// -1 ends it.
+	prev, next int32
 }
 
 // Pool is a paged KV pool. Its methods are safe for concurrent use; the KV
@@ -192,6 +224,16 @@ type Pool struct {
 	// a set: seen[p] == stamp means p was already visited by this call.
 	seen  []uint64
 	stamp uint64
+
+	// pins are the (page, reader) pairs of shared pages: the read gate
+	// lets a request read a shared page only while it holds one.
+	pins map[pin]struct{}
+	// lruHead is the least recently unpinned cached page, lruTail the
+	// most; eviction takes from the head.
+	lruHead, lruTail int32
+	onEvict          func([]SharedRef)
+	// sharedRefusals is counted from read-locked paths too, hence atomic.
+	sharedRefusals atomic.Uint64
 }
 
 // New makes a pool. All NumPages pages are usable; page ids are 0..NumPages-1.
@@ -233,9 +275,12 @@ func New(cfg Config) (*Pool, error) {
 		pages:      make([]page, cfg.NumPages),
 		free:       make([]int32, cfg.NumPages),
 		seen:       make([]uint64, cfg.NumPages),
+		pins:       map[pin]struct{}{},
+		lruHead:    -1,
+		lruTail:    -1,
 	}
 	for i := range p.pages {
-		p.pages[i].state = PageFree
+		p.pages[i] = page{state: PageFree, prev: -1, next: -1}
 		// Pushed in reverse so that a fresh pool hands out 0, 1, 2, ...
 		p.free[i] = int32(cfg.NumPages - 1 - i)
 	}
@@ -338,7 +383,9 @@ func (p *Pool) Free() int {
 func (p *Pool) Stats() Stats {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.stats
+	s := p.stats
+	s.SharedWriteRefusals = p.sharedRefusals.Load()
+	return s
 }
 
 // Reclaims returns the most recent WriterClosed records, oldest first.
@@ -365,30 +412,73 @@ func (p *Pool) Info(id int32) PageInfo {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	pg := &p.pages[id]
-	return PageInfo{Owner: Owner{pg.room, pg.epoch}, Written: int(pg.written), State: pg.state, Writer: pg.writer}
+	return PageInfo{Owner: Owner{pg.room, pg.epoch}, Written: int(pg.written), State: pg.state, Writer: pg.writer, Refs: int(pg.refs)}
 }
 
 // Alloc takes n pages for room under a fresh epoch, or none at all: a
 // request that cannot get all its pages must not hold some of them while it
-// waits or is rejected. The pages start with written count 0.
+// waits or is rejected. The pages start with written count 0. When the free
+// list is short, cached pages nobody pins are evicted to make room.
 func (p *Pool) Alloc(room uint64, n int) (Allocation, error) {
 	if n <= 0 {
 		return Allocation{}, fmt.Errorf("%w: alloc of %d pages", ErrBadArg, n)
 	}
+	return p.AllocPinned(room, n, nil)
+}
+
+// AllocPinned is Alloc for a request whose prefix is in the prefix cache:
+// under one fresh tag it pins the shared pages refs (each must still hold
+// its key) and takes n fresh pages, or does nothing. The allocation's page
+// table is the shared pages then the fresh ones; Release of that table
+// unpins the first and frees the others. Pinning comes before eviction, so
+// making room never takes a page this request is about to read.
+func (p *Pool) AllocPinned(room uint64, n int, refs []SharedRef) (Allocation, error) {
+	if n < 0 || n+len(refs) == 0 {
+		return Allocation{}, fmt.Errorf("%w: alloc of %d pages and %d shared", ErrBadArg, n, len(refs))
+	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if n > len(p.free) {
+	var evicted []SharedRef
+	defer func() {
+		hook := p.onEvict
+		p.mu.Unlock()
+		// Outside the lock: the hook takes the index's lock, and the index
+		// may call the pool while holding it.
+		if hook != nil && len(evicted) > 0 {
+			hook(evicted)
+		}
+	}()
+	pinNow := 0 // refs that are cached now and stop being evictable
+	p.nextStamp()
+	for _, r := range refs {
+		if err := p.checkRef(r); err != nil {
+			return Allocation{}, err
+		}
+		if p.visit(r.Page) {
+			return Allocation{}, fmt.Errorf("%w: shared page %d named twice", ErrBadArg, r.Page)
+		}
+		if p.pages[r.Page].refs == 0 {
+			pinNow++
+		}
+	}
+	if n > len(p.free)+p.stats.Cached-pinNow {
 		p.stats.AllocFailures++
-		return Allocation{}, fmt.Errorf("%w: room %d asked for %d pages, %d free of %d", ErrNoSpace, room, n, len(p.free), len(p.pages))
+		return Allocation{}, fmt.Errorf("%w: room %d asked for %d pages, %d free and %d cached of %d", ErrNoSpace, room, n, len(p.free), p.stats.Cached-pinNow, len(p.pages))
 	}
 	p.lastEpoch++
 	o := Owner{Room: room, Epoch: p.lastEpoch}
+	ids := make([]int32, 0, len(refs)+n)
+	for _, r := range refs {
+		p.pinPage(r.Page, o)
+		ids = append(ids, r.Page)
+	}
+	for len(p.free) < n {
+		evicted = append(evicted, p.evictOne())
+	}
 	top := len(p.free)
-	ids := make([]int32, n)
-	for i := range ids {
+	for i := range n {
 		id := p.free[top-1-i]
-		ids[i] = id
-		p.pages[id] = page{room: o.Room, epoch: o.Epoch, state: PageAllocated}
+		ids = append(ids, id)
+		p.pages[id] = page{room: o.Room, epoch: o.Epoch, state: PageAllocated, prev: -1, next: -1}
 	}
 	p.free = p.free[:top-n]
 	p.stats.Allocations++
@@ -403,6 +493,10 @@ func (p *Pool) owned(o Owner, id int32) error {
 		return fmt.Errorf("%w: page %d (pool has %d)", ErrBadPage, id, len(p.pages))
 	}
 	pg := &p.pages[id]
+	if pg.state == PageShared {
+		p.sharedRefusals.Add(1)
+		return fmt.Errorf("%w: page %d is in the prefix cache, asked to write by %v", ErrShared, id, o)
+	}
 	if pg.state != PageAllocated {
 		return fmt.Errorf("%w: page %d is %s, asked by %v", ErrNotAllocated, id, pg.state, o)
 	}
@@ -442,11 +536,19 @@ func (p *Pool) MarkPositions(owner Owner, pages []int32, positions int) error {
 		return err
 	}
 	for _, id := range pages[:need] {
+		// A shared page the request reads is already complete: marking it
+		// changes nothing and is allowed. Anything else about it is a write.
+		if p.sharedPinned(owner, id) {
+			continue
+		}
 		if err := p.owned(owner, id); err != nil {
 			return err
 		}
 	}
 	for i, id := range pages[:need] {
+		if p.pages[id].state == PageShared {
+			continue
+		}
 		w := int32(min(p.cfg.PageSize, positions-i*p.cfg.PageSize))
 		if pg := &p.pages[id]; pg.written < w {
 			pg.written = w
@@ -469,7 +571,8 @@ func (p *Pool) span(pages []int32, positions int) (int, error) {
 
 // CheckReadable is the read gate, run when a batch is built, on every step:
 // positions [0, positions) of a sequence may be attended over only if every
-// page holding them is allocated to owner and written that far. It reads no
+// page holding them is allocated to owner and written that far, or is a
+// shared page (complete, read-only) on which owner holds a pin. It reads no
 // KV, so a failure here means the request must abort before any kernel sees
 // someone else's (or no one's) data.
 func (p *Pool) CheckReadable(owner Owner, pages []int32, positions int) error {
@@ -480,6 +583,12 @@ func (p *Pool) CheckReadable(owner Owner, pages []int32, positions int) error {
 		return err
 	}
 	for i, id := range pages[:need] {
+		if id >= 0 && int(id) < len(p.pages) && p.pages[id].state == PageShared {
+			if !p.sharedPinned(owner, id) {
+				return fmt.Errorf("%w: page %d (index %d) is shared and %v holds no pin on it", ErrShared, id, i, owner)
+			}
+			continue // complete by construction: only full pages are published
+		}
 		if err := p.owned(owner, id); err != nil {
 			return err
 		}
@@ -543,8 +652,19 @@ func (p *Pool) Release(owner Owner, pages []int32) error {
 			return err
 		}
 	}
+	// Shared pages are unpinned last page first, so that a prefix's pages
+	// become evictable leaves before roots: the LRU takes the page whose
+	// loss costs the fewest hits.
+	for i := len(pages) - 1; i >= 0; i-- {
+		if id := pages[i]; p.pages[id].state == PageShared {
+			p.unpinPage(id, owner)
+		}
+	}
 	for _, id := range pages {
 		pg := &p.pages[id]
+		if pg.state == PageShared {
+			continue
+		}
 		if pg.writer {
 			pg.state = PageQuarantined
 			p.stats.Allocated--
@@ -567,6 +687,11 @@ func (p *Pool) checkRelease(o Owner, id int32) error {
 	}
 	pg := &p.pages[id]
 	switch {
+	case pg.state == PageShared:
+		if !p.sharedPinned(o, id) {
+			return fmt.Errorf("%w: shared page %d released by %v, which holds no pin on it", ErrDoubleRelease, id, o)
+		}
+		return nil
 	case pg.state == PageFree:
 		return fmt.Errorf("%w: page %d is already free, released by %v", ErrDoubleRelease, id, o)
 	case pg.room != o.Room || pg.epoch != o.Epoch:
@@ -664,10 +789,13 @@ func (p *Pool) dropWriter(pages []int32) (freed int) {
 	return freed
 }
 
-// freePage returns a page that has no owner left to the free list. The
-// caller has already taken it out of the Allocated/Quarantined gauge.
+// freePage returns a page that has no owner left to the free list: the one
+// place a page is freed. A private page comes here when its request is
+// terminal and its writer drained (Release, dropWriter); a shared page when
+// it has no pin and is evicted (evictOne). The caller has already taken it
+// out of its gauge.
 func (p *Pool) freePage(id int32) {
-	p.pages[id] = page{state: PageFree}
+	p.pages[id] = page{state: PageFree, prev: -1, next: -1}
 	if p.cfg.Poison {
 		// Under the lock on purpose: the page must not be handed out again
 		// before it is poisoned, and poison is a test mode (where a device

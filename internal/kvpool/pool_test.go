@@ -25,12 +25,24 @@ func checkInvariants(t *testing.T, p *Pool) {
 	t.Helper()
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	var free, alloc, quar, writer int
-	for _, pg := range p.pages {
+	var free, alloc, quar, writer, shared, cached int
+	refs := map[int32]int32{}
+	for pn := range p.pins {
+		refs[pn.page]++
+	}
+	for id, pg := range p.pages {
 		switch pg.state {
+		case PageShared:
+			shared++
+			if pg.refs == 0 {
+				cached++
+			}
+			if pg.refs != refs[int32(id)] || pg.writer || int(pg.written) != p.cfg.PageSize || pg.room != CacheRoom {
+				t.Errorf("shared page %d: %+v, %d pins", id, pg, refs[int32(id)])
+			}
 		case PageFree:
 			free++
-			if pg.writer || pg.room != 0 || pg.epoch != 0 || pg.written != 0 {
+			if pg.writer || pg.room != 0 || pg.epoch != 0 || pg.written != 0 || pg.refs != 0 {
 				t.Errorf("free page with leftover bookkeeping %+v", pg)
 			}
 		case PageAllocated:
@@ -57,12 +69,33 @@ func checkInvariants(t *testing.T, p *Pool) {
 			t.Errorf("page %d on the free list in state %v", id, p.pages[id].state)
 		}
 	}
-	s := p.stats
-	if len(p.free) != free || s.Free != free || s.Allocated != alloc || s.Quarantined != quar || s.WriterHeld != writer {
-		t.Errorf("gauges %+v, recount free=%d (list %d) allocated=%d quarantined=%d writer=%d", s, free, len(p.free), alloc, quar, writer)
+	for pn := range p.pins {
+		if p.pages[pn.page].state != PageShared {
+			t.Errorf("pin %+v on a page in state %v", pn, p.pages[pn.page].state)
+		}
 	}
-	if free+alloc+quar != s.Total || s.Total != len(p.pages) {
-		t.Errorf("pages lost: free %d + allocated %d + quarantined %d != total %d", free, alloc, quar, s.Total)
+	// The LRU list holds exactly the cached pages, linked both ways.
+	n, prev := 0, int32(-1)
+	for id := p.lruHead; id >= 0; id = p.pages[id].next {
+		if pg := p.pages[id]; pg.state != PageShared || pg.refs != 0 || pg.prev != prev {
+			t.Errorf("page %d on the cached list: %+v", id, pg)
+		}
+		prev = id
+		if n++; n > len(p.pages) {
+			t.Fatal("cached list has a cycle")
+		}
+	}
+	if n != cached || p.lruTail != prev {
+		t.Errorf("cached list holds %d pages (tail %d, want %d), %d cached", n, p.lruTail, prev, cached)
+	}
+	s := p.stats
+	if len(p.free) != free || s.Free != free || s.Allocated != alloc || s.Quarantined != quar || s.WriterHeld != writer ||
+		s.Shared != shared || s.Cached != cached {
+		t.Errorf("gauges %+v, recount free=%d (list %d) allocated=%d quarantined=%d writer=%d shared=%d cached=%d",
+			s, free, len(p.free), alloc, quar, writer, shared, cached)
+	}
+	if free+alloc+quar+shared != s.Total || s.Total != len(p.pages) || free+cached+s.Used() != s.Total {
+		t.Errorf("pages lost: free %d + allocated %d + quarantined %d + shared %d != total %d", free, alloc, quar, shared, s.Total)
 	}
 }
 
