@@ -1,0 +1,256 @@
+// Package prefixcache finds the KV pages a prompt can reuse: an index of
+// shared pool pages keyed by a hash chain per tenant.
+//
+// The rule it keeps (DESIGN.md, "Shared pages"): a request reads only KV it
+// wrote itself, or KV in an immutable shared page whose contents were
+// complete when it was shared and whose key is the hash of the same
+// tenant's salt, the model and KV layout, and the exact tokens up to the
+// end of that page. The key of page i is xxh3-128 of (key of page i-1, the
+// page's tokens); the chain's root is xxh3-128 of (tenant salt, model
+// fingerprint, layout). Two tenants' chains never meet, so one tenant's
+// lookup can never find, or time, another's pages. The index also keeps
+// each page's tokens and parent and compares them on lookup, so even a
+// hash collision cannot hand out a page whose prefix differs.
+package prefixcache
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/batonlm/baton/internal/kvpool"
+)
+
+// Salt separates tenants: pages found under one salt are never found
+// under another. The zero Salt is a tenant like any other (no API key, no
+// cache_salt).
+type Salt [16]byte
+
+// Scope says what a tenant is.
+type Scope string
+
+// Scopes.
+const (
+	// ScopeKey (default): each API key (the bearer token the request
+	// carries, hashed) is its own tenant, further split by cache_salt.
+	ScopeKey Scope = "key"
+	// ScopeGlobal shares pages across API keys; only cache_salt still
+	// separates requests. For single-tenant deployments: a cache hit
+	// answers faster, which another tenant can measure.
+	ScopeGlobal Scope = "global"
+)
+
+// ParseScope checks a --prefix-cache-scope value.
+func ParseScope(s string) (Scope, error) {
+	switch Scope(s) {
+	case ScopeKey, ScopeGlobal:
+		return Scope(s), nil
+	}
+	return "", fmt.Errorf("prefix cache scope %q: want key or global", s)
+}
+
+// TenantSalt is the salt of a request that carried the bearer token apiKey
+// ("" for none) and the cache_salt field cacheSalt ("" for none). It is the
+// tenant's identity for anything cached across requests (KV pages here;
+// compiled grammars may use it too), never the key itself.
+func TenantSalt(scope Scope, apiKey, cacheSalt string) Salt {
+	if scope == ScopeGlobal {
+		apiKey = ""
+	}
+	// Length-prefixed, so that no (key, salt) pair reads as another.
+	b := make([]byte, 0, 32+len(apiKey)+len(cacheSalt))
+	b = append(b, "baton tenant\x00"...)
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(apiKey)))
+	b = append(b, apiKey...)
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(cacheSalt)))
+	b = append(b, cacheSalt...)
+	return Salt(xxh3.Hash128(b).Bytes())
+}
+
+// entry is one shared page in the index.
+type entry struct {
+	page   int32
+	parent kvpool.CacheKey
+	tokens []int32
+}
+
+// Stats are the cache's figures.
+type Stats struct {
+	Pages         int    // pages in the index (pinned or not)
+	QueriedTokens uint64 // prompt tokens looked up
+	HitTokens     uint64 // of them, found cached
+}
+
+// Cache is the index of one pool's shared pages. Safe for concurrent use.
+type Cache struct {
+	pool        *kvpool.Pool
+	pageSize    int
+	fingerprint string
+
+	mu    sync.Mutex
+	index map[kvpool.CacheKey]entry
+
+	queried, hit atomic.Uint64
+}
+
+// New makes the cache of pool's shared pages. fingerprint names the model
+// (weights and configuration) so that pages of another model, or of the
+// same one under another layout, never match; the pool's layout is added
+// to it here. The pool's eviction hook is set to drop evicted pages.
+func New(pool *kvpool.Pool, fingerprint string) *Cache {
+	cfg := pool.Config()
+	c := &Cache{
+		pool:     pool,
+		pageSize: cfg.PageSize,
+		fingerprint: fmt.Sprintf("%s|page %d layers %d kv heads %d head dim %d dtype f32",
+			fingerprint, cfg.PageSize, cfg.Layers, cfg.KVHeads, cfg.HeadDim),
+		index: map[kvpool.CacheKey]entry{},
+	}
+	pool.SetEvictHook(c.evicted)
+	return c
+}
+
+// PageSize is the number of tokens a cached page holds.
+func (c *Cache) PageSize() int { return c.pageSize }
+
+// root is the start of salt's chain.
+func (c *Cache) root(salt Salt) kvpool.CacheKey {
+	b := make([]byte, 0, 16+len(c.fingerprint)+16)
+	b = append(b, salt[:]...)
+	b = append(b, c.fingerprint...)
+	return key(xxh3.Hash128(b))
+}
+
+func key(u xxh3.Uint128) kvpool.CacheKey { return kvpool.CacheKey{Hi: u.Hi, Lo: u.Lo} }
+
+// next is the key of a page holding tokens after the page keyed parent.
+func next(buf []byte, parent kvpool.CacheKey, tokens []int32) (kvpool.CacheKey, []byte) {
+	buf = buf[:0]
+	buf = binary.LittleEndian.AppendUint64(buf, parent.Hi)
+	buf = binary.LittleEndian.AppendUint64(buf, parent.Lo)
+	for _, t := range tokens {
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(t))
+	}
+	return key(xxh3.Hash128(buf)), buf
+}
+
+// Keys are the chain keys of the full pages of tokens under salt.
+func (c *Cache) Keys(salt Salt, tokens []int32) []kvpool.CacheKey {
+	n := len(tokens) / c.pageSize
+	keys := make([]kvpool.CacheKey, n)
+	k, buf := c.root(salt), []byte(nil)
+	for i := range n {
+		k, buf = next(buf, k, tokens[i*c.pageSize:(i+1)*c.pageSize])
+		keys[i] = k
+	}
+	return keys
+}
+
+// Lookup finds the longest run of cached full pages that prompt starts
+// with under salt, leaving at least one token to compute (a step must
+// produce the logits of the last prompt token). The pages are not pinned:
+// the caller pins them with the pool's AllocPinned, which refuses any that
+// was evicted meanwhile, and then counts what it used with Count.
+func (c *Cache) Lookup(salt Salt, prompt []int32) []kvpool.SharedRef {
+	limit := max(0, len(prompt)-1) / c.pageSize
+	var refs []kvpool.SharedRef
+	c.mu.Lock()
+	k, buf := c.root(salt), []byte(nil)
+	for i := range limit {
+		toks := prompt[i*c.pageSize : (i+1)*c.pageSize]
+		parent := k
+		k, buf = next(buf, parent, toks)
+		e, ok := c.index[k]
+		if !ok || e.parent != parent || !equal(e.tokens, toks) {
+			break
+		}
+		refs = append(refs, kvpool.SharedRef{Page: e.page, Key: k})
+	}
+	c.mu.Unlock()
+	return refs
+}
+
+// Count records one admitted prompt: queried tokens looked up, hit of
+// them read from the cache.
+func (c *Cache) Count(queried, hit int) {
+	c.queried.Add(uint64(queried))
+	c.hit.Add(uint64(hit))
+}
+
+func equal(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Publish offers the full pages of tokens (whose KV owner wrote into
+// pages, in order) to the cache under salt. A page already shared (the
+// request found it in the cache, or published it before) is skipped, as is
+// one whose key another page holds already (the same prefix computed twice
+// at once: the copy stays private and is freed with its request). The pool
+// refuses pages that are not complete or still have a writer; the first
+// refusal ends the run. It returns how many pages it published.
+func (c *Cache) Publish(salt Salt, owner kvpool.Owner, pages []int32, tokens []int32) (int, error) {
+	keys := c.Keys(salt, tokens)
+	n := min(len(keys), len(pages))
+	published := 0
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	parent := c.root(salt)
+	for i := range n {
+		k, id := keys[i], pages[i]
+		if i > 0 {
+			parent = keys[i-1]
+		}
+		if _, ok := c.index[k]; ok {
+			continue
+		}
+		if c.pool.Info(id).State == kvpool.PageShared {
+			continue
+		}
+		if err := c.pool.Publish(owner, id, k); err != nil {
+			return published, err
+		}
+		c.index[k] = entry{page: id, parent: parent, tokens: append([]int32(nil), tokens[i*c.pageSize:(i+1)*c.pageSize]...)}
+		published++
+	}
+	return published, nil
+}
+
+// evicted is the pool's eviction hook: the pages are free now, their keys
+// name nothing.
+func (c *Cache) evicted(refs []kvpool.SharedRef) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range refs {
+		if e, ok := c.index[r.Key]; ok && e.page == r.Page {
+			delete(c.index, r.Key)
+		}
+	}
+}
+
+// Stats returns the cache's figures.
+func (c *Cache) Stats() Stats {
+	c.mu.Lock()
+	n := len(c.index)
+	c.mu.Unlock()
+	return Stats{Pages: n, QueriedTokens: c.queried.Load(), HitTokens: c.hit.Load()}
+}
+
+// HitRate is hit tokens over queried tokens since the start (0 before any
+// query).
+func (s Stats) HitRate() float64 {
+	if s.QueriedTokens == 0 {
+		return 0
+	}
+	return float64(s.HitTokens) / float64(s.QueriedTokens)
+}
