@@ -84,6 +84,10 @@ type Sampling struct {
 	MinTokens int
 	// N is the number of independent choices, 1..MaxN.
 	N int
+	// CacheSalt (vLLM's cache_salt) splits the request's tenant in the
+	// prefix cache: only requests with the same salt (and API key) share
+	// cached KV pages.
+	CacheSalt string
 	// Constraint, when Kind is set, restricts the output to a language:
 	// response_format's json_object or json_schema, or SGLang's regex and
 	// ebnf fields.
@@ -101,6 +105,9 @@ type Sampling struct {
 type Constraint struct {
 	Kind, Spec string
 }
+
+// maxCacheSaltBytes bounds cache_salt, which is hashed into every lookup.
+const maxCacheSaltBytes = 1024
 
 // maxConstraintBytes bounds a schema, regex or grammar: compiling one is
 // work the server does before it answers.
@@ -460,6 +467,14 @@ func (f fields) sampling() (Sampling, *Error) {
 		return s, e
 	} else if ok {
 		s.MaxTokens = int(n)
+	}
+	if v, ok, e := f.string("cache_salt"); e != nil {
+		return s, e
+	} else if ok {
+		if v == "" || len(v) > maxCacheSaltBytes {
+			return s, BadRequest(fmt.Sprintf("cache_salt must be a non-empty string of at most %d bytes", maxCacheSaltBytes), "cache_salt")
+		}
+		s.CacheSalt = v
 	}
 	if x, ok, e := f.float("temperature"); e != nil {
 		return s, e

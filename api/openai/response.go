@@ -39,11 +39,25 @@ type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// PromptTokensDetails says how many prompt tokens were read from the
+	// prefix cache rather than computed (OpenAI's field).
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails breaks the prompt tokens down.
+type PromptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // NewUsage fills in TotalTokens so it cannot disagree with its parts.
 func NewUsage(promptTokens, completionTokens int) *Usage {
 	return &Usage{PromptTokens: promptTokens, CompletionTokens: completionTokens, TotalTokens: promptTokens + completionTokens}
+}
+
+// WithCached adds the count of prompt tokens read from the prefix cache.
+func (u *Usage) WithCached(cachedTokens int) *Usage {
+	u.PromptTokensDetails = &PromptTokensDetails{CachedTokens: cachedTokens}
+	return u
 }
 
 // Logprob is a log-probability as sent on the wire. JSON has no -Inf, and a

@@ -26,6 +26,7 @@ import (
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/router"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/server"
@@ -56,6 +57,8 @@ type serveFlags struct {
 	loadFormat      string
 	dummyDType      string
 	kvPoison        bool
+	noRadixCache    bool
+	cacheScope      string
 	strictCapacity  bool
 	threads         int
 	shutdownTimeout time.Duration
@@ -139,6 +142,8 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
+	fs.BoolVar(&f.noRadixCache, "disable-radix-cache", false, "standalone: turn the prefix cache off (every prompt is computed in full)")
+	fs.StringVar(&f.cacheScope, "prefix-cache-scope", "key", "who shares prefix cache pages: key (each API key, split further by cache_salt) | global (all keys; for single-tenant deployments, since a hit is a timing signal)")
 	fs.StringVar(&f.device, "device", "auto", "kernels: cpu | cuda | auto (CUDA when a usable GPU is present, else CPU)")
 	fs.StringSliceVar(&f.rdmaDevices, "rdma-device", nil, "ucx transport: restrict UCX to these RDMA devices (e.g. mlx5_0)")
 	// SGLang's names for the same settings, so that a command line written
@@ -194,6 +199,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
 	case f.readTimeout <= 0:
 		return fmt.Errorf("--request-read-timeout must be positive")
+	case f.cacheScope != string(prefixcache.ScopeKey) && f.cacheScope != string(prefixcache.ScopeGlobal):
+		return fmt.Errorf("unknown --prefix-cache-scope %q (key, global)", f.cacheScope)
 	case f.metricsKey && f.apiKey == "":
 		return fmt.Errorf("--metrics-require-key needs --api-key")
 	case f.transport != "tcp" && f.transport != "ucx":
@@ -458,12 +465,19 @@ func (le *loadedEngine) transferKV() kernels.PagedKV {
 	return le.pool.KV()
 }
 
-func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set) *scheduler.Engine {
+func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set, cache *prefixcache.Cache) *scheduler.Engine {
 	return scheduler.NewEngine(le.loaded.Model, le.pool, scheduler.Config{
 		Role: role, ContextLength: le.plan.context, MaxRunning: f.maxRunning, ChunkSize: f.chunkedPrefill, MaxQueue: f.maxQueued, IsEOG: le.tok.IsEOG,
 		Constrain:    le.constraints.matcher,
 		PreemptAfter: f.preemptAfter,
+		PrefixCache:  cache,
 	}, ms)
+}
+
+// fingerprint names the model whose KV the prefix cache keeps: pages
+// computed by other weights or another configuration never match.
+func (le *loadedEngine) fingerprint(f *serveFlags) string {
+	return fmt.Sprintf("%s|%s|%s|%s|%+v", le.name, f.modelPath, f.loadFormat, f.dummyDType, le.loaded.Model.Config)
 }
 
 // chatTemplate is --chat-template when given, else the model's own template,
@@ -502,8 +516,21 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	ms := metrics.New("standalone")
-	eng := le.engine(f, scheduler.RoleStandalone, ms)
+	var cache *prefixcache.Cache
+	if !f.noRadixCache {
+		cache = prefixcache.New(le.pool, le.fingerprint(f))
+	}
+	eng := le.engine(f, scheduler.RoleStandalone, ms, cache)
+	cacheInfo := func() map[string]any {
+		if cache == nil {
+			return map[string]any{"enabled": false}
+		}
+		cs, st := cache.Stats(), le.pool.Stats()
+		return map[string]any{"enabled": true, "scope": f.cacheScope, "pages": cs.Pages, "pages_cached": st.Cached,
+			"queried_tokens": cs.QueriedTokens, "hit_tokens": cs.HitTokens, "hit_rate": cs.HitRate(), "evictions": st.Evictions}
+	}
 	srv := server.New(server.Options{
+		PrefixCacheScope: prefixcache.Scope(f.cacheScope), SharePrompt: cache != nil,
 		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
 		Constraints: le.constraints.check,
 		Defaults:    samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
@@ -513,7 +540,8 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			"kv_pool_tokens": le.plan.pages * le.plan.pageSize, "kv_pool_pages": le.plan.pages, "page_size": le.plan.pageSize, "model": le.name},
 		LiveInfo: func() map[string]any {
 			st := le.pool.Stats()
-			return map[string]any{"kv_pages_free": st.Free, "kv_pages_quarantined": st.Quarantined}
+			return map[string]any{"kv_pages_free": st.Free, "kv_pages_quarantined": st.Quarantined, "kv_pages_cached": st.Cached,
+				"prefix_cache": cacheInfo()}
 		},
 	})
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.port)))

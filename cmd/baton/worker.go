@@ -61,7 +61,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	var eng *scheduler.Engine
 	switch f.role {
 	case "prefill":
-		eng = le.engine(f, scheduler.RolePrefill, ms)
+		eng = le.engine(f, scheduler.RolePrefill, ms, nil)
 		var sender transfer.Sender = tcp.NewSender(tcp.WithHandshake(xfer))
 		if f.transport == "ucx" {
 			s, err := ucx.NewSender(append(ucxOptions(f), ucx.WithHandshake(xfer))...)
@@ -78,7 +78,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		pdv1.RegisterPrefillServer(gs, p)
 		worker = p
 	case "decode":
-		eng = le.engine(f, scheduler.RoleDecode, ms)
+		eng = le.engine(f, scheduler.RoleDecode, ms, nil)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Transport: f.transport,
 			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer, Auth: plane, Identity: le.identity(), Log: le.log})

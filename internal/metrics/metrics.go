@@ -25,21 +25,28 @@ type Set struct {
 	// token_usage).
 	TokenUsage         prometheus.Gauge
 	KVPagesQuarantined prometheus.Gauge
-	Requests           *prometheus.CounterVec // role, outcome
-	Rejected           *prometheus.CounterVec // role, reason
-	Running            prometheus.Gauge
-	Queued             prometheus.Gauge
-	TTFT               prometheus.Histogram
-	ITL                prometheus.Histogram
-	E2E                prometheus.Histogram
-	PromptTokens       prometheus.Counter
-	GenerationTokens   prometheus.Counter
-	ReadGateFailures   prometheus.Counter
-	NaNLogits          prometheus.Counter
-	Preemptions        prometheus.Counter
-	ReleaseErrors      prometheus.Gauge
-	QueuedTotal        prometheus.Counter
-	TransferSessions   prometheus.Counter
+	// Prefix cache: pages shared and unpinned (evictable), the prompt
+	// tokens looked up and found, and the hit rate since start.
+	KVPagesCached         prometheus.Gauge
+	KVSharedWriteRefusals prometheus.Gauge
+	PrefixCacheQueried    prometheus.Counter
+	PrefixCacheHit        prometheus.Counter
+	PrefixCacheHitRate    prometheus.Gauge
+	Requests              *prometheus.CounterVec // role, outcome
+	Rejected              *prometheus.CounterVec // role, reason
+	Running               prometheus.Gauge
+	Queued                prometheus.Gauge
+	TTFT                  prometheus.Histogram
+	ITL                   prometheus.Histogram
+	E2E                   prometheus.Histogram
+	PromptTokens          prometheus.Counter
+	GenerationTokens      prometheus.Counter
+	ReadGateFailures      prometheus.Counter
+	NaNLogits             prometheus.Counter
+	Preemptions           prometheus.Counter
+	ReleaseErrors         prometheus.Gauge
+	QueuedTotal           prometheus.Counter
+	TransferSessions      prometheus.Counter
 
 	// Prefill/decode handoff.
 	ReservationsActive prometheus.Gauge
@@ -75,6 +82,16 @@ func New(role string) *Set {
 		TokenUsage:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_token_usage", Help: "Fraction of the KV pool's pages in use (held by requests or quarantined), 0 to 1.", ConstLabels: c}),
 		KVPagesFree:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_free", Help: "Free pages in the KV pool.", ConstLabels: c}),
 		KVPagesQuarantined: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_quarantined", Help: "Pages whose request ended but whose writer has not confirmed it is drained.", ConstLabels: c}),
+		KVPagesCached: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_cached",
+			Help: "Prefix cache pages no request pins: kept for reuse, evicted (least recently used first) when an allocation needs them.", ConstLabels: c}),
+		KVSharedWriteRefusals: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_shared_write_refusals",
+			Help: "Writes, marks and writer attachments aimed at a shared (prefix cache) page and refused; anything but 0 is a bug.", ConstLabels: c}),
+		PrefixCacheQueried: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_prefix_cache_queried_tokens_total",
+			Help: "Prompt tokens looked up in the prefix cache at admission.", ConstLabels: c}),
+		PrefixCacheHit: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_prefix_cache_hit_tokens_total",
+			Help: "Prompt tokens read from the prefix cache instead of computed.", ConstLabels: c}),
+		PrefixCacheHitRate: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_prefix_cache_hit_rate",
+			Help: "Prefix cache hit tokens over queried tokens since start, 0 to 1.", ConstLabels: c}),
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_total", Help: "Requests by outcome."}, []string{"role", "outcome"}),
 		Rejected:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_rejected_total", Help: "Requests rejected at the door, by reason."}, []string{"role", "reason"}),
 		Running:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_num_running_reqs", Help: "Requests in the running batch.", ConstLabels: c}),
@@ -111,7 +128,8 @@ func New(role string) *Set {
 	}
 	if role != "router" {
 		r.MustRegister(s.KVPagesTotal, s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage, s.Queued,
-			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.IllegalMoves)
+			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.IllegalMoves,
+			s.KVPagesCached, s.KVSharedWriteRefusals, s.PrefixCacheQueried, s.PrefixCacheHit, s.PrefixCacheHitRate)
 	}
 	if role == "prefill" || role == "decode" {
 		r.MustRegister(s.TransferSessions, s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures,

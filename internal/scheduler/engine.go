@@ -16,6 +16,7 @@ import (
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/prefixcache"
 )
 
 // Config bounds what the engine takes on.
@@ -43,6 +44,10 @@ type Config struct {
 	// Constrain makes the matchers of requests with a Constraint
 	// (structured output); nil refuses such requests.
 	Constrain Constrainer
+	// PrefixCache, when set (standalone only), lets a request read the
+	// shared pages of an earlier request of its tenant with the same
+	// prefix, and publishes its own complete prompt pages for later ones.
+	PrefixCache *prefixcache.Cache
 }
 
 // RejectError is a refusal at the door: the request allocated nothing.
@@ -327,7 +332,15 @@ func (e *Engine) poolGauges() {
 	e.m.ReleaseErrors.Set(float64(st.ReleaseErrors))
 	e.m.KVPagesFree.Set(float64(st.Free))
 	e.m.KVPagesQuarantined.Set(float64(st.Quarantined))
-	e.m.TokenUsage.Set(1 - float64(st.Free)/float64(max(1, st.Total)))
+	e.m.KVPagesCached.Set(float64(st.Cached))
+	e.m.KVSharedWriteRefusals.Set(float64(st.SharedWriteRefusals))
+	// Cached pages are free for the taking (eviction), so they do not
+	// count as used.
+	e.m.TokenUsage.Set(float64(st.Used()) / float64(max(1, st.Total)))
+	if c := e.cfg.PrefixCache; c != nil {
+		cs := c.Stats()
+		e.m.PrefixCacheHitRate.Set(cs.HitRate())
+	}
 }
 
 func (e *Engine) dequeued() {
@@ -362,11 +375,7 @@ func (e *Engine) admit() {
 			e.running = append(e.running, r)
 			continue
 		}
-		need := e.needPages(r)
-		if need > e.pool.Free() {
-			break
-		}
-		a, err := e.pool.Alloc(r.room, need)
+		a, cached, err := e.allocate(r)
 		if err != nil {
 			break
 		}
@@ -378,7 +387,7 @@ func (e *Engine) admit() {
 			e.fail(r, err)
 			continue
 		}
-		r.owner, r.pages, r.computed = a.Owner, a.Pages, 0
+		r.owner, r.pages, r.computed, r.cached = a.Owner, a.Pages, cached, cached
 		r.seq = append([]int32(nil), r.Prompt...)
 		seed := rand.Uint64()
 		if r.Params.Seed != nil {
@@ -410,7 +419,7 @@ func (e *Engine) maybePreempt() {
 		return
 	}
 	head := e.waiting[0]
-	if time.Since(head.queuedAt) < e.cfg.PreemptAfter || e.needPages(head) > e.pool.Free() {
+	if time.Since(head.queuedAt) < e.cfg.PreemptAfter || e.needPages(head) > e.pool.Available() {
 		return
 	}
 	var victim *Request
@@ -476,6 +485,15 @@ func (e *Engine) step() {
 			e.fail(r, fmt.Errorf("KV read gate refused the batch: %w", err))
 			continue
 		}
+		// The write gate: the positions this step stores must fall in the
+		// request's own pages, never in a shared page others read.
+		if err := writable(e, r, r.computed, end); err != nil {
+			e.m.ReadGateFailures.Inc()
+			e.running = append(e.running[:i], e.running[i+1:]...)
+			i--
+			e.fail(r, fmt.Errorf("KV write gate refused the batch: %w", err))
+			continue
+		}
 		if r.life.State() == StateAdmitted {
 			e.must(r, r.life.To(StatePrefilling, ""))
 		}
@@ -530,6 +548,9 @@ func (e *Engine) step() {
 		r.computed = s.KVLen
 		if r.computed < len(r.seq) {
 			continue // more prompt to prefill
+		}
+		if r.generated == 0 {
+			e.publish(r)
 		}
 		row := logits[(at-1)*vocab : at*vocab]
 		if hasNaN(row) {
@@ -643,7 +664,11 @@ func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	case len(r.seq) >= e.cfg.ContextLength:
 		finish = FinishLength
 	}
-	r.emit(Event{Token: &tok, Prompt: r.takePromptLP()})
+	ev := Event{Token: &tok, Prompt: r.takePromptLP()}
+	if r.generated == 1 {
+		ev.CachedTokens = r.cached
+	}
+	r.emit(ev)
 	if finish != "" {
 		e.remove(r)
 		e.finish(r, finish)
@@ -675,6 +700,7 @@ func (e *Engine) finish(r *Request, reason string) {
 		e.fail(r, err)
 		return
 	}
+	e.publish(r)
 	e.release(r)
 	e.m.Outcome("finished")
 	e.m.E2E.Observe(time.Since(r.arrived).Seconds())

@@ -9,6 +9,7 @@ import (
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/prefixcache"
 )
 
 // Params says how a request is generated.
@@ -28,6 +29,9 @@ type Params struct {
 	// Constraint, when set, restricts the output to a language (structured
 	// output).
 	Constraint Constraint
+	// Tenant is the request's prefix cache salt: it reads cached pages
+	// only of requests with the same one (see prefixcache.TenantSalt).
+	Tenant prefixcache.Salt
 }
 
 // Finish reasons, as the OpenAI API names them.
@@ -47,6 +51,9 @@ type Event struct {
 	// Prompt comes with the first token when Params.PromptLogprobs asked
 	// for it: the logprobs of prompt tokens 1..n-1 (token 0 has none).
 	Prompt []model.Sampled
+	// CachedTokens comes with the first token: how many prompt tokens were
+	// read from the prefix cache instead of computed.
+	CachedTokens int
 }
 
 // FinishPrefilled ends a prefill-role request: the prompt is computed and
@@ -84,6 +91,7 @@ type Request struct {
 	promptLP  []model.Sampled // the prompt's logprobs, until delivered
 	generated int
 	computed  int // positions whose KV is in the pages
+	cached    int // leading prompt positions read from shared pages
 	owner     kvpool.Owner
 	pages     []int32
 	// promptPages are a decode request's prompt pages, the ones its

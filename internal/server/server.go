@@ -19,6 +19,7 @@ import (
 	"github.com/batonlm/baton/api/openai"
 	"github.com/batonlm/baton/internal/httpauth"
 	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/tokenizer"
 	"github.com/batonlm/baton/internal/tokenizer/chat"
@@ -88,6 +89,13 @@ type Options struct {
 	// MaxModelLen, when set, is the longest sequence (prompt and
 	// completion) served now; /v1/models and /tokenize report it.
 	MaxModelLen func() int
+	// PrefixCacheScope says what a tenant of the prefix cache is (see
+	// prefixcache.TenantSalt); every request carries its tenant's salt.
+	PrefixCacheScope prefixcache.Scope
+	// SharePrompt starts the choices of an n > 1 request after the first
+	// one's first token, when its prompt pages are in the prefix cache,
+	// so that the others read them instead of computing the prompt again.
+	SharePrompt bool
 }
 
 // SamplingDefaults are a model's default sampling parameters.
@@ -312,7 +320,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		prompt = s.o.Tokenizer.Encode(req.Prompt, true, true)
 	}
 	g := &generation{s: s, chat: false, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
-		id: openai.NewID("cmpl-"), promptParam: "prompt"}
+		id: openai.NewID("cmpl-"), promptParam: "prompt", tenant: s.Tenant(r, req.Sampling.CacheSalt)}
 	if req.Echo {
 		g.echo = req.Prompt
 		if req.PromptTokenIDs != nil {
@@ -343,8 +351,23 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	prompt := s.encodeChat(text)
 	g := &generation{s: s, chat: true, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
-		id: openai.NewID("chatcmpl-"), promptParam: "messages"}
+		id: openai.NewID("chatcmpl-"), promptParam: "messages", tenant: s.Tenant(r, req.Sampling.CacheSalt)}
 	g.run(w, r, prompt)
+}
+
+// Tenant is the prefix cache salt of a request: its bearer token (hashed;
+// with --api-key all callers hold the same one, behind a gateway each
+// caller's own) and its cache_salt field, under the configured scope.
+func (s *Server) Tenant(r *http.Request, cacheSalt string) prefixcache.Salt {
+	key := ""
+	if vals := r.Header.Values("Authorization"); len(vals) == 1 {
+		key, _ = httpauth.Bearer(vals[0])
+	}
+	scope := s.o.PrefixCacheScope
+	if scope == "" {
+		scope = prefixcache.ScopeKey
+	}
+	return prefixcache.TenantSalt(scope, key, cacheSalt)
 }
 
 // checkSampling checks what the parser could not: token ids against the

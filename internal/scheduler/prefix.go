@@ -1,0 +1,64 @@
+package scheduler
+
+import (
+	"errors"
+
+	"github.com/batonlm/baton/internal/kvpool"
+)
+
+// allocate takes r's pages at admission. With a prefix cache, the longest
+// run of full pages of r's tenant that its prompt starts with is pinned
+// and put first in its page table, and prefill starts after them; the
+// fresh pages cover the rest of its whole sequence. It returns how many
+// prompt positions the pinned pages hold.
+func (e *Engine) allocate(r *Request) (kvpool.Allocation, int, error) {
+	need := e.needPages(r)
+	var hit []kvpool.SharedRef
+	c := e.cfg.PrefixCache
+	// Prompt logprobs need the logits of every prompt position, which a
+	// cached prefix never computes here.
+	if c != nil && e.cfg.Role == RoleStandalone && !r.Params.PromptLogprobs {
+		hit = c.Lookup(r.Params.Tenant, r.Prompt)
+	}
+	if need-len(hit) > e.pool.Available() {
+		return kvpool.Allocation{}, 0, kvpool.ErrNoSpace
+	}
+	a, err := e.pool.AllocPinned(r.room, need-len(hit), hit)
+	if errors.Is(err, kvpool.ErrStale) {
+		// A page of the hit was evicted between lookup and pin: compute
+		// the whole prompt rather than guess which part is still there.
+		hit = nil
+		a, err = e.pool.AllocPinned(r.room, need, nil)
+	}
+	if err != nil {
+		return kvpool.Allocation{}, 0, err
+	}
+	cached := len(hit) * e.pool.PageSize()
+	if c != nil && e.cfg.Role == RoleStandalone {
+		c.Count(len(r.Prompt), cached)
+		e.m.PrefixCacheQueried.Add(float64(len(r.Prompt)))
+		e.m.PrefixCacheHit.Add(float64(cached))
+	}
+	return a, cached, nil
+}
+
+// writable is the write gate's question (a variable so that the faults
+// build, BATON_GUARDS_OFF=cache_write, can take it away): do the positions
+// [from, to) this step stores fall only in r's own pages, never in a shared
+// page that other requests read?
+var writable = func(e *Engine, r *Request, from, to int) error {
+	return e.pool.CheckWritable(r.owner, r.pages, from, to)
+}
+
+// publish offers r's complete pages to the prefix cache: the full pages of
+// the positions whose KV it holds (the prompt once prefilled, and at the
+// end what it generated too, so that the next turn of a chat finds it).
+// Pages the cache refuses stay private and are freed with r.
+func (e *Engine) publish(r *Request) {
+	c := e.cfg.PrefixCache
+	if c == nil || e.cfg.Role != RoleStandalone || r.pages == nil {
+		return
+	}
+	n := min(r.computed, len(r.seq))
+	_, _ = c.Publish(r.Params.Tenant, r.owner, r.pages, r.seq[:n])
+}
