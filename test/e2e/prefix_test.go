@@ -1,0 +1,157 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// prefixPrompt is long enough to fill several 4-token pages.
+const prefixPrompt = "Once upon a time there was a little girl named Lily. She loved to play outside in the park with her red ball."
+
+type cachedCompletion struct {
+	Choices []struct {
+		Text     string `json:"text"`
+		Logprobs *struct {
+			TopLogprobs []map[string]float64 `json:"top_logprobs"`
+		} `json:"logprobs"`
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		Details          *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+func (c cachedCompletion) cached(t *testing.T) int {
+	t.Helper()
+	if c.Usage.Details == nil {
+		t.Fatal("usage has no prompt_tokens_details")
+	}
+	return c.Usage.Details.CachedTokens
+}
+
+func askCached(t *testing.T, url, path, body, key string) cachedCompletion {
+	t.Helper()
+	var h []string
+	if key != "" {
+		h = []string{"Authorization", "Bearer " + key}
+	}
+	code, _, b := post(t, url+path, body, h...)
+	if code != 200 {
+		t.Fatalf("%s: %d %s", path, code, b)
+	}
+	var c cachedCompletion
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return c
+}
+
+func sameTop(t *testing.T, what string, got, want cachedCompletion) {
+	t.Helper()
+	if got.Choices[0].Text != want.Choices[0].Text {
+		t.Fatalf("%s: text %q, want %q", what, got.Choices[0].Text, want.Choices[0].Text)
+	}
+	g, w := got.Choices[0].Logprobs, want.Choices[0].Logprobs
+	if g == nil || w == nil || len(g.TopLogprobs) != len(w.TopLogprobs) {
+		t.Fatalf("%s: logprobs %+v, want %+v", what, g, w)
+	}
+	for i := range w.TopLogprobs {
+		for tok, lp := range w.TopLogprobs[i] {
+			if x, ok := g.TopLogprobs[i][tok]; !ok || math.Abs(x-lp) > 1e-4 {
+				t.Fatalf("%s: position %d top logprob of %q = %v (present %v), want %v", what, i, tok, x, ok, lp)
+			}
+		}
+	}
+}
+
+// The standalone prefix cache: the same key sending a prompt again reads
+// its pages and answers the same; another key, no key or another
+// cache_salt reads nothing; n > 1 choices share the prompt's pages; the
+// next turn of a chat reads the earlier turn's; the pool accounts for
+// every page afterwards.
+func TestStandalonePrefixCache(t *testing.T) {
+	s := startServer(t, "--page-size", "4", "--kv-poison")
+	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":16,"temperature":0,"logprobs":5}`, prefixPrompt)
+	first := askCached(t, s.URL, "/v1/completions", body, "key-a")
+	if first.cached(t) != 0 {
+		t.Fatalf("the first request read %d cached tokens", first.cached(t))
+	}
+	n := first.Usage.PromptTokens
+	again := askCached(t, s.URL, "/v1/completions", body, "key-a")
+	if want := (n - 1) / 4 * 4; again.cached(t) != want {
+		t.Fatalf("the same key again read %d cached tokens, want %d of %d", again.cached(t), want, n)
+	}
+	sameTop(t, "cached", again, first)
+	for _, tc := range []struct{ name, key, body string }{
+		{"another key", "key-b", body},
+		{"no key", "", body},
+		{"another cache_salt", "key-a", strings.Replace(body, `"prompt"`, `"cache_salt":"s1","prompt"`, 1)},
+	} {
+		c := askCached(t, s.URL, "/v1/completions", tc.body, tc.key)
+		if c.cached(t) != 0 {
+			t.Fatalf("%s read %d cached tokens", tc.name, c.cached(t))
+		}
+		sameTop(t, tc.name, c, first)
+	}
+
+	// n > 1: the prompt counts once and the later choices read its pages.
+	m0 := metricsOf(t, s)
+	nb := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8,"temperature":0.9,"seed":3,"n":3}`, prefixPrompt+" The end.")
+	c := askCached(t, s.URL, "/v1/completions", nb, "key-n")
+	if len(c.Choices) != 3 || c.Usage.PromptTokens <= n || c.Usage.PromptTokens >= 2*n {
+		t.Fatalf("n=3: %d choices, usage %+v", len(c.Choices), c.Usage)
+	}
+	m1 := metricsOf(t, s)
+	if hit := m1["baton_prefix_cache_hit_tokens_total"] - m0["baton_prefix_cache_hit_tokens_total"]; hit < float64(2*((c.Usage.PromptTokens-1)/4*4)) {
+		t.Fatalf("n=3 choices read %v cached tokens, want the prompt's pages twice", hit)
+	}
+
+	// A chat's second turn reads the first turn's pages.
+	turn1 := `{"model":"stories260K","messages":[{"role":"user","content":"Tell me a story about Lily and her red ball in the park."}],"max_tokens":12,"temperature":0}`
+	a1 := askCached(t, s.URL, "/v1/chat/completions", turn1, "key-chat")
+	answer, _ := json.Marshal(a1.Choices[0].Message.Content)
+	turn2 := fmt.Sprintf(`{"model":"stories260K","messages":[{"role":"user","content":"Tell me a story about Lily and her red ball in the park."},{"role":"assistant","content":%s},{"role":"user","content":"And then?"}],"max_tokens":4,"temperature":0}`, answer)
+	a2 := askCached(t, s.URL, "/v1/chat/completions", turn2, "key-chat")
+	if a2.cached(t) < (a1.Usage.PromptTokens-4)/4*4 || a2.cached(t) == 0 {
+		t.Fatalf("second turn read %d cached tokens; the first turn's prompt had %d", a2.cached(t), a1.Usage.PromptTokens)
+	}
+
+	m := metricsOf(t, s)
+	if m["baton_prefix_cache_hit_tokens_total"] == 0 || m["baton_prefix_cache_queried_tokens_total"] < m["baton_prefix_cache_hit_tokens_total"] ||
+		m["baton_prefix_cache_hit_rate"] <= 0 || m["baton_kv_pages_cached"] == 0 || m["baton_kv_shared_write_refusals"] != 0 {
+		t.Fatalf("prefix cache metrics: %v", m)
+	}
+	code, info := get(t, s.URL+"/server_info")
+	if code != 200 || !strings.Contains(string(info), `"prefix_cache":{`) || !strings.Contains(string(info), `"enabled":true`) {
+		t.Fatalf("/server_info: %d %s", code, info)
+	}
+	waitPagesFree(t, s)
+	if m := metricsOf(t, s); m["baton_nan_logits_total"] != 0 || m["baton_kv_release_errors"] != 0 {
+		t.Fatalf("after the run: %v", m)
+	}
+}
+
+// With --disable-radix-cache every prompt is computed in full, and every
+// page goes back to the free list.
+func TestStandalonePrefixCacheDisabled(t *testing.T) {
+	s := startServer(t, "--page-size", "4", "--disable-radix-cache")
+	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":4,"temperature":0}`, prefixPrompt)
+	for range 2 {
+		if c := askCached(t, s.URL, "/v1/completions", body, "k"); c.cached(t) != 0 {
+			t.Fatalf("cache off, yet %d cached tokens", c.cached(t))
+		}
+	}
+	waitPagesFree(t, s)
+	if m := metricsOf(t, s); m["baton_kv_pages_free"] != m["baton_kv_pages_total"] {
+		t.Fatalf("pages kept with the cache off: %v", m)
+	}
+}
