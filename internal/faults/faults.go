@@ -41,6 +41,12 @@ const (
 	GuardLateDrop  = "late_drop"  // writes and drains for a room no longer open are dropped
 	GuardReadGate  = "read_gate"  // every step reads only pages tagged as the request's own and written
 
+	// The prefix cache's guards.
+	GuardCacheWrite    = "cache_write"    // a step stores KV only in the request's own pages, never a shared one
+	GuardCacheComplete = "cache_complete" // only a page written to its last slot, with no writer, becomes shared
+	GuardCachePin      = "cache_pin"      // eviction takes only shared pages nobody pins
+	GuardTenantSalt    = "tenant_salt"    // a tenant's lookups hash its own salt (API key, cache_salt)
+
 	// The internal plane's guards: against a stranger, not a fault.
 	GuardPeerAuth    = "peer_auth"    // gRPC calls and transfer sessions need cluster credentials and the right role
 	GuardCapability  = "capability"   // every message about a reservation carries its capability
@@ -51,6 +57,7 @@ const (
 
 // AllGuards lists every guard name.
 var AllGuards = []string{GuardDoor, GuardCoverage, GuardChecksum, GuardOwnerTag, GuardDrainWait, GuardLateDrop, GuardReadGate,
+	GuardCacheWrite, GuardCacheComplete, GuardCachePin, GuardTenantSalt,
 	GuardPeerAuth, GuardCapability, GuardSessionBind, GuardDialKnown, GuardPeerQuota}
 
 // Spec is a parsed BATON_FAULTS.
@@ -68,6 +75,14 @@ type Spec struct {
 	IgnoreAbort bool
 	// process
 	KillAfterFrames int // SIGKILL this process after writing that many frames (0: never)
+	// prefix cache (standalone engine)
+	// CacheRewrite makes the first request that reads cached pages start
+	// its prefill one page early, over different tokens: a write aimed at
+	// a shared page.
+	CacheRewrite bool
+	// CachePublishEarly makes every request offer its prompt pages to the
+	// cache at admission, before a token of them is written.
+	CachePublishEarly bool
 }
 
 // ParseSpec parses the BATON_FAULTS syntax.
@@ -123,6 +138,10 @@ func ParseSpec(s string) (*Spec, error) {
 			sp.IgnoreAbort, err = strconv.ParseBool(v)
 		case "kill_after_frames":
 			sp.KillAfterFrames, err = strconv.Atoi(v)
+		case "cache_rewrite":
+			sp.CacheRewrite, err = strconv.ParseBool(v)
+		case "cache_publish_early":
+			sp.CachePublishEarly, err = strconv.ParseBool(v)
 		default:
 			return nil, fmt.Errorf("faults: unknown fault %q", k)
 		}

@@ -460,7 +460,7 @@ func (p *Pool) AllocPinned(room uint64, n int, refs []SharedRef) (Allocation, er
 			pinNow++
 		}
 	}
-	if n > len(p.free)+p.stats.Cached-pinNow {
+	if n > len(p.free)+spare(p)-pinNow {
 		p.stats.AllocFailures++
 		return Allocation{}, fmt.Errorf("%w: room %d asked for %d pages, %d free and %d cached of %d", ErrNoSpace, room, n, len(p.free), p.stats.Cached-pinNow, len(p.pages))
 	}

@@ -49,7 +49,7 @@ func (p *Pool) SetEvictHook(f func([]SharedRef)) {
 func (p *Pool) Available() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return len(p.free) + p.stats.Cached
+	return len(p.free) + spare(p)
 }
 
 // Publish makes a page of owner's shared under key: it must be allocated
@@ -64,12 +64,8 @@ func (p *Pool) Publish(owner Owner, id int32, key CacheKey) error {
 		return err
 	}
 	pg := &p.pages[id]
-	switch {
-	case int(pg.written) != p.cfg.PageSize:
-		return fmt.Errorf("%w: page %d of %v has %d of %d tokens written; only complete pages are shared",
-			ErrNotWritten, id, owner, pg.written, p.cfg.PageSize)
-	case pg.writer:
-		return fmt.Errorf("%w: page %d of %v still has a writer; it cannot be shared", ErrWriterAttached, id, owner)
+	if err := shareable(p, id, owner); err != nil {
+		return err
 	}
 	p.lastEpoch++
 	*pg = page{room: CacheRoom, epoch: p.lastEpoch, written: pg.written, state: PageShared, key: key, prev: -1, next: -1}
@@ -78,6 +74,22 @@ func (p *Pool) Publish(owner Owner, id int32, key CacheKey) error {
 	p.stats.Allocated--
 	p.stats.Shared++
 	p.stats.Published++
+	return nil
+}
+
+// shareable is the publish rule: a page enters the cache only written to
+// its last slot and with no writer that could still change it. It is a
+// variable only so that the faults build (shared_faults.go,
+// BATON_GUARDS_OFF=cache_complete) can take it away: it is the pool's own
+// check under its lock, where no wrapper reaches. Callers hold p.mu.
+var shareable = func(p *Pool, id int32, owner Owner) error {
+	switch pg := &p.pages[id]; {
+	case int(pg.written) != p.cfg.PageSize:
+		return fmt.Errorf("%w: page %d of %v has %d of %d tokens written; only complete pages are shared",
+			ErrNotWritten, id, owner, pg.written, p.cfg.PageSize)
+	case pg.writer:
+		return fmt.Errorf("%w: page %d of %v still has a writer; it cannot be shared", ErrWriterAttached, id, owner)
+	}
 	return nil
 }
 
@@ -129,10 +141,21 @@ func (p *Pool) unpinPage(id int32, owner Owner) {
 // writer holds it.
 func evictable(pg *page) bool { return pg.state == PageShared && pg.refs == 0 && !pg.writer }
 
-// evictOne frees the least recently used cached page. Callers hold p.mu
+// The eviction rule as allocation sees it: spare is how many pages eviction
+// may take (the cached ones, nobody's pin), victim the next to go (the least
+// recently used cached page). They are variables only so that the faults
+// build (shared_faults.go, BATON_GUARDS_OFF=cache_pin) can make eviction
+// take pinned pages too: the rule lives under the pool's lock, where no
+// wrapper reaches. Callers hold p.mu.
+var (
+	spare  = func(p *Pool) int { return p.stats.Cached }
+	victim = func(p *Pool) int32 { return p.lruHead }
+)
+
+// evictOne frees the next victim among cached pages. Callers hold p.mu
 // and have checked that one exists.
 func (p *Pool) evictOne() SharedRef {
-	id := p.lruHead
+	id := victim(p)
 	pg := &p.pages[id]
 	if !evictable(pg) {
 		panic(fmt.Sprintf("kvpool: page %d on the cached list is %s with %d pins", id, pg.state, pg.refs))

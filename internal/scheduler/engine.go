@@ -375,7 +375,7 @@ func (e *Engine) admit() {
 			e.running = append(e.running, r)
 			continue
 		}
-		a, cached, err := e.allocate(r)
+		a, cached, err := allocate(e, r)
 		if err != nil {
 			break
 		}

@@ -10,8 +10,13 @@ import (
 // run of full pages of r's tenant that its prompt starts with is pinned
 // and put first in its page table, and prefill starts after them; the
 // fresh pages cover the rest of its whole sequence. It returns how many
-// prompt positions the pinned pages hold.
-func (e *Engine) allocate(r *Request) (kvpool.Allocation, int, error) {
+// prompt positions the pinned pages hold. It is a variable only so that
+// the faults build can inject a fault after it (prefix_faults.go:
+// cache_rewrite, cache_publish_early), where what it hands the engine is
+// the request's page table and no wrapper outside the engine reaches.
+var allocate = (*Engine).allocatePages
+
+func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 	need := e.needPages(r)
 	var hit []kvpool.SharedRef
 	c := e.cfg.PrefixCache
