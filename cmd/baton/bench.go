@@ -88,6 +88,8 @@ none succeeded).`,
 	fs.Float64Var(&cfg.RequestRate, "request-rate", 0, "mean requests per second, Poisson arrivals (0: all at once)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "bearer key to send")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for prompts and arrival times")
+	fs.IntVar(&cfg.SharedPrefixLen, "shared-prefix-len", 0, "start each prompt with one of --num-prefixes shared prefixes of this many words (SGLang's generated-shared-prefix workload); --input-len words follow")
+	fs.IntVar(&cfg.NumPrefixes, "num-prefixes", 1, "how many distinct shared prefixes, used in turn")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&progress, "progress", true, "show a progress bar when stdout is a terminal")
 	fs.BoolVar(&allowFailures, "allow-failures", false, "exit 0 when some requests failed (the report counts them)")

@@ -48,6 +48,13 @@ type Config struct {
 	APIKey string
 	// Seed makes the prompts and arrival times repeatable.
 	Seed uint64
+	// SharedPrefixLen, when set, starts every prompt with one of
+	// NumPrefixes shared prefixes of that many words (SGLang's
+	// generated-shared-prefix workload: a system prompt many requests
+	// share); InputLen words follow it. Prompt i takes prefix i mod
+	// NumPrefixes.
+	SharedPrefixLen int
+	NumPrefixes     int
 	// Progress, when set, is called after each request ends.
 	Progress func(done, total int)
 	// Client sends the requests; nil makes one sized for Concurrency.
@@ -76,6 +83,11 @@ type Report struct {
 	TotalInputTokens  int  `json:"total_input_tokens"`
 	TotalOutputTokens int  `json:"total_output_tokens"`
 	UsageReported     bool `json:"usage_reported"`
+	// TotalCachedTokens is how many of the input tokens the server said it
+	// read from its prefix cache (usage.prompt_tokens_details.cached_tokens).
+	TotalCachedTokens int `json:"total_cached_tokens"`
+	SharedPrefixLen   int `json:"shared_prefix_len,omitempty"`
+	NumPrefixes       int `json:"num_prefixes,omitempty"`
 
 	RequestThroughput     float64 `json:"request_throughput"`      // completed requests/s
 	OutputThroughput      float64 `json:"output_throughput"`       // generated tokens/s
@@ -113,6 +125,7 @@ type result struct {
 	err          error
 	promptTokens int
 	outputTokens int
+	cachedTokens int
 	usage        bool
 	ttft, e2e    time.Duration
 	itl          []time.Duration
@@ -147,8 +160,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x62_61_74_6f_6e)) // "baton"
 	prompts := make([]string, cfg.NumPrompts)
+	var prefixes []string
+	if cfg.SharedPrefixLen > 0 {
+		prefixes = make([]string, max(1, cfg.NumPrefixes))
+		for i := range prefixes {
+			prefixes[i] = Prompt(rng, cfg.SharedPrefixLen) + " "
+		}
+	}
 	for i := range prompts {
 		prompts[i] = Prompt(rng, cfg.InputLen)
+		if prefixes != nil {
+			prompts[i] = prefixes[i%len(prefixes)] + prompts[i]
+		}
 	}
 	gaps := arrivals(rng, cfg.NumPrompts, cfg.RequestRate)
 
@@ -228,6 +251,8 @@ func (c *Config) check() error {
 		return errors.New("output-len must be at least 1")
 	case c.RequestRate < 0 || math.IsNaN(c.RequestRate):
 		return errors.New("request-rate must be positive (0: send all at once)")
+	case c.SharedPrefixLen < 0 || c.NumPrefixes < 0:
+		return errors.New("shared-prefix-len and num-prefixes must not be negative")
 	}
 	return nil
 }
@@ -297,8 +322,11 @@ type chunk struct {
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Error json.RawMessage `json:"error"`
 }
@@ -361,6 +389,9 @@ func stream(ctx context.Context, client *http.Client, endpoint string, cfg Confi
 		if c.Usage != nil {
 			res.usage = true
 			res.promptTokens, res.outputTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
+			if d := c.Usage.PromptTokensDetails; d != nil {
+				res.cachedTokens = d.CachedTokens
+			}
 		}
 		for _, ch := range c.Choices {
 			if ch.FinishReason != nil && *ch.FinishReason != "" {
@@ -450,6 +481,10 @@ func summarise(cfg Config, results []result, elapsed time.Duration) *Report {
 	rep := &Report{
 		URL: cfg.URL, Model: cfg.Model, Concurrency: cfg.Concurrency, RequestRate: cfg.RequestRate,
 		InputLen: cfg.InputLen, OutputLen: cfg.OutputLen, DurationS: elapsed.Seconds(), UsageReported: true,
+		SharedPrefixLen: cfg.SharedPrefixLen,
+	}
+	if cfg.SharedPrefixLen > 0 {
+		rep.NumPrefixes = max(1, cfg.NumPrefixes)
 	}
 	var ttft, tpot, itl, e2e []time.Duration
 	errs := map[string]int{}
@@ -468,6 +503,7 @@ func summarise(cfg Config, results []result, elapsed time.Duration) *Report {
 		rep.UsageReported = rep.UsageReported && r.usage
 		rep.TotalInputTokens += r.promptTokens
 		rep.TotalOutputTokens += r.outputTokens
+		rep.TotalCachedTokens += r.cachedTokens
 		ttft = append(ttft, r.ttft)
 		e2e = append(e2e, r.e2e)
 		itl = append(itl, r.itl...)

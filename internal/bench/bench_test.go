@@ -26,6 +26,7 @@ type fakeServer struct {
 	failEvery  int           // answer every n-th request with HTTP 500
 	midError   bool          // send an error event after the first chunk
 	noFinish   bool          // end the stream with neither finish_reason nor [DONE]
+	cached     int           // report this many cached prompt tokens in usage
 
 	mu       sync.Mutex
 	reqs     []completionBody
@@ -125,8 +126,8 @@ func (f *fakeServer) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	if body.StreamOptions.IncludeUsage && !f.noUsage {
 		words := len(strings.Fields(body.Prompt))
-		send(fmt.Sprintf(`{"id":"c","object":"text_completion","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
-			words+1, body.MaxTokens, words+1+body.MaxTokens))
+		send(fmt.Sprintf(`{"id":"c","object":"text_completion","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
+			words+1, body.MaxTokens, words+1+body.MaxTokens, f.cached))
 	}
 	send("[DONE]")
 }
@@ -434,5 +435,42 @@ func TestPercentile(t *testing.T) {
 	}
 	if Percentile([]float64{5}, 99) != 5 || Percentile(nil, 50) != 0 {
 		t.Error("edge cases")
+	}
+}
+
+// The shared-prefix workload: prompt i starts with prefix i mod K, the K
+// prefixes differ, the suffixes follow, and the cached tokens the server
+// reports are summed.
+func TestSharedPrefixWorkload(t *testing.T) {
+	f := &fakeServer{t: t, cached: 16}
+	s := f.start()
+	rep, err := Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 1, NumPrompts: 6, InputLen: 4, OutputLen: 1,
+		SharedPrefixLen: 20, NumPrefixes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.reqs) != 6 {
+		t.Fatalf("%d requests", len(f.reqs))
+	}
+	prefix := func(p string) string { return strings.Join(strings.Fields(p)[:20], " ") }
+	for i, r := range f.reqs {
+		if n := len(strings.Fields(r.Prompt)); n != 24 {
+			t.Fatalf("prompt %d has %d words, want 20 + 4", i, n)
+		}
+		if i >= 2 && prefix(r.Prompt) != prefix(f.reqs[i-2].Prompt) {
+			t.Fatalf("prompts %d and %d start differently", i-2, i)
+		}
+	}
+	if prefix(f.reqs[0].Prompt) == prefix(f.reqs[1].Prompt) {
+		t.Fatal("the two prefixes are the same")
+	}
+	if rep.TotalCachedTokens != 6*16 || rep.NumPrefixes != 2 || rep.SharedPrefixLen != 20 {
+		t.Fatalf("report %+v", rep)
+	}
+	var b bytes.Buffer
+	if err := rep.WriteText(&b); err != nil || !strings.Contains(b.String(), "Total cached input tokens:") {
+		t.Fatalf("text report: %v\n%s", err, b.String())
 	}
 }

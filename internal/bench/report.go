@@ -30,6 +30,10 @@ func (r *Report) WriteText(w io.Writer) error {
 	line("Benchmark duration (s)", "%.2f", r.DurationS)
 	line("Total input tokens", "%d", r.TotalInputTokens)
 	line("Total generated tokens", "%d", r.TotalOutputTokens)
+	if r.SharedPrefixLen > 0 {
+		line("Shared prefixes", "%s", fmt.Sprintf("%d of %d words", r.NumPrefixes, r.SharedPrefixLen))
+	}
+	line("Total cached input tokens", "%d", r.TotalCachedTokens)
 	if !r.UsageReported && r.Completed > 0 {
 		b.WriteString("(the server reported no usage: input tokens are --input-len per prompt, output tokens are streamed chunks)\n")
 	}
