@@ -24,6 +24,9 @@ func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 	// cached prefix never computes here.
 	if c != nil && e.cfg.Role == RoleStandalone && !r.Params.PromptLogprobs {
 		hit = c.Lookup(r.Params.Tenant, r.Prompt)
+		if e.prefixInFlight(r, len(hit)) {
+			return kvpool.Allocation{}, 0, errPrefixInFlight
+		}
 	}
 	if need-len(hit) > e.pool.Available() {
 		return kvpool.Allocation{}, 0, kvpool.ErrNoSpace
@@ -45,6 +48,37 @@ func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 		e.m.PrefixCacheHit.Add(float64(cached))
 	}
 	return a, cached, nil
+}
+
+// errPrefixInFlight holds a request at the head of the queue while another
+// request of its tenant computes pages it could read.
+var errPrefixInFlight = errors.New("scheduler: a running request is computing this prompt's prefix")
+
+// prefixInFlight reports whether a running request of r's tenant is still
+// prefilling a prompt that shares more full pages with r's than r found
+// cached: r then waits for those pages to be published rather than compute
+// the same KV alongside (SGLang's in-batch prefix check). The queue is
+// FIFO, so r waits at its head; the running request needs nothing from r,
+// so the wait ends when its prefill does.
+func (e *Engine) prefixInFlight(r *Request, hitPages int) bool {
+	ps := e.pool.PageSize()
+	limit := max(0, len(r.Prompt)-1) / ps
+	if limit <= hitPages {
+		return false
+	}
+	for _, o := range e.running {
+		if o.generated > 0 || o.computed >= len(o.Prompt) || o.Params.Tenant != r.Params.Tenant {
+			continue
+		}
+		n := 0
+		for n < len(o.Prompt) && n < len(r.Prompt) && o.Prompt[n] == r.Prompt[n] {
+			n++
+		}
+		if min(n/ps, limit) > hitPages {
+			return true
+		}
+	}
+	return false
 }
 
 // writable is the write gate's question (a variable so that the faults

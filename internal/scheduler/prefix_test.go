@@ -188,3 +188,44 @@ func TestPrefixCachePromptLogprobsComputeAll(t *testing.T) {
 	}
 	waitAccounted(t, e)
 }
+
+// Requests of one tenant that arrive together with the same prompt do not
+// all compute it: the first does, the others wait for its pages and read
+// them. Another tenant's request does not wait.
+func TestPrefixCacheWaitsForPrefixInFlight(t *testing.T) {
+	want := loadRef(t)
+	e := newCachedEngine(t, 4, 512, 512)
+	alice := prefixcache.TenantSalt(prefixcache.ScopeKey, "alice", "")
+	var rs []*Request
+	for i := range 5 {
+		p := Params{MaxTokens: 4, Tenant: alice}
+		if i == 4 {
+			p.Tenant = prefixcache.TenantSalt(prefixcache.ScopeKey, "bob", "")
+		}
+		r := NewRequest("r", want.PromptIDs, p)
+		if err := e.Submit(r); err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, r)
+	}
+	hits := 0
+	for i, r := range rs {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ev, ok := r.Next(ctx)
+		cancel()
+		if !ok || ev.Token == nil {
+			t.Fatalf("request %d: %+v", i, ev)
+		}
+		if ev.CachedTokens > 0 {
+			hits++
+			if i == 4 {
+				t.Fatal("another tenant's request read the cache")
+			}
+		}
+		collect(t, r)
+	}
+	if hits != 3 {
+		t.Fatalf("%d of the 3 later requests of the tenant read the first one's pages", hits)
+	}
+	waitAccounted(t, e)
+}
