@@ -530,8 +530,8 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			"queried_tokens": cs.QueriedTokens, "hit_tokens": cs.HitTokens, "hit_rate": cs.HitRate(), "evictions": st.Evictions}
 	}
 	srv := server.New(server.Options{
-		PrefixCacheScope: prefixcache.Scope(f.cacheScope), SharePrompt: cache != nil,
-		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
+		PrefixCacheScope: prefixcache.Scope(f.cacheScope),
+		ModelName:        le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
 		Constraints: le.constraints.check,
 		Defaults:    samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { return le.plan.context - 1 }, Logger: le.log,

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -123,7 +122,7 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 
 // start opens the n generations; if one is refused, those already started
 // are cancelled and the refusal is the answer.
-func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
+func (g *generation) start(prompt []int32) *openai.Error {
 	if g.s.draining.Load() {
 		if m := g.s.o.Metrics; m != nil {
 			m.Reject("shutting_down")
@@ -158,12 +157,6 @@ func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
 			g.cancel()
 			return rejectToOpenAI(err, g.promptParam)
 		}
-		if i == 0 && n > 1 && g.s.o.SharePrompt {
-			// The first choice's first event means its prompt is computed
-			// and its pages published: the others start after it and read
-			// them from the cache.
-			st = firstEventFirst(ctx, st)
-		}
 		c := &choice{index: i, st: st, text: textStream{dec: g.s.o.Tokenizer.NewStreamDecoder(), stops: g.sampling.Stop, minTokens: g.sampling.MinTokens}}
 		if g.sampling.Logprobs {
 			if g.chat {
@@ -175,31 +168,6 @@ func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
 		g.choices = append(g.choices, c)
 	}
 	return nil
-}
-
-// firstEventFirst waits for st's first event and returns a stream that
-// hands it out again before the rest. A stream that ended (or a client
-// that left) before it is returned as it is: its reader finds out.
-func firstEventFirst(ctx context.Context, st Stream) Stream {
-	ev, ok := st.Next(ctx)
-	if !ok {
-		return st
-	}
-	return &pushedBack{Stream: st, ev: &ev}
-}
-
-// pushedBack is a stream with one event read ahead.
-type pushedBack struct {
-	Stream
-	ev *scheduler.Event
-}
-
-func (p *pushedBack) Next(ctx context.Context) (scheduler.Event, bool) {
-	if ev := p.ev; ev != nil {
-		p.ev = nil
-		return *ev, true
-	}
-	return p.Stream.Next(ctx)
 }
 
 func (g *generation) cancel() {
@@ -241,7 +209,7 @@ func (g *generation) listen(r *http.Request, done <-chan struct{}) <-chan event 
 func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {
 	g.created = time.Now().Unix()
 	g.prompt = prompt
-	if e := g.start(r.Context(), prompt); e != nil {
+	if e := g.start(prompt); e != nil {
 		openai.WriteError(w, e)
 		return
 	}

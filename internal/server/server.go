@@ -92,10 +92,6 @@ type Options struct {
 	// PrefixCacheScope says what a tenant of the prefix cache is (see
 	// prefixcache.TenantSalt); every request carries its tenant's salt.
 	PrefixCacheScope prefixcache.Scope
-	// SharePrompt starts the choices of an n > 1 request after the first
-	// one's first token, when its prompt pages are in the prefix cache,
-	// so that the others read them instead of computing the prompt again.
-	SharePrompt bool
 }
 
 // SamplingDefaults are a model's default sampling parameters.
