@@ -14,6 +14,7 @@ import (
 	"github.com/batonlm/baton/internal/gguf"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/router"
 	"github.com/batonlm/baton/internal/server"
 	"github.com/batonlm/baton/internal/tokenizer"
@@ -60,7 +61,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	log.Info("router", "model", name, "prefill", f.prefillURLs, "decode", f.decodeURLs, "policy", f.policy,
 		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
 	srv := server.New(server.Options{
-		ModelName: name, APIKey: f.apiKey, Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
+		ModelName: name, APIKey: f.apiKey, PrefixCacheScope: prefixcache.Scope(f.cacheScope), Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
 		Constraints:       newConstraints(tok).check,
 		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,

@@ -142,8 +142,8 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
-	fs.BoolVar(&f.noRadixCache, "disable-radix-cache", false, "standalone: turn the prefix cache off (every prompt is computed in full)")
-	fs.StringVar(&f.cacheScope, "prefix-cache-scope", "key", "who shares prefix cache pages: key (each API key, split further by cache_salt) | global (all keys; for single-tenant deployments, since a hit is a timing signal)")
+	fs.BoolVar(&f.noRadixCache, "disable-radix-cache", false, "standalone, prefill: turn the prefix cache off (every prompt is computed in full)")
+	fs.StringVar(&f.cacheScope, "prefix-cache-scope", "key", "standalone, router: who shares prefix cache pages: key (each API key, split further by cache_salt) | global (all keys; for single-tenant deployments, since a hit is a timing signal)")
 	fs.StringVar(&f.device, "device", "auto", "kernels: cpu | cuda | auto (CUDA when a usable GPU is present, else CPU)")
 	fs.StringSliceVar(&f.rdmaDevices, "rdma-device", nil, "ucx transport: restrict UCX to these RDMA devices (e.g. mlx5_0)")
 	// SGLang's names for the same settings, so that a command line written

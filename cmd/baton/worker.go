@@ -14,6 +14,7 @@ import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/roles"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
@@ -61,7 +62,11 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	var eng *scheduler.Engine
 	switch f.role {
 	case "prefill":
-		eng = le.engine(f, scheduler.RolePrefill, ms, nil)
+		var cache *prefixcache.Cache
+		if !f.noRadixCache {
+			cache = prefixcache.New(le.pool, le.fingerprint(f))
+		}
+		eng = le.engine(f, scheduler.RolePrefill, ms, cache)
 		var sender transfer.Sender = tcp.NewSender(tcp.WithHandshake(xfer))
 		if f.transport == "ucx" {
 			s, err := ucx.NewSender(append(ucxOptions(f), ucx.WithHandshake(xfer))...)

@@ -7,6 +7,7 @@ package pdparams
 import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
 )
 
@@ -19,6 +20,7 @@ func ToPB(p scheduler.Params) *pdv1.SamplingParams {
 		PresencePenalty: p.Sampling.PresencePenalty, FrequencyPenalty: p.Sampling.FrequencyPenalty,
 		RepetitionPenalty: p.Sampling.RepetitionPenalty, MinTokens: uint32(max(0, p.MinTokens)),
 		PromptLogprobs: p.PromptLogprobs, ConstraintKind: p.Constraint.Kind, ConstraintSpec: p.Constraint.Spec,
+		Tenant: p.Tenant[:],
 	}
 }
 
@@ -36,6 +38,14 @@ func FromPB(s *pdv1.SamplingParams) scheduler.Params {
 	if s.Seed != nil {
 		seed := *s.Seed
 		p.Seed = &seed
+	}
+	// A salt of another length (a peer of another version) is hashed into
+	// a tenant of its own rather than read as the zero tenant, whose
+	// pages belong to requests that carried no key.
+	if len(s.Tenant) == len(p.Tenant) {
+		copy(p.Tenant[:], s.Tenant)
+	} else if len(s.Tenant) > 0 {
+		p.Tenant = prefixcache.TenantSalt(prefixcache.ScopeKey, string(s.Tenant), "\x00wire")
 	}
 	return p
 }

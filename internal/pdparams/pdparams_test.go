@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
 )
 
@@ -17,6 +18,7 @@ func fullParams() scheduler.Params {
 			LogitBias: map[int32]float64{5: -100, 7: 2}, PresencePenalty: 0.5, FrequencyPenalty: -1, RepetitionPenalty: 1.2},
 		MaxTokens: 12, Seed: &seed, StopTokenIDs: []int32{2, 3}, IgnoreEOS: true, MinTokens: 4, PromptLogprobs: true,
 		Constraint: scheduler.Constraint{Kind: "regex", Spec: "a+"},
+		Tenant:     prefixcache.TenantSalt(prefixcache.ScopeKey, "key", "salt"),
 	}
 }
 

@@ -50,6 +50,9 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 	if res.r.Params.PromptLogprobs {
 		res.r.SetPromptLogprobs(TokensFromPB(c.PromptLogprobs, len(res.r.Prompt)-1))
 	}
+	// Reported, never trusted: the pages were shipped and checked like the
+	// rest; the count only goes into the client's usage.
+	res.r.SetCachedTokens(min(int(c.CachedTokens), len(res.r.Prompt)))
 	if err := d.o.Engine.Join(res.r, TokenFromPB(c.FirstToken)); err != nil {
 		// An abort ended it while its pages were checked.
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()

@@ -27,7 +27,7 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			d.abortReserved(res, "router stream closed")
 			return ctx.Err()
 		}
-		te := &pdv1.TokenEvent{Token: TokenToPB(ev.Token), PromptLogprobs: TokensToPB(ev.Prompt)}
+		te := &pdv1.TokenEvent{Token: TokenToPB(ev.Token), PromptLogprobs: TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)}
 		switch ev.Finish {
 		case "":
 		case scheduler.FinishStop, scheduler.FinishLength:

@@ -130,7 +130,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		sid := sess.ID()
 		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(req.Prompt)),
 			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:],
-			PromptLogprobs: TokensToPB(ev.Prompt)})
+			PromptLogprobs: TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)})
 		ccancel()
 	}
 	if err != nil {

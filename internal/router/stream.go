@@ -308,6 +308,7 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 	var ev scheduler.Event
 	if te.Token != nil {
 		ev.Token = sampled(te.Token)
+		ev.CachedTokens = int(te.CachedTokens)
 		if s.p.PromptLogprobs && !s.gotToken {
 			for _, t := range te.PromptLogprobs[:min(len(te.PromptLogprobs), max(0, len(s.prompt)-1))] {
 				ev.Prompt = append(ev.Prompt, *sampled(t))

@@ -388,6 +388,7 @@ func (e *Engine) admit() {
 			continue
 		}
 		r.owner, r.pages, r.computed, r.cached = a.Owner, a.Pages, cached, cached
+		e.shipCached(r)
 		r.seq = append([]int32(nil), r.Prompt...)
 		seed := rand.Uint64()
 		if r.Params.Seed != nil {
@@ -635,7 +636,7 @@ func (e *Engine) prefilled(r *Request, tok model.Sampled) {
 	e.release(r)
 	e.m.TTFT.Observe(time.Since(r.arrived).Seconds())
 	e.m.GenerationTokens.Inc()
-	r.emit(Event{Token: &tok, Finish: FinishPrefilled, Prompt: r.takePromptLP()})
+	r.emit(Event{Token: &tok, Finish: FinishPrefilled, Prompt: r.takePromptLP(), CachedTokens: r.cached})
 }
 
 func (e *Engine) deliver(r *Request, tok model.Sampled) {

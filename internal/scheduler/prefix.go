@@ -22,7 +22,7 @@ func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 	c := e.cfg.PrefixCache
 	// Prompt logprobs need the logits of every prompt position, which a
 	// cached prefix never computes here.
-	if c != nil && e.cfg.Role == RoleStandalone && !r.Params.PromptLogprobs {
+	if c != nil && e.cfg.Role != RoleDecode && !r.Params.PromptLogprobs {
 		hit = c.Lookup(r.Params.Tenant, r.Prompt)
 		if e.prefixInFlight(r, len(hit)) {
 			return kvpool.Allocation{}, 0, errPrefixInFlight
@@ -42,7 +42,7 @@ func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 		return kvpool.Allocation{}, 0, err
 	}
 	cached := len(hit) * e.pool.PageSize()
-	if c != nil && e.cfg.Role == RoleStandalone {
+	if c != nil && e.cfg.Role != RoleDecode {
 		c.Count(len(r.Prompt), cached)
 		e.m.PrefixCacheQueried.Add(float64(len(r.Prompt)))
 		e.m.PrefixCacheHit.Add(float64(cached))
@@ -95,9 +95,24 @@ var writable = func(e *Engine, r *Request, from, to int) error {
 // Pages the cache refuses stay private and are freed with r.
 func (e *Engine) publish(r *Request) {
 	c := e.cfg.PrefixCache
-	if c == nil || e.cfg.Role != RoleStandalone || r.pages == nil {
+	if c == nil || e.cfg.Role == RoleDecode || r.pages == nil {
 		return
 	}
 	n := min(r.computed, len(r.seq))
 	_, _ = c.Publish(r.Params.Tenant, r.owner, r.pages, r.seq[:n])
 }
+
+// shipCached hands a prefill request's cached pages to its hook as if a
+// step had just computed them: decode holds none of them, so they travel
+// like the pages prefill computes (read from the shared pages, which only
+// their pin lets it read).
+func (e *Engine) shipCached(r *Request) {
+	if r.OnChunk != nil && r.cached > 0 {
+		r.OnChunk(e.pool.KV(), r.pages, 0, r.cached)
+	}
+}
+
+// SetCachedTokens tells a decode request how many of its prompt tokens its
+// prefill read from a prefix cache, to go out with the first token; call
+// it before Join.
+func (r *Request) SetCachedTokens(n int) { r.cached = n }

@@ -155,3 +155,37 @@ func TestStandalonePrefixCacheDisabled(t *testing.T) {
 		t.Fatalf("pages kept with the cache off: %v", m)
 	}
 }
+
+// Through the router, prefill's prefix cache skips computing a cached
+// prefix for the same key (its pages are still shipped to decode and
+// checked), answers the same, and reports cached_tokens; another key reads
+// nothing. Every pool accounts for itself afterwards.
+func TestPDPrefixCache(t *testing.T) {
+	c := startCluster(t, 1, 1, []string{"--page-size", "4", "--kv-poison"}, nil)
+	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":16,"temperature":0,"logprobs":5}`, prefixPrompt)
+	first := askCached(t, c.Router.URL, "/v1/completions", body, "key-a")
+	if first.cached(t) != 0 {
+		t.Fatalf("the first request read %d cached tokens", first.cached(t))
+	}
+	n := first.Usage.PromptTokens
+	again := askCached(t, c.Router.URL, "/v1/completions", body, "key-a")
+	if want := (n - 1) / 4 * 4; again.cached(t) != want {
+		t.Fatalf("the same key again read %d cached tokens, want %d of %d", again.cached(t), want, n)
+	}
+	sameTop(t, "cached through PD", again, first)
+	other := askCached(t, c.Router.URL, "/v1/completions", body, "key-b")
+	if other.cached(t) != 0 {
+		t.Fatalf("another key read %d cached tokens", other.cached(t))
+	}
+	sameTop(t, "another key through PD", other, first)
+	p := metricsOf(t, c.Prefill[0])
+	if p["baton_prefix_cache_hit_tokens_total"] != float64(again.cached(t)) || p["baton_kv_shared_write_refusals"] != 0 {
+		t.Fatalf("prefill metrics: %v", p)
+	}
+	for _, w := range c.Workers() {
+		waitPagesFree(t, w)
+		if m := metricsOf(t, w); m["baton_kv_release_errors"] != 0 || m["baton_nan_logits_total"] != 0 || m["baton_kv_pages_quarantined"] != 0 {
+			t.Fatalf("%s after the run: %v", w.URL, m)
+		}
+	}
+}

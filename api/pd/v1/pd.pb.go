@@ -344,8 +344,12 @@ type SamplingParams struct {
 	// Prefill follows it for the first token, decode from that token on.
 	ConstraintKind string `protobuf:"bytes,16,opt,name=constraint_kind,json=constraintKind,proto3" json:"constraint_kind,omitempty"`
 	ConstraintSpec string `protobuf:"bytes,17,opt,name=constraint_spec,json=constraintSpec,proto3" json:"constraint_spec,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The request's prefix cache tenant (a salt derived from its API key and
+	// cache_salt, never the key): a worker reads cached KV pages only of
+	// requests with the same one.
+	Tenant        []byte `protobuf:"bytes,18,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -495,6 +499,13 @@ func (x *SamplingParams) GetConstraintSpec() string {
 		return x.ConstraintSpec
 	}
 	return ""
+}
+
+func (x *SamplingParams) GetTenant() []byte {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
 }
 
 type ReserveRequest struct {
@@ -972,8 +983,12 @@ type CommitRequest struct {
 	SessionId []byte `protobuf:"bytes,8,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The prompt's logprobs (tokens 1..n-1) when the request asked for them.
 	PromptLogprobs []*Token `protobuf:"bytes,9,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How many prompt tokens prefill read from its prefix cache instead of
+	// computing them (usage's cached_tokens); their pages were shipped as
+	// any other.
+	CachedTokens  uint32 `protobuf:"varint,10,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommitRequest) Reset() {
@@ -1067,6 +1082,13 @@ func (x *CommitRequest) GetPromptLogprobs() []*Token {
 		return x.PromptLogprobs
 	}
 	return nil
+}
+
+func (x *CommitRequest) GetCachedTokens() uint32 {
+	if x != nil {
+		return x.CachedTokens
+	}
+	return 0
 }
 
 type AbortRequest struct {
@@ -1293,8 +1315,10 @@ type TokenEvent struct {
 	Code   int32                  `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
 	// With the first token only, when the request asked for them.
 	PromptLogprobs []*Token `protobuf:"bytes,5,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// With the first token only: prompt tokens read from a prefix cache.
+	CachedTokens  uint32 `protobuf:"varint,6,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TokenEvent) Reset() {
@@ -1362,6 +1386,13 @@ func (x *TokenEvent) GetPromptLogprobs() []*Token {
 	return nil
 }
 
+func (x *TokenEvent) GetCachedTokens() uint32 {
+	if x != nil {
+		return x.CachedTokens
+	}
+	return 0
+}
+
 var File_api_pd_v1_pd_proto protoreflect.FileDescriptor
 
 const file_api_pd_v1_pd_proto_rawDesc = "" +
@@ -1396,7 +1427,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\r \x01(\tR\bgrpcAddr\x12#\n" +
 	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\x12!\n" +
 	"\fserved_model\x18\x0f \x01(\tR\vservedModel\x123\n" +
-	"\x15tokenizer_fingerprint\x18\x10 \x01(\tR\x14tokenizerFingerprint\"\xc4\x05\n" +
+	"\x15tokenizer_fingerprint\x18\x10 \x01(\tR\x14tokenizerFingerprint\"\xdc\x05\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
@@ -1419,7 +1450,8 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"min_tokens\x18\x0e \x01(\rR\tminTokens\x12'\n" +
 	"\x0fprompt_logprobs\x18\x0f \x01(\bR\x0epromptLogprobs\x12'\n" +
 	"\x0fconstraint_kind\x18\x10 \x01(\tR\x0econstraintKind\x12'\n" +
-	"\x0fconstraint_spec\x18\x11 \x01(\tR\x0econstraintSpec\x1a<\n" +
+	"\x0fconstraint_spec\x18\x11 \x01(\tR\x0econstraintSpec\x12\x16\n" +
+	"\x06tenant\x18\x12 \x01(\fR\x06tenant\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\a\n" +
@@ -1461,7 +1493,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05Token\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x05R\x02id\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12+\n" +
-	"\x03top\x18\x03 \x03(\v2\x19.baton.pd.v1.TokenLogprobR\x03top\"\xd0\x02\n" +
+	"\x03top\x18\x03 \x03(\v2\x19.baton.pd.v1.TokenLogprobR\x03top\"\xf5\x02\n" +
 	"\rCommitRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
@@ -1475,7 +1507,9 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"capability\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\b \x01(\fR\tsessionId\x12;\n" +
-	"\x0fprompt_logprobs\x18\t \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs\"\xb0\x01\n" +
+	"\x0fprompt_logprobs\x18\t \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs\x12#\n" +
+	"\rcached_tokens\x18\n" +
+	" \x01(\rR\fcachedTokens\"\xb0\x01\n" +
 	"\fAbortRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
@@ -1499,14 +1533,15 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
 	"\n" +
 	"capability\x18\x03 \x01(\fR\n" +
-	"capability\"\xb5\x01\n" +
+	"capability\"\xda\x01\n" +
 	"\n" +
 	"TokenEvent\x12(\n" +
 	"\x05token\x18\x01 \x01(\v2\x12.baton.pd.v1.TokenR\x05token\x12\x16\n" +
 	"\x06finish\x18\x02 \x01(\tR\x06finish\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x12\n" +
 	"\x04code\x18\x04 \x01(\x05R\x04code\x12;\n" +
-	"\x0fprompt_logprobs\x18\x05 \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs2\xa5\x03\n" +
+	"\x0fprompt_logprobs\x18\x05 \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs\x12#\n" +
+	"\rcached_tokens\x18\x06 \x01(\rR\fcachedTokens2\xa5\x03\n" +
 	"\x06Decode\x129\n" +
 	"\x04Info\x12\x18.baton.pd.v1.InfoRequest\x1a\x17.baton.pd.v1.WorkerInfo\x12@\n" +
 	"\aReserve\x12\x1b.baton.pd.v1.ReserveRequest\x1a\x18.baton.pd.v1.Reservation\x126\n" +
