@@ -48,7 +48,8 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy, APIKey: f.apiKey, Metrics: ms, Logger: log, Auth: plane,
+	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy,
+		CacheThreshold: f.cacheThresh, BalanceAbsThreshold: f.balanceAbs, BalanceRelThreshold: f.balanceRel, APIKey: f.apiKey, Metrics: ms, Logger: log, Auth: plane,
 		ModelName: name, TokenizerFingerprint: tok.Fingerprint()})
 	if err != nil {
 		return err

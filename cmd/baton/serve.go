@@ -83,6 +83,9 @@ type serveFlags struct {
 	prefillURLs []string
 	decodeURLs  []string
 	policy      string
+	cacheThresh float64
+	balanceAbs  int
+	balanceRel  float64
 }
 
 func serveCmd() *cobra.Command {
@@ -166,7 +169,10 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	f.internal.register(fs)
 	fs.StringSliceVar(&f.prefillURLs, "prefill", nil, "router: prefill worker URLs (repeatable or comma separated)")
 	fs.StringSliceVar(&f.decodeURLs, "decode", nil, "router: decode worker URLs (repeatable or comma separated)")
-	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load")
+	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load | cache_aware (prefill: the worker likeliest to hold the prompt's prefix for its tenant; decode: least load)")
+	fs.Float64Var(&f.cacheThresh, "cache-threshold", router.DefaultCacheThreshold, "router, cache_aware: the share of a prompt's pages a prefill worker must be thought to hold to get it; below it, the worker holding least")
+	fs.IntVar(&f.balanceAbs, "balance-abs-threshold", router.DefaultBalanceAbsThreshold, "router, cache_aware: route by load instead when the busiest prefill worker has more than this many requests over the idlest...")
+	fs.Float64Var(&f.balanceRel, "balance-rel-threshold", router.DefaultBalanceRelThreshold, "router, cache_aware: ...and more than this many times as many")
 	return cmd
 }
 
@@ -179,7 +185,8 @@ func (f *serveFlags) validate() error {
 			return fmt.Errorf("--role router needs at least one --prefill and one --decode URL")
 		}
 		// New checks the URLs and the policy without contacting any worker.
-		rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy})
+		rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy,
+			CacheThreshold: f.cacheThresh, BalanceAbsThreshold: f.balanceAbs, BalanceRelThreshold: f.balanceRel})
 		if err != nil {
 			return err
 		}

@@ -144,6 +144,17 @@ func next(buf []byte, parent kvpool.CacheKey, tokens []int32) (kvpool.CacheKey, 
 	return key(xxh3.Hash128(buf)), buf
 }
 
+// ChainKeys are the keys of the full pages of tokens under salt, with a
+// chain of no model: for a router that guesses which worker holds a prefix
+// (it compares them only with each other, never with a worker's keys).
+func ChainKeys(salt Salt, tokens []int32, pageSize int) []kvpool.CacheKey {
+	if pageSize <= 0 {
+		return nil
+	}
+	c := &Cache{pageSize: pageSize, fingerprint: "router"}
+	return c.Keys(salt, tokens)
+}
+
 // Keys are the chain keys of the full pages of tokens under salt.
 func (c *Cache) Keys(salt Salt, tokens []int32) []kvpool.CacheKey {
 	n := len(tokens) / c.pageSize

@@ -22,6 +22,7 @@ import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/server"
 )
@@ -39,8 +40,14 @@ type Options struct {
 	// address of NAME, looked up again every ResolveInterval (see
 	// DNSScheme).
 	Prefill, Decode []string
-	// Policy is PolicyRoundRobin (default) or PolicyLeastLoad.
+	// Policy is PolicyRoundRobin (default), PolicyLeastLoad or
+	// PolicyCacheAware.
 	Policy string
+	// CacheThreshold, BalanceAbsThreshold and BalanceRelThreshold tune
+	// PolicyCacheAware (zero: SGLang's defaults, 0.5, 32 and 1.0001).
+	CacheThreshold      float64
+	BalanceAbsThreshold int
+	BalanceRelThreshold float64
 	// HealthInterval is how often every worker is probed (default 1 s).
 	HealthInterval time.Duration
 	// Retries is how many times a request that failed before its first
@@ -73,10 +80,14 @@ type Router struct {
 	o       Options
 	policy  string
 	retries int
-	log     *slog.Logger
-	m       *metrics.Set
-	rm      *routerMetrics
-	http    *http.Client
+	// cache_aware's thresholds
+	cacheThreshold float64
+	balanceAbs     int
+	balanceRel     float64
+	log            *slog.Logger
+	m              *metrics.Set
+	rm             *routerMetrics
+	http           *http.Client
 
 	// prefill and decode change when dns+http names are looked up again;
 	// they are replaced, never edited in place, under mu.
@@ -112,9 +123,22 @@ func New(o Options) (*Router, error) {
 	switch policy {
 	case "":
 		policy = PolicyRoundRobin
-	case PolicyRoundRobin, PolicyLeastLoad:
+	case PolicyRoundRobin, PolicyLeastLoad, PolicyCacheAware:
 	default:
-		return nil, fmt.Errorf("router: unknown policy %q (%s, %s)", o.Policy, PolicyRoundRobin, PolicyLeastLoad)
+		return nil, fmt.Errorf("router: unknown policy %q (%s, %s, %s)", o.Policy, PolicyRoundRobin, PolicyLeastLoad, PolicyCacheAware)
+	}
+	if o.CacheThreshold < 0 || o.CacheThreshold > 1 || o.BalanceAbsThreshold < 0 || o.BalanceRelThreshold < 0 {
+		return nil, fmt.Errorf("router: cache_aware thresholds out of range (cache %v in [0,1], balance abs %d and rel %v not negative)",
+			o.CacheThreshold, o.BalanceAbsThreshold, o.BalanceRelThreshold)
+	}
+	if o.CacheThreshold == 0 {
+		o.CacheThreshold = DefaultCacheThreshold
+	}
+	if o.BalanceAbsThreshold == 0 {
+		o.BalanceAbsThreshold = DefaultBalanceAbsThreshold
+	}
+	if o.BalanceRelThreshold == 0 {
+		o.BalanceRelThreshold = DefaultBalanceRelThreshold
 	}
 	if o.HealthInterval <= 0 {
 		o.HealthInterval = time.Second
@@ -137,6 +161,7 @@ func New(o Options) (*Router, error) {
 	}
 	r := &Router{
 		o: o, policy: policy, retries: retries, log: log, m: m, rm: newRouterMetrics(m.Registry),
+		cacheThreshold: o.CacheThreshold, balanceAbs: o.BalanceAbsThreshold, balanceRel: o.BalanceRelThreshold,
 		// Each probe's context bounds its requests, so the client needs no
 		// timeout of its own.
 		http:       &http.Client{},
@@ -474,7 +499,8 @@ func (r *Router) checkPairsLocked() {
 // pick chooses a decode worker and a prefill worker whose layout agrees
 // with it. Workers in avoid (those that just failed this request) are
 // passed over while any other will do.
-func (r *Router) pick(avoid map[*worker]bool, promptTokens int) (d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, err error) {
+func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant prefixcache.Salt) (d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, err error) {
+	promptTokens := len(prompt)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var decodes []*worker
@@ -496,7 +522,11 @@ func (r *Router) pick(avoid map[*worker]bool, promptTokens int) (d, p *worker, d
 	if len(prefills) == 0 {
 		return nil, nil, nil, nil, r.noPairLocked()
 	}
-	p = r.choose(preferOthers(prefills, avoid), rolePrefill)
+	if r.policy == PolicyCacheAware {
+		p = r.chooseCacheAware(preferOthers(prefills, avoid), promptKeys(tenant, prompt, int(d.info.GetLayout().GetPageSize())))
+	} else {
+		p = r.choose(preferOthers(prefills, avoid), rolePrefill)
+	}
 	// Between probes the workers' reported load is stale; count what this
 	// router sent them since so that least_load does not pile a burst of
 	// requests onto one worker.
@@ -549,6 +579,7 @@ func preferOthers(ws []*worker, avoid map[*worker]bool) []*worker {
 // choose applies the policy to a non-empty candidate list (in configured
 // order, so that ties go to the first listed).
 func (r *Router) choose(ws []*worker, role string) *worker {
+	// cache_aware picks decode workers by load: they keep no prefix cache.
 	if r.policy == PolicyRoundRobin {
 		cur := &r.rrPrefill
 		if role == roleDecode {

@@ -129,7 +129,7 @@ func (s *stream) run(started chan<- error) {
 			s.endOutcome()
 			return
 		}
-		d, p, dc, pc, err := s.r.pick(avoid, len(s.prompt))
+		d, p, dc, pc, err := s.r.pick(avoid, s.prompt, s.p.Tenant)
 		if err != nil {
 			last = failure{stage: "pick", err: err, detail: err}
 			break

@@ -45,6 +45,8 @@ type worker struct {
 	// ended; removed is set when DNS stopped listing it (see discovery).
 	inflight int
 	removed  bool
+	// tree is what the cache_aware policy thinks a prefill worker caches.
+	tree *approxTree
 }
 
 func newWorker(u, role string, rm *routerMetrics) *worker {

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/batonlm/baton/test/harness"
 )
 
 // prefixPrompt is long enough to fill several 4-token pages.
@@ -187,5 +189,33 @@ func TestPDPrefixCache(t *testing.T) {
 		if m := metricsOf(t, w); m["baton_kv_release_errors"] != 0 || m["baton_nan_logits_total"] != 0 || m["baton_kv_pages_quarantined"] != 0 {
 			t.Fatalf("%s after the run: %v", w.URL, m)
 		}
+	}
+}
+
+// With --policy cache_aware the router sends a prompt back to the prefill
+// worker that cached it, so the same key's second request reads it there;
+// another key's goes by what each worker holds.
+func TestPDCacheAwareRouting(t *testing.T) {
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 2, Decode: 1, WorkerArgs: []string{"--page-size", "4", "--kv-poison"},
+		RouterArgs: []string{"--policy", "cache_aware"}})
+	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8,"temperature":0}`, prefixPrompt)
+	for i := range 3 {
+		a := askCached(t, c.Router.URL, "/v1/completions", body, "key-a")
+		if i > 0 && a.cached(t) == 0 {
+			t.Fatalf("request %d of the same key read nothing cached: the router sent it to another prefill worker", i)
+		}
+	}
+	if b := askCached(t, c.Router.URL, "/v1/completions", body, "key-b"); b.cached(t) != 0 {
+		t.Fatalf("another key read %d cached tokens", b.cached(t))
+	}
+	hits := 0.0
+	for _, p := range c.Prefill {
+		hits += metricsOf(t, p)["baton_prefix_cache_hit_tokens_total"]
+	}
+	if hits == 0 {
+		t.Fatal("no prefill worker counted a hit")
+	}
+	for _, w := range c.Workers() {
+		waitPagesFree(t, w)
 	}
 }

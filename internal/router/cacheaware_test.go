@@ -1,0 +1,51 @@
+package router
+
+import (
+	"testing"
+
+	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/prefixcache"
+)
+
+func TestCacheAwareChoice(t *testing.T) {
+	r := &Router{cacheThreshold: DefaultCacheThreshold, balanceAbs: DefaultBalanceAbsThreshold, balanceRel: DefaultBalanceRelThreshold}
+	w0 := &worker{url: "w0", info: &pdv1.WorkerInfo{}}
+	w1 := &worker{url: "w1", info: &pdv1.WorkerInfo{}}
+	ws := []*worker{w0, w1}
+	alice, bob := prefixcache.TenantSalt(prefixcache.ScopeKey, "alice", ""), prefixcache.TenantSalt(prefixcache.ScopeKey, "bob", "")
+	prompt := make([]int32, 64)
+	for i := range prompt {
+		prompt[i] = int32(i)
+	}
+	keys := promptKeys(alice, prompt, 16)
+	if len(keys) != 4 {
+		t.Fatalf("%d keys", len(keys))
+	}
+	if got := r.chooseCacheAware(ws, keys); got != w0 {
+		t.Fatalf("nothing cached anywhere: got %s, want the first of the emptiest", got.url)
+	}
+	if got := r.chooseCacheAware(ws, keys); got != w0 {
+		t.Fatalf("the same prompt again went to %s, not to the worker holding it", got.url)
+	}
+	// Another tenant's same prompt matches nothing: it goes where least is held.
+	if got := r.chooseCacheAware(ws, promptKeys(bob, prompt, 16)); got != w1 {
+		t.Fatalf("another tenant's prompt went to %s", got.url)
+	}
+	// A prompt sharing 1 page of 4 is below the threshold: least held.
+	other := append(append([]int32(nil), prompt[:16]...), make([]int32, 48)...)
+	w1.tree.insert(promptKeys(bob, make([]int32, 160), 16)) // w1 now holds more than w0
+	if got := r.chooseCacheAware(ws, promptKeys(alice, other, 16)); got != w0 {
+		t.Fatalf("a weak match went to %s, want the worker holding least", got.url)
+	}
+	// Load a little out of balance still follows the cache...
+	w0.info.Running = 20
+	if got := r.chooseCacheAware(ws, keys); got != w0 {
+		t.Fatalf("within the thresholds the prompt went to %s", got.url)
+	}
+	// ...far out of balance goes by load.
+	w0.info.Running = 40
+	if got := r.chooseCacheAware(ws, keys); got != w1 {
+		t.Fatalf("out of balance the prompt went to %s, not the idlest", got.url)
+	}
+}
+
