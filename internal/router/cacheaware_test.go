@@ -48,4 +48,3 @@ func TestCacheAwareChoice(t *testing.T) {
 		t.Fatalf("out of balance the prompt went to %s, not the idlest", got.url)
 	}
 }
-
