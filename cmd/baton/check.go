@@ -14,12 +14,16 @@ func checkCmd() *cobra.Command {
 	var o check.Options
 	cmd := &cobra.Command{
 		Use:   "check --router URL",
-		Short: "Run the four isolation gates against a live deployment and check its internal plane",
+		Short: "Run the isolation gates against a live deployment and check its internal plane",
 		Long: `Runs the four acceptance checks (pool/context, reject/admission, transfer/read,
 lifetime/ownership) against a live deployment through its router and its workers' HTTP
 endpoints, prints one row per gate with its evidence, and exits non-zero if any fails. It
 sends a few small requests and leaves the deployment as it found it. The workers' HTTP ports
 must be reachable from where it runs.
+
+A fifth row, "prefix cache/tenants", sends one new prompt as two tenants (two cache_salt
+values): the second must read 0 cached tokens, and the first again must answer the same (with
+a cache hit when the prefix cache is on).
 
 A last row, "internal plane", says how the router and each worker authenticate each other
 (internal_auth in the router's /server_info): mtls, secret, or none on loopback pass; a member

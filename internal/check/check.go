@@ -103,7 +103,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{}
-	rep.Rows = append(rep.Rows, c.poolContext(ctx), c.rejectPath(ctx), c.transferRead(ctx), c.lifetime(ctx), c.internalPlane(ctx))
+	rep.Rows = append(rep.Rows, c.poolContext(ctx), c.rejectPath(ctx), c.transferRead(ctx), c.lifetime(ctx), c.prefixTenants(ctx), c.internalPlane(ctx))
 	return rep, nil
 }
 
@@ -237,6 +237,48 @@ func (c *checker) rejectPath(ctx context.Context) Row {
 		fmt.Sprintf("a %d-token prompt (effective max %d): HTTP %d %s", c.maxSeq+1, c.maxSeq, code, e.Error.Type),
 		fmt.Sprintf("new reservations %v, transport sessions %v, queue entries %v", d("baton_kv_reservations_total"),
 			d("baton_kv_transfer_sessions_total"), d("baton_requests_queued_total")),
+	}
+	return row
+}
+
+// prefixTenants checks that the prefix cache keeps tenants apart: two
+// tenants (the run's API key with two cache_salt values, so that it works
+// behind one --api-key) send the same new prompt; the second reads nothing
+// of the first's pages, and the first again reads them (when the cache is
+// on and the repeat reached the same worker) and answers the same.
+func (c *checker) prefixTenants(ctx context.Context) Row {
+	row := Row{Gate: "prefix cache/tenants"}
+	nonce := time.Now().UnixNano()
+	prompt := strings.Repeat(fmt.Sprintf("Check %d. Once upon a time there was a little girl named Lily who loved to play in the park. ", nonce), 3)
+	ask := func(salt string) (int, string, int) {
+		body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":8,"temperature":0,"cache_salt":"baton-check-%s-%d"}`, c.model, prompt, salt, nonce)
+		code, b, err := c.do(ctx, http.MethodPost, c.o.Router+"/v1/completions", body)
+		if err != nil {
+			return 0, "", 0
+		}
+		var r struct {
+			Choices []struct{ Text string } `json:"choices"`
+			Usage   struct {
+				Details struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal(b, &r) != nil || len(r.Choices) != 1 {
+			return code, "", 0
+		}
+		return code, r.Choices[0].Text, r.Usage.Details.CachedTokens
+	}
+	codeA, textA, _ := ask("a")
+	codeB, textB, cachedB := ask("b")
+	codeA2, textA2, cachedA2 := ask("a")
+	row.Pass = codeA == 200 && codeB == 200 && codeA2 == 200 && cachedB == 0 && textA2 == textA && textB == textA
+	row.Evidence = []string{
+		fmt.Sprintf("another tenant's same prompt: HTTP %d, cached_tokens %d", codeB, cachedB),
+		fmt.Sprintf("the same tenant again: HTTP %d, cached_tokens %d, same text %v", codeA2, cachedA2, textA2 == textA && textB == textA),
+	}
+	if cachedA2 == 0 {
+		row.Evidence = append(row.Evidence, "no hit on the repeat: the prefix cache is off, or the repeat went to another prefill worker")
 	}
 	return row
 }

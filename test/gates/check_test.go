@@ -28,10 +28,13 @@ func TestCheckCommandPasses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("check failed on a sound deployment: %v\n%s", err, out)
 	}
-	for _, gate := range []string{"pool/context", "reject/admission", "transfer/read", "lifetime/ownership", "internal plane"} {
-		if !regexp.MustCompile(regexp.QuoteMeta(gate)+`\s+PASS`).MatchString(out) || strings.Count(out, "PASS") != 5 {
+	for _, gate := range []string{"pool/context", "reject/admission", "transfer/read", "lifetime/ownership", "prefix cache/tenants", "internal plane"} {
+		if !regexp.MustCompile(regexp.QuoteMeta(gate)+`\s+PASS`).MatchString(out) || strings.Count(out, "PASS") != 6 {
 			t.Fatalf("missing %s PASS row:\n%s", gate, out)
 		}
+	}
+	if !regexp.MustCompile(`the same tenant again: HTTP 200, cached_tokens [1-9]`).MatchString(out) {
+		t.Fatalf("the prefix cache row shows no hit on the repeat:\n%s", out)
 	}
 	if !strings.Contains(out, `internal_auth "none (loopback only)"`) {
 		t.Fatalf("the internal plane row does not say the loopback cluster is unauthenticated:\n%s", out)
@@ -57,7 +60,7 @@ func TestCheckCommandFailsOnCorruptHandoff(t *testing.T) {
 func TestCheckCommandFailsOnInsecurePlane(t *testing.T) {
 	c := startCluster(t, setup{workerArgs: []string{"--insecure-internal"}})
 	out, err := runCheck(t, c)
-	if err == nil || !regexp.MustCompile(`internal plane\s+FAIL`).MatchString(out) || strings.Count(out, "PASS") != 4 {
+	if err == nil || !regexp.MustCompile(`internal plane\s+FAIL`).MatchString(out) || strings.Count(out, "PASS") != 5 {
 		t.Fatalf("check did not fail the internal plane row alone: %v\n%s", err, out)
 	}
 	for _, w := range c.Workers() {
