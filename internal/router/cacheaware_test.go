@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/prefixcache"
 )
 
@@ -46,5 +47,31 @@ func TestCacheAwareChoice(t *testing.T) {
 	w0.info.Running = 40
 	if got := r.chooseCacheAware(ws, keys); got != w1 {
 		t.Fatalf("out of balance the prompt went to %s, not the idlest", got.url)
+	}
+}
+
+// What the router remembers per worker stays bounded: past the bound the
+// keys sent longest ago go, the latest stay.
+func TestApproxTreeBounded(t *testing.T) {
+	tr := &approxTree{keys: map[kvpool.CacheKey]uint64{}}
+	salt := prefixcache.TenantSalt(prefixcache.ScopeKey, "k", "")
+	var last []kvpool.CacheKey
+	// Each prompt is 256 pages; twice the bound's worth of them.
+	for i := range 2 * maxTreeKeys / 256 {
+		prompt := make([]int32, 4096)
+		for j := range prompt {
+			prompt[j] = int32(i*7 + j)
+		}
+		last = promptKeys(salt, prompt, 16)
+		tr.insert(last)
+		if len(tr.keys) > maxTreeKeys {
+			t.Fatalf("%d keys held, bound %d", len(tr.keys), maxTreeKeys)
+		}
+	}
+	if len(tr.keys) < maxTreeKeys/4 {
+		t.Fatalf("only %d keys held after the bound was reached", len(tr.keys))
+	}
+	if tr.match(last) != len(last) {
+		t.Fatal("the latest prompt was forgotten")
 	}
 }
