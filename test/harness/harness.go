@@ -141,7 +141,7 @@ var listenRE = regexp.MustCompile(`listening on (http://\S+)\r?\n`)
 // BATON_* variables are removed from the server's environment so that a
 // developer's shell settings cannot change what a test exercises; configure
 // the server through args instead.
-func Start(t *testing.T, args ...string) *Server {
+func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	return StartWith(t, Options{}, args...)
 }
@@ -156,7 +156,7 @@ type Options struct {
 }
 
 // StartWith is Start with options.
-func StartWith(t *testing.T, o Options, args ...string) *Server {
+func StartWith(t testing.TB, o Options, args ...string) *Server {
 	t.Helper()
 	bin := o.Binary
 	if bin == "" {
@@ -206,7 +206,7 @@ func StartWith(t *testing.T, o Options, args ...string) *Server {
 
 // waitHealthy polls /health because the socket is bound before the model is
 // loaded, and the server answers 503 until it can serve.
-func (s *Server) waitHealthy(t *testing.T) {
+func (s *Server) waitHealthy(t testing.TB) {
 	t.Helper()
 	client := &http.Client{Timeout: 2 * time.Second}
 	deadline := time.Now().Add(readyTimeout)
