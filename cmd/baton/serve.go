@@ -58,6 +58,7 @@ type serveFlags struct {
 	dummyDType      string
 	kvPoison        bool
 	noRadixCache    bool
+	decodeRadix     bool
 	cacheScope      string
 	strictCapacity  bool
 	threads         int
@@ -146,6 +147,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
 	fs.BoolVar(&f.noRadixCache, "disable-radix-cache", false, "standalone, prefill: turn the prefix cache off (every prompt is computed in full)")
+	fs.BoolVar(&f.decodeRadix, "disaggregation-decode-enable-radix-cache", false, "decode: keep finished requests' pages in a prefix cache; a reservation pins the prefix it holds for the tenant and prefill ships only the rest (tcp transport)")
 	fs.StringVar(&f.cacheScope, "prefix-cache-scope", "key", "standalone, router: who shares prefix cache pages: key (each API key, split further by cache_salt) | global (all keys; for single-tenant deployments, since a hit is a timing signal)")
 	fs.StringVar(&f.device, "device", "auto", "kernels: cpu | cuda | auto (CUDA when a usable GPU is present, else CPU)")
 	fs.StringSliceVar(&f.rdmaDevices, "rdma-device", nil, "ucx transport: restrict UCX to these RDMA devices (e.g. mlx5_0)")
@@ -206,6 +208,11 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
 	case f.readTimeout <= 0:
 		return fmt.Errorf("--request-read-timeout must be positive")
+	case f.decodeRadix && f.transport == "ucx":
+		// A one-sided writer holds the address of every page it was given;
+		// held pages are not to be written, which only a receiver that
+		// checks each frame can refuse.
+		return fmt.Errorf("--disaggregation-decode-enable-radix-cache needs --transport tcp")
 	case f.cacheScope != string(prefixcache.ScopeKey) && f.cacheScope != string(prefixcache.ScopeGlobal):
 		return fmt.Errorf("unknown --prefix-cache-scope %q (key, global)", f.cacheScope)
 	case f.metricsKey && f.apiKey == "":

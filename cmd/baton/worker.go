@@ -83,8 +83,17 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		pdv1.RegisterPrefillServer(gs, p)
 		worker = p
 	case "decode":
-		eng = le.engine(f, scheduler.RoleDecode, ms, nil)
-		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout,
+		var cache *prefixcache.Cache
+		if f.decodeRadix {
+			cache = prefixcache.New(le.pool, le.fingerprint(f))
+			ps := le.pool.PageSize()
+			cache.SetChecksum(func(page int32) (uint64, error) {
+				b, err := transfer.ReadPage(le.pool.KV(), page, ps, nil)
+				return transfer.Checksum(b), err
+			})
+		}
+		eng = le.engine(f, scheduler.RoleDecode, ms, cache)
+		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Cache: cache,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Transport: f.transport,
 			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer, Auth: plane, Identity: le.identity(), Log: le.log})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))

@@ -46,6 +46,7 @@ const (
 	GuardCacheComplete = "cache_complete" // only a page written to its last slot, with no writer, becomes shared
 	GuardCachePin      = "cache_pin"      // eviction takes only shared pages nobody pins
 	GuardTenantSalt    = "tenant_salt"    // a tenant's lookups hash its own salt (API key, cache_salt)
+	GuardHeldRecheck   = "held_recheck"   // decode's Commit re-checks the pages it holds from its cache
 
 	// The internal plane's guards: against a stranger, not a fault.
 	GuardPeerAuth    = "peer_auth"    // gRPC calls and transfer sessions need cluster credentials and the right role
@@ -57,7 +58,7 @@ const (
 
 // AllGuards lists every guard name.
 var AllGuards = []string{GuardDoor, GuardCoverage, GuardChecksum, GuardOwnerTag, GuardDrainWait, GuardLateDrop, GuardReadGate,
-	GuardCacheWrite, GuardCacheComplete, GuardCachePin, GuardTenantSalt,
+	GuardCacheWrite, GuardCacheComplete, GuardCachePin, GuardTenantSalt, GuardHeldRecheck,
 	GuardPeerAuth, GuardCapability, GuardSessionBind, GuardDialKnown, GuardPeerQuota}
 
 // Spec is a parsed BATON_FAULTS.
@@ -83,6 +84,9 @@ type Spec struct {
 	// CachePublishEarly makes every request offer its prompt pages to the
 	// cache at admission, before a token of them is written.
 	CachePublishEarly bool
+	// HeldCorrupt changes a page decode holds from its prefix cache just
+	// before Commit re-checks it (decode side).
+	HeldCorrupt bool
 }
 
 // ParseSpec parses the BATON_FAULTS syntax.
@@ -142,6 +146,8 @@ func ParseSpec(s string) (*Spec, error) {
 			sp.CacheRewrite, err = strconv.ParseBool(v)
 		case "cache_publish_early":
 			sp.CachePublishEarly, err = strconv.ParseBool(v)
+		case "held_corrupt":
+			sp.HeldCorrupt, err = strconv.ParseBool(v)
 		default:
 			return nil, fmt.Errorf("faults: unknown fault %q", k)
 		}

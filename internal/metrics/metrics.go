@@ -180,7 +180,7 @@ var labels = map[string]roleLabels{
 	"decode": {
 		outcomes: []string{"finished", "aborted", "error", "rejected"},
 		rejects:  append([]string{"no_space"}, doorRejects...),
-		handoff:  []string{"layout", "timeout", "writer", "coverage", "over_claim", "first_token", "owner_tag", "checksum", "bad_count"},
+		handoff:  []string{"layout", "timeout", "writer", "coverage", "over_claim", "first_token", "owner_tag", "checksum", "bad_count", "held_page"},
 		late:     []string{"admit", "write", "commit", "drained", "closed", "abort"},
 		rpcs:     []string{"Info", "Reserve", "Commit", "Drained", "Abort", "Finish", "Stream", "tls", "transfer"},
 	},

@@ -82,6 +82,7 @@ type entry struct {
 	page   int32
 	parent kvpool.CacheKey
 	tokens []int32
+	sum    uint64 // the page's checksum when it was published (with SetChecksum)
 }
 
 // Stats are the cache's figures.
@@ -99,6 +100,9 @@ type Cache struct {
 
 	mu    sync.Mutex
 	index map[kvpool.CacheKey]entry
+	// checksum, when set, records each page's checksum as it is published,
+	// so that a reader can later prove the page did not change.
+	checksum func(page int32) (uint64, error)
 
 	queried, hit atomic.Uint64
 }
@@ -118,6 +122,26 @@ func New(pool *kvpool.Pool, fingerprint string) *Cache {
 	}
 	pool.SetEvictHook(c.evicted)
 	return c
+}
+
+// SetChecksum makes Publish record each page's checksum (f reads the
+// page's contents); Checksum returns it.
+func (c *Cache) SetChecksum(f func(page int32) (uint64, error)) {
+	c.mu.Lock()
+	c.checksum = f
+	c.mu.Unlock()
+}
+
+// Checksum is the checksum page had when it was published under key, if
+// it is still cached there and one was recorded.
+func (c *Cache) Checksum(key kvpool.CacheKey, page int32) (uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.index[key]
+	if !ok || e.page != page || c.checksum == nil {
+		return 0, false
+	}
+	return e.sum, true
 }
 
 // PageSize is the number of tokens a cached page holds.
@@ -238,10 +262,25 @@ func (c *Cache) Publish(salt Salt, owner kvpool.Owner, pages []int32, tokens []i
 		if err := c.pool.Publish(owner, id, k); err != nil {
 			return published, err
 		}
-		c.index[k] = entry{page: id, parent: parent, tokens: append([]int32(nil), tokens[i*c.pageSize:(i+1)*c.pageSize]...)}
+		e := entry{page: id, parent: parent, tokens: append([]int32(nil), tokens[i*c.pageSize:(i+1)*c.pageSize]...)}
+		if c.checksum != nil {
+			// Read after Publish: the page can no longer change.
+			sum, err := c.checksum(id)
+			if err != nil {
+				return published, err
+			}
+			e.sum = sum
+		}
+		c.index[k] = e
 		published++
 	}
 	return published, nil
+}
+
+// Drop takes a page out of the index (its contents were found changed):
+// no lookup finds it again, and the pool evicts it once nobody pins it.
+func (c *Cache) Drop(ref kvpool.SharedRef) {
+	c.evicted([]kvpool.SharedRef{ref})
 }
 
 // evicted is the pool's eviction hook: the pages are free now, their keys

@@ -30,6 +30,7 @@ import (
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -60,6 +61,10 @@ type DecodeOptions struct {
 	MaxReservationsPerPeer, MaxPagesPerPeer int
 	// Identity is what the worker serves, reported in Info.
 	Identity Identity
+	// Cache, when set, is the engine's prefix cache (decode keeps finished
+	// requests' pages): Commit re-checks the pages a reservation holds from
+	// it against the checksums it recorded when they were cached.
+	Cache *prefixcache.Cache
 	// Auth authenticates this worker's calls to prefill workers (nil:
 	// plaintext, tests on loopback).
 	Auth *auth.Plane

@@ -11,6 +11,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -95,8 +96,21 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 	ps := d.o.Pool.PageSize()
 	kv := d.o.Pool.KV()
 	var buf []byte
+	held := res.r.Held()
 	for i, p := range res.prompt {
 		want := min(ps, n-i*ps)
+		if i < len(held) {
+			// A page decode held from its cache: nobody shipped it, and
+			// the Commit's claim for it is not read. What is checked is
+			// that it is still the page cached under the key this prompt
+			// reaches, pinned by this request, unchanged since it was
+			// cached.
+			var err error
+			if buf, err = recheckHeld(d, res, held[i], p, buf); err != nil {
+				return "held_page", err
+			}
+			continue
+		}
 		if err := ownerTag(d, res, i, p); err != nil {
 			return "owner_tag", err
 		}
@@ -132,6 +146,45 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 		}
 	}
 	return "", nil
+}
+
+// recheckHeld is Commit's check of a page the reservation holds from the
+// prefix cache: the page is the one pinned at Reserve, still shared under
+// its key with this request's pin (the read gate's own question), and its
+// contents still have the checksum recorded when it was cached. It is a
+// variable only so that a faults build can take it away
+// (guards_faults.go, BATON_GUARDS_OFF=held_recheck): it sits in verify's
+// order of checks, where no wrapper reaches.
+var recheckHeld = (*Decode).checkHeld
+
+func (d *Decode) checkHeld(res *reservation, ref kvpool.SharedRef, page int32, buf []byte) ([]byte, error) {
+	ps := d.o.Pool.PageSize()
+	if page != ref.Page {
+		return buf, fmt.Errorf("held page %d is not the page %d pinned at Reserve", page, ref.Page)
+	}
+	if err := d.o.Pool.CheckReadable(res.r.Owner(), []int32{page}, ps); err != nil {
+		return buf, err
+	}
+	if in := d.o.Pool.Info(page); in.State != kvpool.PageShared {
+		return buf, fmt.Errorf("held page %d is %s", page, in.State)
+	}
+	if d.o.Cache == nil {
+		return buf, fmt.Errorf("held page %d without a prefix cache", page)
+	}
+	sum, ok := d.o.Cache.Checksum(ref.Key, page)
+	if !ok {
+		return buf, fmt.Errorf("held page %d is no longer cached under its key", page)
+	}
+	buf, err := transfer.ReadPage(d.o.Pool.KV(), page, ps, buf)
+	if err != nil {
+		return buf, fmt.Errorf("reading held page %d back: %w", page, err)
+	}
+	if got := transfer.Checksum(buf); got != sum {
+		// Nobody may read it again.
+		d.o.Cache.Drop(ref)
+		return buf, fmt.Errorf("held page %d checksum %016x, %016x when it was cached", page, got, sum)
+	}
+	return buf, nil
 }
 
 // checkLanded reads back the first tokens slots of page as they are in the

@@ -51,7 +51,8 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 	})
 	d.o.Log.Info("reserved", "request_id", req.RequestId, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
 	return &pdv1.Reservation{Room: key.Room, Epoch: key.Epoch, Pages: res.prompt, PromptTokens: uint32(len(req.Prompt)),
-		Layout: d.o.Layout, Transport: d.transport(), TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr, Capability: key.Cap[:]}, nil
+		Layout: d.o.Layout, Transport: d.transport(), TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr, Capability: key.Cap[:],
+		HeldTokens: uint32(len(r.Held()) * ps)}, nil
 }
 
 // roomKey is how reservations are filed: room and epoch alone, so that a

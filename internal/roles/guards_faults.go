@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -34,6 +35,25 @@ func init() {
 				return fmt.Errorf("page %d outside the pool", page)
 			}
 			return nil
+		}
+	}
+	check := recheckHeld
+	if off(faults.GuardHeldRecheck) {
+		check = func(_ *Decode, _ *reservation, _ kvpool.SharedRef, _ int32, buf []byte) ([]byte, error) {
+			return buf, nil
+		}
+	}
+	recheckHeld = check
+	if sp := faults.Active(); sp != nil && sp.HeldCorrupt {
+		// The held page changes while cached (a stray write, a bad bit):
+		// its first values are negated just before Commit looks at it.
+		recheckHeld = func(d *Decode, res *reservation, ref kvpool.SharedRef, page int32, buf []byte) ([]byte, error) {
+			if data := d.o.Pool.PageData(page); data != nil {
+				for i := range min(len(data), 64) {
+					data[i] = -data[i] - 1
+				}
+			}
+			return check(d, res, ref, page, buf)
 		}
 	}
 	if off(faults.GuardSessionBind) {

@@ -50,6 +50,10 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		p.drained(id, res, key)
 		return nil, status.Errorf(codes.FailedPrecondition, "decode reserved over transport %q, this prefill worker speaks %q", res.Transport, p.transport())
 	}
+	if ht := int(res.HeldTokens); ht%p.o.Pool.PageSize() != 0 || ht >= len(req.Prompt) {
+		p.drained(id, res, key)
+		return nil, status.Errorf(codes.InvalidArgument, "reservation holds %d tokens of a %d-token prompt in pages of %d", ht, len(req.Prompt), p.o.Pool.PageSize())
+	}
 	if int(res.PromptTokens) != len(req.Prompt) || len(res.Pages) != p.o.Pool.PagesFor(len(req.Prompt)) {
 		p.drained(id, res, key)
 		return nil, status.Errorf(codes.InvalidArgument, "reservation covers %d tokens in %d pages; the prompt has %d tokens",

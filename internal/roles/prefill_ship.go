@@ -16,6 +16,8 @@ type shipper struct {
 	res       *pdv1.Reservation
 	pageSize  int
 	promptLen int
+	// heldPages lead the prompt in decode's prefix cache: not shipped.
+	heldPages int
 	checksums []uint64
 	queue     chan transfer.PageWrite
 	done      chan error
@@ -24,7 +26,7 @@ type shipper struct {
 }
 
 func newShipper(res *pdv1.Reservation, pageSize, promptLen int, sess transfer.Session) *shipper {
-	s := &shipper{res: res, pageSize: pageSize, promptLen: promptLen, checksums: make([]uint64, len(res.Pages)),
+	s := &shipper{res: res, pageSize: pageSize, promptLen: promptLen, heldPages: int(res.HeldTokens) / pageSize, checksums: make([]uint64, len(res.Pages)),
 		queue: make(chan transfer.PageWrite, len(res.Pages)), done: make(chan error, 1)}
 	go func() {
 		var first error
@@ -50,6 +52,9 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 		tokens := end - i*s.pageSize
 		if s.packErr != nil {
 			return
+		}
+		if i < s.heldPages {
+			continue // decode holds it already
 		}
 		data, err := transfer.ReadPage(kv, pages[i], tokens, make([]byte, 0, transfer.PackedSize(kv, tokens)))
 		if err != nil {

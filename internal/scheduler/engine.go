@@ -187,12 +187,13 @@ func (e *Engine) Reserve(r *Request) error {
 	e.nextRoom++
 	room := e.nextRoom
 	e.mu.Unlock()
-	a, err := e.pool.Alloc(room, e.pool.PagesFor(e.maxSeqLen(r)))
+	a, held, err := e.reservePages(r, room)
 	if err != nil {
 		return e.reject(r, &RejectError{Status: 503, Reason: "no_space", RetryAfter: 1,
 			Message: fmt.Sprintf("no room for %d tokens in the KV pool now; retry later", e.maxSeqLen(r))})
 	}
-	prompt := a.Pages[:e.pool.PagesFor(len(r.Prompt))]
+	// The writer gets the prompt pages decode does not hold already.
+	prompt := a.Pages[len(held):e.pool.PagesFor(len(r.Prompt))]
 	if err := e.pool.AttachWriter(a.Owner, prompt); err != nil {
 		_ = e.pool.Release(a.Owner, a.Pages)
 		return err
@@ -203,7 +204,7 @@ func (e *Engine) Reserve(r *Request) error {
 		_ = e.pool.Release(a.Owner, a.Pages)
 		return err
 	}
-	r.room, r.owner, r.pages, r.promptPages, r.eng = room, a.Owner, a.Pages, prompt, e
+	r.room, r.owner, r.pages, r.promptPages, r.held, r.eng = room, a.Owner, a.Pages, prompt, held, e
 	e.poolGauges()
 	return nil
 }

@@ -95,12 +95,44 @@ var writable = func(e *Engine, r *Request, from, to int) error {
 // Pages the cache refuses stay private and are freed with r.
 func (e *Engine) publish(r *Request) {
 	c := e.cfg.PrefixCache
-	if c == nil || e.cfg.Role == RoleDecode || r.pages == nil {
+	if c == nil || r.pages == nil {
 		return
 	}
 	n := min(r.computed, len(r.seq))
 	_, _ = c.Publish(r.Params.Tenant, r.owner, r.pages, r.seq[:n])
 }
+
+// reservePages takes a decode request's pages at Reserve: with a prefix
+// cache (decode keeps finished requests' pages), the longest run of full
+// prompt pages of its tenant it holds is pinned first in the page table,
+// and fresh pages cover the rest of the sequence.
+func (e *Engine) reservePages(r *Request, room uint64) (kvpool.Allocation, []kvpool.SharedRef, error) {
+	need := e.pool.PagesFor(e.maxSeqLen(r))
+	c := e.cfg.PrefixCache
+	var hit []kvpool.SharedRef
+	if c != nil {
+		hit = c.Lookup(r.Params.Tenant, r.Prompt)
+	}
+	a, err := e.pool.AllocPinned(room, need-len(hit), hit)
+	if errors.Is(err, kvpool.ErrStale) {
+		hit = nil
+		a, err = e.pool.AllocPinned(room, need, nil)
+	}
+	if err != nil {
+		return a, nil, err
+	}
+	if c != nil {
+		held := len(hit) * e.pool.PageSize()
+		c.Count(len(r.Prompt), held)
+		e.m.PrefixCacheQueried.Add(float64(len(r.Prompt)))
+		e.m.PrefixCacheHit.Add(float64(held))
+	}
+	return a, hit, nil
+}
+
+// Held are a decode request's prompt pages pinned from the prefix cache
+// at Reserve, first in its page table; the writer ships only the others.
+func (r *Request) Held() []kvpool.SharedRef { return r.held }
 
 // shipCached hands a prefill request's cached pages to its hook as if a
 // step had just computed them: decode holds none of them, so they travel

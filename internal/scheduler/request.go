@@ -98,10 +98,13 @@ type Request struct {
 	// transfer writer is named on; whether it still holds them is
 	// State().WriterHolds().
 	promptPages []int32
-	rng         *rand.Rand
-	arrived     time.Time
-	queuedAt    time.Time // when it last entered the waiting queue
-	lastToken   time.Time
+	// held are the decode request's leading prompt pages pinned from the
+	// prefix cache at Reserve: nobody writes them.
+	held      []kvpool.SharedRef
+	rng       *rand.Rand
+	arrived   time.Time
+	queuedAt  time.Time // when it last entered the waiting queue
+	lastToken time.Time
 }
 
 // NewRequest makes a standalone request in state Received.

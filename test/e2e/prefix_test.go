@@ -219,3 +219,39 @@ func TestPDCacheAwareRouting(t *testing.T) {
 		waitPagesFree(t, w)
 	}
 }
+
+// With --disaggregation-decode-enable-radix-cache decode keeps a finished
+// request's pages: the same key's prompt again is reserved over the prefix
+// decode holds, prefill ships only the rest (fewer bytes), and the answer
+// is the same. Another key's prompt holds nothing.
+func TestPDDecodeRadixCache(t *testing.T) {
+	c := startCluster(t, 1, 1, []string{"--page-size", "4", "--kv-poison"}, []string{"--disaggregation-decode-enable-radix-cache"})
+	d := c.Decode[0]
+	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":16,"temperature":0,"logprobs":5}`, prefixPrompt)
+	first := askCached(t, c.Router.URL, "/v1/completions", body, "key-a")
+	waitPagesFree(t, d) // finished: its pages are cached on decode
+	m0 := metricsOf(t, d)
+	again := askCached(t, c.Router.URL, "/v1/completions", body, "key-a")
+	m1 := metricsOf(t, d)
+	sameTop(t, "decode-cached", again, first)
+	n := first.Usage.PromptTokens
+	if held := m1["baton_prefix_cache_hit_tokens_total"] - m0["baton_prefix_cache_hit_tokens_total"]; held != float64((n-1)/4*4) {
+		t.Fatalf("decode held %v tokens of the %d-token prompt, want %d", held, n, (n-1)/4*4)
+	}
+	firstBytes, againBytes := m0["baton_kv_transfer_bytes_total"], m1["baton_kv_transfer_bytes_total"]-m0["baton_kv_transfer_bytes_total"]
+	if againBytes <= 0 || againBytes*4 > firstBytes {
+		t.Fatalf("the held prompt still moved %v bytes (the first %v)", againBytes, firstBytes)
+	}
+	other := askCached(t, c.Router.URL, "/v1/completions", body, "key-b")
+	sameTop(t, "other key", other, first)
+	if m2 := metricsOf(t, d); m2["baton_prefix_cache_hit_tokens_total"] != m1["baton_prefix_cache_hit_tokens_total"] {
+		t.Fatalf("another key's reservation held %v tokens", m2["baton_prefix_cache_hit_tokens_total"]-m1["baton_prefix_cache_hit_tokens_total"])
+	}
+	for _, w := range c.Workers() {
+		waitPagesFree(t, w)
+		if m := metricsOf(t, w); m["baton_kv_release_errors"] != 0 || m["baton_nan_logits_total"] != 0 || m["baton_kv_pages_quarantined"] != 0 ||
+			m["baton_kv_shared_write_refusals"] != 0 || m[`baton_handoff_failures_total{reason="held_page",role="decode"}`] != 0 {
+			t.Fatalf("%s after the run: %v", w.URL, m)
+		}
+	}
+}

@@ -23,6 +23,7 @@ var guardGates = []struct {
 	{faults.GuardCacheComplete, scenarioCacheComplete},
 	{faults.GuardCachePin, scenarioCachePin},
 	{faults.GuardTenantSalt, scenarioTenantSalt},
+	{faults.GuardHeldRecheck, scenarioHeldRecheck},
 	{faults.GuardPeerAuth, scenarioAdversary},
 	{faults.GuardCapability, scenarioAdversary},
 	{faults.GuardSessionBind, scenarioAdversary},

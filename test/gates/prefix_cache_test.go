@@ -217,3 +217,41 @@ func scenarioTenantSalt(t *testing.T, guardsOff string) violations {
 }
 
 func TestGateCacheTenantsApart(t *testing.T) { requireClean(t, scenarioTenantSalt(t, "")) }
+
+// scenarioHeldRecheck: decode keeps finished requests' pages; the same
+// prompt again is reserved over the pages decode holds, and one of them is
+// changed (held_corrupt) before Commit re-checks it. The request must fail
+// (never 200 over the changed KV), the failure is counted, and the next
+// request computes the prefix afresh and answers right.
+func scenarioHeldRecheck(t *testing.T, guardsOff string) violations {
+	var v violations
+	env := []string{"BATON_FAULTS=held_corrupt=true"}
+	if guardsOff != "" {
+		env = append(env, "BATON_GUARDS_OFF="+guardsOff)
+	}
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, WorkerArgs: []string{"--page-size", "4", "--kv-poison"},
+		DecodeArgs: []string{"--disaggregation-decode-enable-radix-cache"}, DecodeEnv: env, Binary: faultsBinary(t)})
+	first := askAs(t, c.Router, "alice", longPrompt, 16)
+	if first.code != 200 {
+		v.add("first request: %d %s", first.code, first.body)
+		return v
+	}
+	d := c.Decode[0]
+	waitFor(t, 10*time.Second, func() bool {
+		m := harness.Metrics(t, d)
+		return m["baton_kv_pages_cached"] > 0 && m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_total"]
+	})
+	if bad := askAs(t, c.Router, "alice", longPrompt, 16); bad.code == 200 {
+		v.add("a request over a held page changed since it was cached got 200 (%q, the first got %q)", bad.text, first.text)
+	}
+	if m := harness.Metrics(t, d); m[`baton_handoff_failures_total{reason="held_page",role="decode"}`] < 1 {
+		v.add("no held page failed Commit's re-check")
+	}
+	if after := askAs(t, c.Router, "alice", longPrompt, 16); after.code != 200 || after.text != first.text {
+		v.add("after the changed page was found the prompt gave %d %q, want %q", after.code, after.text, first.text)
+	}
+	checkClean(t, c, &v)
+	return v
+}
+
+func TestGateHeldPagesRechecked(t *testing.T) { requireClean(t, scenarioHeldRecheck(t, "")) }

@@ -600,7 +600,13 @@ type Reservation struct {
 	// it chose, and every later message about the reservation (page frames,
 	// Commit, Drained, Stream, Abort, Finish, Cancel) must present it. Room
 	// and epoch are for logs.
-	Capability    []byte `protobuf:"bytes,9,opt,name=capability,proto3" json:"capability,omitempty"`
+	Capability []byte `protobuf:"bytes,9,opt,name=capability,proto3" json:"capability,omitempty"`
+	// held_tokens leading prompt positions are already in decode's prefix
+	// cache for this request's tenant (whole pages): decode pinned those
+	// pages, and prefill ships only the pages after them. Frames for held
+	// pages are refused; Commit's checksums for them are not read (decode
+	// re-checks the pinned pages against what it cached).
+	HeldTokens    uint32 `protobuf:"varint,10,opt,name=held_tokens,json=heldTokens,proto3" json:"held_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -696,6 +702,13 @@ func (x *Reservation) GetCapability() []byte {
 		return x.Capability
 	}
 	return nil
+}
+
+func (x *Reservation) GetHeldTokens() uint32 {
+	if x != nil {
+		return x.HeldTokens
+	}
+	return 0
 }
 
 type Ack struct {
@@ -1462,7 +1475,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\x127\n" +
 	"\bsampling\x18\x03 \x01(\v2\x1b.baton.pd.v1.SamplingParamsR\bsampling\x12-\n" +
 	"\x06layout\x18\x04 \x01(\v2\x15.baton.pd.v1.KVLayoutR\x06layout\x12\x16\n" +
-	"\x06writer\x18\x05 \x01(\tR\x06writer\"\xa5\x02\n" +
+	"\x06writer\x18\x05 \x01(\tR\x06writer\"\xc6\x02\n" +
 	"\vReservation\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
@@ -1475,7 +1488,10 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"decodeAddr\x12\x1e\n" +
 	"\n" +
 	"capability\x18\t \x01(\fR\n" +
-	"capability\"\x05\n" +
+	"capability\x12\x1f\n" +
+	"\vheld_tokens\x18\n" +
+	" \x01(\rR\n" +
+	"heldTokens\"\x05\n" +
 	"\x03Ack\"\xbc\x01\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
 	"\n" +
