@@ -88,6 +88,13 @@ type Options struct {
 	// MaxModelLen, when set, is the longest sequence (prompt and
 	// completion) served now; /v1/models and /tokenize report it.
 	MaxModelLen func() int
+	// ToolCallParser reads tool calls out of chat answers (a name of
+	// toolcall.Formats); empty refuses requests that let the model call
+	// tools.
+	ToolCallParser string
+	// ReasoningParser splits <think> blocks into reasoning_content (a name
+	// of reasoning.Formats); empty leaves them in the content.
+	ReasoningParser string
 }
 
 // SamplingDefaults are a model's default sampling parameters.
@@ -336,14 +343,19 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, e)
 		return
 	}
-	text, e := s.renderChat(req)
+	plan, e := s.planChat(req)
+	if e != nil {
+		openai.WriteError(w, e)
+		return
+	}
+	text, e := s.renderChatWith(req, plan.vars)
 	if e != nil {
 		openai.WriteError(w, e)
 		return
 	}
 	prompt := s.encodeChat(text)
 	g := &generation{s: s, chat: true, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
-		id: openai.NewID("chatcmpl-"), promptParam: "messages"}
+		id: openai.NewID("chatcmpl-"), promptParam: "messages", plan: plan}
 	g.run(w, r, prompt)
 }
 
