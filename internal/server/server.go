@@ -145,6 +145,7 @@ func New(o Options) *Server {
 	}
 	s.mux.HandleFunc("POST /v1/completions", s.auth(s.completions))
 	s.mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chatCompletions))
+	s.mux.HandleFunc("POST /v1/responses", s.auth(s.responses))
 	s.mux.HandleFunc("GET /v1/models", s.auth(s.models))
 	s.mux.HandleFunc("GET /v1/models/{id}", s.auth(s.model))
 	s.mux.HandleFunc("POST /tokenize", s.auth(s.tokenize))
