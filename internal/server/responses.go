@@ -137,9 +137,13 @@ func (rw *responseWriter) item(it openai.OutputItem) int {
 	rw.open = len(rw.resp.Output) - 1
 	rw.text = ""
 	rw.send("response.output_item.added", map[string]any{"output_index": rw.open, "item": it})
-	if it.Type == "message" {
+	switch it.Type {
+	case "message":
 		rw.send("response.content_part.added", map[string]any{"item_id": it.ID, "output_index": rw.open, "content_index": 0,
 			"part": openai.ContentPart{Type: "output_text"}})
+	case "reasoning":
+		rw.send("response.content_part.added", map[string]any{"item_id": it.ID, "output_index": rw.open, "content_index": 0,
+			"part": openai.ContentPart{Type: "reasoning_text"}})
 	}
 	return rw.open
 }
@@ -165,7 +169,10 @@ func (rw *responseWriter) close() {
 		rw.send("response.output_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": rw.text, "logprobs": []any{}})
 		rw.send("response.content_part.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "part": part})
 	case "reasoning":
-		it.Content = []openai.ContentPart{{Type: "reasoning_text", Text: rw.text}}
+		part := openai.ContentPart{Type: "reasoning_text", Text: rw.text}
+		it.Content = []openai.ContentPart{part}
+		rw.send("response.reasoning_text.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "text": rw.text})
+		rw.send("response.content_part.done", map[string]any{"item_id": it.ID, "output_index": i, "content_index": 0, "part": part})
 	case "function_call":
 		rw.send("response.function_call_arguments.done", map[string]any{"item_id": it.ID, "output_index": i, "name": it.Name, "arguments": *it.Arguments})
 	}
@@ -185,6 +192,7 @@ func (rw *responseWriter) add(p chatPiece) {
 			rw.item(openai.OutputItem{Type: "reasoning", ID: openai.NewID("rs_")})
 		}
 		rw.text += p.reasoning
+		rw.send("response.reasoning_text.delta", map[string]any{"item_id": rw.current().ID, "output_index": rw.open, "content_index": 0, "delta": p.reasoning})
 	}
 	if p.content != "" {
 		if it := rw.current(); it == nil || it.Type != "message" {

@@ -143,8 +143,8 @@ func (p *Parser) step(final bool) Delta {
 			if json.Unmarshal([]byte(c.args), &s) == nil {
 				frag = s // arguments sent as a JSON string hold the JSON
 			}
-		case final && c.args == "" && sc.args == 0:
-			frag = "{}" // a call without arguments
+		case final && c.args == "" && sc.args == 0 && c.argsDone:
+			frag = "{}" // a complete call without arguments
 		}
 		if c.argsDone || final {
 			sc.done = true
