@@ -28,20 +28,10 @@ type chatPlan struct {
 // planChat checks a chat request's tools against the server's parsers and
 // sets the tool-call constraint of required and named choices.
 func (s *Server) planChat(req *openai.ChatRequest) (chatPlan, *openai.Error) {
-	p := chatPlan{vars: map[string]any{}}
-	for k, v := range req.TemplateKwargs {
-		p.vars[k] = v
-	}
-	if len(req.Tools) > 0 {
-		tools := make([]any, len(req.Tools))
-		for i, t := range req.Tools {
-			v, err := chat.DecodeJSON(t.JSON)
-			if err != nil {
-				return p, openai.BadRequest(fmt.Sprintf("tools[%d] is not valid JSON", i), fmt.Sprintf("tools[%d]", i))
-			}
-			tools[i] = v
-		}
-		p.vars["tools"] = tools
+	var p chatPlan
+	var e *openai.Error
+	if p.vars, e = templateVars(req); e != nil {
+		return p, e
 	}
 	mode := req.ToolChoice.Mode
 	if len(req.Tools) > 0 && mode != openai.ToolChoiceNone {
@@ -79,6 +69,27 @@ func (s *Server) planChat(req *openai.ChatRequest) (chatPlan, *openai.Error) {
 		}
 	}
 	return p, nil
+}
+
+// templateVars are the chat template's variables beyond the conversation:
+// chat_template_kwargs and the tools.
+func templateVars(req *openai.ChatRequest) (map[string]any, *openai.Error) {
+	vars := map[string]any{}
+	for k, v := range req.TemplateKwargs {
+		vars[k] = v
+	}
+	if len(req.Tools) > 0 {
+		tools := make([]any, len(req.Tools))
+		for i, t := range req.Tools {
+			v, err := chat.DecodeJSON(t.JSON)
+			if err != nil {
+				return nil, openai.BadRequest(fmt.Sprintf("tools[%d] is not valid JSON", i), fmt.Sprintf("tools[%d]", i))
+			}
+			tools[i] = v
+		}
+		vars["tools"] = tools
+	}
+	return vars, nil
 }
 
 // chatText is one choice's answer read apart: content, reasoning and

@@ -133,13 +133,14 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// renderChat applies the chat template to a chat request.
+// renderChat applies the chat template to a chat request, as /tokenize
+// does: tools are rendered whether or not this server could parse calls.
 func (s *Server) renderChat(req *openai.ChatRequest) (string, *openai.Error) {
-	plan, e := s.planChat(req)
+	vars, e := templateVars(req)
 	if e != nil {
 		return "", e
 	}
-	return s.renderChatWith(req, plan.vars)
+	return s.renderChatWith(req, vars)
 }
 
 // renderChatWith renders with the template variables of the request's

@@ -388,3 +388,23 @@ func TestChatEcho(t *testing.T) {
 		t.Fatalf("no echo: %s", raw)
 	}
 }
+
+// /tokenize renders the tools as a chat request would, with or without a
+// tool-call parser.
+func TestTokenizeWithTools(t *testing.T) {
+	for _, parser := range []string{"", "hermes"} {
+		ts, _ := scriptServer(t, "x", parser, "")
+		count := func(body string) int {
+			st, _, b := do(t, http.MethodPost, ts.URL+"/tokenize", "", body)
+			var r struct{ Count int }
+			if st != 200 || json.Unmarshal(b, &r) != nil {
+				t.Fatalf("%d %s", st, b)
+			}
+			return r.Count
+		}
+		plain, with := count(`{`+userMsg+`}`), count(`{`+userMsg+`,"tools":[`+weatherTool+`]}`)
+		if with <= plain+20 {
+			t.Fatalf("parser %q: %d tokens with tools, %d without", parser, with, plain)
+		}
+	}
+}
