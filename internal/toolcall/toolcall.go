@@ -258,9 +258,36 @@ func hermes(text string, final bool) snapshot {
 	return sn
 }
 
-// mistral reads [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...].
+const mistralOpen = "[TOOL_CALLS]"
+
+// mistral reads [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]. A
+// tokenizer that treats [TOOL_CALLS] as a control token leaves it out of
+// the text, so a list of calls at the very start counts too.
 func mistral(text string, final bool) snapshot {
-	const open = "[TOOL_CALLS]"
+	lead := wsLen(text)
+	rest := text[lead:]
+	if rest != "" && rest[0] == '[' && !strings.HasPrefix(rest, mistralOpen) {
+		p := 1 + wsLen(rest[1:])
+		switch {
+		case p >= len(rest):
+			if !final {
+				return snapshot{} // may yet be a list of calls
+			}
+		case rest[p] == '{':
+			o := scanCall(rest[p:], "arguments")
+			if o.nameDone {
+				return mistralCalls(mistralOpen+rest, final)
+			}
+			if !o.bad && !o.done && !final {
+				return snapshot{}
+			}
+		}
+	}
+	return mistralCalls(text, final)
+}
+
+func mistralCalls(text string, final bool) snapshot {
+	const open = mistralOpen
 	var sn snapshot
 	var content strings.Builder
 	pos := 0

@@ -82,6 +82,8 @@ func TestFormats(t *testing.T) {
 		{"mistral", `[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {"b": [2]}}]`, "",
 			[]Call{{Name: "f", Arguments: `{"a": 1}`}, {Name: "g", Arguments: `{"b": [2]}`}}},
 		{"mistral", "No tools [needed].", "No tools [needed].", nil},
+		{"mistral", ` [{"name": "f", "arguments": {"a": 1}}]`, "", []Call{{Name: "f", Arguments: `{"a": 1}`}}},
+		{"mistral", `[{"x": 1}] and [ ]`, `[{"x": 1}] and [ ]`, nil},
 		{"pythonic", `[get_weather(city="Paris", days=3), now()]`, "",
 			[]Call{{Name: "get_weather", Arguments: `{"city": "Paris", "days": 3}`}, {Name: "now", Arguments: `{}`}}},
 		{"pythonic", `[f(a=True, b=None, c='it\'s', d=[1, 2.5], e={'k': (1,)})]`, "",
