@@ -10,7 +10,7 @@ import (
 // between <|python_start|> and <|python_end|>. Values are Python literals
 // (strings, numbers, True/False/None, lists, dicts) or their JSON forms;
 // arguments become a JSON object in the order written.
-func pythonic(text string, final bool) snapshot {
+func pythonic(text string, final, _ bool) snapshot {
 	const pyStart, pyEnd = "<|python_start|>", "<|python_end|>"
 	var sn snapshot
 	lead := wsLen(text)

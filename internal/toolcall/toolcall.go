@@ -59,15 +59,22 @@ type callSnap struct {
 	argsDone bool
 }
 
-type format func(text string, final bool) snapshot
+// format reads a snapshot of text; atStart says text begins the answer
+// (formats whose calls may open a bare answer look only there).
+type format func(text string, final, atStart bool) snapshot
 
 // Parser reads one choice's text.
 type Parser struct {
-	read    format
-	text    strings.Builder
-	content int // bytes of snapshot content sent
-	sent    []sentCall
-	calls   []Call
+	read format
+	// skippable formats read the same calls from any suffix of the text
+	// that starts after content already sent (a marker opens every call),
+	// so that content is not read again: a long answer costs linear time.
+	skippable bool
+	text      strings.Builder
+	skip      int // bytes at the start of text sent as content and not read again
+	content   int // bytes of the snapshot's content sent
+	sent      []sentCall
+	calls     []Call
 }
 
 type sentCall struct {
@@ -77,20 +84,20 @@ type sentCall struct {
 
 // New returns a parser for a format of Formats.
 func New(name string) (*Parser, error) {
-	var f format
+	p := &Parser{}
 	switch name {
 	case "hermes", "qwen25":
-		f = hermes
+		p.read, p.skippable = hermes, true
 	case "llama3":
-		f = llama3
+		p.read = llama3
 	case "mistral":
-		f = mistral
+		p.read, p.skippable = mistral, true
 	case "pythonic":
-		f = pythonic
+		p.read = pythonic
 	default:
 		return nil, fmt.Errorf("unknown tool-call parser %q (%s)", name, strings.Join(Formats, ", "))
 	}
-	return &Parser{read: f}, nil
+	return p, nil
 }
 
 // Valid reports whether name is a parser New knows.
@@ -109,13 +116,18 @@ func (p *Parser) Finish() Delta { return p.step(true) }
 func (p *Parser) Calls() []Call { return p.calls }
 
 func (p *Parser) step(final bool) Delta {
-	sn := p.read(p.text.String(), final)
+	text := p.text.String()[p.skip:]
+	sn := p.read(text, final, p.skip == 0)
 	var d Delta
 	// A snapshot never takes back what an earlier one said; should a
 	// malformed text make it seem to, what was sent stands.
 	if len(sn.content) > p.content {
 		d.Content = sn.content[p.content:]
 		p.content = len(sn.content)
+	}
+	if p.skippable && len(p.sent) == 0 && len(sn.calls) == 0 && p.content == len(sn.content) && strings.HasPrefix(text, sn.content) {
+		p.skip += len(sn.content)
+		p.content = 0
 	}
 	for i, c := range sn.calls {
 		if !c.nameDone {
@@ -198,7 +210,7 @@ func snapOf(o objectSnap) callSnap {
 
 // hermes reads <tool_call>{"name": ..., "arguments": ...}</tool_call>
 // blocks (qwen25 is the same format).
-func hermes(text string, final bool) snapshot {
+func hermes(text string, final, _ bool) snapshot {
 	const open, close = "<tool_call>", "</tool_call>"
 	var sn snapshot
 	var content strings.Builder
@@ -263,10 +275,10 @@ const mistralOpen = "[TOOL_CALLS]"
 // mistral reads [TOOL_CALLS] [{"name": ..., "arguments": ...}, ...]. A
 // tokenizer that treats [TOOL_CALLS] as a control token leaves it out of
 // the text, so a list of calls at the very start counts too.
-func mistral(text string, final bool) snapshot {
+func mistral(text string, final, atStart bool) snapshot {
 	lead := wsLen(text)
 	rest := text[lead:]
-	if rest != "" && rest[0] == '[' && !strings.HasPrefix(rest, mistralOpen) {
+	if atStart && rest != "" && rest[0] == '[' && !strings.HasPrefix(rest, mistralOpen) {
 		p := 1 + wsLen(rest[1:])
 		switch {
 		case p >= len(rest):
@@ -362,7 +374,7 @@ outer:
 
 // llama3 reads JSON calls {"name": ..., "parameters": ...} separated by
 // ";", at the very start of the text or after <|python_tag|>.
-func llama3(text string, final bool) snapshot {
+func llama3(text string, final, _ bool) snapshot {
 	const tag = "<|python_tag|>"
 	var sn snapshot
 	start := -1
