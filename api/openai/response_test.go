@@ -210,3 +210,22 @@ func TestNewID(t *testing.T) {
 		t.Errorf("NewID gave %q and %q", a, b)
 	}
 }
+
+// A message that is only tool calls has content null, as OpenAI sends it;
+// reasoning_content and tool_calls are left out when absent.
+func TestChatMessageWire(t *testing.T) {
+	for _, c := range []struct {
+		m    ChatMessage
+		want string
+	}{
+		{ChatMessage{Role: "assistant", ToolCalls: []ToolCall{{ID: "call_1", Type: "function", Function: ToolCallFunction{Name: "f", Arguments: "{}"}}}},
+			`{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]}`},
+		{ChatMessage{Role: "assistant", Content: new("hi"), ReasoningContent: new("hmm")},
+			`{"role":"assistant","content":"hi","reasoning_content":"hmm"}`},
+	} {
+		b, err := json.Marshal(c.m)
+		if err != nil || string(b) != c.want {
+			t.Errorf("got %s (%v), want %s", b, err, c.want)
+		}
+	}
+}
