@@ -361,8 +361,9 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// sendChunk sends the text c produced since its last chunk and, in the
-// chunk that ends the choice, its finish reason. Logprobs are sent with the
+// sendChunk sends what c produced since its last chunk (text; for chat
+// also reasoning and tool-call deltas) and, in the chunk that ends the
+// choice, its finish reason. Logprobs are sent with the
 // chunk of the token they belong to and then forgotten.
 func (g *generation) sendChunk(sse *openai.SSE, c *choice, cp chatPiece) error {
 	var fin *string
