@@ -88,6 +88,13 @@ type Options struct {
 	// MaxModelLen, when set, is the longest sequence (prompt and
 	// completion) served now; /v1/models and /tokenize report it.
 	MaxModelLen func() int
+	// ToolCallParser reads tool calls out of chat answers (a name of
+	// toolcall.Formats); empty refuses requests that let the model call
+	// tools.
+	ToolCallParser string
+	// ReasoningParser splits <think> blocks into reasoning_content (a name
+	// of reasoning.Formats); empty leaves them in the content.
+	ReasoningParser string
 }
 
 // SamplingDefaults are a model's default sampling parameters.
@@ -138,6 +145,7 @@ func New(o Options) *Server {
 	}
 	s.mux.HandleFunc("POST /v1/completions", s.auth(s.completions))
 	s.mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chatCompletions))
+	s.mux.HandleFunc("POST /v1/responses", s.auth(s.responses))
 	s.mux.HandleFunc("GET /v1/models", s.auth(s.models))
 	s.mux.HandleFunc("GET /v1/models/{id}", s.auth(s.model))
 	s.mux.HandleFunc("POST /tokenize", s.auth(s.tokenize))
@@ -336,14 +344,19 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, e)
 		return
 	}
-	text, e := s.renderChat(req)
+	plan, e := s.planChat(req)
+	if e != nil {
+		openai.WriteError(w, e)
+		return
+	}
+	text, e := s.renderChatWith(req, plan.vars)
 	if e != nil {
 		openai.WriteError(w, e)
 		return
 	}
 	prompt := s.encodeChat(text)
 	g := &generation{s: s, chat: true, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
-		id: openai.NewID("chatcmpl-"), promptParam: "messages"}
+		id: openai.NewID("chatcmpl-"), promptParam: "messages", plan: plan}
 	g.run(w, r, prompt)
 }
 
