@@ -116,3 +116,70 @@ func FuzzParseChatRequest(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseResponsesRequest(f *testing.F) {
+	seedBodies(f)
+	for _, s := range []string{
+		`{"model":"m","input":"hi","instructions":"be brief","max_output_tokens":8,"temperature":0}`,
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"x"}]}`,
+		`{"model":"m","input":"a","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_schema","name":"x","schema":{"type":"object"}}}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, e := ParseResponsesRequest(body)
+		if (r == nil) == (e == nil) {
+			t.Fatalf("want exactly one of request and error, got %v and %v", r, e)
+		}
+		if r == nil {
+			checkParsed(t, body, "", nil, false, false, e)
+			return
+		}
+		checkParsed(t, body, r.Chat.Model, &r.Chat.Sampling, r.Stream, false, nil)
+		if len(r.Chat.Messages) == 0 || r.Chat.Sampling.N != 1 {
+			t.Fatalf("accepted %+v from %q", r.Chat, body)
+		}
+	})
+}
+
+func TestParseResponsesRequest(t *testing.T) {
+	r, e := ParseResponsesRequest([]byte(`{"model":"m","instructions":"sys","max_output_tokens":9,"parallel_tool_calls":false,
+		"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},
+		"input":[{"role":"user","content":"q"},{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"},
+		{"type":"function_call","call_id":"c2","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"r1"},
+		{"type":"reasoning","summary":[]},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]}]}`))
+	if e != nil {
+		t.Fatal(e)
+	}
+	c := r.Chat
+	got := []string{}
+	for _, m := range c.Messages {
+		s := m.Role + ":" + m.Content + ":" + m.ToolCallID
+		for _, tc := range m.ToolCalls {
+			s += ":" + tc.ID + "=" + tc.Function.Name + tc.Function.Arguments
+		}
+		got = append(got, s)
+	}
+	want := []string{"system:sys:", "user:q:", `assistant:::c1=f{"a":1}:c2=f{}`, "tool:r1:c1", "assistant:done:"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("messages\n%v\nwant\n%v", got, want)
+	}
+	if c.Sampling.MaxTokens != 9 || !c.SingleToolCall || c.ToolChoice != (ToolChoice{Mode: ToolChoiceFunction, Name: "f"}) || len(c.Tools) != 1 || c.Tools[0].Name != "f" {
+		t.Fatalf("request %+v", c)
+	}
+	for body, param := range map[string]string{
+		`{"model":"m","input":"a","max_output_tokens":0}`:                                         "max_output_tokens",
+		`{"model":"m","input":[]}`:                                                                "input",
+		`{"model":"m","input":[{"type":"image"}]}`:                                                "input[0].type",
+		`{"model":"m","input":"a","text":{"format":{"type":"xml"}}}`:                              "text.format.type",
+		`{"model":"m","input":"a","tool_choice":{"type":"function"}}`:                             "tool_choice",
+		`{"model":"m","input":[{"type":"function_call","name":"f"}]}`:                             "input[0]",
+		`{"model":"m","input":"a","previous_response_id":"r"}`:                                    "previous_response_id",
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_id":"x"}]}]}`: "input[0].content[0].type",
+	} {
+		_, e := ParseResponsesRequest([]byte(body))
+		if e == nil || e.Param == nil || *e.Param != param {
+			t.Errorf("%s: %+v, want param %s", body, e, param)
+		}
+	}
+}

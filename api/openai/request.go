@@ -144,6 +144,10 @@ type Message struct {
 	Role    string
 	Content string
 	Name    string // optional participant name; some chat templates use it
+	// ToolCalls are an assistant turn's calls; ToolCallID the call a tool
+	// turn answers. Both go to the chat template.
+	ToolCalls  []ToolCall
+	ToolCallID string
 }
 
 // ChatRequest is a validated POST /v1/chat/completions body.
@@ -156,6 +160,16 @@ type ChatRequest struct {
 	// TemplateKwargs become variables of the chat template
 	// (chat_template_kwargs, e.g. enable_thinking), decoded as JSON values.
 	TemplateKwargs map[string]any
+	// Tools the model may call, how it must choose among them, and whether
+	// it may make more than one call (SingleToolCall: parallel_tool_calls
+	// false). ToolChoice is zero when there are no tools, auto when tools
+	// come without a choice.
+	Tools          []Tool
+	ToolChoice     ToolChoice
+	SingleToolCall bool
+	// Echo puts the last message's content in front of the answer when
+	// that message is the assistant's (vLLM's echo for chat).
+	Echo bool
 }
 
 // ParseCompletionRequest decodes and validates a /v1/completions body. Every
@@ -212,9 +226,8 @@ func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 // ParseChatRequest decodes and validates a /v1/chat/completions body, with
 // the same error conventions as ParseCompletionRequest. Content given as an
 // array of parts is flattened by concatenating its text parts, with no
-// separator; any other part type (images, audio, files) is a 400. Tools
-// and functions are rejected too: a client relying on them could not parse
-// free text.
+// separator; any other part type (images, audio, files) is a 400. The
+// legacy functions field is rejected; tools are served.
 func ParseChatRequest(body []byte) (*ChatRequest, *Error) {
 	f, e := decodeObject(body)
 	if e != nil {
@@ -258,7 +271,10 @@ func ParseChatRequest(body []byte) (*ChatRequest, *Error) {
 		return nil, BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
 	}
 	r.Sampling.Logprobs, r.Sampling.TopLogprobs = lp, int(top)
-	if e = f.noTools(); e != nil {
+	if e = f.tools(r); e != nil {
+		return nil, e
+	}
+	if r.Echo, _, e = f.bool("echo"); e != nil {
 		return nil, e
 	}
 	return r, nil
@@ -870,6 +886,20 @@ func parseMessage(raw json.RawMessage, at string) (Message, *Error) {
 			return m, BadRequest(at+".name must be a string", at+".name")
 		}
 	}
+	if raw, ok := f.get("tool_calls"); ok {
+		if m.Role != RoleAssistant {
+			return m, BadRequest(at+".tool_calls is only allowed in assistant messages", at+".tool_calls")
+		}
+		var e *Error
+		if m.ToolCalls, e = parseToolCalls(raw, at+".tool_calls"); e != nil {
+			return m, e
+		}
+	}
+	if raw, ok := f.get("tool_call_id"); ok {
+		if m.ToolCallID, ok = parseString(raw); !ok {
+			return m, BadRequest(at+".tool_call_id must be a string", at+".tool_call_id")
+		}
+	}
 	content, ok := f.get("content")
 	if !ok {
 		// OpenAI lets an assistant turn carry tool calls and no content;
@@ -907,21 +937,4 @@ func parseMessage(raw json.RawMessage, at string) (Message, *Error) {
 	}
 	m.Content = b.String()
 	return m, nil
-}
-
-// noTools rejects tool definitions: the engine cannot honour them yet, and
-// a client relying on them would otherwise get free text it cannot parse.
-func (f fields) noTools() *Error {
-	for _, name := range []string{"tools", "functions"} {
-		if raw, ok := f.get(name); ok {
-			var list []json.RawMessage
-			if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
-				return BadRequest(name+" must be an array", name)
-			}
-			if len(list) > 0 {
-				return BadRequest(name+" is not supported", name)
-			}
-		}
-	}
-	return nil
 }

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -198,7 +199,14 @@ func TestParseChatRequestErrors(t *testing.T) {
 		{"top_logprobs without logprobs", `{"model":"m",` + msg + `,"top_logprobs":2}`, "top_logprobs"},
 		{"top_logprobs too many", `{"model":"m",` + msg + `,"logprobs":true,"top_logprobs":21}`, "top_logprobs"},
 		{"top_logprobs wrong type", `{"model":"m",` + msg + `,"logprobs":true,"top_logprobs":true}`, "top_logprobs"},
-		{"tools", `{"model":"m",` + msg + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, "tools"},
+		{"tool_choice unknown function", `{"model":"m",` + msg + `,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}`, "tool_choice"},
+		{"tool_choice required without tools", `{"model":"m",` + msg + `,"tool_choice":"required"}`, "tool_choice"},
+		{"tool_choice unknown", `{"model":"m",` + msg + `,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"any"}`, "tool_choice"},
+		{"tool without name", `{"model":"m",` + msg + `,"tools":[{"type":"function","function":{}}]}`, "tools[0].function.name"},
+		{"tool twice", `{"model":"m",` + msg + `,"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]}`, "tools[1].function.name"},
+		{"tool parameters not a schema", `{"model":"m",` + msg + `,"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]}`, "tools[0].function.parameters"},
+		{"parallel_tool_calls not bool", `{"model":"m",` + msg + `,"parallel_tool_calls":1}`, "parallel_tool_calls"},
+		{"tool_calls on a user turn", `{"model":"m","messages":[{"role":"user","content":"a","tool_calls":[]}]}`, "messages[0].tool_calls"},
 		{"functions", `{"model":"m",` + msg + `,"functions":[{"name":"f"}]}`, "functions"},
 		{"tools wrong type", `{"model":"m",` + msg + `,"tools":{}}`, "tools"},
 		{"response_format unknown type", `{"model":"m",` + msg + `,"response_format":{"type":"xml"}}`, "response_format.type"},
@@ -292,7 +300,7 @@ func TestParseChatRequest(t *testing.T) {
 				{Role: "developer", Content: "ab"},
 				{Role: "user", Content: "q", Name: "ann"},
 				{Role: "assistant"},
-				{Role: "tool", Content: "r"},
+				{Role: "tool", Content: "r", ToolCallID: "x"},
 			}, Sampling: defaults()}},
 		{"max_completion_tokens wins", `{"model":"m","messages":[{"role":"user","content":"a"}],"max_tokens":100,"max_completion_tokens":16}`,
 			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 1, MaxTokens: 16}}},
@@ -306,7 +314,11 @@ func TestParseChatRequest(t *testing.T) {
 			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: Sampling{Temperature: 1, TopP: 1, RepetitionPenalty: 1, N: 2, MinTokens: 3},
 				TemplateKwargs: map[string]any{"enable_thinking": false, "k": []any{int64(1), "x"}}}},
 		{"empty tools and text format", `{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[],"tool_choice":"none","response_format":{"type":"text"}}`,
-			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: defaults()}},
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}}, Sampling: defaults(), ToolChoice: ToolChoice{Mode: "none"}}},
+		{"tools", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false}`,
+			ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "a"}, {Role: "assistant", ToolCalls: []ToolCall{{ID: "c1", Type: "function", Function: ToolCallFunction{Name: "f", Arguments: "{}"}}}}}, Sampling: defaults(),
+				Tools:      []Tool{{Name: "f", Parameters: json.RawMessage(`{"type":"object"}`), JSON: json.RawMessage(`{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}`)}},
+				ToolChoice: ToolChoice{Mode: "function", Name: "f"}, SingleToolCall: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, e := ParseChatRequest([]byte(c.body))

@@ -226,9 +226,12 @@ func (l ChatLogprobs) MarshalJSON() ([]byte, error) {
 }
 
 // ChatMessage is the assistant message of a non-streaming chat answer.
+// Content is null when the message is only tool calls.
 type ChatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role             string     `json:"role"`
+	Content          *string    `json:"content"`
+	ReasoningContent *string    `json:"reasoning_content,omitempty"`
+	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
 }
 
 // ChatChoice is one choice of a non-streaming chat answer.
@@ -264,8 +267,10 @@ func (r ChatCompletionResponse) MarshalJSON() ([]byte, error) {
 // empty delta {} in the chunk that carries finish_reason; omitempty on both
 // fields and a pointer for Content let all three be expressed.
 type ChatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role             string          `json:"role,omitempty"`
+	Content          *string         `json:"content,omitempty"`
+	ReasoningContent *string         `json:"reasoning_content,omitempty"`
+	ToolCalls        []ToolCallDelta `json:"tool_calls,omitempty"`
 }
 
 // ChatChunkChoice is one choice of a chat stream chunk.

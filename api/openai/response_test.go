@@ -76,14 +76,14 @@ func TestResponseShapes(t *testing.T) {
 	}{
 		{"chat completion", ChatCompletionResponse{
 			ID: "chatcmpl-123", Created: 1677652288, Model: "gpt-4o-mini", SystemFingerprint: fp,
-			Choices: []ChatChoice{{Message: ChatMessage{Role: "assistant", Content: "Hello there"}, FinishReason: new(FinishStop)}},
+			Choices: []ChatChoice{{Message: ChatMessage{Role: "assistant", Content: new("Hello there")}, FinishReason: new(FinishStop)}},
 			Usage:   NewUsage(9, 12),
 		}, `{"id":"chatcmpl-123","object":"chat.completion","created":1677652288,"model":"gpt-4o-mini",
 			"system_fingerprint":"fp_44709d6fcb",
 			"choices":[{"index":0,"message":{"role":"assistant","content":"\n\nHello there"},"logprobs":null,"finish_reason":"stop"}],
 			"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`},
 		{"chat completion with logprobs", ChatCompletionResponse{
-			Choices: []ChatChoice{{Message: ChatMessage{Role: "assistant", Content: "Hello"}, Logprobs: chatLP, FinishReason: new(FinishLength)}},
+			Choices: []ChatChoice{{Message: ChatMessage{Role: "assistant", Content: new("Hello")}, Logprobs: chatLP, FinishReason: new(FinishLength)}},
 			Usage:   NewUsage(1, 1),
 		}, `{"id":"chatcmpl-123","object":"chat.completion","created":1702685778,"model":"gpt-4o-mini","system_fingerprint":null,
 			"choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},
@@ -208,5 +208,24 @@ func TestNewID(t *testing.T) {
 	a, b := NewID("chatcmpl-"), NewID("chatcmpl-")
 	if a == b || !strings.HasPrefix(a, "chatcmpl-") || len(a) != len("chatcmpl-")+24 {
 		t.Errorf("NewID gave %q and %q", a, b)
+	}
+}
+
+// A message that is only tool calls has content null, as OpenAI sends it;
+// reasoning_content and tool_calls are left out when absent.
+func TestChatMessageWire(t *testing.T) {
+	for _, c := range []struct {
+		m    ChatMessage
+		want string
+	}{
+		{ChatMessage{Role: "assistant", ToolCalls: []ToolCall{{ID: "call_1", Type: "function", Function: ToolCallFunction{Name: "f", Arguments: "{}"}}}},
+			`{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]}`},
+		{ChatMessage{Role: "assistant", Content: new("hi"), ReasoningContent: new("hmm")},
+			`{"role":"assistant","content":"hi","reasoning_content":"hmm"}`},
+	} {
+		b, err := json.Marshal(c.m)
+		if err != nil || string(b) != c.want {
+			t.Errorf("got %s (%v), want %s", b, err, c.want)
+		}
 	}
 }

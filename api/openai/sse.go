@@ -78,11 +78,32 @@ func (s *SSE) Done() error {
 // Err returns the first write error, if any.
 func (s *SSE) Err() error { return s.err }
 
-func (s *SSE) event(data []byte) error {
+// SendEvent writes v as an event named name ("event: name" before its
+// data), as the Responses API streams.
+func (s *SSE) SendEvent(name string, v any) error {
+	if s.err != nil {
+		return s.err
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.named(name, data)
+}
+
+func (s *SSE) event(data []byte) error { return s.named("", data) }
+
+func (s *SSE) named(name string, data []byte) error {
 	// data is compact JSON, which escapes newlines inside strings, so it can
 	// never end the event early. One Write per event puts each event in one
 	// chunk of the chunked encoding.
-	s.buf = append(s.buf[:0], "data: "...)
+	s.buf = s.buf[:0]
+	if name != "" {
+		s.buf = append(s.buf, "event: "...)
+		s.buf = append(s.buf, name...)
+		s.buf = append(s.buf, '\n')
+	}
+	s.buf = append(s.buf, "data: "...)
 	s.buf = append(s.buf, data...)
 	s.buf = append(s.buf, "\n\n"...)
 	if _, err := s.w.Write(s.buf); err != nil {

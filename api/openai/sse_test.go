@@ -111,3 +111,22 @@ func TestSSEStreamsBeforeHandlerReturns(t *testing.T) {
 		t.Fatal("first event not delivered while the handler was still running")
 	}
 }
+
+// SendEvent names the event before its data, as the Responses API streams,
+// and a tool-call delta carries what a client reassembles calls from.
+func TestSSENamedEvent(t *testing.T) {
+	rec := httptest.NewRecorder()
+	s := NewSSE(rec)
+	if err := s.SendEvent("response.output_text.delta", map[string]any{"type": "response.output_text.delta", "delta": "hi"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(ChatCompletionChunk{ID: "c", Created: 1, Model: "m", Choices: []ChatChunkChoice{{Delta: ChatDelta{
+		ToolCalls: []ToolCallDelta{{Index: 0, ID: "call_1", Type: "function", Function: ToolCallFunctionDelta{Name: "f"}}}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	want := "event: response.output_text.delta\n" + `data: {"delta":"hi","type":"response.output_text.delta"}` + "\n\n" +
+		`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":null,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]},"logprobs":null,"finish_reason":null}],"usage":null}` + "\n\n"
+	if got := rec.Body.String(); got != want {
+		t.Fatalf("wire:\n%s\nwant\n%s", got, want)
+	}
+}

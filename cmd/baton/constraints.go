@@ -9,6 +9,12 @@ import (
 // constraints compiles structured-output constraints against a
 // vocabulary, once each: the server checks a request's with it before
 // anything runs, and the engine makes each request's matcher from it.
+//
+// The cache is shared by all tenants on purpose: an entry is a function of
+// the constraint's text and the vocabulary alone (automaton and token
+// masks), never of a request's prompt or output, so another tenant can
+// learn at most, from a fast first request, that the same schema text was
+// compiled before. Per-request state (the matcher's stacks) is per request.
 type constraints struct {
 	tok   *tokenizer.Tokenizer
 	cache *grammar.Cache

@@ -63,7 +63,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
 	srv := server.New(server.Options{
 		ModelName: name, APIKey: f.apiKey, PrefixCacheScope: prefixcache.Scope(f.cacheScope), Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
-		Constraints:       newConstraints(tok).check,
+		Constraints: newConstraints(tok).check, ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser,
 		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,
 		MaxModelLen: func() int { _, seq := rt.Capacity(); return seq },

@@ -27,15 +27,19 @@ import (
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/prefixcache"
+	"github.com/batonlm/baton/internal/reasoning"
 	"github.com/batonlm/baton/internal/router"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/server"
 	"github.com/batonlm/baton/internal/tokenizer"
 	"github.com/batonlm/baton/internal/tokenizer/chat"
+	"github.com/batonlm/baton/internal/toolcall"
 	"github.com/batonlm/baton/internal/transfer/ucx"
 )
 
 type serveFlags struct {
+	toolCallParser  string
+	reasoningParser string
 	role            string
 	modelPath       string
 	host            string
@@ -175,11 +179,19 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.Float64Var(&f.cacheThresh, "cache-threshold", router.DefaultCacheThreshold, "router, cache_aware: the share of a prompt's pages a prefill worker must be thought to hold to get it; below it, the worker holding least")
 	fs.IntVar(&f.balanceAbs, "balance-abs-threshold", router.DefaultBalanceAbsThreshold, "router, cache_aware: route by load instead when the busiest prefill worker has more than this many requests over the idlest...")
 	fs.Float64Var(&f.balanceRel, "balance-rel-threshold", router.DefaultBalanceRelThreshold, "router, cache_aware: ...and more than this many times as many")
+	fs.StringVar(&f.toolCallParser, "tool-call-parser", "", "standalone/router: read tool calls out of chat answers: "+strings.Join(toolcall.Formats, " | ")+" (empty: requests with tools get 400)")
+	fs.StringVar(&f.reasoningParser, "reasoning-parser", "", "standalone/router: split <think> blocks into reasoning_content: "+strings.Join(reasoning.Formats, " | "))
 	return cmd
 }
 
 // validate checks what can be checked without loading anything.
 func (f *serveFlags) validate() error {
+	if f.toolCallParser != "" && !toolcall.Valid(f.toolCallParser) {
+		return fmt.Errorf("--tool-call-parser %q: not one of %s", f.toolCallParser, strings.Join(toolcall.Formats, ", "))
+	}
+	if f.reasoningParser != "" && !reasoning.Valid(f.reasoningParser) {
+		return fmt.Errorf("--reasoning-parser %q: not one of %s", f.reasoningParser, strings.Join(reasoning.Formats, ", "))
+	}
 	switch f.role {
 	case "standalone", "prefill", "decode":
 	case "router":
@@ -546,8 +558,8 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	srv := server.New(server.Options{
 		PrefixCacheScope: prefixcache.Scope(f.cacheScope),
 		ModelName:        le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
-		Constraints: le.constraints.check,
-		Defaults:    samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
+		Constraints: le.constraints.check, ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser,
+		Defaults: samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { return le.plan.context - 1 }, Logger: le.log,
 		MaxModelLen: func() int { return le.plan.context },
 		Metrics:     ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,

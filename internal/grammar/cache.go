@@ -27,6 +27,8 @@ func Parse(kind, spec string) (*Grammar, error) {
 		return FromRegex(spec)
 	case KindEBNF, "gbnf", "grammar":
 		return FromGBNF(spec)
+	case KindToolCalls:
+		return FromToolCalls(spec)
 	}
 	return nil, fmt.Errorf("grammar: unknown constraint kind %q", kind)
 }

@@ -83,6 +83,8 @@ func FromJSONSchema(schema string) (*Grammar, error) {
 var errEmptyRange = errors.New("grammar: the integer bounds admit no value")
 
 type schemaCompiler struct {
+	// ns prefixes rule names, so several schemas can share one grammar.
+	ns   string
 	root *jval
 	defs []namedExpr
 	refs map[string]string // JSON pointer -> rule name
@@ -96,7 +98,7 @@ const maxSchemaDepth = 100
 const maxRepeat = 10000
 
 func (sc *schemaCompiler) rule(prefix string, body expr) ref {
-	name := fmt.Sprintf("%s-%d", prefix, len(sc.defs))
+	name := fmt.Sprintf("%s%s-%d", sc.ns, prefix, len(sc.defs))
 	sc.defs = append(sc.defs, namedExpr{name, body})
 	return ref{name}
 }
@@ -224,7 +226,7 @@ func (sc *schemaCompiler) ref(p string) (expr, error) {
 			target = next
 		}
 	}
-	name := fmt.Sprintf("ref-%d", len(sc.refs))
+	name := fmt.Sprintf("%sref-%d", sc.ns, len(sc.refs))
 	sc.refs[p] = name
 	// Reserve the rule's place before compiling its body, which may refer
 	// back to it.

@@ -35,6 +35,9 @@ type generation struct {
 	// cached is how many prompt tokens the first choice read from the
 	// prefix cache (usage's cached_tokens: the prompt counts once).
 	cached int
+	// plan is a chat request's reading of the answer (tool calls,
+	// reasoning, echo).
+	plan chatPlan
 
 	choices []*choice
 }
@@ -49,6 +52,8 @@ type choice struct {
 	// echoed says the prompt text went out already (streams send it with
 	// the choice's first chunk).
 	echoed bool
+	// msg reads a chat choice's text into content, reasoning and calls.
+	msg *chatText
 
 	// logprobs, filled only when asked for
 	legacy *openai.CompletionLogprobs
@@ -139,7 +144,7 @@ func (g *generation) start(prompt []int32) *openai.Error {
 			return openai.BadRequest("structured output (response_format, regex, ebnf) is not available on this server", "response_format")
 		}
 		if err := g.s.o.Constraints(c); err != nil {
-			return openai.BadRequest(err.Error(), "response_format")
+			return openai.BadRequest(err.Error(), constraintParam(c))
 		}
 	}
 	for i := range n {
@@ -158,6 +163,9 @@ func (g *generation) start(prompt []int32) *openai.Error {
 			return rejectToOpenAI(err, g.promptParam)
 		}
 		c := &choice{index: i, st: st, text: textStream{dec: g.s.o.Tokenizer.NewStreamDecoder(), stops: g.sampling.Stop, minTokens: g.sampling.MinTokens}}
+		if g.chat {
+			c.msg = newChatText(g.s, g.plan)
+		}
 		if g.sampling.Logprobs {
 			if g.chat {
 				c.chatLP = &openai.ChatLogprobs{}
@@ -276,11 +284,18 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 				return
 			}
 		}
+		cp := chatPiece{content: piece}
+		if c.msg != nil {
+			cp = c.msg.push(piece, c.finish != "")
+			if c.finish == openai.FinishStop && len(c.msg.calls) > 0 {
+				c.finish = openai.FinishToolCalls
+			}
+		}
 		if c.finish != "" {
 			open--
 		}
-		if sse != nil && (piece != "" || c.finish != "" || (ev.Token != nil && g.sampling.Logprobs) || (g.echo != "" && !c.echoed)) {
-			if err := g.sendChunk(sse, c, piece); err != nil {
+		if sse != nil && (!cp.empty() || c.finish != "" || (ev.Token != nil && g.sampling.Logprobs) || (g.echo+g.plan.echo != "" && !c.echoed)) {
+			if err := g.sendChunk(sse, c, cp); err != nil {
 				g.cancel()
 				return
 			}
@@ -306,7 +321,7 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 		out := make([]openai.ChatChoice, len(g.choices))
 		for i, c := range g.choices {
 			finish := c.finish
-			out[i] = openai.ChatChoice{Index: c.index, Message: openai.ChatMessage{Role: "assistant", Content: c.text.out.String()}, Logprobs: c.chatLP, FinishReason: &finish}
+			out[i] = openai.ChatChoice{Index: c.index, Message: c.msg.message(g.plan.echo), Logprobs: c.chatLP, FinishReason: &finish}
 		}
 		writeJSON(w, http.StatusOK, openai.ChatCompletionResponse{ID: g.id, Created: g.created, Model: g.s.o.ModelName, Usage: usage, Choices: out})
 		return
@@ -356,20 +371,29 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// sendChunk sends the text c produced since its last chunk and, in the
-// chunk that ends the choice, its finish reason. Logprobs are sent with the
+// sendChunk sends what c produced since its last chunk (text; for chat
+// also reasoning and tool-call deltas) and, in the chunk that ends the
+// choice, its finish reason. Logprobs are sent with the
 // chunk of the token they belong to and then forgotten.
-func (g *generation) sendChunk(sse *openai.SSE, c *choice, piece string) error {
+func (g *generation) sendChunk(sse *openai.SSE, c *choice, cp chatPiece) error {
 	var fin *string
 	if c.finish != "" {
 		f := c.finish
 		fin = &f
 	}
+	piece := cp.content
 	if g.chat {
 		var delta openai.ChatDelta
+		if !c.echoed {
+			piece, c.echoed = g.plan.echo+piece, true
+		}
 		if piece != "" {
 			delta.Content = &piece
 		}
+		if cp.reasoning != "" {
+			delta.ReasoningContent = &cp.reasoning
+		}
+		delta.ToolCalls = cp.calls
 		lp := c.chatLP
 		if lp != nil {
 			c.chatLP = &openai.ChatLogprobs{}

@@ -92,6 +92,13 @@ type Options struct {
 	// PrefixCacheScope says what a tenant of the prefix cache is (see
 	// prefixcache.TenantSalt); every request carries its tenant's salt.
 	PrefixCacheScope prefixcache.Scope
+	// ToolCallParser reads tool calls out of chat answers (a name of
+	// toolcall.Formats); empty refuses requests that let the model call
+	// tools.
+	ToolCallParser string
+	// ReasoningParser splits <think> blocks into reasoning_content (a name
+	// of reasoning.Formats); empty leaves them in the content.
+	ReasoningParser string
 }
 
 // SamplingDefaults are a model's default sampling parameters.
@@ -142,6 +149,7 @@ func New(o Options) *Server {
 	}
 	s.mux.HandleFunc("POST /v1/completions", s.auth(s.completions))
 	s.mux.HandleFunc("POST /v1/chat/completions", s.auth(s.chatCompletions))
+	s.mux.HandleFunc("POST /v1/responses", s.auth(s.responses))
 	s.mux.HandleFunc("GET /v1/models", s.auth(s.models))
 	s.mux.HandleFunc("GET /v1/models/{id}", s.auth(s.model))
 	s.mux.HandleFunc("POST /tokenize", s.auth(s.tokenize))
@@ -340,14 +348,19 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, e)
 		return
 	}
-	text, e := s.renderChat(req)
+	plan, e := s.planChat(req)
+	if e != nil {
+		openai.WriteError(w, e)
+		return
+	}
+	text, e := s.renderChatWith(req, plan.vars)
 	if e != nil {
 		openai.WriteError(w, e)
 		return
 	}
 	prompt := s.encodeChat(text)
 	g := &generation{s: s, chat: true, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
-		id: openai.NewID("chatcmpl-"), promptParam: "messages", tenant: s.Tenant(r, req.Sampling.CacheSalt)}
+		id: openai.NewID("chatcmpl-"), promptParam: "messages", plan: plan, tenant: s.Tenant(r, req.Sampling.CacheSalt)}
 	g.run(w, r, prompt)
 }
 

@@ -133,8 +133,19 @@ func nonNil[T any](s []T) []T {
 	return s
 }
 
-// renderChat applies the chat template to a chat request.
+// renderChat applies the chat template to a chat request, as /tokenize
+// does: tools are rendered whether or not this server could parse calls.
 func (s *Server) renderChat(req *openai.ChatRequest) (string, *openai.Error) {
+	vars, e := templateVars(req)
+	if e != nil {
+		return "", e
+	}
+	return s.renderChatWith(req, vars)
+}
+
+// renderChatWith renders with the template variables of the request's
+// plan (its chat_template_kwargs and tools).
+func (s *Server) renderChatWith(req *openai.ChatRequest, vars map[string]any) (string, *openai.Error) {
 	for _, k := range chat.Reserved {
 		if _, ok := req.TemplateKwargs[k]; ok {
 			return "", openai.BadRequest("chat_template_kwargs may not set "+k+"; the server sets it", "chat_template_kwargs")
@@ -142,9 +153,12 @@ func (s *Server) renderChat(req *openai.ChatRequest) (string, *openai.Error) {
 	}
 	msgs := make([]chat.Message, len(req.Messages))
 	for i, m := range req.Messages {
-		msgs[i] = chat.Message{Role: m.Role, Content: m.Content, Name: m.Name}
+		msgs[i] = chat.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
+		for _, c := range m.ToolCalls {
+			msgs[i].ToolCalls = append(msgs[i].ToolCalls, chat.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+		}
 	}
-	text, err := s.o.Template.RenderWith(msgs, true, req.TemplateKwargs)
+	text, err := s.o.Template.RenderWith(msgs, true, vars)
 	if err != nil {
 		return "", openai.BadRequest("the chat template could not render these messages: "+err.Error(), "messages")
 	}

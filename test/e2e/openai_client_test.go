@@ -36,7 +36,9 @@ func TestOpenAINodeClient(t *testing.T) {
 		}
 	}
 
-	s := startServer(t)
+	// The tool checks need a tool-call parser; TestPDOpenAINodeClient runs
+	// the same checks through router, prefill and decode.
+	s := startServer(t, "--tool-call-parser", "hermes")
 	out, err := runCommand(t.Context(), 2*time.Minute, root, env, node, filepath.Join("test", "openai", "client.mjs"), s.URL, bundledModel)
 	if err != nil {
 		t.Fatalf("OpenAI client checks failed: %v\nserver stderr:\n%s", err, s.Stderr())
@@ -45,23 +47,26 @@ func TestOpenAINodeClient(t *testing.T) {
 }
 
 // nodeModulesStale reports whether test/openai needs `npm ci`: when
-// node_modules is missing, or holds another openai version than package.json
-// pins, which happens after a version bump in an existing checkout.
+// node_modules misses a dependency, or holds another version than
+// package.json pins, which happens after a version bump in an existing
+// checkout.
 func nodeModulesStale(dir string) (bool, string) {
 	var pkg struct {
 		Dependencies map[string]string `json:"dependencies"`
 	}
-	var installed struct {
-		Version string `json:"version"`
-	}
 	if err := readJSON(filepath.Join(dir, "package.json"), &pkg); err != nil {
 		return true, err.Error()
 	}
-	if err := readJSON(filepath.Join(dir, "node_modules", "openai", "package.json"), &installed); err != nil {
-		return true, "node_modules/openai is missing"
-	}
-	if want := pkg.Dependencies["openai"]; installed.Version != want {
-		return true, "node_modules has openai " + installed.Version + ", package.json pins " + want
+	for name, want := range pkg.Dependencies {
+		var installed struct {
+			Version string `json:"version"`
+		}
+		if err := readJSON(filepath.Join(dir, "node_modules", name, "package.json"), &installed); err != nil {
+			return true, "node_modules/" + name + " is missing"
+		}
+		if installed.Version != want {
+			return true, "node_modules has " + name + " " + installed.Version + ", package.json pins " + want
+		}
 	}
 	return false, ""
 }

@@ -221,7 +221,7 @@ func TestPDOpenAINodeClient(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := startCluster(t, 1, 1, nil, nil)
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, RouterArgs: []string{"--tool-call-parser", "hermes"}})
 	out, err := runCommand(t.Context(), 2*time.Minute, root, cleanEnv(), node, filepath.Join("test", "openai", "client.mjs"), c.Router.URL, bundledModel)
 	if err != nil {
 		t.Fatalf("OpenAI client through the router: %v\n%s", err, out)

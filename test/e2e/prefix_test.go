@@ -255,3 +255,23 @@ func TestPDDecodeRadixCache(t *testing.T) {
 		}
 	}
 }
+
+// /v1/responses requests carry their tenant like the others: another key's
+// same input reads nothing cached, the same key's again does.
+func TestStandalonePrefixCacheResponses(t *testing.T) {
+	s := startServer(t, "--page-size", "4")
+	body := fmt.Sprintf(`{"model":"stories260K","input":%q,"max_output_tokens":4,"temperature":0}`, prefixPrompt)
+	hits := func() float64 { return metricsOf(t, s)["baton_prefix_cache_hit_tokens_total"] }
+	for i, tc := range []struct {
+		key string
+		hit bool
+	}{{"key-a", false}, {"key-b", false}, {"key-a", true}} {
+		before := hits()
+		if code, _, b := post(t, s.URL+"/v1/responses", body, "Authorization", "Bearer "+tc.key); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+		if got := hits() > before; got != tc.hit {
+			t.Fatalf("request %d (%s) read cached tokens: %v, want %v", i, tc.key, got, tc.hit)
+		}
+	}
+}

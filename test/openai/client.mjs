@@ -4,10 +4,14 @@
 //
 //   node client.mjs BASE_URL MODEL      e.g. node client.mjs http://127.0.0.1:8000 stories260K
 //
+// The server must run with --tool-call-parser hermes (the tool checks).
+//
 // BATON_API_KEY, when set, is sent as the bearer key (the server reads the
 // same variable for --api-key). Exits non-zero if any check fails.
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { zodResponseFormat } from 'openai/helpers/zod';
+import { z } from 'zod';
 
 const [baseURL, model] = process.argv.slice(2);
 if (!baseURL || !model) {
@@ -85,6 +89,27 @@ async function expectAPIError(f, cls, status) {
   assert.ok(err instanceof cls, `expected ${cls.name}, got ${err?.constructor?.name}: ${err?.message}`);
   assert.equal(err.status, status);
   return err;
+}
+
+const WEATHER = {
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'Current weather of a city',
+    parameters: {
+      type: 'object',
+      properties: { city: { type: 'string', enum: ['Paris', 'Rome', 'Oslo'] }, days: { type: 'integer', minimum: 1, maximum: 7 } },
+      required: ['city', 'days'],
+      additionalProperties: false,
+    },
+  },
+};
+
+function checkWeatherArgs(text) {
+  const a = JSON.parse(text);
+  assert.deepEqual(Object.keys(a).sort(), ['city', 'days'], `arguments ${text}`);
+  assert.ok(['Paris', 'Rome', 'Oslo'].includes(a.city), `city in ${text}`);
+  assert.ok(Number.isInteger(a.days) && a.days >= 1 && a.days <= 7, `days in ${text}`);
 }
 
 const checks = [
@@ -239,6 +264,114 @@ const checks = [
     assert.equal(typeof err.error?.message, 'string');
     assert.ok(err.error.message.length > 0, 'error.message is empty');
     assert.equal(err.error.param, 'max_tokens');
+  }],
+  ['chat.completions.parse with zodResponseFormat', async () => {
+    const Person = z.object({ name: z.string().max(8), age: z.number().int().min(0).max(120), happy: z.boolean() });
+    const r = await client.chat.completions.parse({
+      model,
+      messages: [{ role: 'user', content: 'Tell me about Lily' }],
+      response_format: zodResponseFormat(Person, 'person'),
+      max_tokens: 200, temperature: 0.8, seed: 7,
+    });
+    const m = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, 'stop', `finish_reason ${r.choices[0].finish_reason}, content ${m.content}`);
+    assert.ok(m.parsed, `no parsed object from ${m.content}`);
+    Person.parse(m.parsed);
+    console.log(`     parsed: ${JSON.stringify(m.parsed)}`);
+  }],
+
+  ['tools: tool_choice required', async () => {
+    const r = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+      tools: [WEATHER], tool_choice: 'required', parallel_tool_calls: false, max_tokens: 120, temperature: 0.7, seed: 3,
+    });
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls', `finish_reason ${c.finish_reason}: ${JSON.stringify(c.message)}`);
+    assert.ok(c.message.tool_calls?.length >= 1, 'no tool_calls');
+    for (const call of c.message.tool_calls) {
+      assert.equal(call.type, 'function');
+      assert.ok(call.id, 'tool call without id');
+      assert.equal(call.function.name, 'get_weather');
+      checkWeatherArgs(call.function.arguments);
+    }
+    console.log(`     tool_calls: ${JSON.stringify(c.message.tool_calls.map((t) => t.function))}`);
+  }],
+
+  ['tools: streamed named call reassembles', async () => {
+    const stream = client.chat.completions.stream({
+      model, messages: [{ role: 'user', content: 'What is the weather in Rome?' }],
+      tools: [WEATHER, { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } }],
+      tool_choice: { type: 'function', function: { name: 'get_weather' } },
+      max_tokens: 120, temperature: 0.7, seed: 5,
+    });
+    let args = '';
+    let chunks = 0;
+    stream.on('chunk', (ch) => {
+      for (const tc of ch.choices[0]?.delta?.tool_calls ?? []) {
+        args += tc.function?.arguments ?? '';
+        chunks++;
+      }
+    });
+    const final = await stream.finalChatCompletion();
+    const calls = final.choices[0].message.tool_calls;
+    assert.equal(final.choices[0].finish_reason, 'tool_calls');
+    assert.equal(calls?.length, 1, `want one call, got ${JSON.stringify(calls)}`);
+    assert.equal(calls[0].function.name, 'get_weather');
+    assert.equal(calls[0].function.arguments, args, 'deltas do not add up to the final arguments');
+    assert.ok(chunks > 1, 'the arguments came in one chunk');
+    checkWeatherArgs(args);
+  }],
+
+  ['tools: none gives content only', async () => {
+    const r = await client.chat.completions.create({
+      model, messages: [{ role: 'user', content: PROMPT }], tools: [WEATHER], tool_choice: 'none',
+      max_tokens: MAX_TOKENS, temperature: 0,
+    });
+    assert.ok(!r.choices[0].message.tool_calls?.length, 'tool_calls despite tool_choice none');
+    assert.equal(typeof r.choices[0].message.content, 'string');
+  }],
+
+  ['responses.create', async () => {
+    const r = await client.responses.create({ model, input: PROMPT, max_output_tokens: MAX_TOKENS, temperature: 0 });
+    assert.equal(r.object, 'response');
+    assert.ok(['completed', 'incomplete'].includes(r.status), `status ${r.status}`);
+    assert.ok(r.output_text.length > 0, 'empty output_text');
+    // The same conversation as a chat completion gives the same greedy text.
+    const ref = await chatReference();
+    assert.equal(r.output_text, ref.choices[0].message.content);
+    assert.ok(r.usage.output_tokens >= 1 && r.usage.total_tokens === r.usage.input_tokens + r.usage.output_tokens, 'usage');
+    console.log(`     output_text: ${JSON.stringify(r.output_text)}`);
+  }],
+
+  ['responses.stream', async () => {
+    const stream = client.responses.stream({ model, input: [{ role: 'user', content: PROMPT }], max_output_tokens: MAX_TOKENS, temperature: 0 });
+    let deltas = '';
+    const types = [];
+    stream.on('response.output_text.delta', (e) => { deltas += e.delta; });
+    stream.on('event', (e) => types.push(e.type));
+    const final = await stream.finalResponse();
+    const ref = await chatReference();
+    assert.equal(types[0], 'response.created');
+    assert.ok(['response.completed', 'response.incomplete'].includes(types.at(-1)), `last event ${types.at(-1)}`);
+    assert.equal(deltas, ref.choices[0].message.content);
+    const text = final.output.filter((o) => o.type === 'message').flatMap((o) => o.content).map((c) => c.text).join('');
+    assert.equal(text, deltas, 'the final response differs from its deltas');
+  }],
+
+  ['responses function call', async () => {
+    const r = await client.responses.create({
+      model, input: 'What is the weather in Paris?', instructions: 'Use the tools.',
+      tools: [{ type: 'function', name: 'get_weather', parameters: WEATHER.function.parameters, strict: true }],
+      tool_choice: 'required', parallel_tool_calls: false, max_output_tokens: 120, temperature: 0.7, seed: 9,
+    });
+    const calls = r.output.filter((o) => o.type === 'function_call');
+    assert.ok(calls.length >= 1, `no function_call in ${JSON.stringify(r.output)}`);
+    for (const c of calls) {
+      assert.equal(c.name, 'get_weather');
+      assert.ok(c.call_id, 'function_call without call_id');
+      checkWeatherArgs(c.arguments);
+    }
+    console.log(`     function_call: ${calls[0].name}(${calls[0].arguments})`);
   }],
 ];
 

@@ -42,6 +42,10 @@ type Message struct {
 	Role    string
 	Content string
 	Name    string
+	// ToolCalls reach the template as the message's "tool_calls",
+	// ToolCallID as "tool_call_id" (a tool turn's answer to a call).
+	ToolCalls  []ToolCall
+	ToolCallID string
 }
 
 // Reserved are the variables Render sets itself; extra variables may not
@@ -181,6 +185,12 @@ func (t *Template) RenderWith(messages []Message, addGenerationPrompt bool, vars
 		msgs[i] = message{"role": m.Role, "content": m.Content}
 		if m.Name != "" {
 			msgs[i]["name"] = m.Name
+		}
+		if len(m.ToolCalls) > 0 {
+			msgs[i]["tool_calls"] = toolCallsValue(m.ToolCalls)
+		}
+		if m.ToolCallID != "" {
+			msgs[i]["tool_call_id"] = m.ToolCallID
 		}
 	}
 	ctx := make(map[string]any, len(vars)+5)

@@ -1,0 +1,165 @@
+package server
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+type responseObj struct {
+	ID     string `json:"id"`
+	Object string `json:"object"`
+	Status string `json:"status"`
+	Output []struct {
+		Type      string `json:"type"`
+		ID        string `json:"id"`
+		Role      string `json:"role"`
+		Name      string `json:"name"`
+		CallID    string `json:"call_id"`
+		Arguments string `json:"arguments"`
+		Content   []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"content"`
+	} `json:"output"`
+	Usage struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+	} `json:"usage"`
+	Instructions *string `json:"instructions"`
+}
+
+func postResponse(t *testing.T, ts *httptest.Server, body string) (int, responseObj, string) {
+	t.Helper()
+	st, _, b := do(t, http.MethodPost, ts.URL+"/v1/responses", "", body)
+	var r responseObj
+	if st == 200 {
+		if err := json.Unmarshal(b, &r); err != nil {
+			t.Fatalf("%v in %s", err, b)
+		}
+	}
+	return st, r, string(b)
+}
+
+func TestResponsesText(t *testing.T) {
+	ts, g := scriptServer(t, "<think>\nshort\n</think>\n\nHello there.", "", "qwen3")
+	st, r, raw := postResponse(t, ts, `{"model":"m","input":"Say hello","instructions":"Be kind."}`)
+	if st != 200 || r.Object != "response" || r.Status != "completed" || len(r.Output) != 2 ||
+		r.Output[0].Type != "reasoning" || r.Output[0].Content[0].Text != "short" ||
+		r.Output[1].Type != "message" || r.Output[1].Role != "assistant" || r.Output[1].Content[0].Type != "output_text" ||
+		r.Output[1].Content[0].Text != "Hello there." || r.Usage.OutputTokens == 0 || r.Instructions == nil || *r.Instructions != "Be kind." {
+		t.Fatalf("%d %s", st, raw)
+	}
+	prompt, _ := g.last()
+	if text := g.tok.Decode(prompt); !strings.Contains(text, "system\nBe kind.") || !strings.Contains(text, "user\nSay hello") {
+		t.Fatalf("instructions or input missing from the prompt:\n%s", text)
+	}
+	// max_output_tokens and text.format reach the sampling parameters.
+	postResponse(t, ts, `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"max_output_tokens":7,"text":{"format":{"type":"json_schema","name":"x","schema":{"type":"object"}}}}`)
+	if _, p := g.last(); p.MaxTokens != 7 || p.Constraint.Kind != "json_schema" {
+		t.Fatalf("params %+v", p)
+	}
+	for _, bad := range []string{
+		`{"model":"m"}`,
+		`{"model":"m","input":"x","previous_response_id":"resp_1"}`,
+		`{"model":"m","input":"x","tools":[{"type":"web_search"}]}`,
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]}`,
+	} {
+		if st, _, raw := postResponse(t, ts, bad); st != 400 {
+			t.Errorf("%s: %d %s", bad, st, raw)
+		}
+	}
+}
+
+func TestResponsesFunctionCalls(t *testing.T) {
+	ts, g := scriptServer(t, oneCall, "hermes", "")
+	tool := `{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}`
+	st, r, raw := postResponse(t, ts, `{"model":"m","input":"Weather in Paris?","tools":[`+tool+`],"tool_choice":"required"}`)
+	if st != 200 || len(r.Output) != 1 || r.Output[0].Type != "function_call" || r.Output[0].Name != "get_weather" ||
+		r.Output[0].Arguments != `{"city": "Paris"}` || !strings.HasPrefix(r.Output[0].CallID, "call_") {
+		t.Fatalf("%d %s", st, raw)
+	}
+	if _, p := g.last(); p.Constraint.Kind != "tool_calls" {
+		t.Fatalf("required did not constrain: %+v", p.Constraint)
+	}
+	// The call and its output go back through the template.
+	postResponse(t, ts, `{"model":"m","tools":[`+tool+`],"input":[{"role":"user","content":"Weather in Paris?"},
+		{"type":"function_call","call_id":"call_1","name":"get_weather","arguments":"{\"city\": \"Paris\"}"},
+		{"type":"function_call_output","call_id":"call_1","output":"sunny"}]}`)
+	prompt, _ := g.last()
+	if text := g.tok.Decode(prompt); !strings.Contains(text, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>") ||
+		!strings.Contains(text, "<tool_response>\nsunny\n</tool_response>") {
+		t.Fatalf("history missing from the prompt:\n%s", text)
+	}
+}
+
+// TestResponsesStream checks the event sequence a Responses client
+// follows, and that its deltas rebuild the final response.
+func TestResponsesStream(t *testing.T) {
+	ts, _ := scriptServer(t, "Sure.\n"+oneCall, "hermes", "")
+	resp, err := http.Post(ts.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","stream":true,"input":"Weather?","tools":[{"type":"function","name":"get_weather"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var types []string
+	var text, args string
+	var final responseObj
+	sc := bufio.NewScanner(resp.Body)
+	lastEvent := ""
+	for sc.Scan() {
+		if name, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+			lastEvent = name
+			continue
+		}
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type     string          `json:"type"`
+			Seq      int             `json:"sequence_number"`
+			Delta    string          `json:"delta"`
+			Response json.RawMessage `json:"response"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Type != lastEvent || ev.Seq != len(types) {
+			t.Fatalf("event %q (line %q) numbered %d after %d events", ev.Type, lastEvent, ev.Seq, len(types))
+		}
+		types = append(types, ev.Type)
+		switch ev.Type {
+		case "response.output_text.delta":
+			text += ev.Delta
+		case "response.function_call_arguments.delta":
+			args += ev.Delta
+		case "response.completed":
+			if err := json.Unmarshal(ev.Response, &final); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := []string{"response.created", "response.in_progress",
+		"response.output_item.added", "response.content_part.added", "response.output_text.delta",
+		"response.output_text.done", "response.content_part.done", "response.output_item.done",
+		"response.output_item.added", "response.function_call_arguments.delta",
+		"response.function_call_arguments.done", "response.output_item.done", "response.completed"}
+	var compact []string
+	for _, ty := range types {
+		if n := len(compact); n > 0 && compact[n-1] == ty && strings.HasSuffix(ty, ".delta") {
+			continue
+		}
+		compact = append(compact, ty)
+	}
+	if strings.Join(compact, ",") != strings.Join(want, ",") {
+		t.Fatalf("events:\n%s\nwant\n%s", strings.Join(compact, "\n"), strings.Join(want, "\n"))
+	}
+	if text != "Sure." || args != `{"city": "Paris"}` || final.Status != "completed" || len(final.Output) != 2 ||
+		final.Output[0].Content[0].Text != text || final.Output[1].Arguments != args {
+		t.Fatalf("text %q args %q final %+v", text, args, final)
+	}
+}
