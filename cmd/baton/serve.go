@@ -175,7 +175,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	f.internal.register(fs)
 	fs.StringSliceVar(&f.prefillURLs, "prefill", nil, "router: prefill worker URLs (repeatable or comma separated)")
 	fs.StringSliceVar(&f.decodeURLs, "decode", nil, "router: decode worker URLs (repeatable or comma separated)")
-	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load | cache_aware (prefill: the worker likeliest to hold the prompt's prefix for its tenant; decode: least load)")
+	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load | cache_aware (the prefill and decode workers likeliest to hold the prompt's prefix for its tenant)")
 	fs.Float64Var(&f.cacheThresh, "cache-threshold", router.DefaultCacheThreshold, "router, cache_aware: the share of a prompt's pages a prefill worker must be thought to hold to get it; below it, the worker holding least")
 	fs.IntVar(&f.balanceAbs, "balance-abs-threshold", router.DefaultBalanceAbsThreshold, "router, cache_aware: route by load instead when the busiest prefill worker has more than this many requests over the idlest...")
 	fs.Float64Var(&f.balanceRel, "balance-rel-threshold", router.DefaultBalanceRelThreshold, "router, cache_aware: ...and more than this many times as many")

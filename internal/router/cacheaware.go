@@ -5,9 +5,11 @@ import (
 	"github.com/batonlm/baton/internal/prefixcache"
 )
 
-// PolicyCacheAware sends a request to the prefill worker most likely to
-// hold its prompt's prefix in its prefix cache, unless the load is out of
-// balance (SGLang router's cache_aware policy and thresholds).
+// PolicyCacheAware sends a request to the prefill and decode workers most
+// likely to hold its prompt's prefix in their prefix caches, unless the
+// load is out of balance (SGLang router's cache_aware policy and
+// thresholds). A decode worker without a cache loses nothing by it: the
+// choice then only keeps a tenant's prompts together.
 const PolicyCacheAware = "cache_aware"
 
 // Defaults of the cache_aware thresholds, SGLang router's.
@@ -76,30 +78,34 @@ func (t *approxTree) oldest() uint64 {
 	return o
 }
 
-// chooseCacheAware picks the prefill worker for a prompt whose page keys
+// chooseCacheAware picks the worker of a role for a prompt whose page keys
 // are keys. Load out of balance (the busiest has more than abs more
 // requests than the idlest, and more than rel times as many) picks the
 // idlest. Otherwise the worker holding the longest prefix takes it if that
 // is more than the cache threshold of the prompt's pages; else the worker
 // with the least cached (most room), ties to the less loaded. The chosen
 // worker is then taken to hold the prompt's pages.
-func (r *Router) chooseCacheAware(ws []*worker, keys []kvpool.CacheKey) *worker {
+func (r *Router) chooseCacheAware(ws []*worker, keys []kvpool.CacheKey, role string) *worker {
+	load := (*worker).prefillLoad
+	if role == roleDecode {
+		load = (*worker).decodeRunning
+	}
 	lo, hi := ws[0], ws[0]
 	for _, w := range ws[1:] {
-		if w.prefillLoad() < lo.prefillLoad() {
+		if load(w) < load(lo) {
 			lo = w
 		}
-		if w.prefillLoad() > hi.prefillLoad() {
+		if load(w) > load(hi) {
 			hi = w
 		}
 	}
 	var best *worker
-	if l, h := lo.prefillLoad(), hi.prefillLoad(); h-l > r.balanceAbs && float64(h) > r.balanceRel*float64(l) {
+	if l, h := load(lo), load(hi); h-l > r.balanceAbs && float64(h) > r.balanceRel*float64(l) {
 		best = lo
 	} else {
 		bestMatch := -1
 		for _, w := range ws {
-			if m := w.tree.match(keys); m > bestMatch || (m == bestMatch && w.prefillLoad() < best.prefillLoad()) {
+			if m := w.tree.match(keys); m > bestMatch || (m == bestMatch && load(w) < load(best)) {
 				best, bestMatch = w, m
 			}
 		}
@@ -107,7 +113,7 @@ func (r *Router) chooseCacheAware(ws []*worker, keys []kvpool.CacheKey) *worker 
 			best = nil
 			for _, w := range ws {
 				if best == nil || w.tree.size() < best.tree.size() ||
-					(w.tree.size() == best.tree.size() && w.prefillLoad() < best.prefillLoad()) {
+					(w.tree.size() == best.tree.size() && load(w) < load(best)) {
 					best = w
 				}
 			}

@@ -512,7 +512,12 @@ func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant prefixcache
 	if len(decodes) == 0 {
 		return nil, nil, nil, nil, r.noPairLocked()
 	}
-	d = r.choose(preferOthers(decodes, avoid), roleDecode)
+	if r.policy == PolicyCacheAware {
+		ds := preferOthers(decodes, avoid)
+		d = r.chooseCacheAware(ds, promptKeys(tenant, prompt, int(ds[0].info.GetLayout().GetPageSize())), roleDecode)
+	} else {
+		d = r.choose(preferOthers(decodes, avoid), roleDecode)
+	}
 	var prefills []*worker
 	for _, w := range r.prefill {
 		if w.healthy && w.conn != nil && r.compatibleLocked(w, d) {
@@ -523,7 +528,7 @@ func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant prefixcache
 		return nil, nil, nil, nil, r.noPairLocked()
 	}
 	if r.policy == PolicyCacheAware {
-		p = r.chooseCacheAware(preferOthers(prefills, avoid), promptKeys(tenant, prompt, int(d.info.GetLayout().GetPageSize())))
+		p = r.chooseCacheAware(preferOthers(prefills, avoid), promptKeys(tenant, prompt, int(d.info.GetLayout().GetPageSize())), rolePrefill)
 	} else {
 		p = r.choose(preferOthers(prefills, avoid), rolePrefill)
 	}
@@ -579,7 +584,6 @@ func preferOthers(ws []*worker, avoid map[*worker]bool) []*worker {
 // choose applies the policy to a non-empty candidate list (in configured
 // order, so that ties go to the first listed).
 func (r *Router) choose(ws []*worker, role string) *worker {
-	// cache_aware picks decode workers by load: they keep no prefix cache.
 	if r.policy == PolicyRoundRobin {
 		cur := &r.rrPrefill
 		if role == roleDecode {

@@ -275,3 +275,25 @@ func TestStandalonePrefixCacheResponses(t *testing.T) {
 		}
 	}
 }
+
+// With decode caches on and --policy cache_aware, the router sends a
+// tenant's repeated prompt back to the decode worker that holds it.
+func TestPDCacheAwareDecodeRouting(t *testing.T) {
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 2, WorkerArgs: []string{"--page-size", "4", "--kv-poison"},
+		DecodeArgs: []string{"--disaggregation-decode-enable-radix-cache"}, RouterArgs: []string{"--policy", "cache_aware"}})
+	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8,"temperature":0}`, prefixPrompt)
+	var n int
+	for range 3 {
+		n = askCached(t, c.Router.URL, "/v1/completions", body, "key-a").Usage.PromptTokens
+		for _, d := range c.Decode {
+			waitPagesFree(t, d) // finished, its pages cached
+		}
+	}
+	held := 0.0
+	for _, d := range c.Decode {
+		held += metricsOf(t, d)["baton_prefix_cache_hit_tokens_total"]
+	}
+	if want := float64(2 * ((n - 1) / 4 * 4)); held != want {
+		t.Fatalf("decode workers held %v tokens over the two repeats, want %v", held, want)
+	}
+}
