@@ -45,6 +45,7 @@ chaos: build
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./internal/kernels/... ./internal/model/...
+	$(GO) test -run '^$$' -bench 'Mask|CompileCold' -benchtime 2x ./internal/grammar/
 
 # baton next to llama.cpp's llama-server on one GGUF (deploy/bench/peer.sh):
 #   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf [THREADS=2] [STREAMS="1 8 32"]
