@@ -48,7 +48,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy, APIKey: f.apiKey, Metrics: ms, Logger: log, Auth: plane,
-		ModelName: name, TokenizerFingerprint: tok.Fingerprint()})
+		ModelName: name, TokenizerFingerprint: tok.Fingerprint(), MaxQueued: f.maxQueued, QueueTimeout: f.queueTimeout})
 	if err != nil {
 		return err
 	}

@@ -49,6 +49,7 @@ type serveFlags struct {
 	chunkedPrefill  int
 	maxRunning      int
 	maxQueued       int
+	queueTimeout    time.Duration
 	preemptAfter    time.Duration
 	apiKey          string
 	metricsKey      bool
@@ -100,6 +101,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			if err := sglangAliases(cmd.Flags(), f); err != nil {
 				return err
 			}
+			if err := flagsForRole(cmd.Flags(), f.role); err != nil {
+				return err
+			}
 			if err := f.validate(); err != nil {
 				return err
 			}
@@ -131,7 +135,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
-	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 429 with Retry-After")
+	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission (router: for a decode worker with room); more get 429 with Retry-After")
 	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every route but /health and /metrics (workers: /server_info and unknown routes)")
 	fs.BoolVar(&f.metricsKey, "metrics-require-key", false, "require --api-key on /metrics too (default: /metrics is open to scrapers)")
 	fs.DurationVar(&f.readTimeout, "request-read-timeout", 60*time.Second, "how long a client may take to send a request body; a slower upload gets 408")
@@ -162,6 +166,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringSliceVar(&f.prefillURLs, "prefill", nil, "router: prefill worker URLs (repeatable or comma separated)")
 	fs.StringSliceVar(&f.decodeURLs, "decode", nil, "router: decode worker URLs (repeatable or comma separated)")
 	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load")
+	fs.DurationVar(&f.queueTimeout, "queue-timeout", time.Minute, "router: how long a request may wait in the queue for a decode worker with room; then 429 with Retry-After")
 	return cmd
 }
 
@@ -194,6 +199,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
 	case f.readTimeout <= 0:
 		return fmt.Errorf("--request-read-timeout must be positive")
+	case f.queueTimeout <= 0:
+		return fmt.Errorf("--queue-timeout must be positive")
 	case f.metricsKey && f.apiKey == "":
 		return fmt.Errorf("--metrics-require-key needs --api-key")
 	case f.transport != "tcp" && f.transport != "ucx":

@@ -105,13 +105,13 @@ func New(role string) *Set {
 	// What every role serves; a router holds no pool, queue, engine or
 	// transfer, so it exports none of their figures rather than zeros
 	// that would read as an empty pool.
-	r.MustRegister(s.Requests, s.Rejected, s.Running, s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens)
+	r.MustRegister(s.Requests, s.Rejected, s.Running, s.Queued, s.QueuedTotal, s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens)
 	if role != "standalone" {
 		r.MustRegister(s.InternalAuthFailures)
 	}
 	if role != "router" {
-		r.MustRegister(s.KVPagesTotal, s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage, s.Queued,
-			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.IllegalMoves)
+		r.MustRegister(s.KVPagesTotal, s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage,
+			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.IllegalMoves)
 	}
 	if role == "prefill" || role == "decode" {
 		r.MustRegister(s.TransferSessions, s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures,
@@ -168,7 +168,7 @@ var labels = map[string]roleLabels{
 	},
 	"router": {
 		outcomes: []string{"finished", "aborted", "error", "rejected"},
-		rejects:  []string{"too_long", "empty_prompt", "no_workers", "decode_full", "prefill_full", "workers_unavailable", "rejected_by_decode"},
+		rejects:  []string{"too_long", "empty_prompt", "no_workers", "decode_full", "prefill_full", "workers_unavailable", "rejected_by_decode", "queue_full", "queue_timeout"},
 		rpcs:     []string{"tls"},
 	},
 }

@@ -34,9 +34,11 @@ func TestRoleMetrics(t *testing.T) {
 		{"decode", []string{"baton_kv_pages_capacity", "baton_token_usage", "baton_kv_reservations_total"}, nil,
 			[]string{`baton_handoff_failures_total{reason="checksum",role="decode"} 0`, `baton_late_messages_dropped_total{kind="write",role="decode"} 0`,
 				`baton_internal_auth_failures_total{role="decode",rpc="Reserve"} 0`, `baton_requests_rejected_total{reason="no_space",role="decode"} 0`}},
-		{"router", []string{"baton_requests_total", "baton_time_to_first_token_seconds", "baton_internal_auth_failures_total"},
-			[]string{"baton_kv_pages_total", "baton_kv_pages_capacity", "baton_kv_pages_free", "baton_token_usage", "baton_num_queue_reqs", "baton_kv_release_errors"},
-			[]string{`baton_requests_rejected_total{reason="no_workers",role="router"} 0`, `baton_requests_rejected_total{reason="decode_full",role="router"} 0`}},
+		// The router queues requests that wait for room on decode.
+		{"router", []string{"baton_requests_total", "baton_time_to_first_token_seconds", "baton_internal_auth_failures_total", "baton_num_queue_reqs", "baton_requests_queued_total"},
+			[]string{"baton_kv_pages_total", "baton_kv_pages_capacity", "baton_kv_pages_free", "baton_token_usage", "baton_kv_release_errors"},
+			[]string{`baton_requests_rejected_total{reason="no_workers",role="router"} 0`, `baton_requests_rejected_total{reason="decode_full",role="router"} 0`,
+				`baton_requests_rejected_total{reason="queue_full",role="router"} 0`, `baton_requests_rejected_total{reason="queue_timeout",role="router"} 0`}},
 	} {
 		text := scrape(t, New(c.role))
 		for _, n := range c.has {

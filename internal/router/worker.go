@@ -113,6 +113,8 @@ func (r *Router) Refresh(ctx context.Context) {
 	r.mu.Lock()
 	r.checkPairsLocked()
 	r.mu.Unlock()
+	// A probe may have found a worker back, or new, or with room.
+	r.queue.kick()
 }
 
 // serverInfo is the part of a worker's /server_info the router reads.
