@@ -42,7 +42,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ms := metrics.New("router")
+	ms := metrics.ForModel("router", name)
 	plane, err := f.internal.plane(auth.RoleRouter, log, ms)
 	if err != nil {
 		return err

@@ -38,7 +38,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	defer le.close()
 	c := &le.loaded.Model.Config
 	layout := roles.Layout(roles.ModelID(le.name, c), c, le.plan.pageSize)
-	ms := metrics.New(f.role)
+	ms := metrics.ForModel(f.role, le.name)
 	plane, err := f.internal.plane(auth.Role(f.role), le.log, ms)
 	if err != nil {
 		return err

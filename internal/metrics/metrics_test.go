@@ -89,3 +89,28 @@ func TestMetricNamesLint(t *testing.T) {
 		}
 	}
 }
+
+// A role serving a model labels every baton_ series with model_name, as
+// SGLang does; the Go runtime's series are the process's, not the model's.
+func TestModelNameLabel(t *testing.T) {
+	for _, role := range []string{"standalone", "prefill", "decode", "router"} {
+		s := ForModel(role, "tiny-llama")
+		s.Outcome("rejected")
+		text := scrape(t, s)
+		n := 0
+		for _, line := range strings.Split(text, "\n") {
+			switch {
+			case strings.HasPrefix(line, "baton_"):
+				n++
+				if !strings.Contains(line, `model_name="tiny-llama"`) {
+					t.Errorf("%s: %s has no model_name", role, line)
+				}
+			case strings.HasPrefix(line, "go_") && strings.Contains(line, "model_name"):
+				t.Errorf("%s: %s", role, line)
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%s: no baton_ series", role)
+		}
+	}
+}

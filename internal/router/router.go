@@ -152,7 +152,7 @@ func New(o Options) (*Router, error) {
 		o.QueueTimeout = time.Minute
 	}
 	r := &Router{
-		o: o, policy: policy, retries: retries, log: log, m: m, rm: newRouterMetrics(m.Registry),
+		o: o, policy: policy, retries: retries, log: log, m: m, rm: newRouterMetrics(m.Registerer),
 		done: make(chan struct{}), queue: queue{max: o.MaxQueued, timeout: o.QueueTimeout},
 		// Each probe's context bounds its requests, so the client needs no
 		// timeout of its own.
