@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -56,6 +58,15 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	rctx, rstop := context.WithCancel(context.Background())
 	defer rstop()
 	rt.Start(rctx)
+	// A router told nothing of the model serves the bundled one's name and
+	// tokenizer; workers that report another identity are a router started
+	// without their --model, which must not come up half-configured.
+	if f.modelPath == "" && f.tokenizerPath == "" && f.servedName == "" {
+		if why := rt.IdentityRefusals(); len(why) > 0 && len(why) == len(f.prefillURLs)+len(f.decodeURLs) {
+			return fmt.Errorf("the router was started without --model and serves %s, but every worker serves another model or tokenizer; "+
+				"give the router the workers' --model (or their --tokenizer and --served-model-name):\n  %s", name, strings.Join(why, "\n  "))
+		}
+	}
 	maxPrompt, maxSeq := rt.Capacity()
 	log.Info("router", "model", name, "prefill", f.prefillURLs, "decode", f.decodeURLs, "policy", f.policy,
 		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
@@ -65,7 +76,8 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,
 		MaxModelLen: func() int { _, seq := rt.Capacity(); return seq },
-		Info:        map[string]any{"role": "router", "model": name, "policy": f.policy, "internal_auth": plane.Describe()},
+		Info: map[string]any{"role": "router", "model": name, "tokenizer_fingerprint": tok.Fingerprint(), "policy": f.policy,
+			"internal_auth": plane.Describe()},
 		LiveInfo: func() map[string]any {
 			p, s := rt.Capacity()
 			return map[string]any{"max_prompt_tokens": p, "effective_context_length": s, "workers": rt.Workers()}

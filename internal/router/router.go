@@ -310,6 +310,24 @@ type WorkerStatus struct {
 	Queued            int    `json:"queued"`
 	// InternalAuth is how the worker authenticates its peers.
 	InternalAuth string `json:"internal_auth,omitempty"`
+	// ServedModel and TokenizerFingerprint are the worker's identity, as
+	// its Info reports it.
+	ServedModel          string `json:"served_model,omitempty"`
+	TokenizerFingerprint string `json:"tokenizer_fingerprint,omitempty"`
+}
+
+// IdentityRefusals lists, for each worker refused because it serves
+// another model or tokenizer than the router, why; empty when none is.
+func (r *Router) IdentityRefusals() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, w := range append(append([]*worker(nil), r.prefill...), r.decode...) {
+		if w.identity != "" {
+			out = append(out, w.role+" worker "+w.url+": "+w.identity)
+		}
+	}
+	return out
 }
 
 // limits are the smallest max_sequence_tokens reported by healthy workers;

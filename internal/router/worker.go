@@ -45,6 +45,10 @@ type worker struct {
 	// ended; removed is set when DNS stopped listing it (see discovery).
 	inflight int
 	removed  bool
+	// identity is why the worker's last Info was refused for its served
+	// model or tokenizer; "" when it was not.
+	identity string
+	seen     *pdv1.WorkerInfo // the last Info answered, refused or not
 }
 
 func newWorker(u, role string, rm *routerMetrics) *worker {
@@ -73,6 +77,9 @@ func (w *worker) statusLocked() WorkerStatus {
 		s.Running = int(w.info.Running)
 		s.Queued = int(w.info.Queued)
 		s.InternalAuth = w.info.InternalAuth
+	}
+	if w.seen != nil {
+		s.ServedModel, s.TokenizerFingerprint = w.seen.ServedModel, w.seen.TokenizerFingerprint
 	}
 	return s
 }
@@ -176,7 +183,12 @@ func (r *Router) probe(parent context.Context, w *worker) {
 		unhealthy(fmt.Errorf("configured as a %s worker but Info says its role is %q", w.role, info.Role))
 		return
 	}
-	if why := r.identityDiff(info); why != "" {
+	r.mu.Lock()
+	w.seen = info
+	w.identity = r.identityDiff(info)
+	why := w.identity
+	r.mu.Unlock()
+	if why != "" {
 		unhealthy(errors.New(why))
 		return
 	}

@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -58,5 +60,39 @@ func TestRouterPairsOnlyWorkersOfItsModel(t *testing.T) {
 	r := harness.Start(t, append([]string{"--role", "router"}, workers...)...)
 	if got := ask(t, r.URL, "/v1/completions", `{"model":"stories260K","prompt":"Once upon a time","max_tokens":8,"temperature":0}`).texts(); len(got) != 1 || got[0] == "" {
 		t.Fatalf("the agreeing router: %v", got)
+	}
+}
+
+// A router given nothing of the model, in front of workers that all serve
+// another, refuses to start and names the flag to give; told the workers'
+// name it pairs with them, and /server_info shows both sides' identity.
+func TestRouterWithoutModelRefusesOtherWorkers(t *testing.T) {
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, NoRouter: true,
+		WorkerArgs: []string{"--served-model-name", "other"}})
+	workers := []string{"--prefill", c.Prefill[0].URL, "--decode", c.Decode[0].URL}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, batonBinary(t), append([]string{"serve", "--role", "router", "--port", "0"}, workers...)...).CombinedOutput()
+	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "started without --model") || !strings.Contains(string(out), `serves model "other"`) {
+		t.Fatalf("a router without --model in front of other workers: %v\n%s", err, out)
+	}
+	r := harness.Start(t, append([]string{"--role", "router", "--served-model-name", "other"}, workers...)...)
+	var info struct {
+		Model     string `json:"model"`
+		Tokenizer string `json:"tokenizer_fingerprint"`
+		Workers   []struct {
+			Healthy     bool
+			ServedModel string `json:"served_model"`
+			Tokenizer   string `json:"tokenizer_fingerprint"`
+		} `json:"workers"`
+	}
+	code, b := harness.Get(t, r.URL+"/server_info")
+	if code != 200 || json.Unmarshal(b, &info) != nil || info.Model != "other" || info.Tokenizer == "" || len(info.Workers) != 2 {
+		t.Fatalf("/server_info: %d %s", code, b)
+	}
+	for _, w := range info.Workers {
+		if !w.Healthy || w.ServedModel != "other" || w.Tokenizer != info.Tokenizer {
+			t.Errorf("worker %+v; the router serves %q with tokenizer %s", w, info.Model, info.Tokenizer)
+		}
 	}
 }
