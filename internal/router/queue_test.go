@@ -156,3 +156,38 @@ func TestQueuedClientLeaves(t *testing.T) {
 		t.Errorf("aborted outcomes %v", n)
 	}
 }
+
+// A queued request tries every decode worker when its turn comes, and
+// takes the first with room; looking for room while queued is not counted
+// as retries.
+func TestQueuedRequestTriesEveryDecode(t *testing.T) {
+	c := newCluster(t, 1, 2, nil)
+	c.refresh()
+	var free atomic.Bool
+	c.decode[0].reserveErr = func() error { return status.Error(codes.ResourceExhausted, "no room") }
+	c.decode[1].reserveErr = func() error {
+		if !free.Load() {
+			return status.Error(codes.ResourceExhausted, "no room")
+		}
+		return nil
+	}
+	got := make(chan error, 1)
+	go func() {
+		st, err := c.generate("patient", 4, scheduler.Params{})
+		if err == nil {
+			readAll(t, st)
+		}
+		got <- err
+	}()
+	eventually(t, "the request to queue and poll both workers", func() bool {
+		return gauge(c.m.Queued) == 1 && c.decode[0].count("Reserve") >= 3 && c.decode[1].count("Reserve") >= 3
+	})
+	free.Store(true)
+	c.r.queue.kick()
+	if err := <-got; err != nil {
+		t.Fatalf("the queued request: %v", err)
+	}
+	if n := value(c.r.rm.retries.WithLabelValues("reserve")); n != 1 {
+		t.Errorf("retries{stage=reserve} = %v, want 1 (the first pass, before the queue)", n)
+	}
+}

@@ -201,6 +201,11 @@ func (s *stream) run(started chan<- error) {
 			break
 		}
 		tries++
+		if qw != nil && f.noRoom() {
+			// A queued request looking for room is no failure to count.
+			s.log.Debug("no room on this decode worker either; trying another", "decode", d.url)
+			continue
+		}
 		s.r.rm.retries.WithLabelValues(f.stage).Inc()
 		s.log.Warn("attempt failed before the first token; retrying on another pair",
 			"stage", f.stage, "decode", d.url, "prefill", p.url, "attempt", tries, "err", f.detail)
