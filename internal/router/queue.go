@@ -99,6 +99,20 @@ func (w *waiter) signal() {
 	}
 }
 
+// mayFreeUp says whether waiting can help a request decode d refused for
+// room. A full pool frees up as requests end. A refusal for the router's
+// share of d does only if the router holds other reservations there: with
+// none but this attempt's, the request alone is over the share, and waiting
+// would only delay its 429.
+func (r *Router) mayFreeUp(d *worker, f *failure) bool {
+	if !f.perPeer() {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return d.inflight > 1
+}
+
 // Why a queued request gave up.
 var (
 	errQueueFull = func(max int) *scheduler.RejectError {

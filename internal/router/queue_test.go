@@ -191,3 +191,22 @@ func TestQueuedRequestTriesEveryDecode(t *testing.T) {
 		t.Errorf("retries{stage=reserve} = %v, want 1 (the first pass, before the queue)", n)
 	}
 }
+
+// Decode refusing the router's share of its pool is worth waiting for
+// only while the router holds other reservations there: alone, the request
+// is over the share for good, and gets its 429 at once.
+func TestOverTheShareAloneIsNotQueued(t *testing.T) {
+	c := newCluster(t, 1, 1, nil)
+	c.refresh()
+	c.decode[0].reserveErr = func() error {
+		return status.Error(codes.ResourceExhausted, "too many reservations held by this caller")
+	}
+	_, err := c.generate("greedy", 4, scheduler.Params{})
+	var rej *scheduler.RejectError
+	if !errors.As(err, &rej) || rej.Status != 429 || rej.Reason != "decode_full" {
+		t.Fatalf("got %v, want 429 decode_full at once", err)
+	}
+	if n := value(c.m.QueuedTotal); n != 0 {
+		t.Errorf("queued %v times", n)
+	}
+}

@@ -172,7 +172,7 @@ func (s *stream) run(started chan<- error) {
 			}
 		}
 		last = *f
-		if f.noRoom() && s.r.queue.max > 0 && (tries >= s.r.retries || !s.r.untriedDecode(avoid)) {
+		if f.noRoom() && s.r.queue.max > 0 && s.r.mayFreeUp(d, f) && (tries >= s.r.retries || !s.r.untriedDecode(avoid)) {
 			s.r.release(held...)
 			held = nil
 			if qw == nil {
@@ -232,6 +232,13 @@ func (s *stream) begin() {
 // request fits the pool, only not now.
 func (f *failure) noRoom() bool {
 	return f.stage == "reserve" && f.code == codes.ResourceExhausted
+}
+
+// perPeer is decode's refusal of a caller over its share of the pool
+// (--max-reservations-per-peer, --max-pages-per-peer) rather than a full
+// pool.
+func (f *failure) perPeer() bool {
+	return f.noRoom() && strings.Contains(f.detail.Error(), "held by this caller")
 }
 
 func (s *stream) quitting() bool {
