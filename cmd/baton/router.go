@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,18 +23,35 @@ import (
 )
 
 // runRouter runs the front door of PD mode. It loads the tokenizer and chat
-// template from the model file's metadata, never its weights.
+// template from the model file's metadata, never its weights; given no
+// --model or --tokenizer, from the files a prefill worker hands over.
 func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})).With("role", "router")
 	tok, name, err := routerTokenizer(f)
 	if err != nil {
 		return err
 	}
+	genDir, learned := "", false
+	if f.modelPath == "" && f.tokenizerPath == "" {
+		ltok, lname, dir, err := learnTokenizer(f, log)
+		switch {
+		case err != nil:
+			log.Warn("no prefill worker handed over its tokenizer; serving the bundled model's (give --model to choose)", "err", err)
+		default:
+			tok, name, genDir, learned = ltok, lname, dir, true
+			if dir != "" {
+				defer os.RemoveAll(dir)
+			}
+		}
+	}
 	if f.servedName != "" {
 		name = f.servedName
 	}
 	var defaults server.SamplingDefaults
-	if dir, ok := model.HFDir(f.modelPath); ok {
+	if dir, ok := model.HFDir(f.modelPath); ok || genDir != "" {
+		if !ok {
+			dir = genDir
+		}
 		gen, err := model.ReadGenerationConfig(dir)
 		if err != nil {
 			return err
@@ -61,7 +79,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	// A router told nothing of the model serves the bundled one's name and
 	// tokenizer; workers that report another identity are a router started
 	// without their --model, which must not come up half-configured.
-	if f.modelPath == "" && f.tokenizerPath == "" && f.servedName == "" {
+	if !learned && f.modelPath == "" && f.tokenizerPath == "" && f.servedName == "" {
 		if why := rt.IdentityRefusals(); len(why) > 0 && len(why) == len(f.prefillURLs)+len(f.decodeURLs) {
 			return fmt.Errorf("the router was started without --model and serves %s, but every worker serves another model or tokenizer; "+
 				"give the router the workers' --model (or their --tokenizer and --served-model-name):\n  %s", name, strings.Join(why, "\n  "))
@@ -119,6 +137,36 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		stopping.Store(!ready)
 		srv.SetReady(ready && rt.Ready())
 	}, drain)
+}
+
+// learnTokenizer asks the prefill workers for their tokenizer's files (a
+// router of its own, probing once, with its own plane and metrics) and
+// loads it; dir holds a Hugging Face directory's files for the caller to
+// read the generation defaults from and remove.
+func learnTokenizer(f *serveFlags, log *slog.Logger) (tok *tokenizer.Tokenizer, name, dir string, err error) {
+	ms := metrics.New("router")
+	plane, err := f.internal.plane(auth.RoleRouter, log, ms)
+	if err != nil {
+		return nil, "", "", err
+	}
+	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, APIKey: f.apiKey, Metrics: ms, Auth: plane})
+	if err != nil {
+		return nil, "", "", err
+	}
+	defer rt.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rt.Refresh(ctx)
+	tf, err := rt.FetchTokenizer(ctx)
+	if err != nil {
+		return nil, "", "", err
+	}
+	tok, dir, err = learnedTokenizer(tf)
+	if err != nil {
+		return nil, "", "", err
+	}
+	log.Info("serving the model the prefill workers serve", "model", tf.ServedModel, "tokenizer_fingerprint", tf.TokenizerFingerprint)
+	return tok, tf.ServedModel, dir, nil
 }
 
 // routerTokenizer loads only the tokenizer (and chat template) of the model:

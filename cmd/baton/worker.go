@@ -71,8 +71,12 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			defer s.Close()
 			sender = s
 		}
+		id := le.identity()
+		if id.Files, err = le.tokenizerFiles(f); err != nil {
+			return fmt.Errorf("tokenizer files: %w", err)
+		}
 		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: sender, Transport: f.transport,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, Identity: le.identity(), Log: le.log})
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, Identity: id, Log: le.log})
 		p.SetAddr(grpcAddr)
 		defer p.Close()
 		pdv1.RegisterPrefillServer(gs, p)

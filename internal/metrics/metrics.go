@@ -171,7 +171,7 @@ var labels = map[string]roleLabels{
 		outcomes: []string{"sent", "drained", "aborted", "error", "rejected"},
 		rejects:  append([]string{"queue_full"}, doorRejects...),
 		handoff:  []string{"layout", "transfer", "commit"},
-		rpcs:     []string{"Info", "Prefill", "Abort", "tls", "transfer"},
+		rpcs:     []string{"Info", "Prefill", "Abort", "Tokenizer", "tls", "transfer"},
 	},
 	"decode": {
 		outcomes: []string{"finished", "aborted", "error", "rejected"},

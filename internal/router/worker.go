@@ -323,6 +323,38 @@ func dialAddr(advertised, base string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// FetchTokenizer asks the prefill workers, in turn, for the files of their
+// tokenizer (a router started without --model learns the model this way);
+// call it after Start or Refresh. Only a worker whose gRPC connection is
+// up is asked; the first answer wins.
+func (r *Router) FetchTokenizer(ctx context.Context) (*pdv1.TokenizerFiles, error) {
+	r.mu.Lock()
+	var conns []*grpc.ClientConn
+	var urls []string
+	for _, w := range r.prefill {
+		if w.conn != nil && w.seen != nil {
+			conns, urls = append(conns, w.conn), append(urls, w.url)
+		}
+	}
+	r.mu.Unlock()
+	if len(conns) == 0 {
+		return nil, errors.New("no prefill worker answered")
+	}
+	var errs []error
+	for i, c := range conns {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		tf, err := pdv1.NewPrefillClient(c).Tokenizer(cctx, &pdv1.TokenizerRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+		cancel()
+		if err == nil {
+			r.log.Info("learned the tokenizer from a prefill worker", "url", urls[i], "served_model", tf.ServedModel,
+				"tokenizer_fingerprint", tf.TokenizerFingerprint, "format", tf.Format)
+			return tf, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", urls[i], err))
+	}
+	return nil, errors.Join(errs...)
+}
+
 // identityDiff says how a worker's served model or tokenizer differs from
 // the router's, or "": the router tokenizes every prompt and names the
 // model in every answer, so a worker that tokenizes differently would
