@@ -53,6 +53,7 @@ type serveFlags struct {
 	chunkedPrefill  int
 	maxRunning      int
 	maxQueued       int
+	queueTimeout    time.Duration
 	preemptAfter    time.Duration
 	apiKey          string
 	metricsKey      bool
@@ -104,6 +105,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			if err := sglangAliases(cmd.Flags(), f); err != nil {
 				return err
 			}
+			if err := flagsForRole(cmd.Flags(), f.role); err != nil {
+				return err
+			}
 			if err := f.validate(); err != nil {
 				return err
 			}
@@ -135,7 +139,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
-	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 429 with Retry-After")
+	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission (router: for a decode worker with room); more get 429 with Retry-After")
 	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every route but /health and /metrics (workers: /server_info and unknown routes)")
 	fs.BoolVar(&f.metricsKey, "metrics-require-key", false, "require --api-key on /metrics too (default: /metrics is open to scrapers)")
 	fs.DurationVar(&f.readTimeout, "request-read-timeout", 60*time.Second, "how long a client may take to send a request body; a slower upload gets 408")
@@ -168,6 +172,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load")
 	fs.StringVar(&f.toolCallParser, "tool-call-parser", "", "standalone/router: read tool calls out of chat answers: "+strings.Join(toolcall.Formats, " | ")+" (empty: requests with tools get 400)")
 	fs.StringVar(&f.reasoningParser, "reasoning-parser", "", "standalone/router: split <think> blocks into reasoning_content: "+strings.Join(reasoning.Formats, " | "))
+	fs.DurationVar(&f.queueTimeout, "queue-timeout", time.Minute, "router: how long a request may wait in the queue for a decode worker with room; then 429 with Retry-After")
 	return cmd
 }
 
@@ -206,6 +211,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
 	case f.readTimeout <= 0:
 		return fmt.Errorf("--request-read-timeout must be positive")
+	case f.queueTimeout <= 0:
+		return fmt.Errorf("--queue-timeout must be positive")
 	case f.metricsKey && f.apiKey == "":
 		return fmt.Errorf("--metrics-require-key needs --api-key")
 	case f.transport != "tcp" && f.transport != "ucx":
@@ -513,7 +520,7 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ms := metrics.New("standalone")
+	ms := metrics.ForModel("standalone", le.name)
 	eng := le.engine(f, scheduler.RoleStandalone, ms)
 	srv := server.New(server.Options{
 		ModelName: le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},

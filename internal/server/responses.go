@@ -36,7 +36,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 	g := &generation{s: s, chat: true, sampling: cr.Sampling, id: openai.NewID("resp_"), promptParam: "input", plan: plan}
 	g.created = time.Now().Unix()
 	g.prompt = prompt
-	if e := g.start(prompt); e != nil {
+	if e := g.start(r.Context(), prompt); e != nil {
 		openai.WriteError(w, e)
 		return
 	}
