@@ -45,6 +45,7 @@ chaos: build
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2x ./internal/kernels/... ./internal/model/...
+	$(GO) test -run '^$$' -bench 'Mask|CompileCold' -benchtime 2x ./internal/grammar/
 
 # The prefix cache on SGLang's generated-shared-prefix workload, with and without the cache.
 bench-prefix:

@@ -39,8 +39,11 @@ func benchServeCmd() *cobra.Command {
 		Long: `Send --num-prompts streamed completions (POST /v1/completions with stream,
 max_tokens = --output-len, ignore_eos and stream_options.include_usage), at most
 --concurrency at once, arriving at --request-rate per second (Poisson; default:
-all at once). Prompts are about --input-len tokens of words drawn from a fixed list
-with --seed. Works against any OpenAI-compatible server: baton, vLLM, SGLang,
+all at once). Prompts are words drawn from a fixed list with --seed, cut to
+--input-len tokens as the server's /tokenize counts them (baton's, vLLM's and
+SGLang's shape; a server without it gets --input-len words, about one token each
+in the usual vocabularies); the report gives the mean input tokens the server
+counted. Works against any OpenAI-compatible server: baton, vLLM, SGLang,
 llama-server.
 
 Prints request and token throughput and TTFT, TPOT, inter-token and end-to-end
@@ -83,7 +86,7 @@ none succeeded).`,
 	fs.StringVar(&cfg.Model, "model", "", "model name to request (default: the first of the server's /v1/models)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 1, "most requests in flight at once")
 	fs.IntVar(&cfg.NumPrompts, "num-prompts", 100, "requests to send in all")
-	fs.IntVar(&cfg.InputLen, "input-len", 128, "prompt length in tokens (approximately: one common word per token)")
+	fs.IntVar(&cfg.InputLen, "input-len", 128, "prompt length in tokens, as the server's /tokenize counts them (a server without it: words, about one token each)")
 	fs.IntVar(&cfg.OutputLen, "output-len", 128, "tokens to generate per request (max_tokens, with ignore_eos)")
 	fs.Float64Var(&cfg.RequestRate, "request-rate", 0, "mean requests per second, Poisson arrivals (0: all at once)")
 	fs.StringVar(&cfg.APIKey, "api-key", "", "bearer key to send")

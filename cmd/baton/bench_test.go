@@ -28,12 +28,13 @@ func sseServer(t *testing.T, fail bool) (*httptest.Server, *atomic.Int32) {
 func sseServerFailing(t *testing.T, failEvery int) (*httptest.Server, *atomic.Int32) {
 	var calls atomic.Int32
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := calls.Add(1)
-		fail := failEvery > 0 && int(n)%failEvery == 0
 		if r.URL.Path != "/v1/completions" || r.Header.Get("Authorization") != "Bearer k" {
+			// /tokenize too: this server is one without it.
 			http.Error(w, `{"error":{"message":"wrong path or key"}}`, http.StatusNotFound)
 			return
 		}
+		n := calls.Add(1)
+		fail := failEvery > 0 && int(n)%failEvery == 0
 		if fail {
 			http.Error(w, `{"error":{"message":"overloaded"}}`, http.StatusServiceUnavailable)
 			return

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -61,11 +62,24 @@ func TestREADMEFlagTable(t *testing.T) {
 		if row[1] != want {
 			t.Errorf("--%s: the README says the default is %s, serve --help %s", f.Name, row[1], want)
 		}
+		var roles []string
 		for _, r := range strings.Split(row[0], ",") {
 			r, _, _ = strings.Cut(strings.TrimSpace(r), " ")
 			if !readmeRoles[r] {
 				t.Errorf("--%s: unknown role %q in the README's table", f.Name, r)
 			}
+			if r == "all" {
+				roles = append(roles, allRoles...)
+			} else {
+				roles = append(roles, r)
+			}
+		}
+		// The roles the README names are those serve accepts the flag on.
+		accepted := slices.Clone(flagRoles[f.Name])
+		slices.Sort(roles)
+		slices.Sort(accepted)
+		if !slices.Equal(roles, accepted) {
+			t.Errorf("--%s: the README says roles %v, serve accepts it on %v", f.Name, roles, accepted)
 		}
 	})
 	for name := range rows {

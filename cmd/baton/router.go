@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,18 +24,35 @@ import (
 )
 
 // runRouter runs the front door of PD mode. It loads the tokenizer and chat
-// template from the model file's metadata, never its weights.
+// template from the model file's metadata, never its weights; given no
+// --model or --tokenizer, from the files a prefill worker hands over.
 func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})).With("role", "router")
 	tok, name, err := routerTokenizer(f)
 	if err != nil {
 		return err
 	}
+	genDir, learned := "", false
+	if f.modelPath == "" && f.tokenizerPath == "" {
+		ltok, lname, dir, err := learnTokenizer(f, log)
+		switch {
+		case err != nil:
+			log.Warn("no prefill worker handed over its tokenizer; serving the bundled model's (give --model to choose)", "err", err)
+		default:
+			tok, name, genDir, learned = ltok, lname, dir, true
+			if dir != "" {
+				defer os.RemoveAll(dir)
+			}
+		}
+	}
 	if f.servedName != "" {
 		name = f.servedName
 	}
 	var defaults server.SamplingDefaults
-	if dir, ok := model.HFDir(f.modelPath); ok {
+	if dir, ok := model.HFDir(f.modelPath); ok || genDir != "" {
+		if !ok {
+			dir = genDir
+		}
 		gen, err := model.ReadGenerationConfig(dir)
 		if err != nil {
 			return err
@@ -43,14 +63,14 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ms := metrics.New("router")
+	ms := metrics.ForModel("router", name)
 	plane, err := f.internal.plane(auth.RoleRouter, log, ms)
 	if err != nil {
 		return err
 	}
 	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy,
 		CacheThreshold: f.cacheThresh, BalanceAbsThreshold: f.balanceAbs, BalanceRelThreshold: f.balanceRel, APIKey: f.apiKey, Metrics: ms, Logger: log, Auth: plane,
-		ModelName: name, TokenizerFingerprint: tok.Fingerprint()})
+		ModelName: name, TokenizerFingerprint: tok.Fingerprint(), MaxQueued: f.maxQueued, QueueTimeout: f.queueTimeout})
 	if err != nil {
 		return err
 	}
@@ -58,6 +78,15 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	rctx, rstop := context.WithCancel(context.Background())
 	defer rstop()
 	rt.Start(rctx)
+	// A router told nothing of the model serves the bundled one's name and
+	// tokenizer; workers that report another identity are a router started
+	// without their --model, which must not come up half-configured.
+	if !learned && f.modelPath == "" && f.tokenizerPath == "" && f.servedName == "" {
+		if why := rt.IdentityRefusals(); len(why) > 0 && len(why) == len(f.prefillURLs)+len(f.decodeURLs) {
+			return fmt.Errorf("the router was started without --model and serves %s, but every worker serves another model or tokenizer; "+
+				"give the router the workers' --model (or their --tokenizer and --served-model-name):\n  %s", name, strings.Join(why, "\n  "))
+		}
+	}
 	maxPrompt, maxSeq := rt.Capacity()
 	log.Info("router", "model", name, "prefill", f.prefillURLs, "decode", f.decodeURLs, "policy", f.policy,
 		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
@@ -67,7 +96,8 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
 		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,
 		MaxModelLen: func() int { _, seq := rt.Capacity(); return seq },
-		Info:        map[string]any{"role": "router", "model": name, "policy": f.policy, "internal_auth": plane.Describe()},
+		Info: map[string]any{"role": "router", "model": name, "tokenizer_fingerprint": tok.Fingerprint(), "policy": f.policy,
+			"internal_auth": plane.Describe()},
 		LiveInfo: func() map[string]any {
 			p, s := rt.Capacity()
 			return map[string]any{"max_prompt_tokens": p, "effective_context_length": s, "workers": rt.Workers()}
@@ -109,6 +139,36 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		stopping.Store(!ready)
 		srv.SetReady(ready && rt.Ready())
 	}, drain)
+}
+
+// learnTokenizer asks the prefill workers for their tokenizer's files (a
+// router of its own, probing once, with its own plane and metrics) and
+// loads it; dir holds a Hugging Face directory's files for the caller to
+// read the generation defaults from and remove.
+func learnTokenizer(f *serveFlags, log *slog.Logger) (tok *tokenizer.Tokenizer, name, dir string, err error) {
+	ms := metrics.New("router")
+	plane, err := f.internal.plane(auth.RoleRouter, log, ms)
+	if err != nil {
+		return nil, "", "", err
+	}
+	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, APIKey: f.apiKey, Metrics: ms, Auth: plane})
+	if err != nil {
+		return nil, "", "", err
+	}
+	defer rt.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rt.Refresh(ctx)
+	tf, err := rt.FetchTokenizer(ctx)
+	if err != nil {
+		return nil, "", "", err
+	}
+	tok, dir, err = learnedTokenizer(tf)
+	if err != nil {
+		return nil, "", "", err
+	}
+	log.Info("serving the model the prefill workers serve", "model", tf.ServedModel, "tokenizer_fingerprint", tf.TokenizerFingerprint)
+	return tok, tf.ServedModel, dir, nil
 }
 
 // routerTokenizer loads only the tokenizer (and chat template) of the model:

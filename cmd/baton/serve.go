@@ -54,6 +54,7 @@ type serveFlags struct {
 	chunkedPrefill  int
 	maxRunning      int
 	maxQueued       int
+	queueTimeout    time.Duration
 	preemptAfter    time.Duration
 	apiKey          string
 	metricsKey      bool
@@ -111,6 +112,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			if err := sglangAliases(cmd.Flags(), f); err != nil {
 				return err
 			}
+			if err := flagsForRole(cmd.Flags(), f.role); err != nil {
+				return err
+			}
 			if err := f.validate(); err != nil {
 				return err
 			}
@@ -142,7 +146,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
-	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission; more get 429 with Retry-After")
+	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission (router: for a decode worker with room); more get 429 with Retry-After")
 	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every route but /health and /metrics (workers: /server_info and unknown routes)")
 	fs.BoolVar(&f.metricsKey, "metrics-require-key", false, "require --api-key on /metrics too (default: /metrics is open to scrapers)")
 	fs.DurationVar(&f.readTimeout, "request-read-timeout", 60*time.Second, "how long a client may take to send a request body; a slower upload gets 408")
@@ -176,11 +180,12 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringSliceVar(&f.prefillURLs, "prefill", nil, "router: prefill worker URLs (repeatable or comma separated)")
 	fs.StringSliceVar(&f.decodeURLs, "decode", nil, "router: decode worker URLs (repeatable or comma separated)")
 	fs.StringVar(&f.policy, "policy", "round_robin", "router: worker selection, round_robin | least_load | cache_aware (the prefill and decode workers likeliest to hold the prompt's prefix for its tenant)")
-	fs.Float64Var(&f.cacheThresh, "cache-threshold", router.DefaultCacheThreshold, "router, cache_aware: the share of a prompt's pages a prefill worker must be thought to hold to get it; below it, the worker holding least")
-	fs.IntVar(&f.balanceAbs, "balance-abs-threshold", router.DefaultBalanceAbsThreshold, "router, cache_aware: route by load instead when the busiest prefill worker has more than this many requests over the idlest...")
+	fs.Float64Var(&f.cacheThresh, "cache-threshold", router.DefaultCacheThreshold, "router, cache_aware: the share of a prompt's pages a worker must be thought to hold to get it; below it, the worker holding least")
+	fs.IntVar(&f.balanceAbs, "balance-abs-threshold", router.DefaultBalanceAbsThreshold, "router, cache_aware: route by load instead when the busiest worker of a role has more than this many requests over the idlest...")
 	fs.Float64Var(&f.balanceRel, "balance-rel-threshold", router.DefaultBalanceRelThreshold, "router, cache_aware: ...and more than this many times as many")
 	fs.StringVar(&f.toolCallParser, "tool-call-parser", "", "standalone/router: read tool calls out of chat answers: "+strings.Join(toolcall.Formats, " | ")+" (empty: requests with tools get 400)")
 	fs.StringVar(&f.reasoningParser, "reasoning-parser", "", "standalone/router: split <think> blocks into reasoning_content: "+strings.Join(reasoning.Formats, " | "))
+	fs.DurationVar(&f.queueTimeout, "queue-timeout", time.Minute, "router: how long a request may wait in the queue for a decode worker with room; then 429 with Retry-After")
 	return cmd
 }
 
@@ -227,6 +232,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--disaggregation-decode-enable-radix-cache needs --transport tcp")
 	case f.cacheScope != string(prefixcache.ScopeKey) && f.cacheScope != string(prefixcache.ScopeGlobal):
 		return fmt.Errorf("unknown --prefix-cache-scope %q (key, global)", f.cacheScope)
+	case f.queueTimeout <= 0:
+		return fmt.Errorf("--queue-timeout must be positive")
 	case f.metricsKey && f.apiKey == "":
 		return fmt.Errorf("--metrics-require-key needs --api-key")
 	case f.transport != "tcp" && f.transport != "ucx":
@@ -541,7 +548,7 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ms := metrics.New("standalone")
+	ms := metrics.ForModel("standalone", le.name)
 	var cache *prefixcache.Cache
 	if !f.noRadixCache {
 		cache = prefixcache.New(le.pool, le.fingerprint(f))

@@ -5,6 +5,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
 )
 
 func TestHTTPSecurityFlags(t *testing.T) {
@@ -72,5 +74,45 @@ func dryRun(t *testing.T, args []string, wantErr, wantOut string) {
 		t.Errorf("%v: error %v, want one saying %q", args, err, wantErr)
 	case wantOut != "" && !strings.Contains(out.String(), wantOut):
 		t.Errorf("%v: %q, want %q", args, out.String(), wantOut)
+	}
+}
+
+// A flag that does nothing on a role is refused for it, from the command
+// line or the environment; the worker roles take each other's flags.
+func TestFlagsRefusedOnRolesTheyDoNothingOn(t *testing.T) {
+	router := []string{"--role", "router", "--prefill", "http://a:1", "--decode", "http://b:2"}
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{append(router, "--max-running-requests", "1"), "--max-running-requests (standalone, prefill, decode only)"},
+		{append(router, "--page-size", "4", "--kv-cache-memory", "1GiB"), "--page-size"},
+		{append(router, "--max-queued-requests", "1", "--queue-timeout", "5s"), ""},
+		{[]string{"--prefill", "http://a:1"}, "--prefill (router only)"},
+		{[]string{"--queue-timeout", "5s"}, "--queue-timeout (router only)"},
+		{[]string{"--transfer-port", "9000"}, "--transfer-port (decode only)"},
+		{[]string{"--cluster-secret-file", "/nonexistent"}, "--cluster-secret-file"},
+		{[]string{"--role", "prefill", "--transfer-port", "9000", "--handoff-timeout", "5s"}, ""},
+		{[]string{"--role", "decode", "--chunked-prefill-size", "8", "--max-queued-requests", "4"}, ""},
+		{[]string{"--max-running-requests", "1", "--preempt-after", "1s"}, ""},
+		{append(router, "--queue-timeout", "0s"), "--queue-timeout must be positive"},
+	} {
+		dryRun(t, c.args, c.err, "")
+	}
+	t.Setenv("BATON_MAX_RUNNING_REQUESTS", "1")
+	dryRun(t, router, "--max-running-requests", "")
+}
+
+// Every serve flag has its roles.
+func TestEveryFlagHasRoles(t *testing.T) {
+	serveCmd().Flags().VisitAll(func(f *pflag.Flag) {
+		if _, ok := flagRoles[f.Name]; !ok {
+			t.Errorf("--%s has no entry in flagRoles", f.Name)
+		}
+	})
+	for name := range flagRoles {
+		if serveCmd().Flags().Lookup(name) == nil {
+			t.Errorf("flagRoles names --%s, which serve does not have", name)
+		}
 	}
 }

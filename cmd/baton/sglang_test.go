@@ -20,7 +20,7 @@ func TestSGLangFlagNames(t *testing.T) {
 		{args: []string{"--disaggregation-mode", "null"}, out: "standalone configuration is valid"},
 		{args: []string{"--disaggregation-mode", "router"}, err: "unknown --disaggregation-mode"},
 		{args: []string{"--role", "decode", "--disaggregation-mode", "prefill"}, err: "give one of them"},
-		{args: []string{"--disaggregation-transfer-backend", "mooncake"}, err: `unknown --transport "mooncake"`},
+		{args: []string{"--role", "prefill", "--disaggregation-transfer-backend", "mooncake"}, err: `unknown --transport "mooncake"`},
 		{args: []string{"--disaggregation-mode", "decode"}, env: map[string]string{"BATON_ROLE": "prefill"}, out: "decode configuration is valid"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {

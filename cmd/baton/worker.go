@@ -39,7 +39,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	defer le.close()
 	c := &le.loaded.Model.Config
 	layout := roles.Layout(roles.ModelID(le.name, c), c, le.plan.pageSize)
-	ms := metrics.New(f.role)
+	ms := metrics.ForModel(f.role, le.name)
 	plane, err := f.internal.plane(auth.Role(f.role), le.log, ms)
 	if err != nil {
 		return err
@@ -76,8 +76,12 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			defer s.Close()
 			sender = s
 		}
+		id := le.identity()
+		if id.Files, err = le.tokenizerFiles(f); err != nil {
+			return fmt.Errorf("tokenizer files: %w", err)
+		}
 		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: decorate.sender(sender), Transport: f.transport,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: decorate.dialOptions(), Identity: le.identity(), Log: le.log})
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: decorate.dialOptions(), Identity: id, Log: le.log})
 		p.SetAddr(grpcAddr)
 		defer p.Close()
 		pdv1.RegisterPrefillServer(gs, p)

@@ -34,8 +34,9 @@ type Config struct {
 	Concurrency int
 	// NumPrompts is how many requests are sent in all.
 	NumPrompts int
-	// InputLen is the prompt length in words, chosen so that it is about
-	// as many tokens in the usual BPE vocabularies (see Prompt).
+	// InputLen is the prompt length in tokens as the server counts them
+	// (its /tokenize); a server without that route gets InputLen words,
+	// about as many tokens in the usual BPE vocabularies (see Prompt).
 	InputLen int
 	// OutputLen is max_tokens; ignore_eos asks the server to generate all
 	// of them, so that every request does the same work.
@@ -69,6 +70,13 @@ type Report struct {
 	RequestRate float64 `json:"request_rate"` // 0: all at once
 	InputLen    int     `json:"input_len"`
 	OutputLen   int     `json:"output_len"`
+	// PromptsMeasured says each prompt was cut to InputLen tokens with the
+	// server's /tokenize; false: InputLen words (the server has no such
+	// route).
+	PromptsMeasured bool `json:"prompts_measured"`
+	// MeanInputTokens is the mean prompt length of the completed
+	// requests, from the usage the server reported.
+	MeanInputTokens float64 `json:"mean_input_tokens"`
 
 	Completed int `json:"completed"`
 	Failed    int `json:"failed"`
@@ -159,21 +167,34 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.Model = m
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x62_61_74_6f_6e)) // "baton"
-	prompts := make([]string, cfg.NumPrompts)
-	var prefixes []string
-	if cfg.SharedPrefixLen > 0 {
-		prefixes = make([]string, max(1, cfg.NumPrefixes))
-		for i := range prefixes {
-			prefixes[i] = Prompt(rng, cfg.SharedPrefixLen) + " "
-		}
-	}
-	for i := range prompts {
-		prompts[i] = Prompt(rng, cfg.InputLen)
-		if prefixes != nil {
-			prompts[i] = prefixes[i%len(prefixes)] + prompts[i]
-		}
+	drawn := make([][]string, cfg.NumPrompts)
+	for i := range drawn {
+		// A word with its space is one token or more, so InputLen words
+		// are at least InputLen tokens: enough to cut from.
+		drawn[i] = strings.Fields(Prompt(rng, cfg.InputLen))
 	}
 	gaps := arrivals(rng, cfg.NumPrompts, cfg.RequestRate)
+	prompts, measured, err := fitPrompts(ctx, client, base, cfg, drawn)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.SharedPrefixLen > 0 {
+		// The prefixes are drawn after everything else, so that the rest
+		// of a run is the same with and without them.
+		words := make([][]string, max(1, cfg.NumPrefixes))
+		for i := range words {
+			words[i] = strings.Fields(Prompt(rng, cfg.SharedPrefixLen))
+		}
+		pcfg := cfg
+		pcfg.InputLen = cfg.SharedPrefixLen
+		prefixes, _, err := fitPrompts(ctx, client, base, pcfg, words)
+		if err != nil {
+			return nil, err
+		}
+		for i := range prompts {
+			prompts[i] = prefixes[i%len(prefixes)] + " " + prompts[i]
+		}
+	}
 
 	results := make([]result, cfg.NumPrompts)
 	slots := make(chan struct{}, cfg.Concurrency)
@@ -224,6 +245,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := summarise(cfg, results, elapsed)
 	rep.MaxConcurrentRequests = peak
+	rep.PromptsMeasured = measured
 	if rep.Completed == 0 {
 		msg := "no request completed"
 		if len(rep.Errors) > 0 {
@@ -516,6 +538,9 @@ func summarise(cfg Config, results []result, elapsed time.Duration) *Report {
 	}
 	for _, m := range order[:min(len(order), 10)] {
 		rep.Errors = append(rep.Errors, ErrorCount{Message: m, Count: errs[m]})
+	}
+	if rep.Completed > 0 {
+		rep.MeanInputTokens = float64(rep.TotalInputTokens) / float64(rep.Completed)
 	}
 	if s := elapsed.Seconds(); s > 0 {
 		rep.RequestThroughput = float64(rep.Completed) / s

@@ -26,7 +26,10 @@ type fakeServer struct {
 	failEvery  int           // answer every n-th request with HTTP 500
 	midError   bool          // send an error event after the first chunk
 	noFinish   bool          // end the stream with neither finish_reason nor [DONE]
-	cached     int           // report this many cached prompt tokens in usage
+	// tokenize serves /tokenize, counting three tokens a word and a BOS,
+	// and reports usage the same way.
+	tokenize bool
+	cached   int // report this many cached prompt tokens in usage
 
 	mu       sync.Mutex
 	reqs     []completionBody
@@ -55,9 +58,26 @@ func (f *fakeServer) start() *httptest.Server {
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"fake-model","object":"model"},{"id":"other","object":"model"}]}`)
 	})
 	mux.HandleFunc("POST /v1/completions", f.complete)
+	if f.tokenize {
+		mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
+			var body struct{ Model, Prompt string }
+			if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Model == "" {
+				http.Error(w, `{"error":{"message":"bad body"}}`, http.StatusBadRequest)
+				return
+			}
+			fmt.Fprintf(w, `{"count":%d,"tokens":[]}`, f.promptTokens(body.Prompt))
+		})
+	}
 	s := httptest.NewServer(mux)
 	f.t.Cleanup(s.Close)
 	return s
+}
+
+func (f *fakeServer) promptTokens(prompt string) int {
+	if f.tokenize {
+		return 3*len(strings.Fields(prompt)) + 1
+	}
+	return len(strings.Fields(prompt)) + 1
 }
 
 func (f *fakeServer) complete(w http.ResponseWriter, r *http.Request) {
@@ -125,9 +145,9 @@ func (f *fakeServer) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if body.StreamOptions.IncludeUsage && !f.noUsage {
-		words := len(strings.Fields(body.Prompt))
+		p := f.promptTokens(body.Prompt)
 		send(fmt.Sprintf(`{"id":"c","object":"text_completion","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
-			words+1, body.MaxTokens, words+1+body.MaxTokens, f.cached))
+			p, body.MaxTokens, p+body.MaxTokens, f.cached))
 	}
 	send("[DONE]")
 }
@@ -224,6 +244,55 @@ func TestRunMeasuresAStreamingServer(t *testing.T) {
 	for _, k := range []string{"request_throughput", "output_throughput", "ttft_ms", "itl_ms", "e2e_latency_ms"} {
 		if _, ok := back[k]; !ok {
 			t.Errorf("JSON report lacks %q: %s", k, b)
+		}
+	}
+}
+
+// A server with /tokenize gets prompts of --input-len tokens as it counts
+// them, not words: here three tokens a word and a BOS, so 20 tokens are 6
+// words (19 tokens; a seventh word would make 22). The report gives the
+// mean the server counted.
+func TestInputLenIsTokens(t *testing.T) {
+	f := &fakeServer{t: t, tokenize: true}
+	s := f.start()
+	rep, err := Run(context.Background(), Config{URL: s.URL, Concurrency: 2, NumPrompts: 5, InputLen: 20, OutputLen: 2, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.PromptsMeasured || rep.MeanInputTokens != 19 || rep.TotalInputTokens != 5*19 {
+		t.Errorf("measured %v, mean input tokens %v, total %d; want 19 a prompt", rep.PromptsMeasured, rep.MeanInputTokens, rep.TotalInputTokens)
+	}
+	f.mu.Lock()
+	for i, r := range f.reqs {
+		if n := len(strings.Fields(r.Prompt)); n != 6 {
+			t.Errorf("request %d: %d words, want 6", i, n)
+		}
+	}
+	f.mu.Unlock()
+	var text bytes.Buffer
+	_ = rep.WriteText(&text)
+	if !strings.Contains(text.String(), "Mean input tokens:") || strings.Contains(text.String(), "no /tokenize") {
+		t.Errorf("report:\n%s", text.String())
+	}
+	// Without /tokenize: words, and the report says so.
+	g := &fakeServer{t: t}
+	rep, err = Run(context.Background(), Config{URL: g.start().URL, Model: "m", Concurrency: 1, NumPrompts: 2, InputLen: 20, OutputLen: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text.Reset()
+	_ = rep.WriteText(&text)
+	if rep.PromptsMeasured || rep.MeanInputTokens != 21 || !strings.Contains(text.String(), "no /tokenize") {
+		t.Errorf("measured %v, mean %v:\n%s", rep.PromptsMeasured, rep.MeanInputTokens, text.String())
+	}
+}
+
+func TestFitBisects(t *testing.T) {
+	ws := strings.Fields(strings.Repeat("w ", 50))
+	for _, c := range []struct{ per, n, want int }{{1, 10, 10}, {3, 20, 6}, {3, 3, 1}, {2, 1000, 50}, {5, 2, 1}} {
+		got, err := fit(ws, c.n, func(w []string) (int, error) { return c.per * len(w), nil })
+		if err != nil || len(strings.Fields(got)) != c.want {
+			t.Errorf("%d tokens a word, %d tokens: %d words (%v), want %d", c.per, c.n, len(strings.Fields(got)), err, c.want)
 		}
 	}
 }

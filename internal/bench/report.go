@@ -29,6 +29,10 @@ func (r *Report) WriteText(w io.Writer) error {
 	line("Failed requests", "%d", r.Failed)
 	line("Benchmark duration (s)", "%.2f", r.DurationS)
 	line("Total input tokens", "%d", r.TotalInputTokens)
+	line("Mean input tokens", "%.1f", r.MeanInputTokens)
+	if !r.PromptsMeasured {
+		b.WriteString("(the server has no /tokenize: prompts are --input-len words, about as many tokens in the usual vocabularies)\n")
+	}
 	line("Total generated tokens", "%d", r.TotalOutputTokens)
 	if r.SharedPrefixLen > 0 {
 		line("Shared prefixes", "%s", fmt.Sprintf("%d of %d words", r.NumPrefixes, r.SharedPrefixLen))

@@ -99,6 +99,16 @@ type File struct {
 	byName    map[string]int
 	data      []byte // the whole mapping
 	dataStart int64
+	metaEnd   int64 // where the metadata ends and the tensor infos begin
+}
+
+// MetadataOnly is a GGUF of f's metadata alone: the header and every key,
+// no tensor. It carries the tokenizer and chat template at a fraction of
+// the weights' size (what a worker hands a router that has no model).
+func (f *File) MetadataOnly() []byte {
+	out := append([]byte(nil), f.data[:f.metaEnd]...)
+	clear(out[8:16]) // the tensor count
+	return out
 }
 
 const maxCount = 1 << 26 // no real file has this many keys, tensors or array items
@@ -292,6 +302,7 @@ func Parse(data []byte) (*File, error) {
 		}
 		f.Meta[k] = v
 	}
+	f.metaEnd = r.off
 	for i := uint64(0); i < nt && r.err == nil; i++ {
 		ti := TensorInfo{Name: r.str()}
 		nd := r.u32()

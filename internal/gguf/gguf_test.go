@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"os"
+	"slices"
 	"testing"
+
+	"github.com/batonlm/baton/internal/bundled"
 )
 
 func TestOpenBundledVocab(t *testing.T) {
@@ -98,4 +101,22 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A metadata-only copy parses, with every key and no tensor.
+func TestMetadataOnly(t *testing.T) {
+	f, err := Parse(bundled.Stories260K)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Parse(f.MetadataOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Tensors) != 0 || !slices.Equal(m.Keys, f.Keys) || len(m.MetadataOnly()) >= len(bundled.Stories260K)/2 {
+		t.Fatalf("%d tensors, keys %v (want %v)", len(m.Tensors), m.Keys, f.Keys)
+	}
+	if a, _ := m.Strings("tokenizer.ggml.tokens"); len(a) == 0 {
+		t.Fatal("no tokenizer in the copy")
+	}
 }

@@ -14,7 +14,10 @@ import (
 // several servers in one test binary do not collide.
 type Set struct {
 	Registry *prometheus.Registry
-	Role     string
+	// Registerer adds a role's own metrics (the router's) with the
+	// set's model_name label.
+	Registerer prometheus.Registerer
+	Role       string
 
 	// KVPagesTotal is KVPagesCapacity under its old name, which has the
 	// suffix Prometheus keeps for counters; exported one more release.
@@ -69,13 +72,24 @@ type Set struct {
 
 var latencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 
-// New makes and registers the metrics of one role.
-func New(role string) *Set {
+// New makes and registers the metrics of one role, without a model_name
+// label (tests, and tools that serve no model).
+func New(role string) *Set { return ForModel(role, "") }
+
+// ForModel makes and registers the metrics of one role serving model: each
+// baton_ series carries model_name, as SGLang's do, so that one dashboard
+// tells the models of a fleet apart.
+func ForModel(role, model string) *Set {
 	r := prometheus.NewRegistry()
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var reg prometheus.Registerer = r
+	if model != "" {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"model_name": model}, r)
+	}
 	c := prometheus.Labels{"role": role}
 	s := &Set{
 		Registry:           r,
+		Registerer:         reg,
 		Role:               role,
 		KVPagesTotal:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_total", Help: "Pages in the KV pool (deprecated: use baton_kv_pages_capacity).", ConstLabels: c}),
 		KVPagesCapacity:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_capacity", Help: "Pages in the KV pool.", ConstLabels: c}),
@@ -122,21 +136,21 @@ func New(role string) *Set {
 	// What every role serves; a router holds no pool, queue, engine or
 	// transfer, so it exports none of their figures rather than zeros
 	// that would read as an empty pool.
-	r.MustRegister(s.Requests, s.Rejected, s.Running, s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens)
+	reg.MustRegister(s.Requests, s.Rejected, s.Running, s.Queued, s.QueuedTotal, s.TTFT, s.ITL, s.E2E, s.PromptTokens, s.GenerationTokens)
 	if role != "standalone" {
-		r.MustRegister(s.InternalAuthFailures)
+		reg.MustRegister(s.InternalAuthFailures)
 	}
 	if role != "router" {
-		r.MustRegister(s.KVPagesTotal, s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage, s.Queued,
-			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.QueuedTotal, s.IllegalMoves,
+		reg.MustRegister(s.KVPagesTotal, s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage,
+			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.IllegalMoves,
 			s.KVPagesCached, s.KVSharedWriteRefusals, s.PrefixCacheQueried, s.PrefixCacheHit, s.PrefixCacheHitRate)
 	}
 	if role == "prefill" || role == "decode" {
-		r.MustRegister(s.TransferSessions, s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures,
+		reg.MustRegister(s.TransferSessions, s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures,
 			s.TransferBytes, s.TransferSeconds, s.DrainWait)
 	}
 	if role == "decode" {
-		r.MustRegister(s.LateDropped)
+		reg.MustRegister(s.LateDropped)
 	}
 	// Labelled counters start at 0 for every label the role can count, so
 	// that a rate() or an alert on them works before the first event.
@@ -175,7 +189,7 @@ var labels = map[string]roleLabels{
 		outcomes: []string{"sent", "drained", "aborted", "error", "rejected"},
 		rejects:  append([]string{"queue_full"}, doorRejects...),
 		handoff:  []string{"layout", "transfer", "commit"},
-		rpcs:     []string{"Info", "Prefill", "Abort", "tls", "transfer"},
+		rpcs:     []string{"Info", "Prefill", "Abort", "Tokenizer", "tls", "transfer"},
 	},
 	"decode": {
 		outcomes: []string{"finished", "aborted", "error", "rejected"},
@@ -186,7 +200,7 @@ var labels = map[string]roleLabels{
 	},
 	"router": {
 		outcomes: []string{"finished", "aborted", "error", "rejected"},
-		rejects:  []string{"too_long", "empty_prompt", "no_workers", "decode_full", "prefill_full", "workers_unavailable", "rejected_by_decode"},
+		rejects:  []string{"too_long", "empty_prompt", "no_workers", "decode_full", "prefill_full", "workers_unavailable", "rejected_by_decode", "queue_full", "queue_timeout"},
 		rpcs:     []string{"tls"},
 	},
 }

@@ -34,9 +34,11 @@ func TestRoleMetrics(t *testing.T) {
 		{"decode", []string{"baton_kv_pages_capacity", "baton_token_usage", "baton_kv_reservations_total"}, nil,
 			[]string{`baton_handoff_failures_total{reason="checksum",role="decode"} 0`, `baton_late_messages_dropped_total{kind="write",role="decode"} 0`,
 				`baton_internal_auth_failures_total{role="decode",rpc="Reserve"} 0`, `baton_requests_rejected_total{reason="no_space",role="decode"} 0`}},
-		{"router", []string{"baton_requests_total", "baton_time_to_first_token_seconds", "baton_internal_auth_failures_total"},
-			[]string{"baton_kv_pages_total", "baton_kv_pages_capacity", "baton_kv_pages_free", "baton_token_usage", "baton_num_queue_reqs", "baton_kv_release_errors"},
-			[]string{`baton_requests_rejected_total{reason="no_workers",role="router"} 0`, `baton_requests_rejected_total{reason="decode_full",role="router"} 0`}},
+		// The router queues requests that wait for room on decode.
+		{"router", []string{"baton_requests_total", "baton_time_to_first_token_seconds", "baton_internal_auth_failures_total", "baton_num_queue_reqs", "baton_requests_queued_total"},
+			[]string{"baton_kv_pages_total", "baton_kv_pages_capacity", "baton_kv_pages_free", "baton_token_usage", "baton_kv_release_errors"},
+			[]string{`baton_requests_rejected_total{reason="no_workers",role="router"} 0`, `baton_requests_rejected_total{reason="decode_full",role="router"} 0`,
+				`baton_requests_rejected_total{reason="queue_full",role="router"} 0`, `baton_requests_rejected_total{reason="queue_timeout",role="router"} 0`}},
 	} {
 		text := scrape(t, New(c.role))
 		for _, n := range c.has {
@@ -84,6 +86,31 @@ func TestMetricNamesLint(t *testing.T) {
 			case !counter && strings.HasSuffix(name, "_total") && name != "baton_kv_pages_total":
 				t.Errorf("%s: %s %s ends in _total, which is for counters", role, mf.GetType(), name)
 			}
+		}
+	}
+}
+
+// A role serving a model labels every baton_ series with model_name, as
+// SGLang does; the Go runtime's series are the process's, not the model's.
+func TestModelNameLabel(t *testing.T) {
+	for _, role := range []string{"standalone", "prefill", "decode", "router"} {
+		s := ForModel(role, "tiny-llama")
+		s.Outcome("rejected")
+		text := scrape(t, s)
+		n := 0
+		for _, line := range strings.Split(text, "\n") {
+			switch {
+			case strings.HasPrefix(line, "baton_"):
+				n++
+				if !strings.Contains(line, `model_name="tiny-llama"`) {
+					t.Errorf("%s: %s has no model_name", role, line)
+				}
+			case strings.HasPrefix(line, "go_") && strings.Contains(line, "model_name"):
+				t.Errorf("%s: %s", role, line)
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%s: no baton_ series", role)
 		}
 	}
 }

@@ -21,6 +21,11 @@ type Sampling struct {
 	PresencePenalty, FrequencyPenalty, RepetitionPenalty float64
 }
 
+// Draws reports whether sampling a token under p takes a random draw (one
+// Float64): greedy choices take none. A request that moves from one engine
+// to another mid-stream uses it to carry on the same random stream.
+func (p Sampling) Draws() bool { return p.Temperature > 0 && p.TopK != 1 }
+
 // TokenLogprob is one candidate and its log-probability under the model's
 // raw distribution (before temperature and truncation, as llama.cpp reports).
 type TokenLogprob struct {
@@ -75,7 +80,7 @@ func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h Hi
 	lp := func(id int32) float32 { return float32(float64(logits[id]) - logZ) }
 
 	chosen := best
-	if p.Temperature > 0 && p.TopK != 1 && rng != nil {
+	if p.Draws() && rng != nil {
 		chosen = s.draw(pick, p, rng)
 	}
 	out := Sampled{TokenLogprob: TokenLogprob{chosen, lp(chosen)}}

@@ -13,20 +13,22 @@ import (
 // callers says which roles may call each RPC of the control plane: the
 // router drives a request (Reserve, Prefill, Stream, Abort, Finish, Cancel),
 // the prefill worker that writes a reservation reports on it (Commit,
-// Drained), and decode asks its writer to stop (Prefill's Abort). Which
+// Drained), decode asks its writer to stop (Prefill's Abort), and a router
+// without a model of its own learns the tokenizer (Prefill's Tokenizer). Which
 // reservation a call may touch is the capability's business; this is who
 // may make the call at all.
 var callers = map[string][]auth.Role{
-	"/baton.pd.v1.Decode/Info":     {auth.RoleRouter},
-	"/baton.pd.v1.Decode/Reserve":  {auth.RoleRouter},
-	"/baton.pd.v1.Decode/Commit":   {auth.RolePrefill},
-	"/baton.pd.v1.Decode/Drained":  {auth.RolePrefill},
-	"/baton.pd.v1.Decode/Abort":    {auth.RoleRouter},
-	"/baton.pd.v1.Decode/Finish":   {auth.RoleRouter},
-	"/baton.pd.v1.Decode/Stream":   {auth.RoleRouter},
-	"/baton.pd.v1.Prefill/Info":    {auth.RoleRouter},
-	"/baton.pd.v1.Prefill/Prefill": {auth.RoleRouter},
-	"/baton.pd.v1.Prefill/Abort":   {auth.RoleDecode},
+	"/baton.pd.v1.Decode/Info":       {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Reserve":    {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Commit":     {auth.RolePrefill},
+	"/baton.pd.v1.Decode/Drained":    {auth.RolePrefill},
+	"/baton.pd.v1.Decode/Abort":      {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Finish":     {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Stream":     {auth.RoleRouter},
+	"/baton.pd.v1.Prefill/Info":      {auth.RoleRouter},
+	"/baton.pd.v1.Prefill/Prefill":   {auth.RoleRouter},
+	"/baton.pd.v1.Prefill/Abort":     {auth.RoleDecode},
+	"/baton.pd.v1.Prefill/Tokenizer": {auth.RoleRouter},
 }
 
 // ServerOptions are a worker's gRPC server options: the plane's

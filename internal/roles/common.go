@@ -182,9 +182,12 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set, o HTTPOptions) h
 }
 
 // Identity is what a worker serves: the model name clients use and its
-// tokenizer's fingerprint (tokenizer.Tokenizer.Fingerprint).
+// tokenizer's fingerprint (tokenizer.Tokenizer.Fingerprint), and the files
+// that tokenizer was read from, which prefill hands a router that has no
+// model of its own (nil: it says it has none).
 type Identity struct {
 	ServedModel, Tokenizer string
+	Files                  *pdv1.TokenizerFiles
 }
 
 // describeAuth says how peers are authenticated, for Info and /server_info.

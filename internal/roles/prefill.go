@@ -16,7 +16,9 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
@@ -130,6 +132,15 @@ func (p *Prefill) WorkerInfo() *pdv1.WorkerInfo {
 // Info implements the RPC.
 func (p *Prefill) Info(context.Context, *pdv1.InfoRequest) (*pdv1.WorkerInfo, error) {
 	return p.WorkerInfo(), nil
+}
+
+// Tokenizer implements the RPC: the files of the worker's tokenizer, for a
+// router started without --model.
+func (p *Prefill) Tokenizer(context.Context, *pdv1.TokenizerRequest) (*pdv1.TokenizerFiles, error) {
+	if p.o.Identity.Files == nil {
+		return nil, status.Error(codes.NotFound, "this worker keeps no tokenizer files to hand out")
+	}
+	return p.o.Identity.Files, nil
 }
 
 func (p *Prefill) transport() string {

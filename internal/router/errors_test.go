@@ -71,7 +71,7 @@ func TestClientErrorsLeakNothing(t *testing.T) {
 			c.prefill[0].prefillFn = func(context.Context, *pdv1.PrefillRequest) error {
 				return status.Error(codes.DeadlineExceeded, "waiting for 127.0.0.1:40113")
 			}
-		}, 504, msgTimeout, "waiting for 127.0.0.1:40113"},
+		}, 503, msgTimeout, "waiting for 127.0.0.1:40113"}, // before any token: retry later
 		{"token stream refused", func(c *cluster) {
 			c.decode[0].streamFn = func(*fakeRoom, grpc.ServerStreamingServer[pdv1.TokenEvent]) error {
 				return status.Error(codes.NotFound, "no reservation room 5 epoch 2")
@@ -107,7 +107,8 @@ func TestClientErrorsLeakNothing(t *testing.T) {
 		}, 400, doorText, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t, 1, 1, func(o *Options) { o.Retries = -1 })
+			// No queue: a full decode worker answers at once.
+			c := newCluster(t, 1, 1, func(o *Options) { o.Retries, o.MaxQueued = -1, -1 })
 			c.refresh()
 			tc.setup(c)
 			id := "req-" + strings.ReplaceAll(tc.name, " ", "-")
@@ -116,10 +117,15 @@ func TestClientErrorsLeakNothing(t *testing.T) {
 			st, err := c.generate(id, 4, scheduler.Params{})
 			if err != nil {
 				var rej *scheduler.RejectError
-				if !errors.As(err, &rej) {
+				var e *Error
+				switch {
+				case errors.As(err, &rej):
+					status, msg = rej.Status, rej.Message
+				case errors.As(err, &e):
+					status, msg = e.Status, e.Message
+				default:
 					t.Fatalf("refusal %T %v", err, err)
 				}
-				status, msg = rej.Status, rej.Message
 			} else {
 				_, last := readAll(t, st)
 				var e *Error

@@ -18,7 +18,7 @@ type routerMetrics struct {
 // again on another pair.
 var retryStages = []string{"reserve", "stream", "prefill", "decode"}
 
-func newRouterMetrics(reg *prometheus.Registry) *routerMetrics {
+func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 	rm := &routerMetrics{
 		healthy: register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "baton_router_worker_healthy", Help: "1 when the worker answered its last probe (health, server_info and gRPC Info), else 0.",
@@ -41,7 +41,7 @@ func newRouterMetrics(reg *prometheus.Registry) *routerMetrics {
 
 // register adds c to reg, or returns the collector already there, so that
 // two routers sharing one metric set (tests) do not panic.
-func register[C prometheus.Collector](reg *prometheus.Registry, c C) C {
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	if err := reg.Register(c); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if errors.As(err, &are) {

@@ -73,6 +73,11 @@ type Options struct {
 	// Auth proves the router to the workers and checks that each is the
 	// role it is configured as; nil dials in plaintext (tests on loopback).
 	Auth *auth.Plane
+	// MaxQueued is how many requests may wait in the router's queue for a
+	// decode worker with room (0: 1024; negative: no queue, such a request
+	// gets 429 at once); QueueTimeout is how long one may wait (0: 60 s).
+	MaxQueued    int
+	QueueTimeout time.Duration
 }
 
 // Router picks workers for requests and relays their tokens.
@@ -102,6 +107,8 @@ type Router struct {
 
 	inflight atomic.Int64
 	closed   atomic.Bool
+	done     chan struct{} // closed by Close
+	queue    queue
 
 	loopMu   sync.Mutex
 	stopLoop context.CancelFunc
@@ -159,8 +166,18 @@ func New(o Options) (*Router, error) {
 	if m == nil {
 		m = metrics.New("router")
 	}
+	switch {
+	case o.MaxQueued == 0:
+		o.MaxQueued = 1024
+	case o.MaxQueued < 0:
+		o.MaxQueued = 0
+	}
+	if o.QueueTimeout <= 0 {
+		o.QueueTimeout = time.Minute
+	}
 	r := &Router{
-		o: o, policy: policy, retries: retries, log: log, m: m, rm: newRouterMetrics(m.Registry),
+		o: o, policy: policy, retries: retries, log: log, m: m, rm: newRouterMetrics(m.Registerer),
+		done: make(chan struct{}), queue: queue{max: o.MaxQueued, timeout: o.QueueTimeout},
 		cacheThreshold: o.CacheThreshold, balanceAbs: o.BalanceAbsThreshold, balanceRel: o.BalanceRelThreshold,
 		// Each probe's context bounds its requests, so the client needs no
 		// timeout of its own.
@@ -244,6 +261,7 @@ func (r *Router) Close() {
 	if r.closed.Swap(true) {
 		return
 	}
+	close(r.done)
 	r.loopMu.Lock()
 	if r.stopLoop != nil {
 		r.stopLoop()
@@ -317,6 +335,24 @@ type WorkerStatus struct {
 	Queued            int    `json:"queued"`
 	// InternalAuth is how the worker authenticates its peers.
 	InternalAuth string `json:"internal_auth,omitempty"`
+	// ServedModel and TokenizerFingerprint are the worker's identity, as
+	// its Info reports it.
+	ServedModel          string `json:"served_model,omitempty"`
+	TokenizerFingerprint string `json:"tokenizer_fingerprint,omitempty"`
+}
+
+// IdentityRefusals lists, for each worker refused because it serves
+// another model or tokenizer than the router, why; empty when none is.
+func (r *Router) IdentityRefusals() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, w := range append(append([]*worker(nil), r.prefill...), r.decode...) {
+		if w.identity != "" {
+			out = append(out, w.role+" worker "+w.url+": "+w.identity)
+		}
+	}
+	return out
 }
 
 // limits are the smallest max_sequence_tokens reported by healthy workers;
@@ -379,14 +415,22 @@ func (r *Router) gate(prompt []int32, p scheduler.Params) *scheduler.RejectError
 	return nil
 }
 
-// Generate implements server.Generator. It returns once decode holds a
-// reservation for the request and prefill was asked to fill it; a refusal
-// before that point (capacity, no workers, decode's own door) is a
-// *scheduler.RejectError, and anything later arrives as the stream's last
-// event, whose Err is an *Error. The caller must read the stream to its
-// last event or call Cancel or Stop: the stream hands events over one at a
-// time and holds its worker calls open until then.
+// Generate implements server.Generator: GenerateContext that no client
+// can cancel before the first event.
 func (r *Router) Generate(id string, prompt []int32, p scheduler.Params) (server.Stream, error) {
+	return r.GenerateContext(context.Background(), id, prompt, p)
+}
+
+// GenerateContext returns once the request's first event is ready (its
+// first token, as a rule). Until then nothing has reached the client, so a
+// refusal or a failure (capacity, no workers, decode's own door, a handoff
+// that failed on every pair tried, a queue wait that timed out) is an error:
+// a *scheduler.RejectError, or an *Error. Anything later arrives as the
+// stream's last event, whose Err is an *Error. ctx ending first (the client
+// left) cancels the request. The caller must read the stream to its last
+// event or call Cancel or Stop: the stream hands events over one at a time
+// and holds its worker calls open until then.
+func (r *Router) GenerateContext(ctx context.Context, id string, prompt []int32, p scheduler.Params) (server.Stream, error) {
 	log := r.log.With("request_id", id)
 	if rej := r.gate(prompt, p); rej != nil {
 		r.m.Reject(rej.Reason)
@@ -397,9 +441,18 @@ func (r *Router) Generate(id string, prompt []int32, p scheduler.Params) (server
 	s := newStream(r, id, prompt, p, log)
 	started := make(chan error, 1)
 	r.inflight.Add(1)
-	r.m.Running.Set(float64(r.inflight.Load()))
+	r.gauges()
 	go s.run(started)
-	if err := <-started; err != nil {
+	var err error
+	select {
+	case err = <-started:
+	case <-ctx.Done():
+		// run sees the Cancel at its next step and tells decode, if it
+		// holds a reservation, and counts the request aborted.
+		s.Cancel()
+		return nil, ctx.Err()
+	}
+	if err != nil {
 		var rej *scheduler.RejectError
 		if errors.As(err, &rej) {
 			r.m.Reject(rej.Reason)
@@ -418,7 +471,32 @@ func (r *Router) Generate(id string, prompt []int32, p scheduler.Params) (server
 func (r *Router) InFlight() int { return int(r.inflight.Load()) }
 
 func (r *Router) streamEnded() {
-	r.m.Running.Set(float64(r.inflight.Add(-1)))
+	r.inflight.Add(-1)
+	r.gauges()
+	// The request's pages come free once decode drained it: the head of
+	// the queue may fit now (it polls for the moment they do).
+	r.queue.kick()
+}
+
+// gauges sets the running and queued figures: requests in flight through
+// a pair, and requests waiting in the queue for room.
+func (r *Router) gauges() {
+	q := r.queue.len()
+	r.m.Queued.Set(float64(q))
+	r.m.Running.Set(float64(max(0, int(r.inflight.Load())-q)))
+}
+
+// untriedDecode reports whether a healthy decode worker with a partner is
+// not among those this request already tried.
+func (r *Router) untriedDecode(avoid map[*worker]bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range r.decode {
+		if d.healthy && d.conn != nil && !avoid[d] && r.hasPartnerLocked(d) {
+			return true
+		}
+	}
+	return false
 }
 
 // Error is a generation that failed after the router accepted it; it is

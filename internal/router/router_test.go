@@ -465,14 +465,12 @@ func TestRetriesExhausted(t *testing.T) {
 			return status.Error(codes.Unavailable, "down")
 		}
 	}
-	st, err := c.generate("doomed", 4, scheduler.Params{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, last := readAll(t, st)
-	var e *Error
-	if last.Finish != scheduler.FinishError || !errors.As(last.Err, &e) || e.Status != 503 {
-		t.Fatalf("last event %+v", last)
+	// Nothing reached the client: the answer is a status that says to
+	// retry, not a 200 whose stream holds only an error.
+	_, err := c.generate("doomed", 4, scheduler.Params{})
+	var rej *scheduler.RejectError
+	if !errors.As(err, &rej) || rej.Status != 503 || rej.RetryAfter < 1 || rej.Reason != "workers_unavailable" {
+		t.Fatalf("got %v, want a 503 with Retry-After", err)
 	}
 	if n := c.decode[0].count("Reserve") + c.decode[1].count("Reserve"); n != 3 {
 		t.Errorf("%d reservations, want 3 (one try and 2 retries)", n)
@@ -523,14 +521,10 @@ func TestNonRetryableFailures(t *testing.T) {
 				return status.Error(codes.InvalidArgument, "token id 9999 is outside the vocabulary (0..511)")
 			}
 		}
-		st, err := c.generate("bad", 4, scheduler.Params{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, last := readAll(t, st)
-		var e *Error
-		if !errors.As(last.Err, &e) || e.Status != 400 || e.HTTPStatus() != 400 || e.Message != "token id 9999 is outside the vocabulary (0..511)" {
-			t.Fatalf("last %+v", last)
+		_, err := c.generate("bad", 4, scheduler.Params{})
+		var rej *scheduler.RejectError
+		if !errors.As(err, &rej) || rej.Status != 400 || rej.Message != "token id 9999 is outside the vocabulary (0..511)" {
+			t.Fatalf("got %v", err)
 		}
 		if n := c.decode[0].count("Reserve") + c.decode[1].count("Reserve"); n != 1 {
 			t.Errorf("%d reservations for a request prefill refused", n)
@@ -545,14 +539,10 @@ func TestNonRetryableFailures(t *testing.T) {
 		c.prefill[0].prefillFn = func(context.Context, *pdv1.PrefillRequest) error {
 			return status.Error(codes.FailedPrecondition, "layout mismatch: page_size")
 		}
-		st, err := c.generate("bad", 4, scheduler.Params{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, last := readAll(t, st)
+		_, err := c.generate("bad", 4, scheduler.Params{})
 		var e *Error
-		if !errors.As(last.Err, &e) || e.Status != 500 || e.Message != msgMisconfig {
-			t.Fatalf("last %+v", last)
+		if !errors.As(err, &e) || e.Status != 500 || e.Message != msgMisconfig {
+			t.Fatalf("got %v", err)
 		}
 		// What differs is for the operator, under the request id.
 		if logs := c.logs.String(); !strings.Contains(logs, "layout mismatch: page_size") || !strings.Contains(logs, "request_id=bad") {
@@ -577,8 +567,8 @@ func TestNonRetryableFailures(t *testing.T) {
 			t.Error("prefill was contacted")
 		}
 	})
-	t.Run("every decode full", func(t *testing.T) {
-		c := newCluster(t, 1, 2, nil)
+	t.Run("every decode full, no queue", func(t *testing.T) {
+		c := newCluster(t, 1, 2, func(o *Options) { o.MaxQueued = -1 })
 		c.refresh()
 		for _, d := range c.decode {
 			d.reserveErr = func() error { return status.Error(codes.ResourceExhausted, "no free pages") }
@@ -691,14 +681,20 @@ func TestCancelAbortsOnDecode(t *testing.T) {
 			close(left)
 			return status.Error(codes.Canceled, "aborted")
 		}
-		st, err := c.generate("impatient", 4, scheduler.Params{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The client leaves while Generate waits for the first token.
+		ctx, leave := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := c.r.GenerateContext(ctx, "impatient", []int32{1, 2, 3, 4}, scheduler.Params{})
+			errc <- err
+		}()
 		<-entered
 		d := c.decode[0]
 		reserved := d.count("Reserve")
-		st.Cancel()
+		leave()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Generate: %v", err)
+		}
 		eventually(t, "Abort", func() bool { return d.count("Abort") == 1 })
 		d.mu.Lock()
 		if a, res := d.aborts[0], d.resv[len(d.resv)-1]; a.Room != res.Room || a.Epoch != res.Epoch {

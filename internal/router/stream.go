@@ -62,6 +62,7 @@ type stream struct {
 	once    sync.Once
 
 	// run-owned
+	started   chan<- error // nil once the first event is ready
 	gotToken  bool
 	lastToken time.Time
 }
@@ -109,10 +110,14 @@ type failure struct {
 	retry  bool
 }
 
-// run drives the attempts. started receives nil once the first attempt
-// holds a reservation and prefill was asked to fill it, or the error that
-// stopped the request before that; Generate waits for it.
+// run drives the attempts. started receives nil once the first event (a
+// token, or the end of a request that generated none) is ready, or the
+// error that stopped the request before that: until then nothing has
+// reached the client, so every failure can still be an HTTP status, and
+// Generate waits for it. A request that fits the decode pool but finds no
+// decode worker with room now waits in the router's queue and tries again.
 func (s *stream) run(started chan<- error) {
+	s.started = started
 	defer s.r.streamEnded()
 	avoid := map[*worker]bool{}
 	var last failure
@@ -120,10 +125,22 @@ func (s *stream) run(started chan<- error) {
 	// over so that a worker DNS dropped is closed only after its streams.
 	var held []*worker
 	defer func() { s.r.release(held...) }()
-	for attempt := 0; ; attempt++ {
+	// qw is the request's place in the queue, kept from its first refusal
+	// for want of room until it holds a reservation.
+	var qw *waiter
+	leave := func() {
+		if qw != nil {
+			s.r.queue.leave(qw)
+			qw = nil
+			s.r.gauges()
+		}
+	}
+	defer leave()
+	tries := 0 // attempts since the request last waited in the queue
+	for {
 		s.r.release(held...)
 		held = nil
-		if attempt > 0 && s.quitting() {
+		if s.quitting() {
 			// The client left (or stopped) between attempts; nothing is
 			// reserved, so nothing needs telling.
 			s.endOutcome()
@@ -142,35 +159,86 @@ func (s *stream) run(started chan<- error) {
 		// round, so both sides of it are suspects.
 		avoid[d], avoid[p] = true, true
 		res, f := s.reserve(d, p, dc)
-		if f == nil && attempt > 0 && s.quitting() {
+		if f == nil && s.quitting() {
 			s.abort(s.log, dc, res, "client went away before prefill was asked")
 			s.endOutcome()
 			return
 		}
 		if f == nil {
-			if started != nil {
-				started <- nil
-				started = nil
-			}
+			leave()
 			f = s.relay(d, p, dc, pc, res)
 			if f == nil {
 				return
 			}
 		}
 		last = *f
-		if !f.retry || attempt >= s.r.retries {
+		if f.noRoom() && s.r.queue.max > 0 && s.r.mayFreeUp(d, f) && (tries >= s.r.retries || !s.r.untriedDecode(avoid)) {
+			s.r.release(held...)
+			held = nil
+			if qw == nil {
+				if qw = s.r.queue.join(); qw == nil {
+					last = failure{stage: "queue", err: errQueueFull(s.r.queue.max), detail: errors.New("the router's queue is full")}
+					break
+				}
+				s.r.m.QueuedTotal.Inc()
+				s.r.gauges()
+				s.log.Debug("queued: no decode worker has room now", "waiting", s.r.queue.len())
+			}
+			if err := s.await(qw); err != nil {
+				if errors.Is(err, errClientLeft) {
+					s.endOutcome()
+					return
+				}
+				last = failure{stage: "queue", err: err, detail: err}
+				break
+			}
+			// Room may have freed anywhere: every pair is worth a try.
+			clear(avoid)
+			tries = 0
+			continue
+		}
+		if !f.retry || tries >= s.r.retries {
 			break
+		}
+		tries++
+		if qw != nil && f.noRoom() {
+			// A queued request looking for room is no failure to count.
+			s.log.Debug("no room on this decode worker either; trying another", "decode", d.url)
+			continue
 		}
 		s.r.rm.retries.WithLabelValues(f.stage).Inc()
 		s.log.Warn("attempt failed before the first token; retrying on another pair",
-			"stage", f.stage, "decode", d.url, "prefill", p.url, "attempt", attempt+1, "err", f.detail)
+			"stage", f.stage, "decode", d.url, "prefill", p.url, "attempt", tries, "err", f.detail)
 	}
 	s.log.Warn("request failed", "stage", last.stage, "code", last.code, "err", last.detail, "client_error", last.err)
-	if started != nil {
-		started <- rejectFrom(last)
+	if s.started != nil {
+		s.started <- rejectFrom(last)
+		s.started = nil
 		return
 	}
 	s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: asError(last.err)})
+}
+
+// begin tells Generate that the first event is ready: from here on a
+// failure reaches the client as the stream's last event.
+func (s *stream) begin() {
+	if s.started != nil {
+		s.started <- nil
+		s.started = nil
+	}
+}
+
+// noRoom is a decode worker refusing a reservation for want of room: the
+// request fits the pool, only not now.
+func (f *failure) noRoom() bool {
+	return f.stage == "reserve" && f.code == codes.ResourceExhausted
+}
+
+// perPeer is decode's refusal of a caller over its share of the pool
+// (--max-reservations-per-peer, --max-pages-per-peer) rather than a full
+// pool.
+func (f *failure) perPeer() bool {
+	return f.noRoom() && strings.Contains(f.detail.Error(), "held by this caller")
 }
 
 func (s *stream) quitting() bool {
@@ -315,12 +383,15 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 			}
 		}
 	}
+	first := !s.gotToken && ev.Token == nil
 	switch {
 	case te.Error != "":
 		st := httpStatus(te.Code)
-		e := decodeEventError(st, te.Error, s.gotToken || ev.Token != nil)
-		if !s.gotToken && ev.Token == nil && retryableHTTP(st) {
-			return false, &failure{stage: "decode", err: e, retry: true, detail: fmt.Errorf("decode error event %d: %s", te.Code, te.Error)}
+		e := decodeEventError(st, te.Error, !first)
+		if first {
+			// Nothing reached the client yet: its answer is still a status,
+			// and a failure that another pair may not repeat is retried.
+			return false, &failure{stage: "decode", err: e, retry: retryableHTTP(st), detail: fmt.Errorf("decode error event %d: %s", te.Code, te.Error)}
 		}
 		log.Warn("decode failed the request", "code", te.Code, "err", te.Error)
 		ev.Finish, ev.Err = scheduler.FinishError, e
@@ -328,7 +399,11 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 		ev.Finish = te.Finish
 	case te.Finish != "":
 		log.Warn("decode ended the request with an unknown finish reason", "finish", te.Finish)
-		ev.Finish, ev.Err = scheduler.FinishError, &Error{Status: http.StatusBadGateway, Message: msgDecodeFail}
+		e := &Error{Status: http.StatusBadGateway, Message: msgDecodeFail}
+		if first {
+			return false, &failure{stage: "decode", err: e, detail: fmt.Errorf("unknown finish reason %q", te.Finish)}
+		}
+		ev.Finish, ev.Err = scheduler.FinishError, e
 	case ev.Token == nil:
 		return false, nil // nothing to pass on
 	}
@@ -342,6 +417,7 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 		s.gotToken, s.lastToken = true, now
 		s.r.m.GenerationTokens.Inc()
 	}
+	s.begin()
 	if ev.Finish != "" {
 		s.finish(ev)
 		return true, nil

@@ -45,8 +45,12 @@ type worker struct {
 	// ended; removed is set when DNS stopped listing it (see discovery).
 	inflight int
 	removed  bool
-	// tree is what the cache_aware policy thinks a prefill worker caches.
+	// tree is what the cache_aware policy thinks a worker caches.
 	tree *approxTree
+	// identity is why the worker's last Info was refused for its served
+	// model or tokenizer; "" when it was not.
+	identity string
+	seen     *pdv1.WorkerInfo // the last Info answered, refused or not
 }
 
 func newWorker(u, role string, rm *routerMetrics) *worker {
@@ -75,6 +79,9 @@ func (w *worker) statusLocked() WorkerStatus {
 		s.Running = int(w.info.Running)
 		s.Queued = int(w.info.Queued)
 		s.InternalAuth = w.info.InternalAuth
+	}
+	if w.seen != nil {
+		s.ServedModel, s.TokenizerFingerprint = w.seen.ServedModel, w.seen.TokenizerFingerprint
 	}
 	return s
 }
@@ -115,6 +122,8 @@ func (r *Router) Refresh(ctx context.Context) {
 	r.mu.Lock()
 	r.checkPairsLocked()
 	r.mu.Unlock()
+	// A probe may have found a worker back, or new, or with room.
+	r.queue.kick()
 }
 
 // serverInfo is the part of a worker's /server_info the router reads.
@@ -176,7 +185,12 @@ func (r *Router) probe(parent context.Context, w *worker) {
 		unhealthy(fmt.Errorf("configured as a %s worker but Info says its role is %q", w.role, info.Role))
 		return
 	}
-	if why := r.identityDiff(info); why != "" {
+	r.mu.Lock()
+	w.seen = info
+	w.identity = r.identityDiff(info)
+	why := w.identity
+	r.mu.Unlock()
+	if why != "" {
 		unhealthy(errors.New(why))
 		return
 	}
@@ -309,6 +323,38 @@ func dialAddr(advertised, base string) (string, error) {
 		host = u.Hostname()
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// FetchTokenizer asks the prefill workers, in turn, for the files of their
+// tokenizer (a router started without --model learns the model this way);
+// call it after Start or Refresh. Only a worker whose gRPC connection is
+// up is asked; the first answer wins.
+func (r *Router) FetchTokenizer(ctx context.Context) (*pdv1.TokenizerFiles, error) {
+	r.mu.Lock()
+	var conns []*grpc.ClientConn
+	var urls []string
+	for _, w := range r.prefill {
+		if w.conn != nil && w.seen != nil {
+			conns, urls = append(conns, w.conn), append(urls, w.url)
+		}
+	}
+	r.mu.Unlock()
+	if len(conns) == 0 {
+		return nil, errors.New("no prefill worker answered")
+	}
+	var errs []error
+	for i, c := range conns {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		tf, err := pdv1.NewPrefillClient(c).Tokenizer(cctx, &pdv1.TokenizerRequest{}, grpc.MaxCallRecvMsgSize(1<<30))
+		cancel()
+		if err == nil {
+			r.log.Info("learned the tokenizer from a prefill worker", "url", urls[i], "served_model", tf.ServedModel,
+				"tokenizer_fingerprint", tf.TokenizerFingerprint, "format", tf.Format)
+			return tf, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", urls[i], err))
+	}
+	return nil, errors.Join(errs...)
 }
 
 // identityDiff says how a worker's served model or tokenizer differs from

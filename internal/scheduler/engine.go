@@ -391,14 +391,20 @@ func (e *Engine) admit() {
 		r.owner, r.pages, r.computed, r.cached = a.Owner, a.Pages, cached, cached
 		e.shipCached(r)
 		r.seq = append([]int32(nil), r.Prompt...)
-		seed := rand.Uint64()
-		if r.Params.Seed != nil {
-			seed = *r.Params.Seed
-		}
-		r.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+		r.rng = requestRNG(r.Params.Seed)
 		e.running = append(e.running, r)
 	}
 	e.gauges()
+}
+
+// requestRNG is a request's random stream: from its seed, so that the same
+// seed gives the same text, else from a fresh one.
+func requestRNG(seed *uint64) *rand.Rand {
+	s := rand.Uint64()
+	if seed != nil {
+		s = *seed
+	}
+	return rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15))
 }
 
 // needPages is what admitting r takes from the pool: nothing for a

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 
 	"github.com/batonlm/baton/internal/model"
 )
@@ -195,11 +194,12 @@ func (e *Engine) join(r *Request, first model.Sampled) error {
 	r.seq = append([]int32(nil), r.Prompt...)
 	r.first = &first
 	r.computed = len(r.Prompt)
-	seed := rand.Uint64()
-	if r.Params.Seed != nil {
-		seed = *r.Params.Seed + 1 // the first draw was prefill's
+	// The same stream as prefill's, past the draw its first token took, so
+	// a seeded request answers as it would standalone.
+	r.rng = requestRNG(r.Params.Seed)
+	if r.Params.Sampling.Draws() {
+		r.rng.Float64()
 	}
-	r.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	e.ready = append(e.ready, r)
 	return nil
 }

@@ -1,10 +1,12 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/batonlm/baton/api/openai"
@@ -126,8 +128,10 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 }
 
 // start opens the n generations; if one is refused, those already started
-// are cancelled and the refusal is the answer.
-func (g *generation) start(prompt []int32) *openai.Error {
+// are cancelled and the refusal is the answer. A generator that waits for
+// the first token (the router) is asked for the n at once, and gives up
+// when the client leaves.
+func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
 	if g.s.draining.Load() {
 		if m := g.s.o.Metrics; m != nil {
 			m.Reject("shutting_down")
@@ -147,7 +151,8 @@ func (g *generation) start(prompt []int32) *openai.Error {
 			return openai.BadRequest(err.Error(), constraintParam(c))
 		}
 	}
-	for i := range n {
+	streams, errs := make([]Stream, n), make([]error, n)
+	gen := func(i int) {
 		p := base
 		if p.Seed != nil {
 			seed := choiceSeed(*p.Seed, i)
@@ -157,11 +162,36 @@ func (g *generation) start(prompt []int32) *openai.Error {
 		if n > 1 {
 			id = fmt.Sprintf("%s-%d", g.id, i)
 		}
-		st, err := g.s.o.Generator.Generate(id, prompt, p)
+		if cg, ok := g.s.o.Generator.(ContextGenerator); ok {
+			streams[i], errs[i] = cg.GenerateContext(ctx, id, prompt, p)
+		} else {
+			streams[i], errs[i] = g.s.o.Generator.Generate(id, prompt, p)
+		}
+	}
+	if _, ok := g.s.o.Generator.(ContextGenerator); ok && n > 1 {
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { gen(i) })
+		}
+		wg.Wait()
+	} else {
+		for i := range n {
+			if gen(i); errs[i] != nil {
+				break
+			}
+		}
+	}
+	for _, err := range errs {
 		if err != nil {
-			g.cancel()
+			for _, st := range streams {
+				if st != nil {
+					st.Cancel()
+				}
+			}
 			return rejectToOpenAI(err, g.promptParam)
 		}
+	}
+	for i, st := range streams {
 		c := &choice{index: i, st: st, text: textStream{dec: g.s.o.Tokenizer.NewStreamDecoder(), stops: g.sampling.Stop, minTokens: g.sampling.MinTokens}}
 		if g.chat {
 			c.msg = newChatText(g.s, g.plan)
@@ -217,7 +247,7 @@ func (g *generation) listen(r *http.Request, done <-chan struct{}) <-chan event 
 func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {
 	g.created = time.Now().Unix()
 	g.prompt = prompt
-	if e := g.start(prompt); e != nil {
+	if e := g.start(r.Context(), prompt); e != nil {
 		openai.WriteError(w, e)
 		return
 	}

@@ -37,7 +37,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		tenant: s.Tenant(r, cr.Sampling.CacheSalt)}
 	g.created = time.Now().Unix()
 	g.prompt = prompt
-	if e := g.start(prompt); e != nil {
+	if e := g.start(r.Context(), prompt); e != nil {
 		openai.WriteError(w, e)
 		return
 	}

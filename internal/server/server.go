@@ -40,6 +40,13 @@ type Generator interface {
 	Generate(id string, prompt []int32, p scheduler.Params) (Stream, error)
 }
 
+// ContextGenerator is a Generator whose Generate waits (for the first
+// token, for room) and gives up when ctx ends: the client left.
+type ContextGenerator interface {
+	Generator
+	GenerateContext(ctx context.Context, id string, prompt []int32, p scheduler.Params) (Stream, error)
+}
+
 // EngineGenerator generates with a local engine (standalone role).
 type EngineGenerator struct{ Engine *scheduler.Engine }
 

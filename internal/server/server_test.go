@@ -75,7 +75,9 @@ func newTestServer(t *testing.T, o Options) (*httptest.Server, *fakeGen) {
 	if gg, ok := o.Generator.(*fakeGen); ok {
 		g = gg
 	}
-	o.Generator = g
+	if o.Generator == nil || o.Generator == Generator(g) {
+		o.Generator = g
+	}
 	o.ModelName = "m"
 	o.Tokenizer = bundledTokenizer(t)
 	o.Template = chat.Plain()
@@ -532,4 +534,71 @@ func srvOf(t *testing.T, ts *httptest.Server) *Server {
 		t.Fatalf("handler %T", ts.Config.Handler)
 	}
 	return s
+}
+
+// ctxGen is a generator that waits in Generate (as the router does for
+// the first token): each call waits until all n choices were asked, then
+// until release closes or the client leaves.
+type ctxGen struct {
+	fakeGen
+	n       int32
+	asked   atomic.Int32
+	all     chan struct{}
+	release chan struct{}
+	left    atomic.Int32
+}
+
+func (g *ctxGen) GenerateContext(ctx context.Context, id string, prompt []int32, p scheduler.Params) (Stream, error) {
+	if g.asked.Add(1) == g.n {
+		close(g.all)
+	}
+	for _, ch := range []chan struct{}{g.all, g.release} {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			g.left.Add(1)
+			return nil, ctx.Err()
+		}
+	}
+	return g.fakeGen.Generate(id, prompt, p)
+}
+
+// A generator that waits for the first token is asked for every choice of
+// n at once (one after another, each choice would wait for the one before
+// it), and is told when the client leaves while it waits.
+func TestContextGenerator(t *testing.T) {
+	g := &ctxGen{fakeGen: fakeGen{tokens: 2}, n: 3, all: make(chan struct{}), release: make(chan struct{})}
+	close(g.release)
+	ts, _ := newTestServer(t, Options{Generator: g})
+	code, _, b := do(t, "POST", ts.URL+"/v1/completions", "", `{"model":"m","prompt":"hi","n":3,"max_tokens":2}`)
+	if code != 200 || strings.Count(string(b), `"finish_reason":"length"`) != 3 {
+		t.Fatalf("n=3: %d %s", code, b)
+	}
+
+	g = &ctxGen{fakeGen: fakeGen{tokens: 2}, n: 1, all: make(chan struct{}), release: make(chan struct{})}
+	ts, _ = newTestServer(t, Options{Generator: g})
+	ctx, leave := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+	req.Header.Set("Content-Type", "application/json")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-g.all:
+	case <-time.After(5 * time.Second):
+		t.Fatal("GenerateContext was not called")
+	}
+	leave()
+	<-done
+	deadline := time.Now().Add(5 * time.Second)
+	for g.left.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the generator was not told the client left")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

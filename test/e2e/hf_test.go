@@ -122,10 +122,11 @@ func TestHFQwenShapedChat(t *testing.T) {
 		t.Run(spec.ModelType(), func(t *testing.T) {
 			dir := t.TempDir()
 			writeQwenShaped(t, dir, spec)
-			args := []string{"--model", dir, "--served-model-name", "tiny-qwen", "--max-total-tokens", "4096"}
-			s := startServer(t, append([]string{"--kv-poison"}, args...)...)
+			args := []string{"--model", dir, "--served-model-name", "tiny-qwen"}
+			pool := []string{"--max-total-tokens", "4096"} // the router holds no pool and refuses it
+			s := startServer(t, append([]string{"--kv-poison"}, append(args, pool...)...)...)
 			want := chatHello(t, s.URL)
-			cl := startHFCluster(t, args...)
+			cl := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, WorkerArgs: append(args, pool...), RouterArgs: args})
 			got := chatHello(t, cl.Router.URL)
 			if got.Choices[0].Message.Content != want.Choices[0].Message.Content {
 				t.Fatalf("PD answer %q, standalone %q", got.Choices[0].Message.Content, want.Choices[0].Message.Content)

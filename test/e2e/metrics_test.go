@@ -207,6 +207,13 @@ func TestMetricsEveryRole(t *testing.T) {
 				t.Fatalf("promtool: %v", runErr)
 			}
 		}
+		// SGLang's convention: every serving series names the model.
+		for _, line := range strings.Split(text, "\n") {
+			if strings.HasPrefix(line, "baton_") && !strings.Contains(line, `model_name="stories260K"`) {
+				t.Errorf("%s: %s has no model_name label", role, line)
+				break
+			}
+		}
 		if role == "router" && strings.Contains(text, "\nbaton_kv_pages") {
 			t.Errorf("the router exports KV pool gauges, though it holds no pool")
 		}

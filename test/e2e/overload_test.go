@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/test/harness"
 )
 
@@ -61,5 +62,23 @@ func TestQueueFull429Router(t *testing.T) {
 	t.Logf("statuses %v", codes)
 	if codes[429] == 0 || codes[200]+codes[429] != 8 {
 		t.Fatalf("statuses %v: want 200s and 429s only", codes)
+	}
+}
+
+// Through the router, requests that each need the whole decode pool wait
+// in the router's queue for it, as standalone's queue makes them wait,
+// and all get 200; the router's queue is in its metrics.
+func TestRouterQueuesForTheDecodePool(t *testing.T) {
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1,
+		WorkerArgs: []string{"--page-size", "4"}, DecodeArgs: []string{"--max-total-tokens", "64"}})
+	// A 4-token prompt and 56 tokens to generate: 15 of the pool's 16
+	// pages, so one request at a time.
+	codes := overload(t, c.Router.URL, 4, `{"model":"stories260K","prompt":"Once upon a","max_tokens":56,"ignore_eos":true}`)
+	if codes[200] != 4 {
+		t.Fatalf("statuses %v: want four 200s", codes)
+	}
+	_, b := get(t, c.Router.URL+"/metrics")
+	if n := metrics.ParseText(string(b))["baton_requests_queued_total"]; n < 1 {
+		t.Errorf("baton_requests_queued_total = %v: no request waited in the router's queue", n)
 	}
 }

@@ -131,6 +131,11 @@ func TestSamplingFieldsStandaloneAndPD(t *testing.T) {
 	if again := ask(t, c.Router.URL, "/v1/completions", body).texts(); strings.Join(again, "|") != strings.Join(first, "|") {
 		t.Errorf("seeded n=3 not reproducible: %q then %q", first, again)
 	}
+	// A seed means the same text wherever the request runs: decode carries
+	// on the random stream prefill drew the first token from.
+	if sat := ask(t, sa.URL, "/v1/completions", body).texts(); strings.Join(sat, "|") != strings.Join(first, "|") {
+		t.Errorf("seeded n=3: PD %q, standalone %q", first, sat)
+	}
 
 	// The router answers /tokenize and /v1/models as standalone does.
 	for _, path := range []string{"/tokenize"} {

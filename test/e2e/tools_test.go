@@ -10,6 +10,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/batonlm/baton/internal/model/hftest"
+	"github.com/batonlm/baton/test/harness"
 )
 
 const weatherSchema = `{"type":"object","properties":{"city":{"type":"string","maxLength":10},` +
@@ -46,10 +47,12 @@ type toolAnswer struct {
 func TestToolCallsQwen3(t *testing.T) {
 	dir := t.TempDir()
 	writeQwenShaped(t, dir, hftest.Spec{Arch: "Qwen3ForCausalLM", Vocab: 151936, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 32, FF: 128, Tie: true, DType: "BF16"})
-	args := []string{"--model", dir, "--served-model-name", "tiny-qwen", "--max-total-tokens", "4096",
-		"--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"}
-	sa := startServer(t, append([]string{"--kv-poison"}, args...)...)
-	cl := startHFCluster(t, args...)
+	model := []string{"--model", dir, "--served-model-name", "tiny-qwen"}
+	engine := append([]string{"--max-total-tokens", "4096"}, model...)
+	// The parsers read the text the client gets: standalone and the router.
+	parsers := append([]string{"--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"}, model...)
+	sa := startServer(t, append(append([]string{"--kv-poison"}, engine...), parsers[:4]...)...)
+	cl := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, WorkerArgs: engine, RouterArgs: parsers})
 	val := compileSchema(t, weatherSchema)
 	msgs := `"messages":[{"role":"user","content":"Weather in Paris for 3 days?"}]`
 	for _, url := range []string{sa.URL, cl.Router.URL} {

@@ -1406,6 +1406,126 @@ func (x *TokenEvent) GetCachedTokens() uint32 {
 	return 0
 }
 
+type TokenizerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenizerRequest) Reset() {
+	*x = TokenizerRequest{}
+	mi := &file_api_pd_v1_pd_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenizerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenizerRequest) ProtoMessage() {}
+
+func (x *TokenizerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_pd_v1_pd_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenizerRequest.ProtoReflect.Descriptor instead.
+func (*TokenizerRequest) Descriptor() ([]byte, []int) {
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{16}
+}
+
+// TokenizerFiles are the files a worker read its tokenizer, chat template
+// and generation defaults from, for a router started without --model: it
+// loads the same tokenizer and serves the worker's model name.
+type TokenizerFiles struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "hf": a Hugging Face directory's files by name (tokenizer.json, ...);
+	// "gguf": one file, "model.gguf", a GGUF of the model's metadata alone
+	// (no tensors).
+	Format string            `protobuf:"bytes,1,opt,name=format,proto3" json:"format,omitempty"`
+	Files  map[string][]byte `protobuf:"bytes,2,rep,name=files,proto3" json:"files,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// sha256 of the files, names sorted, each as name NUL content NUL; the
+	// receiver checks it before loading anything.
+	Sha256               string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	ServedModel          string `protobuf:"bytes,4,opt,name=served_model,json=servedModel,proto3" json:"served_model,omitempty"`
+	TokenizerFingerprint string `protobuf:"bytes,5,opt,name=tokenizer_fingerprint,json=tokenizerFingerprint,proto3" json:"tokenizer_fingerprint,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *TokenizerFiles) Reset() {
+	*x = TokenizerFiles{}
+	mi := &file_api_pd_v1_pd_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenizerFiles) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenizerFiles) ProtoMessage() {}
+
+func (x *TokenizerFiles) ProtoReflect() protoreflect.Message {
+	mi := &file_api_pd_v1_pd_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenizerFiles.ProtoReflect.Descriptor instead.
+func (*TokenizerFiles) Descriptor() ([]byte, []int) {
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TokenizerFiles) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *TokenizerFiles) GetFiles() map[string][]byte {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *TokenizerFiles) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *TokenizerFiles) GetServedModel() string {
+	if x != nil {
+		return x.ServedModel
+	}
+	return ""
+}
+
+func (x *TokenizerFiles) GetTokenizerFingerprint() string {
+	if x != nil {
+		return x.TokenizerFingerprint
+	}
+	return ""
+}
+
 var File_api_pd_v1_pd_proto protoreflect.FileDescriptor
 
 const file_api_pd_v1_pd_proto_rawDesc = "" +
@@ -1557,7 +1677,18 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x12\n" +
 	"\x04code\x18\x04 \x01(\x05R\x04code\x12;\n" +
 	"\x0fprompt_logprobs\x18\x05 \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs\x12#\n" +
-	"\rcached_tokens\x18\x06 \x01(\rR\fcachedTokens2\xa5\x03\n" +
+	"\rcached_tokens\x18\x06 \x01(\rR\fcachedTokens\"\x12\n" +
+	"\x10TokenizerRequest\"\x90\x02\n" +
+	"\x0eTokenizerFiles\x12\x16\n" +
+	"\x06format\x18\x01 \x01(\tR\x06format\x12<\n" +
+	"\x05files\x18\x02 \x03(\v2&.baton.pd.v1.TokenizerFiles.FilesEntryR\x05files\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\x12!\n" +
+	"\fserved_model\x18\x04 \x01(\tR\vservedModel\x123\n" +
+	"\x15tokenizer_fingerprint\x18\x05 \x01(\tR\x14tokenizerFingerprint\x1a8\n" +
+	"\n" +
+	"FilesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x012\xa5\x03\n" +
 	"\x06Decode\x129\n" +
 	"\x04Info\x12\x18.baton.pd.v1.InfoRequest\x1a\x17.baton.pd.v1.WorkerInfo\x12@\n" +
 	"\aReserve\x12\x1b.baton.pd.v1.ReserveRequest\x1a\x18.baton.pd.v1.Reservation\x126\n" +
@@ -1565,11 +1696,12 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\aDrained\x12\x1b.baton.pd.v1.DrainedRequest\x1a\x10.baton.pd.v1.Ack\x124\n" +
 	"\x05Abort\x12\x19.baton.pd.v1.AbortRequest\x1a\x10.baton.pd.v1.Ack\x125\n" +
 	"\x06Finish\x12\x19.baton.pd.v1.AbortRequest\x1a\x10.baton.pd.v1.Ack\x12?\n" +
-	"\x06Stream\x12\x1a.baton.pd.v1.StreamRequest\x1a\x17.baton.pd.v1.TokenEvent0\x012\xbd\x01\n" +
+	"\x06Stream\x12\x1a.baton.pd.v1.StreamRequest\x1a\x17.baton.pd.v1.TokenEvent0\x012\x86\x02\n" +
 	"\aPrefill\x129\n" +
 	"\x04Info\x12\x18.baton.pd.v1.InfoRequest\x1a\x17.baton.pd.v1.WorkerInfo\x12A\n" +
 	"\aPrefill\x12\x1b.baton.pd.v1.PrefillRequest\x1a\x19.baton.pd.v1.PrefillReply\x124\n" +
-	"\x05Abort\x12\x19.baton.pd.v1.AbortRequest\x1a\x10.baton.pd.v1.AckB)Z'github.com/batonlm/baton/api/pd/v1;pdv1b\x06proto3"
+	"\x05Abort\x12\x19.baton.pd.v1.AbortRequest\x1a\x10.baton.pd.v1.Ack\x12G\n" +
+	"\tTokenizer\x12\x1d.baton.pd.v1.TokenizerRequest\x1a\x1b.baton.pd.v1.TokenizerFilesB)Z'github.com/batonlm/baton/api/pd/v1;pdv1b\x06proto3"
 
 var (
 	file_api_pd_v1_pd_proto_rawDescOnce sync.Once
@@ -1583,29 +1715,32 @@ func file_api_pd_v1_pd_proto_rawDescGZIP() []byte {
 	return file_api_pd_v1_pd_proto_rawDescData
 }
 
-var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_api_pd_v1_pd_proto_goTypes = []any{
-	(*KVLayout)(nil),       // 0: baton.pd.v1.KVLayout
-	(*InfoRequest)(nil),    // 1: baton.pd.v1.InfoRequest
-	(*WorkerInfo)(nil),     // 2: baton.pd.v1.WorkerInfo
-	(*SamplingParams)(nil), // 3: baton.pd.v1.SamplingParams
-	(*ReserveRequest)(nil), // 4: baton.pd.v1.ReserveRequest
-	(*Reservation)(nil),    // 5: baton.pd.v1.Reservation
-	(*Ack)(nil),            // 6: baton.pd.v1.Ack
-	(*PrefillRequest)(nil), // 7: baton.pd.v1.PrefillRequest
-	(*PrefillReply)(nil),   // 8: baton.pd.v1.PrefillReply
-	(*TokenLogprob)(nil),   // 9: baton.pd.v1.TokenLogprob
-	(*Token)(nil),          // 10: baton.pd.v1.Token
-	(*CommitRequest)(nil),  // 11: baton.pd.v1.CommitRequest
-	(*AbortRequest)(nil),   // 12: baton.pd.v1.AbortRequest
-	(*DrainedRequest)(nil), // 13: baton.pd.v1.DrainedRequest
-	(*StreamRequest)(nil),  // 14: baton.pd.v1.StreamRequest
-	(*TokenEvent)(nil),     // 15: baton.pd.v1.TokenEvent
-	nil,                    // 16: baton.pd.v1.SamplingParams.LogitBiasEntry
+	(*KVLayout)(nil),         // 0: baton.pd.v1.KVLayout
+	(*InfoRequest)(nil),      // 1: baton.pd.v1.InfoRequest
+	(*WorkerInfo)(nil),       // 2: baton.pd.v1.WorkerInfo
+	(*SamplingParams)(nil),   // 3: baton.pd.v1.SamplingParams
+	(*ReserveRequest)(nil),   // 4: baton.pd.v1.ReserveRequest
+	(*Reservation)(nil),      // 5: baton.pd.v1.Reservation
+	(*Ack)(nil),              // 6: baton.pd.v1.Ack
+	(*PrefillRequest)(nil),   // 7: baton.pd.v1.PrefillRequest
+	(*PrefillReply)(nil),     // 8: baton.pd.v1.PrefillReply
+	(*TokenLogprob)(nil),     // 9: baton.pd.v1.TokenLogprob
+	(*Token)(nil),            // 10: baton.pd.v1.Token
+	(*CommitRequest)(nil),    // 11: baton.pd.v1.CommitRequest
+	(*AbortRequest)(nil),     // 12: baton.pd.v1.AbortRequest
+	(*DrainedRequest)(nil),   // 13: baton.pd.v1.DrainedRequest
+	(*StreamRequest)(nil),    // 14: baton.pd.v1.StreamRequest
+	(*TokenEvent)(nil),       // 15: baton.pd.v1.TokenEvent
+	(*TokenizerRequest)(nil), // 16: baton.pd.v1.TokenizerRequest
+	(*TokenizerFiles)(nil),   // 17: baton.pd.v1.TokenizerFiles
+	nil,                      // 18: baton.pd.v1.SamplingParams.LogitBiasEntry
+	nil,                      // 19: baton.pd.v1.TokenizerFiles.FilesEntry
 }
 var file_api_pd_v1_pd_proto_depIdxs = []int32{
 	0,  // 0: baton.pd.v1.WorkerInfo.layout:type_name -> baton.pd.v1.KVLayout
-	16, // 1: baton.pd.v1.SamplingParams.logit_bias:type_name -> baton.pd.v1.SamplingParams.LogitBiasEntry
+	18, // 1: baton.pd.v1.SamplingParams.logit_bias:type_name -> baton.pd.v1.SamplingParams.LogitBiasEntry
 	3,  // 2: baton.pd.v1.ReserveRequest.sampling:type_name -> baton.pd.v1.SamplingParams
 	0,  // 3: baton.pd.v1.ReserveRequest.layout:type_name -> baton.pd.v1.KVLayout
 	0,  // 4: baton.pd.v1.Reservation.layout:type_name -> baton.pd.v1.KVLayout
@@ -1616,31 +1751,34 @@ var file_api_pd_v1_pd_proto_depIdxs = []int32{
 	10, // 9: baton.pd.v1.CommitRequest.prompt_logprobs:type_name -> baton.pd.v1.Token
 	10, // 10: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
 	10, // 11: baton.pd.v1.TokenEvent.prompt_logprobs:type_name -> baton.pd.v1.Token
-	1,  // 12: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
-	4,  // 13: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
-	11, // 14: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
-	13, // 15: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
-	12, // 16: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
-	12, // 17: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
-	14, // 18: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
-	1,  // 19: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
-	7,  // 20: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
-	12, // 21: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
-	2,  // 22: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
-	5,  // 23: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
-	6,  // 24: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
-	6,  // 25: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
-	6,  // 26: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
-	6,  // 27: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
-	15, // 28: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
-	2,  // 29: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
-	8,  // 30: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
-	6,  // 31: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
-	22, // [22:32] is the sub-list for method output_type
-	12, // [12:22] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	19, // 12: baton.pd.v1.TokenizerFiles.files:type_name -> baton.pd.v1.TokenizerFiles.FilesEntry
+	1,  // 13: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
+	4,  // 14: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
+	11, // 15: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
+	13, // 16: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
+	12, // 17: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
+	12, // 18: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
+	14, // 19: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
+	1,  // 20: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
+	7,  // 21: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
+	12, // 22: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
+	16, // 23: baton.pd.v1.Prefill.Tokenizer:input_type -> baton.pd.v1.TokenizerRequest
+	2,  // 24: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
+	5,  // 25: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
+	6,  // 26: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
+	6,  // 27: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
+	6,  // 28: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
+	6,  // 29: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
+	15, // 30: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
+	2,  // 31: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
+	8,  // 32: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
+	6,  // 33: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
+	17, // 34: baton.pd.v1.Prefill.Tokenizer:output_type -> baton.pd.v1.TokenizerFiles
+	24, // [24:35] is the sub-list for method output_type
+	13, // [13:24] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_api_pd_v1_pd_proto_init() }
@@ -1655,7 +1793,7 @@ func file_api_pd_v1_pd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_pd_v1_pd_proto_rawDesc), len(file_api_pd_v1_pd_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

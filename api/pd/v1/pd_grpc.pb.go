@@ -369,9 +369,10 @@ var Decode_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Prefill_Info_FullMethodName    = "/baton.pd.v1.Prefill/Info"
-	Prefill_Prefill_FullMethodName = "/baton.pd.v1.Prefill/Prefill"
-	Prefill_Abort_FullMethodName   = "/baton.pd.v1.Prefill/Abort"
+	Prefill_Info_FullMethodName      = "/baton.pd.v1.Prefill/Info"
+	Prefill_Prefill_FullMethodName   = "/baton.pd.v1.Prefill/Prefill"
+	Prefill_Abort_FullMethodName     = "/baton.pd.v1.Prefill/Abort"
+	Prefill_Tokenizer_FullMethodName = "/baton.pd.v1.Prefill/Tokenizer"
 )
 
 // PrefillClient is the client API for Prefill service.
@@ -385,6 +386,8 @@ type PrefillClient interface {
 	// Abort stops writing for a room; prefill answers Drained to decode once
 	// no write is in flight.
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*Ack, error)
+	// Tokenizer hands the router the files of the worker's tokenizer.
+	Tokenizer(ctx context.Context, in *TokenizerRequest, opts ...grpc.CallOption) (*TokenizerFiles, error)
 }
 
 type prefillClient struct {
@@ -425,6 +428,16 @@ func (c *prefillClient) Abort(ctx context.Context, in *AbortRequest, opts ...grp
 	return out, nil
 }
 
+func (c *prefillClient) Tokenizer(ctx context.Context, in *TokenizerRequest, opts ...grpc.CallOption) (*TokenizerFiles, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TokenizerFiles)
+	err := c.cc.Invoke(ctx, Prefill_Tokenizer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PrefillServer is the server API for Prefill service.
 // All implementations must embed UnimplementedPrefillServer
 // for forward compatibility.
@@ -436,6 +449,8 @@ type PrefillServer interface {
 	// Abort stops writing for a room; prefill answers Drained to decode once
 	// no write is in flight.
 	Abort(context.Context, *AbortRequest) (*Ack, error)
+	// Tokenizer hands the router the files of the worker's tokenizer.
+	Tokenizer(context.Context, *TokenizerRequest) (*TokenizerFiles, error)
 	mustEmbedUnimplementedPrefillServer()
 }
 
@@ -454,6 +469,9 @@ func (UnimplementedPrefillServer) Prefill(context.Context, *PrefillRequest) (*Pr
 }
 func (UnimplementedPrefillServer) Abort(context.Context, *AbortRequest) (*Ack, error) {
 	return nil, status.Error(codes.Unimplemented, "method Abort not implemented")
+}
+func (UnimplementedPrefillServer) Tokenizer(context.Context, *TokenizerRequest) (*TokenizerFiles, error) {
+	return nil, status.Error(codes.Unimplemented, "method Tokenizer not implemented")
 }
 func (UnimplementedPrefillServer) mustEmbedUnimplementedPrefillServer() {}
 func (UnimplementedPrefillServer) testEmbeddedByValue()                 {}
@@ -530,6 +548,24 @@ func _Prefill_Abort_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Prefill_Tokenizer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TokenizerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PrefillServer).Tokenizer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Prefill_Tokenizer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PrefillServer).Tokenizer(ctx, req.(*TokenizerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Prefill_ServiceDesc is the grpc.ServiceDesc for Prefill service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -548,6 +584,10 @@ var Prefill_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Abort",
 			Handler:    _Prefill_Abort_Handler,
+		},
+		{
+			MethodName: "Tokenizer",
+			Handler:    _Prefill_Tokenizer_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
