@@ -80,8 +80,8 @@ func TestBenchCommand(t *testing.T) {
 
 // BenchmarkSharedPrefix is SGLang's generated-shared-prefix workload on a
 // standalone server, with the prefix cache and without: 16 requests whose
-// prompts share one prefix of 500 words (about 1,500 tokens here), each
-// with 32 words of its own and 32 generated tokens, 4 at a time, on a
+// prompts share one prefix of 1,500 tokens, each with 64 tokens of its
+// own and 32 generated tokens, 4 at a time, on a
 // random-weight llama of 512x8. It reports TTFT p50, output throughput and
 // the input tokens read from the cache; run it with make bench-prefix.
 func BenchmarkSharedPrefix(b *testing.B) {
@@ -97,8 +97,8 @@ func BenchmarkSharedPrefix(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			for range b.N {
 				s := harness.Start(b, append([]string{"--model", cfg, "--load-format", "dummy", "--served-model-name", "dummy"}, tc.flags...)...)
-				rep, err := bench.Run(context.Background(), bench.Config{URL: s.URL, Concurrency: 4, NumPrompts: 16, InputLen: 32, OutputLen: 32,
-					SharedPrefixLen: 500, NumPrefixes: 1, Seed: 1})
+				rep, err := bench.Run(context.Background(), bench.Config{URL: s.URL, Concurrency: 4, NumPrompts: 16, InputLen: 64, OutputLen: 32,
+					SharedPrefixLen: 1500, NumPrefixes: 1, Seed: 1})
 				if err != nil || rep.Failed > 0 {
 					b.Fatalf("%v: %+v", err, rep)
 				}
