@@ -165,7 +165,7 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set, o HTTPOptions) h
 		_ = json.NewEncoder(rw).Encode(map[string]any{
 			"role": info.Role, "grpc_addr": info.GrpcAddr, "transport": info.Transport, "transfer_addr": info.TransferAddr,
 			"context_length": info.ContextLength, "effective_context_length": info.MaxSequenceTokens,
-			"kv_pool_tokens": info.PoolTokens, "kv_pool_pages": info.PoolPages, "kv_pages_free": info.FreePages,
+			"kv_pool_tokens": info.PoolTokens, "kv_pool_pages": info.PoolPages, "kv_pages_free": info.FreePages, "kv_pages_cached": info.CachedPages,
 			"kv_pages_quarantined": info.QuarantinedPages, "running": info.Running, "queued": info.Queued,
 			"model": info.Layout.GetModel(), "page_size": info.Layout.GetPageSize(), "internal_auth": info.InternalAuth,
 		})
@@ -203,5 +203,6 @@ func poolInfo(info *pdv1.WorkerInfo, pool *kvpool.Pool) {
 	info.PoolTokens = uint32(pool.CapacityTokens())
 	info.PoolPages = uint32(st.Total)
 	info.FreePages = uint32(st.Free)
+	info.CachedPages = uint32(st.Cached)
 	info.QuarantinedPages = uint32(st.Quarantined)
 }

@@ -64,7 +64,10 @@ func (w *worker) prefillLoad() int {
 	return int(w.info.GetRunning()) + int(w.info.GetQueued()) + w.assigned
 }
 
-func (w *worker) decodeFree() int { return int(w.info.GetFreePages()) - w.assignedPages }
+// decodeFree counts cached pages as room: a reservation evicts them.
+func (w *worker) decodeFree() int {
+	return int(w.info.GetFreePages()) + int(w.info.GetCachedPages()) - w.assignedPages
+}
 
 func (w *worker) decodeRunning() int { return int(w.info.GetRunning()) + w.assigned }
 

@@ -171,8 +171,11 @@ type WorkerInfo struct {
 	// mean the same on both sides only if these agree).
 	ServedModel          string `protobuf:"bytes,15,opt,name=served_model,json=servedModel,proto3" json:"served_model,omitempty"`
 	TokenizerFingerprint string `protobuf:"bytes,16,opt,name=tokenizer_fingerprint,json=tokenizerFingerprint,proto3" json:"tokenizer_fingerprint,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Prefix cache pages no request pins: not free, but an allocation takes
+	// them (eviction), so room = free_pages + cached_pages.
+	CachedPages   uint32 `protobuf:"varint,17,opt,name=cached_pages,json=cachedPages,proto3" json:"cached_pages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerInfo) Reset() {
@@ -315,6 +318,13 @@ func (x *WorkerInfo) GetTokenizerFingerprint() string {
 		return x.TokenizerFingerprint
 	}
 	return ""
+}
+
+func (x *WorkerInfo) GetCachedPages() uint32 {
+	if x != nil {
+		return x.CachedPages
+	}
+	return 0
 }
 
 type SamplingParams struct {
@@ -1538,7 +1548,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x06layers\x18\x04 \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\x05 \x01(\rR\akvHeads\x12\x19\n" +
 	"\bhead_dim\x18\x06 \x01(\rR\aheadDim\"\r\n" +
-	"\vInfoRequest\"\xc1\x04\n" +
+	"\vInfoRequest\"\xe4\x04\n" +
 	"\n" +
 	"WorkerInfo\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12-\n" +
@@ -1560,7 +1570,8 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\r \x01(\tR\bgrpcAddr\x12#\n" +
 	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\x12!\n" +
 	"\fserved_model\x18\x0f \x01(\tR\vservedModel\x123\n" +
-	"\x15tokenizer_fingerprint\x18\x10 \x01(\tR\x14tokenizerFingerprint\"\xdc\x05\n" +
+	"\x15tokenizer_fingerprint\x18\x10 \x01(\tR\x14tokenizerFingerprint\x12!\n" +
+	"\fcached_pages\x18\x11 \x01(\rR\vcachedPages\"\xdc\x05\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
