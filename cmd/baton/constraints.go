@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/batonlm/baton/internal/grammar"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/tokenizer"
 )
@@ -10,11 +11,11 @@ import (
 // vocabulary, once each: the server checks a request's with it before
 // anything runs, and the engine makes each request's matcher from it.
 //
-// The cache is shared by all tenants on purpose: an entry is a function of
-// the constraint's text and the vocabulary alone (automaton and token
-// masks), never of a request's prompt or output, so another tenant can
-// learn at most, from a fast first request, that the same schema text was
-// compiled before. Per-request state (the matcher's stacks) is per request.
+// Entries are kept per tenant (the prefix cache's salt): an entry holds
+// nothing of a request's prompt or output, but a warm one answers ~17 ms
+// sooner than a first compile, which would tell one tenant that another
+// sent the same schema recently. Per-request state (the matcher's stacks)
+// is per request.
 type constraints struct {
 	tok   *tokenizer.Tokenizer
 	cache *grammar.Cache
@@ -25,14 +26,14 @@ func newConstraints(tok *tokenizer.Tokenizer) *constraints {
 }
 
 // check compiles c, for the server's 400.
-func (cs *constraints) check(c scheduler.Constraint) error {
-	_, err := cs.cache.Get(c.Kind, c.Spec, cs.tok)
+func (cs *constraints) check(c scheduler.Constraint, tenant prefixcache.Salt) error {
+	_, err := cs.cache.GetScoped(string(tenant[:]), c.Kind, c.Spec, cs.tok)
 	return err
 }
 
 // matcher is a scheduler.Constrainer.
-func (cs *constraints) matcher(c scheduler.Constraint) (scheduler.Matcher, error) {
-	comp, err := cs.cache.Get(c.Kind, c.Spec, cs.tok)
+func (cs *constraints) matcher(c scheduler.Constraint, tenant prefixcache.Salt) (scheduler.Matcher, error) {
+	comp, err := cs.cache.GetScoped(string(tenant[:]), c.Kind, c.Spec, cs.tok)
 	if err != nil {
 		return nil, err
 	}

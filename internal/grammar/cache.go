@@ -45,8 +45,8 @@ type Cache struct {
 }
 
 type cacheKey struct {
-	kind, spec string
-	tok        *tokenizer.Tokenizer
+	scope, kind, spec string
+	tok               *tokenizer.Tokenizer
 }
 
 type cacheItem struct {
@@ -64,10 +64,17 @@ func NewCache(max int) *Cache {
 // Get returns the compiled grammar, compiling it on first use. Callers
 // asking for the same grammar at once wait for one compilation.
 func (c *Cache) Get(kind, spec string, tok *tokenizer.Tokenizer) (*Compiled, error) {
+	return c.GetScoped("", kind, spec, tok)
+}
+
+// GetScoped is Get with entries kept apart by scope: a grammar compiled in
+// one scope is never found warm from another, so a fast answer tells a
+// tenant only about its own earlier requests.
+func (c *Cache) GetScoped(scope, kind, spec string, tok *tokenizer.Tokenizer) (*Compiled, error) {
 	if kind == KindJSONObject {
 		spec = ""
 	}
-	k := cacheKey{kind, spec, tok}
+	k := cacheKey{scope, kind, spec, tok}
 	c.mu.Lock()
 	e, ok := c.items[k]
 	if ok {

@@ -206,6 +206,15 @@ func TestCache(t *testing.T) {
 	if _, err := cache.Get("xml", "", tok); err == nil {
 		t.Fatal("unknown kind accepted")
 	}
+	// Scopes (tenants) never share an entry: another scope's first use
+	// compiles anew, however warm the schema is elsewhere.
+	scoped := NewCache(8)
+	x, _ := scoped.GetScoped("tenant-a", KindJSONSchema, testSchemas["flat"], tok)
+	y, _ := scoped.GetScoped("tenant-b", KindJSONSchema, testSchemas["flat"], tok)
+	x2, _ := scoped.GetScoped("tenant-a", KindJSONSchema, testSchemas["flat"], tok)
+	if x == nil || x == y || x != x2 || scoped.Len() != 2 {
+		t.Fatalf("scoped entries: a %p, b %p, a again %p, %d held", x, y, x2, scoped.Len())
+	}
 	for _, kind := range []string{KindJSONObject, KindJSONSchema, KindRegex, KindEBNF} {
 		spec := map[string]string{KindJSONSchema: realisticSchema, KindRegex: `\d+`, KindEBNF: arithmeticGBNF}[kind]
 		c, err := ForRequest(kind, spec, tok)

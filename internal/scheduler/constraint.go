@@ -3,6 +3,8 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+
+	"github.com/batonlm/baton/internal/prefixcache"
 )
 
 // Constraint restricts what a request may generate to a language: Kind is
@@ -22,8 +24,9 @@ type Matcher interface {
 }
 
 // Constrainer makes a request's Matcher; its error says why the constraint
-// cannot be followed (a schema that does not compile).
-type Constrainer func(c Constraint) (Matcher, error)
+// cannot be followed (a schema that does not compile). tenant keeps
+// compiled grammars apart per tenant, as the prefix cache keeps pages.
+type Constrainer func(c Constraint, tenant prefixcache.Salt) (Matcher, error)
 
 // errNoConstraints: this engine was made without a Constrainer.
 var errNoConstraints = errors.New("structured output (response_format, regex, ebnf) is not available on this server")
@@ -39,7 +42,7 @@ func (e *Engine) allowed(r *Request) ([]uint64, error) {
 		if e.cfg.Constrain == nil {
 			return nil, errNoConstraints
 		}
-		m, err := e.cfg.Constrain(r.Params.Constraint)
+		m, err := e.cfg.Constrain(r.Params.Constraint, r.Params.Tenant)
 		if err != nil {
 			return nil, fmt.Errorf("constraint: %w", err)
 		}

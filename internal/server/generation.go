@@ -147,7 +147,7 @@ func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
 		if g.s.o.Constraints == nil {
 			return openai.BadRequest("structured output (response_format, regex, ebnf) is not available on this server", "response_format")
 		}
-		if err := g.s.o.Constraints(c); err != nil {
+		if err := g.s.o.Constraints(c, base.Tenant); err != nil {
 			return openai.BadRequest(err.Error(), constraintParam(c))
 		}
 	}

@@ -74,7 +74,7 @@ type Options struct {
 	// Constraints checks that a structured-output constraint can be
 	// followed with this server's vocabulary (compiling it, cached); nil
 	// refuses every constraint.
-	Constraints func(scheduler.Constraint) error
+	Constraints func(scheduler.Constraint, prefixcache.Salt) error
 	// Defaults are the model's own sampling defaults (generation_config.json),
 	// used for what a request leaves out; nil fields keep OpenAI's defaults.
 	Defaults SamplingDefaults

@@ -14,6 +14,7 @@ import (
 	"github.com/batonlm/baton/internal/grammar"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/tokenizer"
 	"github.com/batonlm/baton/internal/tokenizer/chat"
@@ -99,7 +100,10 @@ func scriptServer(t *testing.T, text, toolParser, reasoningParser string) (*http
 	g := &scriptGen{tok: tok, text: text}
 	s := New(Options{ModelName: "m", Tokenizer: tok, Template: tpl, Generator: g, Metrics: metrics.New("standalone"),
 		ToolCallParser: toolParser, ReasoningParser: reasoningParser,
-		Constraints: func(c scheduler.Constraint) error { _, err := grammar.Parse(c.Kind, c.Spec); return err }})
+		Constraints: func(c scheduler.Constraint, _ prefixcache.Salt) error {
+			_, err := grammar.Parse(c.Kind, c.Spec)
+			return err
+		}})
 	s.SetReady(true)
 	ts := httptest.NewServer(s)
 	t.Cleanup(ts.Close)
