@@ -339,13 +339,23 @@ func TestModelsHealthMetrics(t *testing.T) {
 
 // A client that disconnects mid-stream aborts its request and frees its pages.
 func TestClientDisconnectFreesPages(t *testing.T) {
-	s := startServer(t, "--kv-poison")
+	// A dummy model with a long context, so that the request is still
+	// generating when the client leaves however slow the machine is (the
+	// bundled model would finish its 512 positions in well under a second).
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(cfg, []byte(`{"vocab_size":32000,"hidden_size":256,"num_hidden_layers":4,"num_attention_heads":4,
+"intermediate_size":512,"max_position_embeddings":8192}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t, "--kv-poison", "--model", cfg, "--load-format", "dummy", "--served-model-name", "d",
+		"--tokenizer", filepath.Join(repoRoot(t), "testdata", "vocab", "ggml-vocab-llama-spm.gguf"))
 	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// max_tokens: completions stop at 16 by default, too soon to catch.
-	body := `{"model":"stories260K","prompt":"Once upon a time","stream":true,"ignore_eos":true,"temperature":0,"max_tokens":400}`
+	body := `{"model":"d","prompt":"Once upon a time","stream":true,"ignore_eos":true,"temperature":0,"max_tokens":8000}`
 	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	br := bufio.NewReader(conn)
 	for {
