@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // DType is the storage type of a weight matrix.
@@ -211,9 +212,16 @@ func F32ToF16(f float32) uint16 {
 }
 
 // PagedKV describes KV pool memory. Page p holds, for every layer l, a K
-// block then a V block, each [PageSize][KVHeads][HeadDim] float32; so one
-// page is one contiguous range (what a transfer moves), and a token's K for
-// one layer is one contiguous row of KVHeads*HeadDim.
+// block then a V block, each [PageSize][KVHeads][HeadDim] elements of
+// DType (F32, F16 or BF16); so one page is one contiguous range (what a
+// transfer moves), and a token's K for one layer is one contiguous row of
+// KVHeads*HeadDim.
+//
+// Data is the storage as 4-byte words whatever the dtype: a page of F16 or
+// BF16 takes half the words of an F32 one, and its elements are the
+// little-endian halves of those words (see Halves). Keeping one slice type
+// lets every owner of pool memory (the pool, UCX registration, tests)
+// allocate and address it without caring what it holds.
 //
 // The memory is either Data, in Go, or Device: memory a backend holds
 // itself (a GPU's), which only that backend's kernels address and
@@ -222,12 +230,45 @@ type PagedKV struct {
 	Data                               []float32
 	Device                             DeviceKV
 	PageSize, Layers, KVHeads, HeadDim int
+	// DType is the element type of the stored K and V: F32 (the zero
+	// value), F16 or BF16. Attention converts on load; StoreKV rounds.
+	DType DType
+}
+
+// KVNaN is a float32 whose bits are also a quiet NaN read as two F16 or
+// two BF16 halves, so filling Data's words with it poisons a pool of any
+// KV dtype.
+var KVNaN = math.Float32frombits(0x7fc07fc0)
+
+// ValidKVDType says whether d is a dtype KV can be stored in.
+func ValidKVDType(d DType) bool { return d == F32 || d == F16 || d == BF16 }
+
+// ElemBytes is the size of one stored K or V element.
+func (kv PagedKV) ElemBytes() int {
+	switch kv.DType {
+	case F32:
+		return 4
+	case F16, BF16:
+		return 2
+	}
+	panic(fmt.Sprintf("kernels: KV dtype %s", kv.DType))
+}
+
+// Halves is Data seen as its 2-byte elements (for an F16 or BF16 pool);
+// element i of the pool is Halves()[i], with the offsets of KOffset.
+func (kv PagedKV) Halves() []uint16 {
+	if len(kv.Data) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(unsafe.Pointer(&kv.Data[0])), 2*len(kv.Data))
 }
 
 // PackedBytes is the size of the first tokens slots of one page in the
 // packed layout DeviceKV and transfers use: for every layer its K rows
-// then its V rows, little-endian float32.
-func (kv PagedKV) PackedBytes(tokens int) int { return kv.Layers * 2 * tokens * kv.RowFloats() * 4 }
+// then its V rows, little-endian elements of DType.
+func (kv PagedKV) PackedBytes(tokens int) int {
+	return kv.Layers * 2 * tokens * kv.RowFloats() * kv.ElemBytes()
+}
 
 // DeviceKV is KV pool memory a backend holds outside Go memory. Its
 // methods are safe for concurrent use with each other and with the
@@ -269,17 +310,73 @@ func CheckHostKV(who string, kv PagedKV) {
 // RowFloats is KVHeads*HeadDim: one token's K (or V) for one layer.
 func (kv PagedKV) RowFloats() int { return kv.KVHeads * kv.HeadDim }
 
-// PageFloats is the size of one page in float32s.
-func (kv PagedKV) PageFloats() int { return kv.Layers * 2 * kv.PageSize * kv.RowFloats() }
+// PageElems is the number of K and V elements of one page.
+func (kv PagedKV) PageElems() int { return kv.Layers * 2 * kv.PageSize * kv.RowFloats() }
 
-// KOffset is the index in Data of the K row of (page, layer, slot-in-page).
+// PageFloats is the size of one page in Data's 4-byte words: PageElems
+// for F32, half that for F16 and BF16.
+func (kv PagedKV) PageFloats() int { return kv.PageElems() * kv.ElemBytes() / 4 }
+
+// KOffset is the element index of the K row of (page, layer,
+// slot-in-page): into Data for F32, into Halves for F16 and BF16.
 func (kv PagedKV) KOffset(page, layer, slot int) int {
-	return page*kv.PageFloats() + (layer*2*kv.PageSize+slot)*kv.RowFloats()
+	return page*kv.PageElems() + (layer*2*kv.PageSize+slot)*kv.RowFloats()
 }
 
-// VOffset is the index in Data of the V row of (page, layer, slot-in-page).
+// VOffset is the element index of the V row of (page, layer,
+// slot-in-page), like KOffset.
 func (kv PagedKV) VOffset(page, layer, slot int) int {
-	return page*kv.PageFloats() + ((layer*2+1)*kv.PageSize+slot)*kv.RowFloats()
+	return page*kv.PageElems() + ((layer*2+1)*kv.PageSize+slot)*kv.RowFloats()
+}
+
+// StoreRow writes row (RowFloats values) at element offset off, rounded
+// to the pool's dtype.
+func (kv PagedKV) StoreRow(off int, row []float32) {
+	switch kv.DType {
+	case F32:
+		copy(kv.Data[off:off+len(row)], row)
+	case F16:
+		h := kv.Halves()[off : off+len(row)]
+		for i, v := range row {
+			h[i] = F32ToF16(v)
+		}
+	case BF16:
+		h := kv.Halves()[off : off+len(row)]
+		for i, v := range row {
+			h[i] = F32ToBF16(v)
+		}
+	default:
+		panic(fmt.Sprintf("kernels: KV dtype %s", kv.DType))
+	}
+}
+
+// LoadRow reads len(dst) elements at element offset off as float32.
+func (kv PagedKV) LoadRow(off int, dst []float32) {
+	switch kv.DType {
+	case F32:
+		copy(dst, kv.Data[off:off+len(dst)])
+	case F16:
+		for i, h := range kv.Halves()[off : off+len(dst)] {
+			dst[i] = F16ToF32(h)
+		}
+	case BF16:
+		for i, h := range kv.Halves()[off : off+len(dst)] {
+			dst[i] = math.Float32frombits(uint32(h) << 16)
+		}
+	default:
+		panic(fmt.Sprintf("kernels: KV dtype %s", kv.DType))
+	}
+}
+
+// F32ToBF16 converts float32 to bfloat16, rounding to nearest even (a NaN
+// stays a NaN).
+func F32ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 {
+		return uint16(b>>16) | 0x40
+	}
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
 }
 
 // AttnSeq is one sequence of an attention call. Its query rows are

@@ -30,7 +30,7 @@ func (m *Model) GreedyDecode(prompt []int32, steps, pageSize, chunk, topLogprobs
 	} else {
 		kv.Data = make([]float32, npages*kv.PageFloats())
 		for i := range kv.Data {
-			kv.Data[i] = float32(math.NaN())
+			kv.Data[i] = kernels.KVNaN
 		}
 	}
 	pages := make([]int32, npages)

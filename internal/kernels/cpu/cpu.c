@@ -920,7 +920,31 @@ AVX2 static void chunk_avx2(attn_scratch *s, int m, int64_t hd, int64_t cnt) {
 }
 #endif
 
-int bk_attention(int simd, float *out, const float *q, const float *kv, const int32_t *pages,
+#ifdef BK_X86
+AVX2 static int64_t cvt_row_avx2(float *dst, const uint16_t *src, int64_t n, int dtype) {
+  int64_t i = 0;
+  if (dtype == BK_F16)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld8_f16((const uint8_t *)(src + i)));
+  else
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, ld8_bf16((const uint8_t *)(src + i)));
+  return i;
+}
+#endif
+
+// cvt_row widens n stored KV elements (F16 or BF16) to float32.
+static void cvt_row(int simd, float *dst, const uint16_t *src, int64_t n, int dtype) {
+  UNUSED_SIMD(simd);
+  int64_t i = 0;
+#ifdef BK_X86
+  if (USE_SIMD(simd)) i = cvt_row_avx2(dst, src, n, dtype);
+#endif
+  if (dtype == BK_F16)
+    for (; i < n; i++) dst[i] = h2f(src[i]);
+  else
+    for (; i < n; i++) dst[i] = bits_f32((uint32_t)src[i] << 16);
+}
+
+int bk_attention(int simd, float *out, const float *q, const void *kv, const int32_t *pages,
                  const int64_t *seqs, const int32_t *items, int64_t it0, int64_t it1,
                  const bk_attn_geom *g) {
   UNUSED_SIMD(simd);
@@ -928,10 +952,14 @@ int bk_attention(int simd, float *out, const float *q, const float *kv, const in
 #ifdef BK_X86
   int vec = USE_SIMD(simd) && hd % 8 == 0;
 #endif
+  // A pool of F16 or BF16 is widened a chunk at a time into kw/vw, once
+  // per item and chunk, and every member then reads float32 as for F32.
+  const int half = g->kv_dtype != BK_F32;
   attn_scratch s;
-  s.qs = malloc(sizeof(float) * 2 * BK_ATTN_MAX_MEMBERS * hd);
+  s.qs = malloc(sizeof(float) * (2 * BK_ATTN_MAX_MEMBERS + (half ? 2 * CHUNK : 0)) * hd);
   if (!s.qs) return -1;
   s.acc = s.qs + BK_ATTN_MAX_MEMBERS * hd;
+  float *kw = s.acc + BK_ATTN_MAX_MEMBERS * hd, *vw = kw + CHUNK * hd;
   for (int64_t it = it0; it < it1; it++) {
     const int32_t *item = items + it * BK_ITEM_FIELDS;
     const int64_t *seq = seqs + item[BK_IT_SEQ] * BK_SEQ_FIELDS;
@@ -955,13 +983,23 @@ int bk_attention(int simd, float *out, const float *q, const float *kv, const in
       s.outp[m] = out + (row * g->heads + h) * hd;
       if (s.last[m] > maxlast) maxlast = s.last[m];
     }
-    const float *kbase = kv + g->layer * 2 * ps * rf + kh * hd;
+    const int64_t kbase = g->layer * 2 * ps * rf + kh * hd;
     for (int64_t c0 = 0; c0 <= maxlast; c0 += CHUNK) {
       int64_t c1 = c0 + CHUNK <= maxlast + 1 ? c0 + CHUNK : maxlast + 1;
       for (int64_t p = c0; p < c1; p++) {
-        const float *k = kbase + (int64_t)pg[p / ps] * pf + (p % ps) * rf;
-        s.kp[p - c0] = k;
-        s.vp[p - c0] = k + ps * rf;
+        int64_t off = kbase + (int64_t)pg[p / ps] * pf + (p % ps) * rf;
+        if (!half) {
+          const float *k = (const float *)kv + off;
+          s.kp[p - c0] = k;
+          s.vp[p - c0] = k + ps * rf;
+          continue;
+        }
+        const uint16_t *k = (const uint16_t *)kv + off;
+        float *kd = kw + (p - c0) * hd, *vd = vw + (p - c0) * hd;
+        cvt_row(simd, kd, k, hd, g->kv_dtype);
+        cvt_row(simd, vd, k + ps * rf, hd, g->kv_dtype);
+        s.kp[p - c0] = kd;
+        s.vp[p - c0] = vd;
       }
       for (int m = 0; m < members; m++) {
         int64_t e = s.last[m] + 1 < c1 ? s.last[m] + 1 : c1;

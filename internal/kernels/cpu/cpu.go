@@ -321,16 +321,17 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 		C.int(table.DType), C.int64_t(table.Cols), (*C.int32_t)(unsafe.Pointer(&ids[0])), C.int64_t(len(ids)))
 }
 
-// StoreKV implements kernels.Backend. It is a plain copy (Go's memmove is
-// as fast as anything C would do).
+// StoreKV implements kernels.Backend. For F32 it is a plain copy (Go's
+// memmove is as fast as anything C would do); F16 and BF16 round per
+// element, a cost that is small next to the matmuls that made the rows.
 func (*Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []float32) {
 	kernels.CheckHostKV("the cpu backend", kv)
 	kernels.CheckStoreKV(kv, layer, slots, k, v)
 	rf := kv.RowFloats()
 	for i, s := range slots {
 		p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
-		copy(kv.Data[kv.KOffset(p, layer, o):][:rf], k[i*rf:(i+1)*rf])
-		copy(kv.Data[kv.VOffset(p, layer, o):][:rf], v[i*rf:(i+1)*rf])
+		kv.StoreRow(kv.KOffset(p, layer, o), k[i*rf:(i+1)*rf])
+		kv.StoreRow(kv.VOffset(p, layer, o), v[i*rf:(i+1)*rf])
 	}
 }
 
@@ -385,7 +386,8 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 		return
 	}
 	geom := C.bk_attn_geom{
-		page_floats: C.int64_t(kv.PageFloats()),
+		page_floats: C.int64_t(kv.PageElems()),
+		kv_dtype:    C.int(kv.DType),
 		page_size:   C.int64_t(kv.PageSize),
 		row_floats:  C.int64_t(kv.RowFloats()),
 		layer:       C.int64_t(layer),
@@ -394,7 +396,7 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 		scale:       C.float(scale),
 	}
 	run := func(lo, hi int) {
-		if C.bk_attention(b.simdFlag(), fptr(out), fptr(q), fptr(kv.Data),
+		if C.bk_attention(b.simdFlag(), fptr(out), fptr(q), unsafe.Pointer(unsafe.SliceData(kv.Data)),
 			(*C.int32_t)(unsafe.Pointer(&pages[0])), (*C.int64_t)(unsafe.Pointer(&sdesc[0])),
 			(*C.int32_t)(unsafe.Pointer(&items[0])), C.int64_t(lo), C.int64_t(hi), &geom) != 0 {
 			panic("cpu: Attention out of memory")

@@ -107,13 +107,14 @@ void bk_add(int simd, float *out, const float *a, const float *b, int64_t n);
 
 // Attention geometry shared by every work item of one call.
 typedef struct {
-  int64_t page_floats; // floats per page
+  int64_t page_floats; // elements per page
   int64_t page_size;   // slots per page
   int64_t row_floats;  // kv_heads*head_dim
   int64_t layer;
   int64_t head_dim;
   int64_t heads; // query heads
   float scale;
+  int kv_dtype; // BK_F32, BK_F16 or BK_BF16 (the Go DType values)
 } bk_attn_geom;
 
 // Fields of one sequence in the seqs array (BK_SEQ_FIELDS int64 each).
@@ -126,7 +127,7 @@ enum { BK_IT_SEQ, BK_IT_KVH, BK_IT_ROW0, BK_IT_NROWS, BK_IT_H0, BK_IT_NH, BK_ITE
 #define BK_ATTN_MAX_MEMBERS 16
 
 // bk_attention runs items [it0, it1). Returns 0, or -1 if out of memory.
-int bk_attention(int simd, float *out, const float *q, const float *kv,
+int bk_attention(int simd, float *out, const float *q, const void *kv,
                  const int32_t *pages, const int64_t *seqs,
                  const int32_t *items, int64_t it0, int64_t it1,
                  const bk_attn_geom *g);

@@ -64,6 +64,11 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	if layout.HeadDim > attnMaxHD {
 		return nil, fmt.Errorf("cuda: head dim %d > %d is not supported", layout.HeadDim, attnMaxHD)
 	}
+	// The kernels read and write float32 KV; an F16/BF16 pool would be
+	// read as garbage, so it is refused here, where a server starts.
+	if layout.DType != kernels.F32 {
+		return nil, fmt.Errorf("cuda: KV cache dtype %s is not supported (the cuda backend stores f32 KV)", layout.DType)
+	}
 	bytes := int64(pages) * int64(layout.PageFloats()) * 4
 	if bytes/int64(pages) != int64(layout.PageFloats())*4 || bytes > math.MaxInt/2 {
 		return nil, fmt.Errorf("cuda: KV pool of %d pages of %d floats overflows", pages, layout.PageFloats())

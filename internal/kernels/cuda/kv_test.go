@@ -21,6 +21,21 @@ func TestFakeAllocKVTooLarge(t *testing.T) {
 	}
 }
 
+// TestFakeAllocKVHalfRefused: the kernels store f32 KV, so a pool of
+// another dtype is refused by name when it is allocated.
+func TestFakeAllocKVHalfRefused(t *testing.T) {
+	b := fakeBackend(t)
+	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		_, err := b.AllocKV(kernels.PagedKV{PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: dt}, 4)
+		if err == nil || !strings.Contains(err.Error(), "KV cache dtype "+dt.String()) {
+			t.Fatalf("%s pool: %v", dt, err)
+		}
+	}
+	if len(b.pools) != 0 {
+		t.Fatalf("%d pools tracked after refused AllocKVs", len(b.pools))
+	}
+}
+
 // TestFakeKVLayoutMismatch: kernels refuse a pool described with another
 // layout than it was allocated with (they would address past it).
 func TestFakeKVLayoutMismatch(t *testing.T) {

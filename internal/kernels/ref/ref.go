@@ -99,8 +99,8 @@ func (*Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []flo
 	rf := kv.RowFloats()
 	for i, s := range slots {
 		p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
-		copy(kv.Data[kv.KOffset(p, layer, o):][:rf], k[i*rf:(i+1)*rf])
-		copy(kv.Data[kv.VOffset(p, layer, o):][:rf], v[i*rf:(i+1)*rf])
+		kv.StoreRow(kv.KOffset(p, layer, o), k[i*rf:(i+1)*rf])
+		kv.StoreRow(kv.VOffset(p, layer, o), v[i*rf:(i+1)*rf])
 	}
 }
 
@@ -109,6 +109,7 @@ func (*Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seqs 
 	kernels.CheckHostKV("the ref backend", kv)
 	hd := kv.HeadDim
 	group := heads / kv.KVHeads
+	kr, vr := make([]float32, hd), make([]float32, hd)
 	for _, s := range seqs {
 		for i := 0; i < s.QLen; i++ {
 			last := s.KVLen - s.QLen + i // inclusive
@@ -120,7 +121,7 @@ func (*Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seqs 
 				maxv := math.Inf(-1)
 				for p := 0; p <= last; p++ {
 					pg, o := int(s.Pages[p/kv.PageSize]), p%kv.PageSize
-					kr := kv.Data[kv.KOffset(pg, layer, o)+kh*hd:][:hd]
+					kv.LoadRow(kv.KOffset(pg, layer, o)+kh*hd, kr)
 					var d float64
 					for j := range qh {
 						d += float64(qh[j]) * float64(kr[j])
@@ -136,7 +137,7 @@ func (*Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seqs 
 				acc := make([]float64, hd)
 				for p := range scores {
 					pg, o := int(s.Pages[p/kv.PageSize]), p%kv.PageSize
-					vr := kv.Data[kv.VOffset(pg, layer, o)+kh*hd:][:hd]
+					kv.LoadRow(kv.VOffset(pg, layer, o)+kh*hd, vr)
 					w := scores[p] / sum
 					for j := range acc {
 						acc[j] += w * float64(vr[j])

@@ -1,0 +1,133 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/kernelstest"
+	"github.com/batonlm/baton/internal/kernels/ref"
+)
+
+// narrowKV is kv's pool stored in dt: the same elements at the same
+// offsets (garbage included), rounded.
+func narrowKV(kv kernels.PagedKV, dt kernels.DType) kernels.PagedKV {
+	n := kv
+	n.DType = dt
+	n.Data = make([]float32, len(kv.Data)/kv.PageFloats()*n.PageFloats())
+	for off := 0; off < len(kv.Data); off += kv.RowFloats() {
+		n.StoreRow(off, kv.Data[off:off+kv.RowFloats()])
+	}
+	return n
+}
+
+// TestAttentionKVDType: over an F16 or BF16 pool the cpu backend matches
+// the reference reading the same stored values (as tight as over F32),
+// and both stay within the dtype's rounding of attention over the
+// unrounded F32 pool.
+func TestAttentionKVDType(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	vs := variants(t)
+	shapes := [][2]int{{1, 1}, {1, 17}, {1, 150}, {23, 23}, {5, 70}, {0, 5}, {17, 64}, {2, 3}}
+	// Rounding each K and V element to the dtype's 2^-11 (F16) or 2^-8
+	// (BF16) relative step moves a score by about that times |q||k| scale
+	// and the output by about that times |v|; measured worst (relative to
+	// 5, above any |v| here) is 2.8e-4 for F16 and 1.6e-3 for BF16.
+	tolRound := map[kernels.DType]float64{kernels.F16: 1e-3, kernels.BF16: 6e-3}
+	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		for _, hd := range []int{64, 12} {
+			for _, ps := range []int{1, 16} {
+				c := kernelstest.NewAttnCase(rng, 8, 2, hd, ps, shapes)
+				scale := float32(1 / math.Sqrt(float64(hd)))
+				exact := make([]float32, len(c.Q))
+				ref.New().Attention(exact, c.Q, c.KV, 1, c.Seqs, c.Heads, scale)
+				nk := narrowKV(c.KV, dt)
+				want := make([]float32, len(c.Q))
+				ref.New().Attention(want, c.Q, nk, 1, c.Seqs, c.Heads, scale)
+				ck := &checker{T: t, What: fmt.Sprintf("ref %s KV vs f32 hd=%d ps=%d", dt, hd, ps), Tol: tolRound[dt]}
+				for i := range want {
+					ck.Check(i, want[i], exact[i], 5, 0)
+				}
+				t.Logf("%s hd=%d ps=%d: worst rounding |err|/5 %.2g", dt, hd, ps, ck.Worst)
+				for _, v := range vs {
+					got := make([]float32, len(c.Q))
+					v.b.Attention(got, c.Q, nk, 1, c.Seqs, c.Heads, scale)
+					ck := &checker{T: t, What: fmt.Sprintf("Attention %s KV hd=%d ps=%d [%s]", dt, hd, ps, v.name), Tol: tolAttn}
+					for i := range want {
+						ck.Check(i, got[i], want[i], 5, 0)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestStoreKVDType: StoreKV into an F16/BF16 pool writes each element
+// rounded to nearest, touches nothing else, and the pool takes half the
+// words of an F32 one.
+func TestStoreKVDType(t *testing.T) {
+	rng := rand.New(rand.NewPCG(43, 44))
+	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		f := kernels.PagedKV{PageSize: 16, Layers: 3, KVHeads: 2, HeadDim: 8}
+		kv := f
+		kv.DType = dt
+		if 2*kv.PageFloats() != f.PageFloats() || 2*kv.PackedBytes(5) != f.PackedBytes(5) {
+			t.Fatalf("%s page is %d words (packed %d bytes), f32 %d (%d)", dt, kv.PageFloats(), kv.PackedBytes(5), f.PageFloats(), f.PackedBytes(5))
+		}
+		kv.Data = randVec(rng, 5*kv.PageFloats(), 1)
+		before := append([]uint16(nil), kv.Halves()...)
+		slots := []int32{0, 17, 79, 40, 41}
+		rf := kv.RowFloats()
+		k := randVec(rng, len(slots)*rf, 1)
+		v := randVec(rng, len(slots)*rf, 1)
+		wantKV := kv
+		wantKV.Data = append([]float32(nil), kv.Data...)
+		ref.New().StoreKV(wantKV, 2, slots, k, v)
+		New(1).StoreKV(kv, 2, slots, k, v)
+		written := map[int]float32{}
+		for i, s := range slots {
+			p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
+			for j := 0; j < rf; j++ {
+				written[kv.KOffset(p, 2, o)+j] = k[i*rf+j]
+				written[kv.VOffset(p, 2, o)+j] = v[i*rf+j]
+			}
+		}
+		round := kernels.F32ToF16
+		if dt == kernels.BF16 {
+			round = kernels.F32ToBF16
+		}
+		for i, h := range kv.Halves() {
+			want := before[i]
+			if x, ok := written[i]; ok {
+				want = round(x)
+			}
+			if h != want || wantKV.Halves()[i] != want {
+				t.Fatalf("%s element %d: cpu %#x ref %#x, want %#x", dt, i, h, wantKV.Halves()[i], want)
+			}
+		}
+	}
+}
+
+// TestPoisonedHalfKVReadsNaN: a pool filled with kernels.KVNaN reads as
+// NaN in every dtype, so attention over KV nobody wrote yields NaN.
+func TestPoisonedHalfKVReadsNaN(t *testing.T) {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+		kv := kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8, DType: dt}
+		kv.Data = make([]float32, 2*kv.PageFloats())
+		for i := range kv.Data {
+			kv.Data[i] = kernels.KVNaN
+		}
+		q := make([]float32, 8)
+		for _, v := range variants(t) {
+			out := make([]float32, 8)
+			v.b.Attention(out, q, kv, 0, []kernels.AttnSeq{{Pages: []int32{1}, QLen: 1, KVLen: 3}}, 1, 1)
+			for i, x := range out {
+				if !math.IsNaN(float64(x)) {
+					t.Fatalf("%s [%s]: out[%d] = %v over poisoned KV", dt, v.name, i, x)
+				}
+			}
+		}
+	}
+}
