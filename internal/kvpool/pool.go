@@ -70,12 +70,15 @@ type Config struct {
 	Layers   int
 	KVHeads  int
 	HeadDim  int
+	// KVDType is the element type pages are stored in: kernels.F32 (the
+	// zero value), F16 or BF16, which take half the memory.
+	KVDType kernels.DType
 	// Poison fills freed pages (and the pool at start) with NaN so that a
 	// read of KV nobody wrote shows up as NaN logits instead of someone
 	// else's data.
 	Poison bool
 	// Data, if set, is the pool's memory (exactly NumPages pages of
-	// Layers*2*PageSize*KVHeads*HeadDim float32s) instead of a fresh Go
+	// kernels.PagedKV.PageFloats words) instead of a fresh Go
 	// slice: for a transport that must allocate the memory it exposes
 	// (ucx.AllocKV). The pool never reallocates it; the caller keeps it
 	// valid for the pool's life. Config() returns it as nil.
@@ -246,9 +249,13 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.NumPages > math.MaxInt32 || cfg.PageSize > math.MaxInt32 {
 		return nil, fmt.Errorf("%w: config %+v: page ids and counts are int32", ErrBadArg, cfg)
 	}
-	kv := kernels.PagedKV{PageSize: cfg.PageSize, Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim}
-	pf, ok := mulOK(cfg.Layers, 2, cfg.PageSize, cfg.KVHeads, cfg.HeadDim)
-	if !ok || pf != kv.PageFloats() {
+	if !kernels.ValidKVDType(cfg.KVDType) {
+		return nil, fmt.Errorf("%w: config %+v: KV dtype %s (want f32, f16 or bf16)", ErrBadArg, cfg, cfg.KVDType)
+	}
+	kv := kernels.PagedKV{PageSize: cfg.PageSize, Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, DType: cfg.KVDType}
+	pe, ok := mulOK(cfg.Layers, 2, cfg.PageSize, cfg.KVHeads, cfg.HeadDim)
+	pf := pe * kv.ElemBytes() / 4
+	if !ok || pe != kv.PageElems() {
 		return nil, fmt.Errorf("%w: config %+v: page size overflows", ErrBadArg, cfg)
 	}
 	total, ok := mulOK(pf, cfg.NumPages)
@@ -305,10 +312,11 @@ func mulOK(xs ...int) (int, bool) {
 	return r, true
 }
 
-// poison fills pages (all for nil) with NaN.
+// poison fills pages (all for nil) with NaN, of the pool's dtype
+// (kernels.KVNaN is NaN read as float32 or as halves).
 func (p *Pool) poison(ids []int32) error {
 	if p.dev != nil {
-		if err := p.dev.Fill(ids, float32(math.NaN())); err != nil {
+		if err := p.dev.Fill(ids, kernels.KVNaN); err != nil {
 			return fmt.Errorf("kvpool: poisoning pages: %w", err)
 		}
 		return nil
@@ -326,7 +334,7 @@ func fillNaN(s []float32) {
 	if len(s) == 0 {
 		return
 	}
-	s[0] = float32(math.NaN())
+	s[0] = kernels.KVNaN
 	for i := 1; i < len(s); i *= 2 {
 		copy(s[i:], s[:i])
 	}
@@ -334,7 +342,7 @@ func fillNaN(s []float32) {
 
 // KV exposes the pool memory for kernels.
 func (p *Pool) KV() kernels.PagedKV {
-	return kernels.PagedKV{Data: p.data, Device: p.dev, PageSize: p.cfg.PageSize, Layers: p.cfg.Layers, KVHeads: p.cfg.KVHeads, HeadDim: p.cfg.HeadDim}
+	return kernels.PagedKV{Data: p.data, Device: p.dev, PageSize: p.cfg.PageSize, Layers: p.cfg.Layers, KVHeads: p.cfg.KVHeads, HeadDim: p.cfg.HeadDim, DType: p.cfg.KVDType}
 }
 
 // PageData is the memory of one page (all layers, K then V), the unit a

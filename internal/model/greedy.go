@@ -1,8 +1,6 @@
 package model
 
 import (
-	"math"
-
 	"github.com/batonlm/baton/internal/kernels"
 )
 
@@ -14,16 +12,21 @@ import (
 // loaders are checked with it against the public reference; each result
 // carries topLogprobs alternatives.
 func (m *Model) GreedyDecode(prompt []int32, steps, pageSize, chunk, topLogprobs int) ([]Sampled, error) {
+	return m.GreedyDecodeKV(prompt, steps, pageSize, chunk, topLogprobs, kernels.F32)
+}
+
+// GreedyDecodeKV is GreedyDecode with the KV memory stored in kvDType.
+func (m *Model) GreedyDecodeKV(prompt []int32, steps, pageSize, chunk, topLogprobs int, kvDType kernels.DType) ([]Sampled, error) {
 	c := &m.Config
 	npages := (len(prompt)+steps)/pageSize + 2
-	kv := kernels.PagedKV{PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+	kv := kernels.PagedKV{PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kvDType}
 	if a, ok := m.be.(kernels.KVAllocator); ok {
 		dev, err := a.AllocKV(kv, npages)
 		if err != nil {
 			return nil, err
 		}
 		defer dev.Close()
-		if err := dev.Fill(nil, float32(math.NaN())); err != nil {
+		if err := dev.Fill(nil, kernels.KVNaN); err != nil {
 			return nil, err
 		}
 		kv.Device = dev

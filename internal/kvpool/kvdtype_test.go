@@ -1,0 +1,83 @@
+package kvpool
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
+)
+
+// TestKVDTypePool: an F16/BF16 pool's pages take half the bytes of an F32
+// one, its KV view says the dtype, a write through it survives a
+// pack/unpack round trip into a second pool, and a freed page reads as
+// NaN in that dtype when poisoned.
+func TestKVDTypePool(t *testing.T) {
+	base := Config{NumPages: 3, PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, Poison: true}
+	f32, err := New(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		cfg := base
+		cfg.KVDType = dt
+		p, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if 2*p.PageBytes() != f32.PageBytes() || len(p.KV().Data) != len(f32.KV().Data)/2 {
+			t.Fatalf("%s page is %d bytes, f32 %d", dt, p.PageBytes(), f32.PageBytes())
+		}
+		kv := p.KV()
+		if kv.DType != dt {
+			t.Fatalf("KV() says %s, pool holds %s", kv.DType, dt)
+		}
+		row := make([]float32, kv.RowFloats())
+		for _, h := range kv.Halves() {
+			if !math.IsNaN(float64(kernels.F16ToF32(h))) || h&0x7fc0 != 0x7fc0 {
+				t.Fatalf("%s fresh poisoned pool holds %#x", dt, h)
+			}
+		}
+		a := mustAlloc(t, p, 1, 1)
+		pg := a.Pages[0]
+		for l := 0; l < kv.Layers; l++ {
+			for s := 0; s < kv.PageSize; s++ {
+				for j := range row {
+					row[j] = float32(l*4+s) + float32(j)/4 // exact in bf16
+				}
+				kv.StoreRow(kv.KOffset(int(pg), l, s), row)
+				kv.StoreRow(kv.VOffset(int(pg), l, s), row)
+			}
+		}
+		packed := kernels.PackPage(kv, pg, kv.PageSize, nil)
+		if len(packed) != p.PageBytes() {
+			t.Fatalf("%s: a full page packs into %d bytes, the page is %d", dt, len(packed), p.PageBytes())
+		}
+		q, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kernels.UnpackPage(q.KV(), 2, kv.PageSize, packed); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := kernels.PackPage(q.KV(), 2, kv.PageSize, nil), packed; string(got) != string(want) {
+			t.Fatalf("%s: page differs after the round trip", dt)
+		}
+		q.KV().LoadRow(q.KV().VOffset(2, 1, 3), row)
+		if row[5] != 7+5.0/4 {
+			t.Fatalf("%s: V layer 1 slot 3 [5] = %v after the round trip", dt, row[5])
+		}
+		if err := p.Release(a.Owner, a.Pages); err != nil {
+			t.Fatal(err)
+		}
+		kv.LoadRow(kv.KOffset(int(pg), 1, 2), row)
+		for j, v := range row {
+			if !math.IsNaN(float64(v)) {
+				t.Fatalf("%s freed page: K[%d] = %v, want NaN", dt, j, v)
+			}
+		}
+	}
+	if _, err := New(Config{NumPages: 1, PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8, KVDType: kernels.Q8_0}); !errors.Is(err, ErrBadArg) {
+		t.Fatalf("a q8_0 KV pool: %v", err)
+	}
+}
