@@ -62,6 +62,7 @@ type serveFlags struct {
 	loadFormat      string
 	dummyDType      string
 	kvPoison        bool
+	kvCacheDType    string
 	noRadixCache    bool
 	decodeRadix     bool
 	cacheScope      string
@@ -153,6 +154,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
+	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f32) | f32 | f16 | bf16; f16/bf16 halve the KV memory and the handoff bytes (cpu backend only); prefill and decode must agree")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
 	fs.BoolVar(&f.noRadixCache, "disable-radix-cache", false, "standalone, prefill: turn the prefix cache off (every prompt is computed in full)")
 	fs.BoolVar(&f.decodeRadix, "disaggregation-decode-enable-radix-cache", false, "decode: keep finished requests' pages in a prefix cache; a reservation pins the prefix it holds for the tenant and prefill ships only the rest (tcp transport)")
@@ -252,6 +254,13 @@ func (f *serveFlags) validate() error {
 	if _, err := parseDType(f.dummyDType); err != nil {
 		return err
 	}
+	if kvdt, err := parseKVDType(f.kvCacheDType); err != nil {
+		return err
+	} else if kvdt != kernels.F32 && f.transport == "ucx" {
+		// UCX puts a page straight into the decode pool, at offsets of f32
+		// rows; it does not address half-width pages yet.
+		return fmt.Errorf("--kv-cache-dtype %s: the ucx transport moves f32 KV only (use --transport tcp)", f.kvCacheDType)
+	}
 	switch f.loadFormat {
 	case "auto", "gguf", "safetensors", "dummy":
 	default:
@@ -294,6 +303,22 @@ func parseDType(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("unknown dtype %q (f32, f16, bf16, q8_0)", s)
 }
 
+// parseKVDType reads --kv-cache-dtype. auto is f32 on every backend: f16
+// KV keeps the bundled model's greedy tokens but moves its top-5
+// log-probabilities past the public reference's 1e-3, and the default must
+// reproduce that reference exactly.
+func parseKVDType(s string) (kernels.DType, error) {
+	switch strings.ToLower(s) {
+	case "auto", "f32":
+		return kernels.F32, nil
+	case "f16":
+		return kernels.F16, nil
+	case "bf16":
+		return kernels.BF16, nil
+	}
+	return 0, fmt.Errorf("unknown --kv-cache-dtype %q (auto, f32, f16, bf16)", s)
+}
+
 // samplingDefaults are what a request leaves out, taken from the model's
 // generation_config.json as vLLM does (temperature, top_p, top_k, min_p,
 // max_new_tokens).
@@ -322,6 +347,8 @@ type poolPlan struct {
 	lowered               bool
 }
 
+func kvElemBytes(d kernels.DType) int { return kernels.PagedKV{DType: d}.ElemBytes() }
+
 func planPool(f *serveFlags, c *model.Config) (poolPlan, error) {
 	p := poolPlan{pageSize: f.pageSize, modelContext: c.ContextLength}
 	if f.pageSize <= 0 {
@@ -336,7 +363,13 @@ func planPool(f *serveFlags, c *model.Config) (poolPlan, error) {
 		if err != nil {
 			return p, fmt.Errorf("--kv-cache-memory: %w", err)
 		}
-		tokens = int(budget / int64(c.KVBytesPerToken()))
+		kvdt, err := parseKVDType(f.kvCacheDType)
+		if err != nil {
+			return p, err
+		}
+		// Pages of f16/bf16 KV take half the bytes, so a budget holds twice
+		// the tokens.
+		tokens = int(budget / int64(c.KVBytesPerToken()/4*kvElemBytes(kvdt)))
 		// A pool larger than every running request at full context is memory
 		// nobody can use.
 		tokens = min(tokens, p.modelContext*max(1, f.maxRunning))
@@ -429,8 +462,12 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		le.close()
 		return nil, err
 	}
-	layout := kernels.PagedKV{PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
-	pc := kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: f.kvPoison}
+	kvdt, err := parseKVDType(f.kvCacheDType)
+	if err != nil {
+		return fail(err)
+	}
+	layout := kernels.PagedKV{PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kvdt}
+	pc := kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, KVDType: kvdt, Poison: f.kvPoison}
 	where := "host"
 	if a, ok := be.(kernels.KVAllocator); ok {
 		// The backend's kernels read the pool in its own memory (a GPU's).
@@ -466,7 +503,7 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 	log.Info("model", "name", name, "arch", c.Arch, "params", loaded.Model.Weights.Params(), "weights", loaded.Model.Weights.DType().String(),
 		"layers", c.Layers, "heads", c.Heads, "kv_heads", c.KVHeads, "vocab", c.Vocab, "backend", be.Name())
 	log.Info("kv pool", "pages", plan.pages, "page_size", plan.pageSize, "capacity_tokens", plan.pages*plan.pageSize,
-		"bytes", int64(plan.pages)*int64(pool.PageBytes()), "memory", where, "context_length", plan.modelContext, "poison", f.kvPoison)
+		"bytes", int64(plan.pages)*int64(pool.PageBytes()), "dtype", kvdt.String(), "memory", where, "context_length", plan.modelContext, "poison", f.kvPoison)
 	if plan.lowered {
 		log.Warn("context length exceeds the KV pool; lowering the effective maximum to the pool",
 			"context_length", plan.modelContext, "pool_tokens", plan.pages*plan.pageSize, "effective_max", plan.context)
@@ -570,7 +607,8 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		MaxPromptTokens: func() int { return le.plan.context - 1 }, Logger: le.log,
 		MaxModelLen: func() int { return le.plan.context },
 		Metrics:     ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
-			"kv_pool_tokens": le.plan.pages * le.plan.pageSize, "kv_pool_pages": le.plan.pages, "page_size": le.plan.pageSize, "model": le.name},
+			"kv_pool_tokens": le.plan.pages * le.plan.pageSize, "kv_pool_pages": le.plan.pages, "page_size": le.plan.pageSize, "model": le.name,
+			"kv_cache_dtype": le.pool.KV().DType.String()},
 		LiveInfo: func() map[string]any {
 			st := le.pool.Stats()
 			return map[string]any{"kv_pages_free": st.Free, "kv_pages_quarantined": st.Quarantined, "kv_pages_cached": st.Cached,

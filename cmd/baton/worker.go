@@ -39,6 +39,8 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	defer le.close()
 	c := &le.loaded.Model.Config
 	layout := roles.Layout(roles.ModelID(le.name, c), c, le.plan.pageSize)
+	// Pages of another KV dtype would be read as garbage: pairing compares it.
+	layout.Dtype = le.pool.KV().DType.String()
 	ms := metrics.ForModel(f.role, le.name)
 	plane, err := f.internal.plane(auth.Role(f.role), le.log, ms)
 	if err != nil {

@@ -116,8 +116,8 @@ func New(pool *kvpool.Pool, fingerprint string) *Cache {
 	c := &Cache{
 		pool:     pool,
 		pageSize: cfg.PageSize,
-		fingerprint: fmt.Sprintf("%s|page %d layers %d kv heads %d head dim %d dtype f32",
-			fingerprint, cfg.PageSize, cfg.Layers, cfg.KVHeads, cfg.HeadDim),
+		fingerprint: fmt.Sprintf("%s|page %d layers %d kv heads %d head dim %d dtype %s",
+			fingerprint, cfg.PageSize, cfg.Layers, cfg.KVHeads, cfg.HeadDim, cfg.KVDType),
 		index: map[kvpool.CacheKey]entry{},
 	}
 	pool.SetEvictHook(c.evicted)

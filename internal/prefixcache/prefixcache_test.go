@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 )
 
@@ -179,5 +180,24 @@ func TestCount(t *testing.T) {
 	c.Count(100, 64)
 	if s := c.Stats(); s.QueriedTokens != 200 || s.HitTokens != 64 || s.HitRate() != 0.32 {
 		t.Fatalf("stats %+v rate %v", s, s.HitRate())
+	}
+}
+
+// TestRootDependsOnKVDType: pages of one model stored in another KV dtype
+// hold other bytes, so their chains start from other roots and never
+// match.
+func TestRootDependsOnKVDType(t *testing.T) {
+	var salt Salt
+	roots := map[kvpool.CacheKey]kernels.DType{}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+		p, err := kvpool.New(kvpool.Config{NumPages: 2, PageSize: ps, Layers: 1, KVHeads: 1, HeadDim: 2, KVDType: dt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := New(p, "test model").root(salt)
+		if other, ok := roots[r]; ok {
+			t.Fatalf("%s and %s KV share the root key", dt, other)
+		}
+		roots[r] = dt
 	}
 }

@@ -23,7 +23,8 @@ import (
 	"github.com/batonlm/baton/internal/model"
 )
 
-// Layout describes the KV pages a worker holds, for pairing checks.
+// Layout describes the KV pages a worker holds, for pairing checks, with
+// f32 KV (a worker storing another dtype sets Dtype).
 func Layout(modelID string, c *model.Config, pageSize int) *pdv1.KVLayout {
 	return &pdv1.KVLayout{Model: modelID, PageSize: uint32(pageSize), Dtype: "f32", Layers: uint32(c.Layers),
 		KvHeads: uint32(c.KVHeads), HeadDim: uint32(c.HeadDim)}
@@ -167,7 +168,8 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set, o HTTPOptions) h
 			"context_length": info.ContextLength, "effective_context_length": info.MaxSequenceTokens,
 			"kv_pool_tokens": info.PoolTokens, "kv_pool_pages": info.PoolPages, "kv_pages_free": info.FreePages, "kv_pages_cached": info.CachedPages,
 			"kv_pages_quarantined": info.QuarantinedPages, "running": info.Running, "queued": info.Queued,
-			"model": info.Layout.GetModel(), "page_size": info.Layout.GetPageSize(), "internal_auth": info.InternalAuth,
+			"model": info.Layout.GetModel(), "page_size": info.Layout.GetPageSize(), "kv_cache_dtype": info.Layout.GetDtype(),
+			"internal_auth": info.InternalAuth,
 		})
 	})))
 	var metricsH http.Handler = ms.Handler()
