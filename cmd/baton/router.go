@@ -100,7 +100,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			"internal_auth": plane.Describe()},
 		LiveInfo: func() map[string]any {
 			p, s := rt.Capacity()
-			return map[string]any{"max_prompt_tokens": p, "effective_context_length": s, "workers": rt.Workers()}
+			return map[string]any{"max_prompt_tokens": p, "effective_context_length": s, "workers": rt.Workers(), "refused_pairs": rt.PairRefusals()}
 		},
 	})
 	// /health follows the router's view: ready while one healthy pair exists

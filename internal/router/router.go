@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -352,6 +353,20 @@ func (r *Router) IdentityRefusals() []string {
 			out = append(out, w.role+" worker "+w.url+": "+w.identity)
 		}
 	}
+	return out
+}
+
+// PairRefusals lists the healthy prefill/decode pairs refused because
+// their KV layouts (or transports) differ, each with what differs; empty
+// when none is.
+func (r *Router) PairRefusals() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for k, diff := range r.mismatches {
+		out = append(out, "prefill "+k[0].url+", decode "+k[1].url+": "+diff)
+	}
+	sort.Strings(out)
 	return out
 }
 

@@ -130,17 +130,23 @@ func checkPagesFree(t *testing.T, c *harness.Cluster, v *violations) {
 // the pages read), the missing page holds NaN under --kv-poison, decode's
 // logits are NaN, and the engine fails the request: the client gets an
 // error, never a 200 made from KV nobody wrote, and every page comes back.
+// The poison is NaN in the KV dtype, so f16 pages are caught as f32 ones.
 func TestGatePoisonedReadFailsTheRequest(t *testing.T) {
 	ref := loadReference(t)
-	c := startCluster(t, setup{prefillFaults: "short_write=1", guardsOff: "coverage,checksum,read_gate", workerArgs: []string{"--page-size", "4"}})
-	code, text, body := greedy(t, c.Router.URL, ref)
-	if code == 200 {
-		t.Fatalf("the client got 200 from unwritten KV (%q)", text)
+	for _, dt := range []string{"f32", "f16"} {
+		t.Run(dt, func(t *testing.T) {
+			c := startCluster(t, setup{prefillFaults: "short_write=1", guardsOff: "coverage,checksum,read_gate",
+				workerArgs: []string{"--page-size", "4", "--kv-cache-dtype", dt}})
+			code, text, body := greedy(t, c.Router.URL, ref)
+			if code == 200 {
+				t.Fatalf("the client got 200 from unwritten KV (%q)", text)
+			}
+			if n := harness.Metrics(t, c.Decode[0])["baton_nan_logits_total"]; n < 1 {
+				t.Fatalf("decode sampled no NaN logits (status %d, %s): the unwritten page was never read", code, body)
+			}
+			var v violations
+			checkPagesFree(t, c, &v)
+			requireClean(t, v)
+		})
 	}
-	if n := harness.Metrics(t, c.Decode[0])["baton_nan_logits_total"]; n < 1 {
-		t.Fatalf("decode sampled no NaN logits (status %d, %s): the unwritten page was never read", code, body)
-	}
-	var v violations
-	checkPagesFree(t, c, &v)
-	requireClean(t, v)
 }
