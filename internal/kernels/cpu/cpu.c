@@ -822,7 +822,9 @@ typedef struct {
   int64_t last[BK_ATTN_MAX_MEMBERS];
   float *outp[BK_ATTN_MAX_MEMBERS];
   float sc[CHUNK + 8];
-  const float *kp[CHUNK + 8], *vp[CHUNK + 8];
+  // Rows of the chunk: float32, or on the AVX2 path the stored F16/BF16
+  // rows themselves (widened as they are loaded).
+  const void *kp[CHUNK + 8], *vp[CHUNK + 8];
 } attn_scratch;
 
 static void chunk_scalar(attn_scratch *s, int m, int64_t hd, int64_t cnt) {
@@ -845,79 +847,88 @@ static void chunk_scalar(attn_scratch *s, int m, int64_t hd, int64_t cnt) {
   for (int64_t j = 0; j < cnt; j++) {
     float p = expf(s->sc[j] - nm);
     sum += p;
-    const float *v = s->vp[j];
+    const float *v = (const float *)s->vp[j];
     for (int64_t d = 0; d < hd; d++) acc[d] += p * v[d];
   }
   s->l[m] += sum;
 }
 
 #ifdef BK_X86
-// Requires hd % 8 == 0.
-AVX2 static void chunk_avx2(attn_scratch *s, int m, int64_t hd, int64_t cnt) {
-  const float *q = s->qs + m * hd;
-  float *acc = s->acc + m * hd;
-  // Scores, eight positions at a time.
-  for (int64_t j0 = 0; j0 < cnt; j0 += 8) {
-    const float *k[8];
-    for (int t = 0; t < 8; t++) k[t] = s->kp[j0 + t < cnt ? j0 + t : cnt - 1];
-    __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0,
-           v7 = v0;
-    for (int64_t d = 0; d < hd; d += 8) {
-      __m256 qv = _mm256_loadu_ps(q + d);
-      v0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + d), v0);
-      v1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + d), v1);
-      v2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + d), v2);
-      v3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + d), v3);
-      v4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + d), v4);
-      v5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + d), v5);
-      v6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + d), v6);
-      v7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + d), v7);
-    }
-    _mm256_storeu_ps(s->sc + j0, hsum8x8(v0, v1, v2, v3, v4, v5, v6, v7));
-  }
-  float cmax = -INFINITY;
-  for (int64_t j = 0; j < cnt; j++)
-    if (s->sc[j] > cmax) cmax = s->sc[j];
-  float nm = s->mx[m] > cmax ? s->mx[m] : cmax;
-  if (nm != s->mx[m]) {
-    float f = expf(s->mx[m] - nm);
-    s->l[m] *= f;
-    __m256 fv = _mm256_set1_ps(f);
-    for (int64_t d = 0; d < hd; d += 8)
-      _mm256_storeu_ps(acc + d, _mm256_mul_ps(fv, _mm256_loadu_ps(acc + d)));
-    s->mx[m] = nm;
-  }
-  __m256 nmv = _mm256_set1_ps(nm);
-  for (int64_t j = 0; j < cnt; j += 8)
-    _mm256_storeu_ps(s->sc + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(s->sc + j), nmv)));
-  float sum = 0;
-  for (int64_t j = 0; j < cnt; j++) sum += s->sc[j];
-  s->l[m] += sum;
-  // acc += Σ p_j v_j, 32 dims at a time held in registers.
-  int64_t d = 0;
-  for (; d + 32 <= hd; d += 32) {
-    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8),
-           a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24);
-    for (int64_t j = 0; j < cnt; j++) {
-      __m256 p = _mm256_broadcast_ss(s->sc + j);
-      const float *v = s->vp[j] + d;
-      a0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), a0);
-      a1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), a1);
-      a2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), a2);
-      a3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), a3);
-    }
-    _mm256_storeu_ps(acc + d, a0);
-    _mm256_storeu_ps(acc + d + 8, a1);
-    _mm256_storeu_ps(acc + d + 16, a2);
-    _mm256_storeu_ps(acc + d + 24, a3);
-  }
-  for (; d < hd; d += 8) {
-    __m256 a0 = _mm256_loadu_ps(acc + d);
-    for (int64_t j = 0; j < cnt; j++)
-      a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s->sc + j), _mm256_loadu_ps(s->vp[j] + d), a0);
-    _mm256_storeu_ps(acc + d, a0);
-  }
+// Requires hd % 8 == 0. KT is the stored element type and LD8(p) loads
+// eight of them as float32, so F16/BF16 KV is widened in registers.
+#define DEF_CHUNK_AVX2(NAME, KT, LD8) \
+AVX2 static void NAME(attn_scratch *s, int m, int64_t hd, int64_t cnt) { \
+  const float *q = s->qs + m * hd; \
+  float *acc = s->acc + m * hd; \
+  /* Scores, eight positions at a time. */ \
+  for (int64_t j0 = 0; j0 < cnt; j0 += 8) { \
+    const KT *k[8]; \
+    for (int t = 0; t < 8; t++) k[t] = (const KT *)s->kp[j0 + t < cnt ? j0 + t : cnt - 1]; \
+    __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0, \
+           v7 = v0; \
+    for (int64_t d = 0; d < hd; d += 8) { \
+      __m256 qv = _mm256_loadu_ps(q + d); \
+      v0 = _mm256_fmadd_ps(qv, LD8(k[0] + d), v0); \
+      v1 = _mm256_fmadd_ps(qv, LD8(k[1] + d), v1); \
+      v2 = _mm256_fmadd_ps(qv, LD8(k[2] + d), v2); \
+      v3 = _mm256_fmadd_ps(qv, LD8(k[3] + d), v3); \
+      v4 = _mm256_fmadd_ps(qv, LD8(k[4] + d), v4); \
+      v5 = _mm256_fmadd_ps(qv, LD8(k[5] + d), v5); \
+      v6 = _mm256_fmadd_ps(qv, LD8(k[6] + d), v6); \
+      v7 = _mm256_fmadd_ps(qv, LD8(k[7] + d), v7); \
+    } \
+    _mm256_storeu_ps(s->sc + j0, hsum8x8(v0, v1, v2, v3, v4, v5, v6, v7)); \
+  } \
+  float cmax = -INFINITY; \
+  for (int64_t j = 0; j < cnt; j++) \
+    if (s->sc[j] > cmax) cmax = s->sc[j]; \
+  float nm = s->mx[m] > cmax ? s->mx[m] : cmax; \
+  if (nm != s->mx[m]) { \
+    float f = expf(s->mx[m] - nm); \
+    s->l[m] *= f; \
+    __m256 fv = _mm256_set1_ps(f); \
+    for (int64_t d = 0; d < hd; d += 8) \
+      _mm256_storeu_ps(acc + d, _mm256_mul_ps(fv, _mm256_loadu_ps(acc + d))); \
+    s->mx[m] = nm; \
+  } \
+  __m256 nmv = _mm256_set1_ps(nm); \
+  for (int64_t j = 0; j < cnt; j += 8) \
+    _mm256_storeu_ps(s->sc + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(s->sc + j), nmv))); \
+  float sum = 0; \
+  for (int64_t j = 0; j < cnt; j++) sum += s->sc[j]; \
+  s->l[m] += sum; \
+  /* acc += Σ p_j v_j, 32 dims at a time held in registers. */ \
+  int64_t d = 0; \
+  for (; d + 32 <= hd; d += 32) { \
+    __m256 a0 = _mm256_loadu_ps(acc + d), a1 = _mm256_loadu_ps(acc + d + 8), \
+           a2 = _mm256_loadu_ps(acc + d + 16), a3 = _mm256_loadu_ps(acc + d + 24); \
+    for (int64_t j = 0; j < cnt; j++) { \
+      __m256 p = _mm256_broadcast_ss(s->sc + j); \
+      const KT *v = (const KT *)s->vp[j] + d; \
+      a0 = _mm256_fmadd_ps(p, LD8(v), a0); \
+      a1 = _mm256_fmadd_ps(p, LD8(v + 8), a1); \
+      a2 = _mm256_fmadd_ps(p, LD8(v + 16), a2); \
+      a3 = _mm256_fmadd_ps(p, LD8(v + 24), a3); \
+    } \
+    _mm256_storeu_ps(acc + d, a0); \
+    _mm256_storeu_ps(acc + d + 8, a1); \
+    _mm256_storeu_ps(acc + d + 16, a2); \
+    _mm256_storeu_ps(acc + d + 24, a3); \
+  } \
+  for (; d < hd; d += 8) { \
+    __m256 a0 = _mm256_loadu_ps(acc + d); \
+    for (int64_t j = 0; j < cnt; j++) \
+      a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s->sc + j), LD8((const KT *)s->vp[j] + d), a0); \
+    _mm256_storeu_ps(acc + d, a0); \
+  } \
 }
+
+AVX2_INLINE __m256 ld8f(const float *p) { return _mm256_loadu_ps(p); }
+AVX2_INLINE __m256 ld8h(const uint16_t *p) { return ld8_f16((const uint8_t *)p); }
+AVX2_INLINE __m256 ld8b(const uint16_t *p) { return ld8_bf16((const uint8_t *)p); }
+DEF_CHUNK_AVX2(chunk_avx2, float, ld8f)
+DEF_CHUNK_AVX2(chunk_avx2_f16, uint16_t, ld8h)
+DEF_CHUNK_AVX2(chunk_avx2_bf16, uint16_t, ld8b)
 #endif
 
 #ifdef BK_X86
@@ -952,8 +963,9 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
 #ifdef BK_X86
   int vec = USE_SIMD(simd) && hd % 8 == 0;
 #endif
-  // A pool of F16 or BF16 is widened a chunk at a time into kw/vw, once
-  // per item and chunk, and every member then reads float32 as for F32.
+  // A pool of F16 or BF16 is widened as it is loaded on the AVX2 path;
+  // the scalar path widens a chunk at a time into kw/vw, once per item
+  // and chunk, and every member then reads float32 as for F32.
   const int half = g->kv_dtype != BK_F32;
   attn_scratch s;
   s.qs = malloc(sizeof(float) * (2 * BK_ATTN_MAX_MEMBERS + (half ? 2 * CHUNK : 0)) * hd);
@@ -994,6 +1006,14 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
           s.vp[p - c0] = k + ps * rf;
           continue;
         }
+#ifdef BK_X86
+        if (vec) {
+          const uint16_t *k = (const uint16_t *)kv + off;
+          s.kp[p - c0] = k;
+          s.vp[p - c0] = k + ps * rf;
+          continue;
+        }
+#endif
         const uint16_t *k = (const uint16_t *)kv + off;
         float *kd = kw + (p - c0) * hd, *vd = vw + (p - c0) * hd;
         cvt_row(simd, kd, k, hd, g->kv_dtype);
@@ -1006,7 +1026,12 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
         if (e <= c0) continue;
 #ifdef BK_X86
         if (vec) {
-          chunk_avx2(&s, m, hd, e - c0);
+          if (g->kv_dtype == BK_F16)
+            chunk_avx2_f16(&s, m, hd, e - c0);
+          else if (g->kv_dtype == BK_BF16)
+            chunk_avx2_bf16(&s, m, hd, e - c0);
+          else
+            chunk_avx2(&s, m, hd, e - c0);
           continue;
         }
 #endif
