@@ -1,0 +1,45 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/batonlm/baton/internal/model"
+)
+
+// --kv-cache-dtype takes auto, f32, f16 and bf16 (not on the router, and
+// not with the ucx transport, which puts f32 rows), and anything else is
+// refused by name.
+func TestKVCacheDTypeFlag(t *testing.T) {
+	router := []string{"--role", "router", "--prefill", "http://a:1", "--decode", "http://b:2"}
+	for _, c := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"--kv-cache-dtype", "auto"}, ""},
+		{[]string{"--kv-cache-dtype", "f16"}, ""},
+		{[]string{"--role", "decode", "--kv-cache-dtype", "bf16"}, ""},
+		{[]string{"--kv-cache-dtype", "q8_0"}, `unknown --kv-cache-dtype "q8_0"`},
+		{append(router, "--kv-cache-dtype", "f16"), "--kv-cache-dtype (standalone, prefill, decode only)"},
+		{[]string{"--role", "decode", "--transport", "ucx", "--kv-cache-dtype", "f16"}, "the ucx transport moves f32 KV only"},
+	} {
+		dryRun(t, c.args, c.err, "")
+	}
+}
+
+// A --kv-cache-memory budget holds twice the pages of f16 or bf16 KV.
+func TestPlanPoolCountsKVDType(t *testing.T) {
+	c := &model.Config{Layers: 4, KVHeads: 2, HeadDim: 16, ContextLength: 1 << 20}
+	pages := map[string]int{}
+	for _, dt := range []string{"auto", "f32", "f16", "bf16"} {
+		f := &serveFlags{pageSize: 16, kvCacheMemory: "1MiB", maxRunning: 64, kvCacheDType: dt}
+		p, err := planPool(f, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages[dt] = p.pages
+	}
+	// f32: 4 layers x 2 x 32 floats x 4 bytes = 1 KiB a token, 64 pages.
+	if pages["auto"] != 64 || pages["f32"] != 64 || pages["f16"] != 128 || pages["bf16"] != 128 {
+		t.Fatalf("pages from a 1MiB budget: %v", pages)
+	}
+}
