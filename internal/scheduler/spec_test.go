@@ -177,3 +177,97 @@ func counter(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// chiSquareCrit is the chi-square value a statistic with df degrees of
+// freedom exceeds with probability 0.001 (Wilson-Hilferty).
+func chiSquareCrit(df int) float64 {
+	const z = 3.09
+	d := float64(df)
+	c := 1 - 2/(9*d) + z*math.Sqrt(2/(9*d))
+	return d * c * c * c
+}
+
+// homogeneity is the two-sample chi-square statistic of equal-sized
+// samples a and b, tokens seen fewer than 10 times in both pooled into one
+// category, with its degrees of freedom.
+func homogeneity(a, b map[int32]int) (float64, int) {
+	keys := map[int32]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	var x float64
+	var ra, rb int
+	df := -1
+	for k := range keys {
+		if a[k]+b[k] < 10 {
+			ra, rb = ra+a[k], rb+b[k]
+			continue
+		}
+		d := float64(a[k] - b[k])
+		x += d * d / float64(a[k]+b[k])
+		df++
+	}
+	if ra+rb > 0 {
+		d := float64(ra - rb)
+		x += d * d / float64(ra+rb)
+		df++
+	}
+	return x, df
+}
+
+// Sampling with speculation draws from the model's own distribution: the
+// next-token distributions at the positions drafts are verified at, over
+// many fixed seeds, are those of sampling without speculation (two-sample
+// chi-square at p = 0.001). Accepting every draft, or resampling a
+// rejected one from the full distribution, fails it.
+func TestSpecSamplingKeepsTheDistribution(t *testing.T) {
+	want := loadRef(t)
+	// The reference twice, the second time cut short: the model tends to
+	// go on copying it, which the lookup drafts.
+	prompt := append(append(append([]int32(nil), want.PromptIDs...), want.GeneratedIDs[:30]...), want.PromptIDs...)
+	prompt = append(prompt, want.GeneratedIDs[:12]...)
+	const n, steps = 600, 4
+	run := func(e *Engine, seed0 uint64) []map[int32]int {
+		counts := make([]map[int32]int, steps)
+		for i := range counts {
+			counts[i] = map[int32]int{}
+		}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 16)
+		for i := range uint64(n) {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				seed := seed0 + i
+				toks, _ := generate(t, e, prompt, Params{MaxTokens: steps, IgnoreEOS: true, Seed: &seed, Sampling: model.Sampling{Temperature: 1.5}})
+				mu.Lock()
+				defer mu.Unlock()
+				for j, tk := range toks {
+					counts[j][tk]++
+				}
+			}()
+		}
+		wg.Wait()
+		return counts
+	}
+	plain := run(newSpecEngine(t, SpecConfig{}, 16, 800, false), 1)
+	se := newSpecEngine(t, ngram4, 16, 800, false)
+	spec := run(se, 1_000_000)
+	drafted, accepted := counter(se.m.SpecDraftTokens), counter(se.m.SpecAcceptedTokens)
+	t.Logf("drafted %v, accepted %v over %d requests", drafted, accepted, n)
+	for j := 1; j < steps; j++ {
+		x, df := homogeneity(plain[j], spec[j])
+		if x > chiSquareCrit(df) {
+			t.Errorf("token %d: chi-square %.1f with %d degrees of freedom (limit %.1f): speculation changed the distribution", j, x, df, chiSquareCrit(df))
+		}
+		t.Logf("token %d: chi-square %.1f, %d degrees of freedom, limit %.1f", j, x, df, chiSquareCrit(df))
+	}
+	if drafted < n/2 || accepted == 0 || accepted == drafted {
+		t.Errorf("drafted %v, accepted %v: the test needs drafts both accepted and rejected", drafted, accepted)
+	}
+}
