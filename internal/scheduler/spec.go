@@ -63,6 +63,10 @@ type specState struct {
 	drafted  int     // draft tokens proposed over the request's life
 	accepted int     // of them, accepted
 	steps    int     // verifying steps (each emits accepted+1 tokens)
+	// next is the draft length of the next step (0: the configured one):
+	// one more than the last step accepted, so a request whose drafts
+	// keep failing verifies one token a step instead of paying for k.
+	next int
 }
 
 // speculates says whether r drafts this step. Requests whose next tokens
@@ -84,7 +88,11 @@ func (e *Engine) speculates(r *Request) bool {
 // may pass max_tokens or the pages r holds.
 func (e *Engine) propose(r *Request) {
 	r.spec.draft = r.spec.draft[:0]
-	k := min(e.cfg.Spec.draftLen(), e.maxSeqLen(r)-len(r.seq)-1)
+	k := e.cfg.Spec.draftLen()
+	if r.spec.next > 0 {
+		k = min(k, r.spec.next)
+	}
+	k = min(k, e.maxSeqLen(r)-len(r.seq)-1)
 	if k <= 0 {
 		return
 	}
@@ -171,6 +179,7 @@ func (e *Engine) speculated(r *Request, rows []float32, c0 int) {
 	}
 	drafted := len(r.spec.draft)
 	r.spec.draft = r.spec.draft[:0]
+	r.spec.next = accepted + 1
 	r.spec.drafted += drafted
 	r.spec.accepted += accepted
 	e.m.SpecDraftTokens.Add(float64(drafted))
