@@ -161,6 +161,20 @@ func TestSpecGreedyEqualsPlain(t *testing.T) {
 				t.Fatalf("dummy %v, stop %d: got %v\nwant %v", dummy, stop, got, want)
 			}
 		}
+		// min_tokens (bans that lift at a count), penalties and a logit
+		// bias come out as they do without speculation.
+		want := loadRef(t).GeneratedIDs
+		for _, p := range []Params{
+			{MaxTokens: 120, MinTokens: 60, StopTokenIDs: []int32{want[10]}},
+			{MaxTokens: 120, IgnoreEOS: true, Sampling: model.Sampling{FrequencyPenalty: 0.7, PresencePenalty: 0.3}},
+			{MaxTokens: 120, IgnoreEOS: true, Sampling: model.Sampling{RepetitionPenalty: 1.3, LogitBias: map[int32]float64{want[3]: -5}}},
+		} {
+			w, _ := generate(t, plain, repetitive(t), p)
+			g, _ := generate(t, spec, repetitive(t), p)
+			if fmt.Sprint(g) != fmt.Sprint(w) {
+				t.Fatalf("dummy %v, %+v: got %v\nwant %v", dummy, p, g, w)
+			}
+		}
 		drafted, accepted := counter(spec.m.SpecDraftTokens), counter(spec.m.SpecAcceptedTokens)
 		t.Logf("dummy %v: drafted %v, accepted %v", dummy, drafted, accepted)
 		if accepted == 0 || accepted == drafted {
