@@ -56,6 +56,9 @@ type serveFlags struct {
 	maxQueued       int
 	queueTimeout    time.Duration
 	preemptAfter    time.Duration
+	specAlgorithm   string
+	specDraftTokens int
+	specSteps       int
 	apiKey          string
 	metricsKey      bool
 	readTimeout     time.Duration
@@ -147,6 +150,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
+	fs.StringVar(&f.specAlgorithm, "speculative-algorithm", "", "standalone, decode: speculative decoding: ngram (drafts from the request's own prompt and output, verified by the model in the same forward pass; empty: off)")
+	fs.IntVar(&f.specDraftTokens, "speculative-num-draft-tokens", 4, "standalone, decode: most draft tokens verified per request and step")
+	fs.IntVar(&f.specSteps, "speculative-num-steps", 4, "standalone, decode: longest draft chain; an ngram draft is one chain, so a step verifies at most the smaller of this and --speculative-num-draft-tokens")
 	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission (router: for a decode worker with room); more get 429 with Retry-After")
 	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every route but /health and /metrics (workers: /server_info and unknown routes)")
 	fs.BoolVar(&f.metricsKey, "metrics-require-key", false, "require --api-key on /metrics too (default: /metrics is open to scrapers)")
@@ -238,6 +244,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--kv-cache-dtype %s: the ucx transport moves f32 KV only (use --transport tcp)", f.kvCacheDType)
 	case f.cacheScope != string(prefixcache.ScopeKey) && f.cacheScope != string(prefixcache.ScopeGlobal):
 		return fmt.Errorf("unknown --prefix-cache-scope %q (key, global)", f.cacheScope)
+	case f.spec().Validate() != nil:
+		return fmt.Errorf("--speculative-algorithm: %w", f.spec().Validate())
 	case f.queueTimeout <= 0:
 		return fmt.Errorf("--queue-timeout must be positive")
 	case f.metricsKey && f.apiKey == "":
@@ -540,6 +548,7 @@ func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.S
 		Role: role, ContextLength: le.plan.context, MaxRunning: f.maxRunning, ChunkSize: f.chunkedPrefill, MaxQueue: f.maxQueued, IsEOG: le.tok.IsEOG,
 		Constrain:    le.constraints.matcher,
 		PreemptAfter: f.preemptAfter,
+		Spec:         f.spec(),
 		PrefixCache:  cache,
 	}, ms)
 }
@@ -733,4 +742,9 @@ func sglangAliases(fs *pflag.FlagSet, f *serveFlags) error {
 		}
 	}
 	return nil
+}
+
+// spec is the engine's speculative decoding setting from the flags.
+func (f *serveFlags) spec() scheduler.SpecConfig {
+	return scheduler.SpecConfig{Algorithm: f.specAlgorithm, DraftTokens: f.specDraftTokens, Steps: f.specSteps}
 }

@@ -96,6 +96,11 @@ func TestFlagsRefusedOnRolesTheyDoNothingOn(t *testing.T) {
 		{[]string{"--role", "decode", "--chunked-prefill-size", "8", "--max-queued-requests", "4"}, ""},
 		{[]string{"--max-running-requests", "1", "--preempt-after", "1s"}, ""},
 		{append(router, "--queue-timeout", "0s"), "--queue-timeout must be positive"},
+		{append(router, "--speculative-algorithm", "ngram"), "--speculative-algorithm (standalone, decode only)"},
+		{[]string{"--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "6"}, ""},
+		{[]string{"--role", "decode", "--speculative-algorithm", "ngram"}, ""},
+		{[]string{"--speculative-algorithm", "eagle"}, `speculative algorithm "eagle" is not available`},
+		{[]string{"--speculative-algorithm", "ngram", "--speculative-num-steps", "0"}, "at least one draft token and one step"},
 	} {
 		dryRun(t, c.args, c.err, "")
 	}

@@ -174,6 +174,10 @@ type Stats struct {
 	// refused because the page is shared. Each is a bug in a caller (or
 	// a peer aiming at a cached page), so tests assert it stays zero.
 	SharedWriteRefusals uint64
+	// RollbackRefusals counts Rollback calls refused because a page they
+	// would lower is not the caller's own private page. Each is a bug in a
+	// caller, so tests assert it stays zero.
+	RollbackRefusals uint64
 }
 
 // Used is how many pages someone holds: allocated, quarantined, or
@@ -815,4 +819,38 @@ func (p *Pool) freePage(id int32) {
 	p.free = append(p.free, id)
 	p.stats.Free++
 	p.stats.PagesFreed++
+}
+
+// Rollback lowers the written counts of the sequence whose page table is
+// pages so that positions [0, positions) stay written and nothing beyond
+// them does: speculative decoding stores the KV of draft tokens before the
+// target has judged them, and the rejected ones must not read as written
+// afterwards. Only pages allocated to owner are lowered; a page beyond
+// positions that is shared (prefix cache), another owner's, or not
+// allocated refuses the whole call, which changes nothing and is counted
+// (Stats.RollbackRefusals). Owner tags are unchanged.
+func (p *Pool) Rollback(owner Owner, pages []int32, positions int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if positions < 0 {
+		p.stats.RollbackRefusals++
+		return fmt.Errorf("%w: roll back to %d positions", ErrBadArg, positions)
+	}
+	ps := p.cfg.PageSize
+	var lower []int32
+	for i, id := range pages {
+		keep := min(ps, max(0, positions-i*ps))
+		if id >= 0 && int(id) < len(p.pages) && int(p.pages[id].written) <= keep {
+			continue // nothing beyond positions to take back here
+		}
+		if err := p.owned(owner, id); err != nil {
+			p.stats.RollbackRefusals++
+			return fmt.Errorf("kvpool: rollback refused: %w", err)
+		}
+		lower = append(lower, int32(i))
+	}
+	for _, i := range lower {
+		p.pages[pages[i]].written = int32(min(ps, max(0, positions-int(i)*ps)))
+	}
+	return nil
 }

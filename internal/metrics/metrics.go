@@ -65,6 +65,14 @@ type Set struct {
 	// capability.
 	InternalAuthFailures *prometheus.CounterVec // rpc
 
+	// Speculative decoding: per finished request that speculated, its
+	// tokens per verifying step and its share of drafts accepted; and the
+	// draft tokens proposed and accepted.
+	SpecAcceptLength   prometheus.Histogram
+	SpecAcceptRate     prometheus.Histogram
+	SpecDraftTokens    prometheus.Counter
+	SpecAcceptedTokens prometheus.Counter
+
 	// IllegalMoves counts lifecycle moves the engine made that the state
 	// machine refused: a bug, never expected.
 	IllegalMoves prometheus.Counter
@@ -130,6 +138,14 @@ func ForModel(role, model string) *Set {
 		DrainWait:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_drain_wait_seconds", Help: "Time aborted pages spent in quarantine waiting for their writer.", Buckets: latencyBuckets, ConstLabels: c}),
 		InternalAuthFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_internal_auth_failures_total",
 			Help: "Internal calls and transfer sessions refused: no or wrong cluster credentials, a role not allowed the call, or a wrong reservation capability.", ConstLabels: c}, []string{"rpc"}),
+		SpecAcceptLength: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_spec_accept_length",
+			Help: "Tokens emitted per verifying forward step of a finished request that speculated (accepted drafts plus the target's own token).", Buckets: []float64{1, 1.2, 1.4, 1.6, 2, 2.5, 3, 4, 5, 6, 8}, ConstLabels: c}),
+		SpecAcceptRate: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_spec_accept_rate",
+			Help: "Share of a finished request's draft tokens that the target accepted, 0 to 1.", Buckets: []float64{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.96, 1}, ConstLabels: c}),
+		SpecDraftTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_spec_draft_tokens_total",
+			Help: "Draft tokens proposed by speculative decoding and verified by the target.", ConstLabels: c}),
+		SpecAcceptedTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_spec_accepted_tokens_total",
+			Help: "Draft tokens the target accepted.", ConstLabels: c}),
 		IllegalMoves: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_lifecycle_illegal_moves_total",
 			Help: "Request state changes the lifecycle refused; anything but 0 is a bug.", ConstLabels: c}),
 	}
@@ -151,6 +167,9 @@ func ForModel(role, model string) *Set {
 	}
 	if role == "decode" {
 		reg.MustRegister(s.LateDropped)
+	}
+	if role == "standalone" || role == "decode" {
+		reg.MustRegister(s.SpecAcceptLength, s.SpecAcceptRate, s.SpecDraftTokens, s.SpecAcceptedTokens)
 	}
 	// Labelled counters start at 0 for every label the role can count, so
 	// that a rate() or an alert on them works before the first event.

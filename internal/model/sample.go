@@ -126,6 +126,74 @@ func argmax(v []float32) int32 {
 }
 
 func (s *Sampler) draw(logits []float32, p Sampling, rng *rand.Rand) int32 {
+	cand, probs, sum := s.dist(logits, p)
+	return pick(cand, probs, sum, -1, rng)
+}
+
+// pick draws from the candidates in proportion to probs (summing to sum),
+// leaving out index skip (-1: none).
+func pick(cand []int32, probs []float64, sum float64, skip int, rng *rand.Rand) int32 {
+	r := rng.Float64() * sum
+	last := -1
+	for i := range cand {
+		if i == skip {
+			continue
+		}
+		last = i
+		r -= probs[i]
+		if r <= 0 {
+			return cand[i]
+		}
+	}
+	return cand[last]
+}
+
+// Verify judges a draft token (speculative decoding) against the target's
+// logits at its position, under the same rules as SampleAfter. Greedy: the
+// draft is accepted when it is the argmax, and the argmax is returned
+// either way. Sampling: a point-mass draft d is accepted with probability
+// q(d) of the target distribution q; on rejection the token is drawn from
+// q with d removed and renormalised. Either way the returned token is
+// distributed as q, so speculation leaves the output distribution as it
+// was (it takes a different number of draws from rng than SampleAfter).
+func (s *Sampler) Verify(logits []float32, p Sampling, rng *rand.Rand, h History, draft int32) (Sampled, bool) {
+	if !p.Draws() || rng == nil {
+		out := s.SampleAfter(logits, p, nil, h)
+		return out, out.ID == draft
+	}
+	choice := logits
+	if p.adjusts(h) {
+		if cap(s.work) < len(logits) {
+			s.work = make([]float32, len(logits))
+		}
+		choice = s.work[:len(logits)]
+		s.adjust(choice, logits, p, h)
+	}
+	cand, probs, sum := s.dist(choice, p)
+	at := -1
+	for i, id := range cand {
+		if id == draft {
+			at = i
+			break
+		}
+	}
+	var chosen int32
+	accepted := false
+	switch {
+	case at >= 0 && (len(cand) == 1 || rng.Float64()*sum < probs[at]):
+		chosen, accepted = draft, true
+	case at >= 0:
+		chosen = pick(cand, probs, sum-probs[at], at, rng)
+	default:
+		chosen = pick(cand, probs, sum, -1, rng)
+	}
+	return s.Score(logits, chosen, p.TopLogprobs), accepted
+}
+
+// dist is the target distribution of a draw: the candidates left after
+// top-k, min-p and top-p, highest logit first, their unnormalised
+// probabilities at the temperature, and those probabilities' sum.
+func (s *Sampler) dist(logits []float32, p Sampling) ([]int32, []float64, float64) {
 	// Candidates: the top-k (or all), sorted by logit, highest first.
 	k := len(logits)
 	if p.TopK > 0 && p.TopK < k {
@@ -163,14 +231,7 @@ func (s *Sampler) draw(logits []float32, p Sampling, rng *rand.Rand) int32 {
 			sum += probs[i]
 		}
 	}
-	r := rng.Float64() * sum
-	for i := 0; i < n; i++ {
-		r -= probs[i]
-		if r <= 0 {
-			return cand[i]
-		}
-	}
-	return cand[n-1]
+	return cand[:n], probs[:n], sum
 }
 
 // topK returns the ids of the k largest logits, largest first (ties: lower

@@ -48,6 +48,8 @@ type Config struct {
 	// shared pages of an earlier request of its tenant with the same
 	// prefix, and publishes its own complete prompt pages for later ones.
 	PrefixCache *prefixcache.Cache
+	// Spec turns on speculative decoding (standalone and decode).
+	Spec SpecConfig
 }
 
 // RejectError is a refusal at the door: the request allocated nothing.
@@ -475,7 +477,14 @@ func (e *Engine) step() {
 	for i := 0; i < len(e.running); i++ {
 		r := e.running[i]
 		todo := len(r.seq) - r.computed
-		if todo > 1 { // prefill
+		spec := todo == 1 && e.speculates(r)
+		if spec {
+			e.propose(r)
+			todo += len(r.spec.draft)
+		} else {
+			r.spec.draft = r.spec.draft[:0]
+		}
+		if todo > 1 && !spec { // prefill
 			if budget <= 0 {
 				continue
 			}
@@ -507,12 +516,21 @@ func (e *Engine) step() {
 		}
 		q0 := len(b.Tokens)
 		for p := r.computed; p < end; p++ {
-			b.Tokens = append(b.Tokens, r.seq[p])
+			tok := r.seq[min(p, len(r.seq)-1)]
+			if p >= len(r.seq) { // a draft token: its KV is rolled back if rejected
+				tok = r.spec.draft[p-len(r.seq)]
+			}
+			b.Tokens = append(b.Tokens, tok)
 			b.Positions = append(b.Positions, int32(p))
 			b.Slots = append(b.Slots, r.pages[p/ps]*int32(ps)+int32(p%ps))
 		}
+		if spec {
+			r.spec.steps++
+		}
 		b.Seqs = append(b.Seqs, kernels.AttnSeq{Pages: r.pages, QStart: q0, QLen: todo, KVLen: end})
-		if r.Params.PromptLogprobs && r.computed < len(r.Prompt) {
+		// A prompt's own logprobs and a draft's verification need the
+		// prediction of every row.
+		if (r.Params.PromptLogprobs && r.computed < len(r.Prompt)) || len(r.spec.draft) > 0 {
 			if b.Every == nil {
 				b.Every = make([]bool, len(b.Seqs)-1, len(e.running))
 			}
@@ -552,6 +570,10 @@ func (e *Engine) step() {
 		}
 		if r.OnChunk != nil {
 			r.OnChunk(e.pool.KV(), r.pages, r.computed, s.KVLen)
+		}
+		if len(r.spec.draft) > 0 {
+			e.speculated(r, logits[(at-rows)*vocab:at*vocab], s.KVLen-s.QLen)
+			continue
 		}
 		r.computed = s.KVLen
 		if r.computed < len(r.seq) {
@@ -710,6 +732,7 @@ func (e *Engine) finish(r *Request, reason string) {
 	}
 	e.publish(r)
 	e.release(r)
+	e.specObserve(r)
 	e.m.Outcome("finished")
 	e.m.E2E.Observe(time.Since(r.arrived).Seconds())
 	r.emit(Event{Finish: reason})

@@ -105,6 +105,7 @@ type Request struct {
 	arrived   time.Time
 	queuedAt  time.Time // when it last entered the waiting queue
 	lastToken time.Time
+	spec      specState
 }
 
 // NewRequest makes a standalone request in state Received.
