@@ -54,19 +54,26 @@ func (s *Sampler) Sample(logits []float32, p Sampling, rng *rand.Rand) Sampled {
 	return s.SampleAfter(logits, p, rng, History{})
 }
 
+// adjusted is logits after the request's bias, penalties and bans (in the
+// sampler's scratch), or logits itself when those change nothing.
+func (s *Sampler) adjusted(logits []float32, p Sampling, h History) []float32 {
+	if !p.adjusts(h) {
+		return logits
+	}
+	if cap(s.work) < len(logits) {
+		s.work = make([]float32, len(logits))
+	}
+	w := s.work[:len(logits)]
+	s.adjust(w, logits, p, h)
+	return w
+}
+
 // SampleAfter is Sample for a request with a history: bias, penalties and
 // bans shape the choice, while the logprobs reported stay those of the
 // model's raw distribution (vLLM's default), so they say what the model
 // thought rather than what the request asked for.
 func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h History) Sampled {
-	pick := logits
-	if p.adjusts(h) {
-		if cap(s.work) < len(logits) {
-			s.work = make([]float32, len(logits))
-		}
-		pick = s.work[:len(logits)]
-		s.adjust(pick, logits, p, h)
-	}
+	pick := s.adjusted(logits, p, h)
 	maxv := float32(math.Inf(-1))
 	for _, v := range logits {
 		maxv = max(maxv, v)
@@ -161,14 +168,7 @@ func (s *Sampler) Verify(logits []float32, p Sampling, rng *rand.Rand, h History
 		out := s.SampleAfter(logits, p, nil, h)
 		return out, out.ID == draft
 	}
-	choice := logits
-	if p.adjusts(h) {
-		if cap(s.work) < len(logits) {
-			s.work = make([]float32, len(logits))
-		}
-		choice = s.work[:len(logits)]
-		s.adjust(choice, logits, p, h)
-	}
+	choice := s.adjusted(logits, p, h)
 	cand, probs, sum := s.dist(choice, p)
 	at := -1
 	for i, id := range cand {

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -65,44 +66,52 @@ func collect(t *testing.T, r *Request) ([]model.Sampled, string) {
 // 1e-3, whatever the batching: 8 concurrent requests, 2-token prefill chunks,
 // page sizes 1, 16 and 64. Every page must be back in the pool afterwards.
 func TestEngineGreedyReferenceUnderBatching(t *testing.T) {
-	want := loadRef(t)
 	for _, tc := range []struct{ page, pages, chunk int }{{16, 300, 512}, {1, 4096, 2}, {64, 80, 2}} {
 		e, _ := newEngine(t, tc.page, tc.pages, tc.chunk)
-		var wg sync.WaitGroup
-		for i := 0; i < 8; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := NewRequest("r", want.PromptIDs, Params{MaxTokens: len(want.GeneratedIDs), Sampling: model.Sampling{TopLogprobs: 5}})
-				if err := e.Submit(r); err != nil {
-					t.Error(err)
-					return
-				}
-				toks, fin := collect(t, r)
-				if fin != FinishLength || len(toks) != len(want.GeneratedIDs) {
-					t.Errorf("page %d: finish %q after %d tokens", tc.page, fin, len(toks))
-					return
-				}
-				for j, tk := range toks {
-					if tk.ID != want.GeneratedIDs[j] {
-						t.Errorf("page %d chunk %d: token %d = %d, want %d", tc.page, tc.chunk, j, tk.ID, want.GeneratedIDs[j])
-						return
-					}
-					for k, w := range want.Top5[j] {
-						if tk.Top[k].ID != w.ID || math.Abs(float64(tk.Top[k].Logprob)-w.Logprob) > 1e-3 {
-							t.Errorf("position %d alt %d: %+v, want %+v", j, k, tk.Top[k], w)
-							return
-						}
-					}
-				}
-				if r.State() != StateFinished {
-					t.Errorf("state %s, want Finished", r.State())
-				}
-			}()
-		}
-		wg.Wait()
+		runReference(t, e, 8, fmt.Sprintf("page %d chunk %d", tc.page, tc.chunk))
 		waitFree(t, e)
 	}
+}
+
+// runReference runs n copies of the greedy reference request at once on e
+// and checks each one's tokens and top-5 logprobs (within 1e-3) and that it
+// ended Finished.
+func runReference(t *testing.T, e *Engine, n int, what string) {
+	t.Helper()
+	want := loadRef(t)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := NewRequest("r", want.PromptIDs, Params{MaxTokens: len(want.GeneratedIDs), Sampling: model.Sampling{TopLogprobs: 5}})
+			if err := e.Submit(r); err != nil {
+				t.Error(err)
+				return
+			}
+			toks, fin := collect(t, r)
+			if fin != FinishLength || len(toks) != len(want.GeneratedIDs) {
+				t.Errorf("%s: finish %q after %d tokens", what, fin, len(toks))
+				return
+			}
+			for j, tk := range toks {
+				if tk.ID != want.GeneratedIDs[j] {
+					t.Errorf("%s: token %d = %d, want %d", what, j, tk.ID, want.GeneratedIDs[j])
+					return
+				}
+				for k, w := range want.Top5[j] {
+					if tk.Top[k].ID != w.ID || math.Abs(float64(tk.Top[k].Logprob)-w.Logprob) > 1e-3 {
+						t.Errorf("%s: position %d alt %d: %+v, want %+v", what, j, k, tk.Top[k], w)
+						return
+					}
+				}
+			}
+			if r.State() != StateFinished {
+				t.Errorf("%s: state %s, want Finished", what, r.State())
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func waitFree(t *testing.T, e *Engine) {

@@ -92,39 +92,9 @@ func repetitive(t *testing.T) []int32 {
 // across page boundaries; every page comes back, nothing is refused.
 func TestSpecGreedyReference(t *testing.T) {
 	exactGate(t)
-	want := loadRef(t)
 	for _, tc := range []struct{ page, pages int }{{16, 300}, {1, 4096}, {4, 1200}} {
 		e := newSpecEngine(t, ngram4, tc.page, tc.pages, false)
-		var wg sync.WaitGroup
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := NewRequest("r", want.PromptIDs, Params{MaxTokens: len(want.GeneratedIDs), Sampling: model.Sampling{TopLogprobs: 5}})
-				if err := e.Submit(r); err != nil {
-					t.Error(err)
-					return
-				}
-				toks, fin := collect(t, r)
-				if fin != FinishLength || len(toks) != len(want.GeneratedIDs) {
-					t.Errorf("page %d: finish %q after %d tokens", tc.page, fin, len(toks))
-					return
-				}
-				for j, tk := range toks {
-					if tk.ID != want.GeneratedIDs[j] {
-						t.Errorf("page %d: token %d = %d, want %d", tc.page, j, tk.ID, want.GeneratedIDs[j])
-						return
-					}
-					for k, w := range want.Top5[j] {
-						if tk.Top[k].ID != w.ID || math.Abs(float64(tk.Top[k].Logprob)-w.Logprob) > 1e-3 {
-							t.Errorf("position %d alt %d: %+v, want %+v", j, k, tk.Top[k], w)
-							return
-						}
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		runReference(t, e, 4, fmt.Sprintf("page %d", tc.page))
 		waitFree(t, e)
 		if d := counter(e.m.SpecDraftTokens); d == 0 {
 			t.Errorf("page %d: nothing was drafted", tc.page)
