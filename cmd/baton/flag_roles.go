@@ -32,7 +32,7 @@ var flagRoles = map[string][]string{
 	"tool-call-parser": {"standalone", "router"}, "reasoning-parser": {"standalone", "router"},
 
 	"context-length": engineRoles, "page-size": engineRoles, "max-total-tokens": engineRoles,
-	"kv-cache-memory": engineRoles, "max-running-requests": engineRoles,
+	"kv-cache-memory": engineRoles, "mem-fraction-static": engineRoles, "max-running-requests": engineRoles,
 	"load-format": engineRoles, "dummy-dtype": engineRoles, "kv-poison": engineRoles, "kv-cache-dtype": engineRoles,
 	"strict-capacity": engineRoles, "device": engineRoles, "threads": engineRoles,
 	"chunked-prefill-size":  {"standalone", "prefill"},

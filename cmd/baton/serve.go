@@ -51,27 +51,31 @@ type serveFlags struct {
 	pageSize        int
 	maxTotalTokens  int
 	kvCacheMemory   string
-	chunkedPrefill  int
-	maxRunning      int
-	maxQueued       int
-	queueTimeout    time.Duration
-	preemptAfter    time.Duration
-	specAlgorithm   string
-	specDraftTokens int
-	specSteps       int
-	apiKey          string
-	metricsKey      bool
-	readTimeout     time.Duration
-	loadFormat      string
-	dummyDType      string
-	kvPoison        bool
-	kvCacheDType    string
-	noRadixCache    bool
-	decodeRadix     bool
-	cacheScope      string
-	strictCapacity  bool
-	threads         int
-	shutdownTimeout time.Duration
+	// memFractionStatic (SGLang's) sizes weights and KV together as a
+	// fraction of the device's memory; kvBudget is the KV share it leaves.
+	memFractionStatic float64
+	kvBudget          int64
+	chunkedPrefill    int
+	maxRunning        int
+	maxQueued         int
+	queueTimeout      time.Duration
+	preemptAfter      time.Duration
+	specAlgorithm     string
+	specDraftTokens   int
+	specSteps         int
+	apiKey            string
+	metricsKey        bool
+	readTimeout       time.Duration
+	loadFormat        string
+	dummyDType        string
+	kvPoison          bool
+	kvCacheDType      string
+	noRadixCache      bool
+	decodeRadix       bool
+	cacheScope        string
+	strictCapacity    bool
+	threads           int
+	shutdownTimeout   time.Duration
 
 	dryRun      bool
 	device      string
@@ -147,6 +151,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.pageSize, "page-size", 16, "tokens per KV page")
 	fs.IntVar(&f.maxTotalTokens, "max-total-tokens", 0, "KV pool size in tokens (default: derived from --kv-cache-memory)")
 	fs.StringVar(&f.kvCacheMemory, "kv-cache-memory", "1GiB", "memory budget for the KV pool when --max-total-tokens is not set")
+	fs.Float64Var(&f.memFractionStatic, "mem-fraction-static", 0, "SGLang's sizing instead of --kv-cache-memory: weights plus KV pool take this fraction (0..1) of the device's memory (host RAM on cpu); 0: off")
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
@@ -263,6 +268,9 @@ func (f *serveFlags) validate() error {
 	if _, err := parseBytes(f.kvCacheMemory); err != nil {
 		return fmt.Errorf("--kv-cache-memory: %w", err)
 	}
+	if f.memFractionStatic < 0 || f.memFractionStatic >= 1 {
+		return fmt.Errorf("--mem-fraction-static %g: give a fraction between 0 and 1", f.memFractionStatic)
+	}
 	if _, err := parseDType(f.dummyDType); err != nil {
 		return err
 	}
@@ -371,6 +379,9 @@ func planPool(f *serveFlags, c *model.Config) (poolPlan, error) {
 		if err != nil {
 			return p, fmt.Errorf("--kv-cache-memory: %w", err)
 		}
+		if f.memFractionStatic > 0 {
+			budget = f.kvBudget
+		}
 		kvdt, err := parseKVDType(f.kvCacheDType)
 		if err != nil {
 			return p, err
@@ -456,6 +467,12 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	c := &loaded.Model.Config
+	if f.memFractionStatic > 0 {
+		if f.kvBudget, err = staticKVBudget(f.memFractionStatic, be, loaded.Model.Weights.Bytes()); err != nil {
+			loaded.Model.Close()
+			return nil, err
+		}
+	}
 	plan, err := planPool(f, c)
 	if err != nil {
 		loaded.Model.Close()
@@ -731,6 +748,9 @@ func sglangAliases(fs *pflag.FlagSet, f *serveFlags) error {
 		if fs.Changed(n[0]) && fs.Changed(n[1]) {
 			return fmt.Errorf("--%s is SGLang's name for --%s: give one of them", n[0], n[1])
 		}
+	}
+	if fs.Changed("mem-fraction-static") && fs.Changed("kv-cache-memory") {
+		return fmt.Errorf("--mem-fraction-static and --kv-cache-memory both size the KV pool: give one of them")
 	}
 	if fs.Changed("disaggregation-mode") {
 		switch f.role {

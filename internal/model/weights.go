@@ -73,6 +73,25 @@ func (w *Weights) Params() int64 {
 	return n
 }
 
+// Bytes is the memory the weights take (a tied output matrix counted once).
+func (w *Weights) Bytes() int64 {
+	var n int64
+	seen := map[*kernels.Matrix]bool{}
+	for _, m := range w.matrices() {
+		if m != nil && !seen[m] {
+			seen[m] = true
+			n += int64(len(m.Data))
+		}
+	}
+	for _, v := range w.vectors() {
+		n += 4 * int64(len(v))
+	}
+	for _, l := range w.Layers {
+		n += 4 * int64(len(l.QBias)+len(l.KBias)+len(l.VBias))
+	}
+	return n
+}
+
 // DType is the dtype of the bulk of the weights (the attention Q matrix).
 func (w *Weights) DType() kernels.DType { return w.Layers[0].Q.DType }
 

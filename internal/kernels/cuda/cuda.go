@@ -404,6 +404,18 @@ func (b *Backend) unlock() {
 	b.mu.Unlock()
 }
 
+// TotalMemory is the device's memory, what --mem-fraction-static is a
+// fraction of.
+func (b *Backend) TotalMemory() (int64, error) {
+	b.lock()
+	defer b.unlock()
+	var free, total C.size_t
+	if err := b.drv.check("cuMemGetInfo", C.bk_mem_info(b.drv.c, &free, &total)); err != nil {
+		return 0, err
+	}
+	return int64(total), nil
+}
+
 // must panics with a driver error.
 func (b *Backend) must(op string, r C.bk_res) {
 	if err := b.drv.check(op, r); err != nil {

@@ -126,3 +126,13 @@ func checkDummyModels(t *testing.T, b *Backend) {
 func TestFakeDummyModels(t *testing.T) { checkDummyModels(t, fakeBackend(t)) }
 
 func TestGPUDummyModels(t *testing.T) { checkDummyModels(t, gpuBackend(t)) }
+
+// TotalMemory reports the device's memory (the fake driver's), what
+// --mem-fraction-static is a fraction of.
+func TestFakeTotalMemory(t *testing.T) {
+	b := fakeBackend(t)
+	total, err := b.TotalMemory()
+	if err != nil || total <= 0 {
+		t.Fatalf("TotalMemory: %d, %v", total, err)
+	}
+}
