@@ -312,6 +312,18 @@ func TestAPIKey(t *testing.T) {
 	if code, _ := get(t, s.URL+"/health"); code != 200 {
 		t.Fatalf("/health must not need the key: %d", code)
 	}
+	// Every route the README lists as needing the key refuses a stranger
+	// before reading the body.
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"} {
+		if code, _, b := post(t, s.URL+path, `{}`); code != 401 || !bytes.Contains(b, []byte("invalid_api_key")) {
+			t.Errorf("POST %s without the key: %d %s", path, code, b)
+		}
+	}
+	for _, path := range []string{"/v1/models", "/v1/models/stories260K", "/server_info"} {
+		if code, b := get(t, s.URL+path); code != 401 {
+			t.Errorf("GET %s without the key: %d %s", path, code, b)
+		}
+	}
 }
 
 func TestModelsHealthMetrics(t *testing.T) {
