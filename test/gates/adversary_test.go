@@ -213,6 +213,9 @@ func strangerAttacks(t *testing.T, a *attacker, v *violations, prompt []int32, l
 	if _, err := a.prefill.Info(ctx, &pdv1.InfoRequest{}); err == nil {
 		v.add("%s read prefill's Info", a.name)
 	}
+	if _, err := a.prefill.Tokenizer(ctx, &pdv1.TokenizerRequest{}); err == nil {
+		v.add("%s read prefill's tokenizer files", a.name)
+	}
 	// Prefill, pointed at the attacker's own address.
 	fake := transfer.NewCapability()
 	if _, err := a.prefill.Prefill(ctx, &pdv1.PrefillRequest{RequestId: "stranger", Prompt: prompt, Reservation: &pdv1.Reservation{
@@ -266,6 +269,12 @@ func insiderAttacks(t *testing.T, secret string, d, p *harness.Server, v *violat
 	for _, k := range guesses() {
 		attackReservation(ctx, asPrefill, k, v, transferAddr, prefillGRPC)
 		attackReservation(ctx, asRouter, k, v, transferAddr, prefillGRPC)
+	}
+	// Only the router learns the tokenizer from prefill (the callers table).
+	for _, m := range []*attacker{asPrefill, asDecode} {
+		if _, err := m.prefill.Tokenizer(ctx, &pdv1.TokenizerRequest{}); err == nil {
+			v.add("%s read prefill's tokenizer files", m.name)
+		}
 	}
 	// Decode's Abort to prefill, answered at an address of the attacker's.
 	fake := transfer.NewCapability()
