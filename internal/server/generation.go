@@ -244,16 +244,25 @@ func (g *generation) listen(r *http.Request, done <-chan struct{}) <-chan event 
 	return ch
 }
 
-func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {
+// open starts g on prompt and listens for its events until done closes;
+// false when it could not start, the error already written to w.
+func (g *generation) open(w http.ResponseWriter, r *http.Request, prompt []int32, done <-chan struct{}) (<-chan event, bool) {
 	g.created = time.Now().Unix()
 	g.prompt = prompt
 	if e := g.start(r.Context(), prompt); e != nil {
 		openai.WriteError(w, e)
-		return
+		return nil, false
 	}
+	return g.listen(r, done), true
+}
+
+func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {
 	done := make(chan struct{})
 	defer close(done)
-	events := g.listen(r, done)
+	events, ok := g.open(w, r, prompt, done)
+	if !ok {
+		return
+	}
 	var sse *openai.SSE
 	if g.stream {
 		sse = openai.NewSSE(w)

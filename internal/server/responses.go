@@ -2,7 +2,6 @@ package server
 
 import (
 	"net/http"
-	"time"
 
 	"github.com/batonlm/baton/api/openai"
 	"github.com/batonlm/baton/internal/scheduler"
@@ -35,15 +34,12 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 	prompt := s.encodeChat(text)
 	g := &generation{s: s, chat: true, sampling: cr.Sampling, id: openai.NewID("resp_"), promptParam: "input", plan: plan,
 		tenant: s.Tenant(r, cr.Sampling.CacheSalt)}
-	g.created = time.Now().Unix()
-	g.prompt = prompt
-	if e := g.start(r.Context(), prompt); e != nil {
-		openai.WriteError(w, e)
-		return
-	}
 	done := make(chan struct{})
 	defer close(done)
-	events := g.listen(r, done)
+	events, ok := g.open(w, r, prompt, done)
+	if !ok {
+		return
+	}
 	c := g.choices[0]
 	rw := &responseWriter{resp: openai.Response{ID: g.id, CreatedAt: g.created, Status: "in_progress", Model: s.o.ModelName, ResponsesEcho: req.Echo}}
 	if req.Stream {
