@@ -208,6 +208,31 @@ func snapOf(o objectSnap) callSnap {
 	return callSnap{name: o.name, nameDone: o.nameDone, args: o.args, argsDone: o.argsDone || o.done}
 }
 
+// nextOpen finds the next open tag at or after pos, for the parsers whose
+// calls follow a tag. The text before it goes to content (trailing spaces
+// cut); at is the tag's index and p the first non-space byte after it.
+// more is false when the parse ends here: no tag (the rest released to
+// content as far as it cannot be a tag's start), or the text ends right
+// after the tag (kept as content once final).
+func nextOpen(text string, pos int, open string, final, called bool, content *strings.Builder) (at, p int, more bool) {
+	i := strings.Index(text[pos:], open)
+	if i < 0 {
+		content.WriteString(release(text[pos:], []string{open}, final, called))
+		return 0, 0, false
+	}
+	at = pos + i
+	content.WriteString(strings.TrimRight(text[pos:at], spaces))
+	p = at + len(open)
+	p += wsLen(text[p:])
+	if p >= len(text) {
+		if final {
+			content.WriteString(text[at:])
+		}
+		return at, p, false
+	}
+	return at, p, true
+}
+
 // hermes reads <tool_call>{"name": ..., "arguments": ...}</tool_call>
 // blocks (qwen25 is the same format).
 func hermes(text string, final, _ bool) snapshot {
@@ -216,28 +241,18 @@ func hermes(text string, final, _ bool) snapshot {
 	var content strings.Builder
 	pos := 0
 	for {
-		i := strings.Index(text[pos:], open)
-		if i < 0 {
-			content.WriteString(release(text[pos:], []string{open}, final, len(sn.calls) > 0))
-			break
-		}
-		content.WriteString(strings.TrimRight(text[pos:pos+i], spaces))
-		p := pos + i + len(open)
-		p += wsLen(text[p:])
-		if p >= len(text) {
-			if final {
-				content.WriteString(text[pos+i:])
-			}
+		at, p, more := nextOpen(text, pos, open, final, len(sn.calls) > 0, &content)
+		if !more {
 			break
 		}
 		o := scanCall(text[p:], "arguments")
 		if final && !o.done && !o.nameDone {
-			content.WriteString(text[pos+i:]) // a call that never began
+			content.WriteString(text[at:]) // a call that never began
 			break
 		}
 		if !o.nameDone && (o.bad || o.done) {
 			content.WriteString(open)
-			pos += i + len(open)
+			pos = at + len(open)
 			continue
 		}
 		sn.calls = append(sn.calls, snapOf(o))
@@ -305,23 +320,13 @@ func mistralCalls(text string, final bool) snapshot {
 	pos := 0
 outer:
 	for {
-		i := strings.Index(text[pos:], open)
-		if i < 0 {
-			content.WriteString(release(text[pos:], []string{open}, final, len(sn.calls) > 0))
-			break
-		}
-		content.WriteString(strings.TrimRight(text[pos:pos+i], spaces))
-		p := pos + i + len(open)
-		p += wsLen(text[p:])
-		if p >= len(text) {
-			if final {
-				content.WriteString(text[pos+i:])
-			}
+		at, p, more := nextOpen(text, pos, open, final, len(sn.calls) > 0, &content)
+		if !more {
 			break
 		}
 		if text[p] != '[' {
 			content.WriteString(open)
-			pos += i + len(open)
+			pos = at + len(open)
 			continue
 		}
 		p++
@@ -330,7 +335,7 @@ outer:
 			p += wsLen(text[p:])
 			if p >= len(text) {
 				if final && !called {
-					content.WriteString(text[pos+i:])
+					content.WriteString(text[at:])
 				}
 				break outer
 			}
@@ -344,12 +349,12 @@ outer:
 			}
 			o := scanCall(text[p:], "arguments")
 			if final && !o.done && !o.nameDone && !called {
-				content.WriteString(text[pos+i:])
+				content.WriteString(text[at:])
 				break outer
 			}
 			if !o.nameDone && (o.bad || o.done) && !called {
 				content.WriteString(open)
-				pos += i + len(open)
+				pos = at + len(open)
 				continue outer
 			}
 			if o.bad || (o.done && !o.nameDone) {
