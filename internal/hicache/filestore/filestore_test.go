@@ -601,3 +601,95 @@ func BenchmarkGet(b *testing.B) {
 		i++
 	}
 }
+
+func TestFileOfAnotherKeyIsCorrupt(t *testing.T) {
+	dir := t.TempDir()
+	s := mustOpen(t, dir, metaA, 1<<20)
+	k1, k2 := keyN(21), keyN(22)
+	mustPut(t, s, k1, saltX, 128)
+	mustPut(t, s, k2, saltX, 128)
+	b, err := os.ReadFile(filepath.Join(dir, s.name(k1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// k1's intact file under k2's name, with the store open ...
+	if err := os.WriteFile(filepath.Join(dir, s.name(k2)), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantMiss(t, s, k2, saltX, 128)
+	if st := s.Stats(); st.Corrupt != 1 || s.Has(k2) {
+		t.Fatalf("stats %+v", st)
+	}
+	wantHit(t, s, k1, saltX, 128)
+	// ... and at Open.
+	s.Close()
+	if err := os.WriteFile(filepath.Join(dir, s.name(k2)), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = mustOpen(t, dir, metaA, 1<<20)
+	defer s.Close()
+	if st := s.Stats(); st.Corrupt != 1 || s.Has(k2) || !s.Has(k1) {
+		t.Fatalf("reopened: stats %+v", st)
+	}
+}
+
+// Close while Puts and Gets run: every Put that returned nil is on disk
+// for the next Open, and no temporary file is left behind.
+func TestCloseWaitsForPuts(t *testing.T) {
+	dir := t.TempDir()
+	for round := range 10 {
+		s := mustOpen(t, dir, metaA, 1<<30)
+		var (
+			mu     sync.Mutex
+			stored [][2]uint64
+			wg     sync.WaitGroup
+			start  = make(chan struct{})
+		)
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for i := 0; ; i++ {
+					k := [2]uint64{uint64(round*1000+w*100+i)<<40 | 1, uint64(i)}
+					err := s.Put(k, saltX, pageOf(k, 4096), sumOf(k))
+					if errors.Is(err, ErrClosed) {
+						return
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					stored = append(stored, k)
+					mu.Unlock()
+					s.Get(k, saltX, make([]byte, 4096))
+				}
+			}()
+		}
+		close(start)
+		for s.Stats().Written < 20 {
+			runtime.Gosched()
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if filepath.Ext(p) == ".tmp" {
+				t.Errorf("temporary file left after Close: %s", p)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s = mustOpen(t, dir, metaA, 1<<30)
+		for _, k := range stored {
+			if !s.Has(k) {
+				t.Fatalf("round %d: a stored page is gone after Close", round)
+			}
+		}
+		s.Close()
+	}
+}
