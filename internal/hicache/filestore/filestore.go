@@ -358,10 +358,15 @@ func (s *Store) Put(key [2]uint64, saltHash [16]byte, page []byte, checksum uint
 }
 
 func (s *Store) writeTemp(key [2]uint64, saltHash [16]byte, page []byte, checksum uint64, haveShard bool) (string, error) {
+	mkdir := func() error {
+		if err := s.root.Mkdir(keyHex(key)[:2], 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("filestore: %w", err)
+		}
+		return nil
+	}
 	if !haveShard {
-		d := keyHex(key)[:2]
-		if err := s.root.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return "", fmt.Errorf("filestore: %w", err)
+		if err := mkdir(); err != nil {
+			return "", err
 		}
 	}
 	h := header{
@@ -377,6 +382,14 @@ func (s *Store) writeTemp(key [2]uint64, saltHash [16]byte, page []byte, checksu
 	// O_EXCL never follows a symlink planted under the temporary name; a
 	// stale temporary file (only ours can match) is removed once.
 	f, err := s.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrNotExist) && haveShard {
+		// The shard directory was removed behind the store's back (an
+		// operator clearing space): make it again.
+		if err := mkdir(); err != nil {
+			return "", err
+		}
+		f, err = s.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	}
 	if errors.Is(err, fs.ErrExist) {
 		s.root.Remove(tmp)
 		f, err = s.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)

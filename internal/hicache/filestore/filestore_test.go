@@ -693,3 +693,22 @@ func TestCloseWaitsForPuts(t *testing.T) {
 		s.Close()
 	}
 }
+
+// Files removed behind the store's back are misses, not errors, and the
+// store writes them again.
+func TestFilesRemovedFromOutside(t *testing.T) {
+	dir := t.TempDir()
+	s := mustOpen(t, dir, metaA, 1<<20)
+	defer s.Close()
+	k := keyN(31)
+	mustPut(t, s, k, saltX, 200)
+	if err := os.RemoveAll(filepath.Dir(filepath.Join(dir, s.name(k)))); err != nil {
+		t.Fatal(err)
+	}
+	wantMiss(t, s, k, saltX, 200)
+	if st := s.Stats(); s.Has(k) || st.Bytes != 0 || st.Corrupt != 0 {
+		t.Fatalf("after removal: Has=%v stats %+v", s.Has(k), st)
+	}
+	mustPut(t, s, k, saltX, 200)
+	wantHit(t, s, k, saltX, 200)
+}
