@@ -221,12 +221,12 @@ type page struct {
 	written     int32
 	state       PageState
 	writer      bool
-	refs        int32    // shared: pins held
+	refs        int32 // shared: pins held
 	// loadHeld: a load from a lower tier is writing the page (BeginLoad
 	// until EndLoad); like a writer, it keeps the page out of the free
 	// list until it ends.
 	loadHeld bool
-	key         CacheKey // shared: the prefix cache key of its contents
+	key      CacheKey // shared: the prefix cache key of its contents
 	// prev, next link a cached (shared, unpinned) page into the LRU list;
 	// -1 ends it.
 	prev, next int32
