@@ -1,0 +1,41 @@
+//go:build faults
+
+package hicache
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/batonlm/baton/internal/faults"
+)
+
+func init() {
+	sp := faults.Active()
+	if sp == nil {
+		return
+	}
+	if d := sp.LoadDelay; d > 0 {
+		var mu sync.Mutex
+		rng := rand.New(rand.NewPCG(sp.Seed, sp.Seed^0x5bd1e995))
+		jitter := sp.LoadJitter
+		// Each page waits; with jitter the waits differ, so that the loads
+		// of requests running at once end out of their order.
+		waitLoad = func() {
+			w := d
+			if jitter {
+				mu.Lock()
+				w = time.Duration(float64(d) * (0.5 + rng.Float64()))
+				mu.Unlock()
+			}
+			time.Sleep(w)
+		}
+	}
+	if sp.LoadCorrupt {
+		beforeWrite = func(b []byte) {
+			if len(b) > 0 {
+				b[len(b)/2] ^= 0x10
+			}
+		}
+	}
+}

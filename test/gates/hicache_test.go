@@ -1,0 +1,84 @@
+package gates
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/batonlm/baton/test/harness"
+)
+
+// The hierarchical cache's gate, on a standalone server whose pool holds
+// a few prompts while many go through: their prefixes go down to host
+// memory (L2) and come back by loads that fault injection slows and
+// reorders. Every answer must equal the one computed without any cache,
+// and nothing may be read before its load ended (read-before-ready 0, no
+// NaN). With the scheduler's wait switched off the read gate must refuse
+// the loading pages; with the read gate off too, the poisoned pages are
+// read, and the answers go wrong.
+
+const hicachePrompts = 6
+
+func hicachePrompt(i int) string { return fmt.Sprintf("Story %d. %s", i, longPrompt) }
+
+func scenarioHiCache(t *testing.T, guardsOff string) violations {
+	var v violations
+	// 40 pages of 4 tokens: about three prompts' worth.
+	s := startCached(t, guardsOff, "seed=3,load_delay=80ms,load_jitter=true",
+		"--max-total-tokens", "160", "--hicache-size", "0.01", "--hicache-write-policy", "write_back")
+	want := make([]string, hicachePrompts)
+	for i := range want {
+		a := askAs(t, s, "alice", hicachePrompt(i), 16)
+		if a.code != 200 {
+			v.add("computing prompt %d: %d %s", i, a.code, a.body)
+			return v
+		}
+		want[i] = a.text
+	}
+	// Again, all at once, in reverse: the early prompts are in L2 only.
+	got := make([]cachedAnswer, hicachePrompts)
+	var wg sync.WaitGroup
+	for i := hicachePrompts - 1; i >= 0; i-- {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i] = askAs(t, s, "alice", hicachePrompt(i), 16)
+		}()
+	}
+	wg.Wait()
+	for i, a := range got {
+		if a.code != 200 || a.text != want[i] {
+			v.add("prompt %d read back from the tiers: %d %q, want %q computed: %s", i, a.code, a.text, want[i], a.body)
+		}
+	}
+	m := harness.Metrics(t, s)
+	if m["baton_kv_read_before_ready_total"] != 0 {
+		v.add("%v reads of pages still loading were refused", m["baton_kv_read_before_ready_total"])
+	}
+	if l2 := series(m, "baton_hicache_hit_pages_total", `tier="l2"`); l2 == 0 || m["baton_hicache_load_waits_total"] == 0 {
+		v.add("no page came back from L2 or no request waited for a load: %v L2 hits, %v waits", l2, m["baton_hicache_load_waits_total"])
+	}
+	checkStandaloneClean(t, s, &v)
+	return v
+}
+
+// series sums the series of name whose labels include label.
+func series(m map[string]float64, name, label string) float64 {
+	sum := 0.0
+	for k, x := range m {
+		if strings.HasPrefix(k, name+"{") && strings.Contains(k, label) {
+			sum += x
+		}
+	}
+	return sum
+}
+
+func TestGateHiCacheLoads(t *testing.T) { requireClean(t, scenarioHiCache(t, "")) }
+
+// scenarioHiCacheNoReadGuard is the gate with the scheduler's wait off
+// too, so that only the read gate stands between a step and a page still
+// loading: switching the read gate off as well must show the read.
+func scenarioHiCacheNoReadGuard(t *testing.T, guardsOff string) violations {
+	return scenarioHiCache(t, "load_wait,"+guardsOff)
+}
