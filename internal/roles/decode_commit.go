@@ -49,7 +49,12 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 	if done := res.r.LoadsDone(); done != nil {
 		select {
 		case <-done:
-		case <-ctx.Done():
+		default:
+			d.o.Metrics.HiCacheLoadWaits.Inc()
+			select {
+			case <-done:
+			case <-ctx.Done():
+			}
 		}
 	}
 	if reason, err := d.verify(res, c); err != nil {

@@ -1,6 +1,7 @@
 package gates
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -82,3 +83,67 @@ func TestGateHiCacheLoads(t *testing.T) { requireClean(t, scenarioHiCache(t, "")
 func scenarioHiCacheNoReadGuard(t *testing.T, guardsOff string) violations {
 	return scenarioHiCache(t, "load_wait,"+guardsOff)
 }
+
+// scenarioHiCachePD: through the router, with a decode cache whose pool
+// holds about three prompts and whose loads from L2 are slowed: a prompt
+// decode evicted is reserved over pages still loading, prefill ships only
+// the rest, and Commit waits for the loads before it re-checks the held
+// pages. The answer equals the one computed the first time, and no check
+// fails.
+func scenarioHiCachePD(t *testing.T, guardsOff string) violations {
+	var v violations
+	var env []string
+	if guardsOff != "" {
+		env = append(env, "BATON_GUARDS_OFF="+guardsOff)
+	}
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: faultsBinary(t),
+		WorkerArgs: []string{"--page-size", "4", "--hicache-size", "0.01"},
+		DecodeArgs: []string{"--disaggregation-decode-enable-radix-cache", "--max-total-tokens", "160"},
+		PrefillEnv: env,
+		DecodeEnv:  append(env, "BATON_FAULTS=load_delay=150ms"),
+	})
+	d := c.Decode[0]
+	ask := func(i int) (int, string, string) {
+		body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":16,"temperature":0}`, hicachePrompt(i))
+		code, _, b := harness.Post(t, c.Router.URL+"/v1/completions", body, "Authorization", "Bearer alice")
+		var r struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if code == 200 && json.Unmarshal(b, &r) == nil && len(r.Choices) == 1 {
+			return code, r.Choices[0].Text, string(b)
+		}
+		return code, "", string(b)
+	}
+	want := make([]string, hicachePrompts)
+	for i := range want {
+		code, text, body := ask(i)
+		if code != 200 {
+			v.add("computing prompt %d: %d %s", i, code, body)
+			return v
+		}
+		want[i] = text
+		harness.WaitPagesFree(t, d)
+	}
+	for i := range 2 {
+		if code, text, body := ask(i); code != 200 || text != want[i] {
+			v.add("prompt %d again, its prefix loading on decode: %d %q, want %q: %s", i, code, text, want[i], body)
+		}
+	}
+	m := harness.Metrics(t, d)
+	if l2 := series(m, "baton_hicache_hit_pages_total", `tier="l2"`); l2 == 0 || m["baton_hicache_load_waits_total"] == 0 {
+		v.add("decode: %v pages held from L2, %v Commits waited for loads", l2, m["baton_hicache_load_waits_total"])
+	}
+	for _, name := range []string{"baton_handoff_failures_total", "baton_kv_read_before_ready_total", "baton_nan_logits_total", "baton_kv_release_errors"} {
+		if m[name] != 0 {
+			v.add("decode: %s = %v", name, m[name])
+		}
+	}
+	for _, w := range c.Workers() {
+		harness.WaitPagesFree(t, w)
+	}
+	return v
+}
+
+func TestGateHiCachePD(t *testing.T) { requireClean(t, scenarioHiCachePD(t, "")) }
