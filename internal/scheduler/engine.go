@@ -283,7 +283,7 @@ func (e *Engine) Run(ctx context.Context) {
 			e.shutdown()
 			return
 		}
-		if !e.step() {
+		if !e.step() && e.allLoading() {
 			// Every running request waits for a load: the loader pokes
 			// the loop when one ends.
 			select {
