@@ -70,7 +70,7 @@ type Policy string
 
 // Write policies (SGLang's names).
 const (
-	// WriteThrough copies a page to L2 when it is published.
+	// WriteThrough copies a page to L2 (and on to L3) when it is published.
 	WriteThrough Policy = "write_through"
 	// WriteBack copies it only when the pool evicts it.
 	WriteBack Policy = "write_back"
@@ -222,8 +222,9 @@ func New(cfg Config) (*Tiers, error) {
 	return t, nil
 }
 
-// Close stops the loaders once the loads queued are done, and L3's writer
-// once what L2 evicted is written.
+// Close stops the loaders once the loads queued are done, then writes to
+// L3 what L2 holds and L3 does not (so that a restart over the same L3
+// finds it), and stops L3's writer.
 func (t *Tiers) Close() {
 	t.closeMu.Lock()
 	if t.shut {
@@ -235,10 +236,20 @@ func (t *Tiers) Close() {
 	t.closeMu.Unlock()
 	t.lw.Wait() // loads done: nothing more comes from them
 	t.mu.Lock()
+	var keep []l3put
+	if t.cfg.Store != nil {
+		for e := t.lru.Back(); e != nil; e = e.Prev() {
+			s := e.Value.(*slot)
+			keep = append(keep, l3put{key: s.Ref.Key, saltHash: s.saltHash, data: append([]byte(nil), t.slot(s.id)...), sum: s.Sum})
+		}
+	}
 	t.closed = true
 	close(t.l3q)
 	t.mu.Unlock()
 	t.wg.Wait()
+	for _, w := range keep {
+		t.putL3(w)
+	}
 }
 
 // Stats returns the tiers' counters.
@@ -351,6 +362,11 @@ func (t *Tiers) put(p prefixcache.Page, b []byte) {
 	p.Tokens = append([]int32(nil), p.Tokens...)
 	t.l2[p.Ref.Key] = t.lru.PushFront(&slot{id: id, Page: p, saltHash: SaltHash(p.Salt)})
 	t.stats.L2Puts++
+	if t.cfg.Policy == WriteThrough {
+		// Through to L3 too, as it is cached, rather than only when L2
+		// lets it go.
+		t.toL3(p, SaltHash(p.Salt), append([]byte(nil), b...))
+	}
 	t.gaugesLocked()
 }
 
@@ -391,20 +407,24 @@ func (t *Tiers) toL3(p prefixcache.Page, saltHash [16]byte, b []byte) {
 func (t *Tiers) writer() {
 	defer t.wg.Done()
 	for w := range t.l3q {
-		k := [2]uint64{w.key.Hi, w.key.Lo}
-		if t.cfg.Store.Has(k) {
-			continue
-		}
-		err := t.cfg.Store.Put(k, w.saltHash, w.data, w.sum)
-		t.mu.Lock()
-		if err != nil {
-			t.stats.L3Dropped++
-		} else {
-			t.stats.L3Puts++
-		}
-		t.gaugesLocked()
-		t.mu.Unlock()
+		t.putL3(w)
 	}
+}
+
+func (t *Tiers) putL3(w l3put) {
+	k := [2]uint64{w.key.Hi, w.key.Lo}
+	if t.cfg.Store.Has(k) {
+		return
+	}
+	err := t.cfg.Store.Put(k, w.saltHash, w.data, w.sum)
+	t.mu.Lock()
+	if err != nil {
+		t.stats.L3Dropped++
+	} else {
+		t.stats.L3Puts++
+	}
+	t.gaugesLocked()
+	t.mu.Unlock()
 }
 
 func (t *Tiers) gauges() {

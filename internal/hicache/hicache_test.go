@@ -339,3 +339,30 @@ func TestReleaseWhileLoadingLeaksNothing(t *testing.T) {
 		runtime.Gosched()
 	}
 }
+
+// What L2 holds at Close goes to L3, so that tiers made again over the same
+// store (a restart) find it there.
+func TestCloseKeepsL2InL3(t *testing.T) {
+	st := newMemStore()
+	f := setup(t, 4, 64, WriteBack, st)
+	var salt prefixcache.Salt
+	for b := range 3 {
+		f.compute(t, salt, prompt(b, 3))
+	}
+	if n := st.len(); n != 0 {
+		t.Fatalf("L3 holds %d pages before L2 let any go", n)
+	}
+	f.tiers.Close()
+	if n := st.len(); n != f.tiers.Stats().L2Pages || n == 0 {
+		t.Fatalf("L3 holds %d pages after Close, L2 held %d", n, f.tiers.Stats().L2Pages)
+	}
+	f2 := setup(t, 4, 64, WriteBack, st)
+	a, _, found := f2.load(t, salt, prompt(0, 3))
+	if len(found) != 3 || found[0].Tier != L3 {
+		t.Fatalf("found %+v", found)
+	}
+	f2.wantKV(t, a, prompt(0, 3), 3)
+	if err := f2.pool.Release(a.Owner, a.Pages); err != nil {
+		t.Fatal(err)
+	}
+}
