@@ -3,6 +3,7 @@ package gates
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -88,8 +89,9 @@ func scenarioHiCacheNoReadGuard(t *testing.T, guardsOff string) violations {
 // holds about three prompts and whose loads from L2 are slowed: a prompt
 // decode evicted is reserved over pages still loading, prefill ships only
 // the rest, and Commit waits for the loads before it re-checks the held
-// pages. The answer equals the one computed the first time, and no check
-// fails.
+// pages. Prefill's pool is as small, so its prefix comes back from its own
+// L2 (slowed and reordered too) before it ships the rest. The answer equals
+// the one computed the first time, and no check fails.
 func scenarioHiCachePD(t *testing.T, guardsOff string) violations {
 	var v violations
 	var env []string
@@ -97,10 +99,11 @@ func scenarioHiCachePD(t *testing.T, guardsOff string) violations {
 		env = append(env, "BATON_GUARDS_OFF="+guardsOff)
 	}
 	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: faultsBinary(t),
-		WorkerArgs: []string{"--page-size", "4", "--hicache-size", "0.01"},
-		DecodeArgs: []string{"--disaggregation-decode-enable-radix-cache", "--max-total-tokens", "160"},
-		PrefillEnv: env,
-		DecodeEnv:  append(env, "BATON_FAULTS=load_delay=150ms"),
+		WorkerArgs:  []string{"--page-size", "4", "--hicache-size", "0.01"},
+		DecodeArgs:  []string{"--disaggregation-decode-enable-radix-cache", "--max-total-tokens", "160"},
+		PrefillArgs: []string{"--max-total-tokens", "160"},
+		PrefillEnv:  append(slices.Clone(env), "BATON_FAULTS=load_delay=50ms,load_jitter=true"),
+		DecodeEnv:   append(slices.Clone(env), "BATON_FAULTS=load_delay=150ms"),
 	})
 	d := c.Decode[0]
 	ask := func(i int) (int, string, string) {
@@ -139,6 +142,10 @@ func scenarioHiCachePD(t *testing.T, guardsOff string) violations {
 		if m[name] != 0 {
 			v.add("decode: %s = %v", name, m[name])
 		}
+	}
+	// Prefill's pool is as small: its prefix came back from its own L2.
+	if pm := harness.Metrics(t, c.Prefill[0]); series(pm, "baton_hicache_hit_pages_total", `tier="l2"`) == 0 || pm["baton_kv_read_before_ready_total"] != 0 {
+		v.add("prefill: %v pages from L2, %v reads before ready", series(pm, "baton_hicache_hit_pages_total", `tier="l2"`), pm["baton_kv_read_before_ready_total"])
 	}
 	for _, w := range c.Workers() {
 		harness.WaitPagesFree(t, w)
