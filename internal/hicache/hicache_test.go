@@ -366,3 +366,44 @@ func TestCloseKeepsL2InL3(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Two requests that load the same prefix at once both read it; the index
+// keeps one copy, and the other is evicted once let go, its page freed.
+func TestSamePrefixLoadedTwice(t *testing.T) {
+	f := setup(t, 8, 64, WriteThrough, nil)
+	var salt prefixcache.Salt
+	f.compute(t, salt, prompt(0, 2))
+	f.pool.EvictCached(-1)
+	found := f.tiers.Find(salt, prompt(0, 2), 0, 2)
+	var allocs []kvpool.Allocation
+	for room := uint64(5); room < 7; room++ {
+		a, err := f.pool.Alloc(room, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		if err := f.tiers.Load(a.Owner, a.Pages, found, func() { close(done) }); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		f.wantKV(t, a, prompt(0, 2), 2)
+		allocs = append(allocs, a)
+	}
+	if st := f.cache.Stats(); st.Pages != 2 {
+		t.Fatalf("index holds %d pages, want 2", st.Pages)
+	}
+	for _, a := range allocs {
+		if err := f.pool.Release(a.Owner, a.Pages); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.pool.EvictCached(-1); n != 4 {
+		t.Fatalf("evicted %d", n)
+	}
+	if st := f.pool.Stats(); st.Free != st.Total || st.ReleaseErrors != 0 {
+		t.Fatalf("pool %+v", st)
+	}
+	if got := f.cache.Stats().Pages; got != 0 {
+		t.Fatalf("index holds %d pages after every page was evicted", got)
+	}
+}
