@@ -32,9 +32,11 @@ func init() {
 		}
 	}
 	if sp.LoadCorrupt {
+		// An exponent bit of one element (the high byte of a float32 or a
+		// half): a change attention notices, if it is ever read.
 		beforeWrite = func(b []byte) {
-			if len(b) > 0 {
-				b[len(b)/2] ^= 0x10
+			if i := len(b)/2 | 3; i < len(b) {
+				b[i] ^= 0x40
 			}
 		}
 	}

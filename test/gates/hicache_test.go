@@ -78,6 +78,32 @@ func series(m map[string]float64, name, label string) float64 {
 
 func TestGateHiCacheLoads(t *testing.T) { requireClean(t, scenarioHiCache(t, "")) }
 
+// Every load landing with a flipped byte (load_corrupt) is a miss: the
+// checksum kept from publish refuses it, the request computes the pages,
+// and the answers are the computed ones.
+func TestGateHiCacheCorruptLoadIsAMiss(t *testing.T) {
+	var v violations
+	s := startCached(t, "", "load_corrupt=true", "--max-total-tokens", "160", "--hicache-size", "0.01")
+	want := make([]string, hicachePrompts)
+	for i := range want {
+		want[i] = askAs(t, s, "alice", hicachePrompt(i), 16).text
+	}
+	for i := range 2 {
+		if a := askAs(t, s, "alice", hicachePrompt(i), 16); a.code != 200 || a.text != want[i] || want[i] == "" {
+			v.add("prompt %d over corrupted loads: %d %q, want %q: %s", i, a.code, a.text, want[i], a.body)
+		}
+	}
+	m := harness.Metrics(t, s)
+	if got := series(m, "baton_hicache_load_failures_total", `reason="checksum"`); got == 0 {
+		v.add("no corrupted load was refused by its checksum")
+	}
+	if m["baton_kv_read_before_ready_total"] != 0 {
+		v.add("%v reads before ready", m["baton_kv_read_before_ready_total"])
+	}
+	checkStandaloneClean(t, s, &v)
+	requireClean(t, v)
+}
+
 // scenarioHiCacheNoReadGuard is the gate with the scheduler's wait off
 // too, so that only the read gate stands between a step and a page still
 // loading: switching the read gate off as well must show the read.
