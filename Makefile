@@ -3,7 +3,7 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-peer lint proto clean deps-run deps-test
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-peer lint proto clean deps-run deps-test
 
 # What the machine needs beyond Go: installed from Debian's packages when
 # run as root, else the command to run is printed (deploy/local/deps.sh).
@@ -50,6 +50,9 @@ bench:
 # The prefix cache on SGLang's generated-shared-prefix workload, with and without the cache.
 bench-prefix:
 	$(GO) test -run '^$$' -bench SharedPrefix -benchtime 1x ./test/e2e/
+
+bench-hicache:
+	$(GO) test -run '^$$' -bench HiCache -benchtime 1x -timeout 30m ./test/e2e/
 
 # baton next to llama.cpp's llama-server on one GGUF (deploy/bench/peer.sh):
 #   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf [THREADS=2] [STREAMS="1 8 32"]

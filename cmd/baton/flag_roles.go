@@ -57,6 +57,8 @@ var flagRoles = map[string][]string{
 
 	"disable-radix-cache": {"standalone", "prefill"}, "prefix-cache-scope": {"standalone", "router"},
 	"disaggregation-decode-enable-radix-cache": {"decode"},
+	"hicache-size": engineRoles, "hicache-write-policy": engineRoles, "hicache-storage-backend": engineRoles,
+	"hicache-storage-dir": engineRoles, "hicache-storage-size": engineRoles,
 
 	"dry-run": allRoles,
 }

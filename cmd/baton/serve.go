@@ -21,6 +21,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/batonlm/baton/internal/gguf"
+	"github.com/batonlm/baton/internal/hicache"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/device"
 	"github.com/batonlm/baton/internal/kvpool"
@@ -73,6 +74,7 @@ type serveFlags struct {
 	noRadixCache      bool
 	decodeRadix       bool
 	cacheScope        string
+	hicache           hicacheFlags
 	strictCapacity    bool
 	threads           int
 	shutdownTimeout   time.Duration
@@ -170,6 +172,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.noRadixCache, "disable-radix-cache", false, "standalone, prefill: turn the prefix cache off (every prompt is computed in full)")
 	fs.BoolVar(&f.decodeRadix, "disaggregation-decode-enable-radix-cache", false, "decode: keep finished requests' pages in a prefix cache; a reservation pins the prefix it holds for the tenant and prefill ships only the rest (tcp transport)")
 	fs.StringVar(&f.cacheScope, "prefix-cache-scope", "key", "standalone, router: who shares prefix cache pages: key (each API key, split further by cache_salt) | global (all keys; for single-tenant deployments, since a hit is a timing signal)")
+	f.hicache.register(fs)
 	fs.StringVar(&f.device, "device", "auto", "kernels: cpu | cuda | auto (CUDA when a usable GPU is present, else CPU)")
 	fs.StringSliceVar(&f.rdmaDevices, "rdma-device", nil, "ucx transport: restrict UCX to these RDMA devices (e.g. mlx5_0)")
 	// SGLang's names for the same settings, so that a command line written
@@ -249,6 +252,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--kv-cache-dtype %s: the ucx transport moves f32 KV only (use --transport tcp)", f.kvCacheDType)
 	case f.cacheScope != string(prefixcache.ScopeKey) && f.cacheScope != string(prefixcache.ScopeGlobal):
 		return fmt.Errorf("unknown --prefix-cache-scope %q (key, global)", f.cacheScope)
+	case f.hicache.check(f) != nil:
+		return f.hicache.check(f)
 	case f.spec().Validate() != nil:
 		return fmt.Errorf("--speculative-algorithm: %w", f.spec().Validate())
 	case f.queueTimeout <= 0:
@@ -560,13 +565,14 @@ func (le *loadedEngine) transferKV() kernels.PagedKV {
 	return le.pool.KV()
 }
 
-func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set, cache *prefixcache.Cache) *scheduler.Engine {
+func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.Set, cache *prefixcache.Cache, tiers *hicache.Tiers) *scheduler.Engine {
 	return scheduler.NewEngine(le.loaded.Model, le.pool, scheduler.Config{
 		Role: role, ContextLength: le.plan.context, MaxRunning: f.maxRunning, ChunkSize: f.chunkedPrefill, MaxQueue: f.maxQueued, IsEOG: le.tok.IsEOG,
 		Constrain:    le.constraints.matcher,
 		PreemptAfter: f.preemptAfter,
 		Spec:         f.spec(),
 		PrefixCache:  cache,
+		Tiers:        tiers,
 	}, ms)
 }
 
@@ -616,7 +622,12 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if !f.noRadixCache {
 		cache = prefixcache.New(le.pool, le.fingerprint(f))
 	}
-	eng := le.engine(f, scheduler.RoleStandalone, ms, cache)
+	tiers, closeTiers, err := le.tiers(f, cache, ms)
+	if err != nil {
+		return err
+	}
+	defer closeTiers()
+	eng := le.engine(f, scheduler.RoleStandalone, ms, cache, tiers)
 	cacheInfo := func() map[string]any {
 		if cache == nil {
 			return map[string]any{"enabled": false}

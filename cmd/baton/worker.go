@@ -68,7 +68,12 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		if !f.noRadixCache {
 			cache = prefixcache.New(le.pool, le.fingerprint(f))
 		}
-		eng = le.engine(f, scheduler.RolePrefill, ms, cache)
+		tiers, closeTiers, err := le.tiers(f, cache, ms)
+		if err != nil {
+			return err
+		}
+		defer closeTiers()
+		eng = le.engine(f, scheduler.RolePrefill, ms, cache, tiers)
 		var sender transfer.Sender = tcp.NewSender(tcp.WithHandshake(xfer))
 		if f.transport == "ucx" {
 			s, err := ucx.NewSender(append(ucxOptions(f), ucx.WithHandshake(xfer))...)
@@ -98,7 +103,12 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 				return transfer.Checksum(b), err
 			})
 		}
-		eng = le.engine(f, scheduler.RoleDecode, ms, cache)
+		tiers, closeTiers, err := le.tiers(f, cache, ms)
+		if err != nil {
+			return err
+		}
+		defer closeTiers()
+		eng = le.engine(f, scheduler.RoleDecode, ms, cache, tiers)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Cache: cache,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Transport: f.transport,
 			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer, Auth: plane, Identity: le.identity(), Log: le.log})

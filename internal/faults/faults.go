@@ -48,6 +48,10 @@ const (
 	GuardTenantSalt    = "tenant_salt"    // a tenant's lookups hash its own salt (API key, cache_salt)
 	GuardHeldRecheck   = "held_recheck"   // decode's Commit re-checks the pages it holds from its cache
 
+	// The hierarchical cache's guards (loads from host memory and files).
+	GuardLoadWait  = "load_wait"  // the scheduler steps a request only once all its pages finished loading
+	GuardLoadReady = "load_ready" // the read gate refuses a page that is still loading (read-before-ready)
+
 	// The internal plane's guards: against a stranger, not a fault.
 	GuardPeerAuth    = "peer_auth"    // gRPC calls and transfer sessions need cluster credentials and the right role
 	GuardCapability  = "capability"   // every message about a reservation carries its capability
@@ -58,7 +62,7 @@ const (
 
 // AllGuards lists every guard name.
 var AllGuards = []string{GuardDoor, GuardCoverage, GuardChecksum, GuardOwnerTag, GuardDrainWait, GuardLateDrop, GuardReadGate,
-	GuardCacheWrite, GuardCacheComplete, GuardCachePin, GuardTenantSalt, GuardHeldRecheck,
+	GuardCacheWrite, GuardCacheComplete, GuardCachePin, GuardTenantSalt, GuardHeldRecheck, GuardLoadWait, GuardLoadReady,
 	GuardPeerAuth, GuardCapability, GuardSessionBind, GuardDialKnown, GuardPeerQuota}
 
 // Spec is a parsed BATON_FAULTS.
@@ -87,6 +91,15 @@ type Spec struct {
 	// HeldCorrupt changes a page decode holds from its prefix cache just
 	// before Commit re-checks it (decode side).
 	HeldCorrupt bool
+	// hierarchical cache
+	// LoadDelay holds each load from a lower tier that long (times a
+	// random factor in [0.5, 1.5) when LoadJitter, so loads finish out
+	// of their order).
+	LoadDelay  time.Duration
+	LoadJitter bool
+	// LoadCorrupt flips a byte of every loaded page before its checksum
+	// is checked: each load must end as a miss.
+	LoadCorrupt bool
 }
 
 // ParseSpec parses the BATON_FAULTS syntax.
@@ -148,6 +161,12 @@ func ParseSpec(s string) (*Spec, error) {
 			sp.CachePublishEarly, err = strconv.ParseBool(v)
 		case "held_corrupt":
 			sp.HeldCorrupt, err = strconv.ParseBool(v)
+		case "load_delay":
+			sp.LoadDelay, err = time.ParseDuration(v)
+		case "load_jitter":
+			sp.LoadJitter, err = strconv.ParseBool(v)
+		case "load_corrupt":
+			sp.LoadCorrupt, err = strconv.ParseBool(v)
 		default:
 			return nil, fmt.Errorf("faults: unknown fault %q", k)
 		}

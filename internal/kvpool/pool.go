@@ -58,6 +58,10 @@ var (
 	// (prefix cache) page, which is read-only for its whole life; or a
 	// read of one by a request that holds no pin on it.
 	ErrShared = errors.New("kvpool: page is shared and read-only")
+	// ErrLoading: a read of a page whose contents are still loading from a
+	// lower tier of the cache (read-before-ready), or a load call about a
+	// page that is not loading.
+	ErrLoading = errors.New("kvpool: page is still loading")
 	// ErrStale: a shared page named by a cache key it no longer holds (it
 	// was evicted, maybe reused). Nothing was pinned or allocated.
 	ErrStale = errors.New("kvpool: shared page no longer holds that key")
@@ -110,6 +114,7 @@ const (
 	PageAllocated                    // owned by a request (and maybe a writer)
 	PageQuarantined                  // released by its request, a writer may still write
 	PageShared                       // in the prefix cache: complete, read-only, pinned by its readers
+	PageLoading                      // allocated to the request waiting for it, its cached contents still loading from a lower tier
 )
 
 func (s PageState) String() string {
@@ -122,6 +127,8 @@ func (s PageState) String() string {
 		return "quarantined"
 	case PageShared:
 		return "shared"
+	case PageLoading:
+		return "loading"
 	}
 	return "invalid"
 }
@@ -155,6 +162,9 @@ type Stats struct {
 	Shared      int // prefix cache pages, pinned or not
 	Cached      int // shared pages with no pin: the cache's evictable part
 	WriterHeld  int // pages with a writer attached (allocated or quarantined)
+	// Loading (part of Allocated) are pages a lower tier's load is still
+	// filling: nobody reads them until the load ends (EndLoad).
+	Loading int
 
 	// Counters since the pool was made.
 	Allocations   uint64 // successful Alloc calls
@@ -178,6 +188,13 @@ type Stats struct {
 	// would lower is not the caller's own private page. Each is a bug in a
 	// caller, so tests assert it stays zero.
 	RollbackRefusals uint64
+	// Loaded counts pages that became shared when their load ended well;
+	// LoadsRefused those whose load failed (they stay private, unwritten).
+	Loaded, LoadsRefused uint64
+	// ReadBeforeReady counts reads the read gate refused because a page
+	// was still loading. Anything but 0 on the normal path is a bug: the
+	// scheduler waits for a request's loads before it steps it.
+	ReadBeforeReady uint64
 }
 
 // Used is how many pages someone holds: allocated, quarantined, or
@@ -204,8 +221,12 @@ type page struct {
 	written     int32
 	state       PageState
 	writer      bool
-	refs        int32    // shared: pins held
-	key         CacheKey // shared: the prefix cache key of its contents
+	refs        int32 // shared: pins held
+	// loadHeld: a load from a lower tier is writing the page (BeginLoad
+	// until EndLoad); like a writer, it keeps the page out of the free
+	// list until it ends.
+	loadHeld bool
+	key      CacheKey // shared: the prefix cache key of its contents
 	// prev, next link a cached (shared, unpinned) page into the LRU list;
 	// -1 ends it.
 	prev, next int32
@@ -239,8 +260,11 @@ type Pool struct {
 	// most; eviction takes from the head.
 	lruHead, lruTail int32
 	onEvict          func([]SharedRef)
+	onDemote         func(SharedRef)
 	// sharedRefusals is counted from read-locked paths too, hence atomic.
 	sharedRefusals atomic.Uint64
+	// readBeforeReady too (the read gate holds the read lock).
+	readBeforeReady atomic.Uint64
 }
 
 // New makes a pool. All NumPages pages are usable; page ids are 0..NumPages-1.
@@ -397,6 +421,7 @@ func (p *Pool) Stats() Stats {
 	defer p.mu.RUnlock()
 	s := p.stats
 	s.SharedWriteRefusals = p.sharedRefusals.Load()
+	s.ReadBeforeReady = p.readBeforeReady.Load()
 	return s
 }
 
@@ -550,7 +575,7 @@ func (p *Pool) MarkPositions(owner Owner, pages []int32, positions int) error {
 	for _, id := range pages[:need] {
 		// A shared page the request reads is already complete: marking it
 		// changes nothing and is allowed. Anything else about it is a write.
-		if p.sharedPinned(owner, id) {
+		if p.sharedPinned(owner, id) || p.loadingOwned(owner, id) {
 			continue
 		}
 		if err := p.owned(owner, id); err != nil {
@@ -558,7 +583,7 @@ func (p *Pool) MarkPositions(owner Owner, pages []int32, positions int) error {
 		}
 	}
 	for i, id := range pages[:need] {
-		if p.pages[id].state == PageShared {
+		if st := p.pages[id].state; st == PageShared || st == PageLoading {
 			continue
 		}
 		w := int32(min(p.cfg.PageSize, positions-i*p.cfg.PageSize))
@@ -600,6 +625,13 @@ func (p *Pool) CheckReadable(owner Owner, pages []int32, positions int) error {
 				return fmt.Errorf("%w: page %d (index %d) is shared and %v holds no pin on it", ErrShared, id, i, owner)
 			}
 			continue // complete by construction: only full pages are published
+		}
+		if id >= 0 && int(id) < len(p.pages) && p.pages[id].state == PageLoading && loadGuard {
+			p.readBeforeReady.Add(1)
+			return fmt.Errorf("%w: page %d (index %d) of %v", ErrLoading, id, i, owner)
+		}
+		if p.loadingOwned(owner, id) {
+			continue // only with the load guard off (faults build)
 		}
 		if err := p.owned(owner, id); err != nil {
 			return err
@@ -677,7 +709,10 @@ func (p *Pool) Release(owner Owner, pages []int32) error {
 		if pg.state == PageShared {
 			continue
 		}
-		if pg.writer {
+		if pg.state == PageLoading {
+			p.stats.Loading--
+		}
+		if pg.writer || pg.loadHeld {
 			pg.state = PageQuarantined
 			p.stats.Allocated--
 			p.stats.Quarantined++
@@ -712,6 +747,16 @@ func (p *Pool) checkRelease(o Owner, id int32) error {
 		return fmt.Errorf("%w: page %d already released by %v (quarantined, writer pending)", ErrDoubleRelease, id, o)
 	}
 	return nil
+}
+
+// loadingOwned reports whether id is a page loading for owner. Callers
+// hold p.mu.
+func (p *Pool) loadingOwned(owner Owner, id int32) bool {
+	if id < 0 || int(id) >= len(p.pages) {
+		return false
+	}
+	pg := &p.pages[id]
+	return pg.state == PageLoading && pg.room == owner.Room && pg.epoch == owner.Epoch
 }
 
 // WriterDrained is the writer's word that no write to these pages is in
@@ -780,6 +825,9 @@ func (p *Pool) checkWriter(o Owner, pages []int32) error {
 		}
 		if !pg.writer {
 			return fmt.Errorf("%w: page %d of %v", ErrNoWriter, id, o)
+		}
+		if pg.loadHeld {
+			return fmt.Errorf("%w: page %d of %v is held by a load, not a transfer writer", ErrNoWriter, id, o)
 		}
 	}
 	return nil

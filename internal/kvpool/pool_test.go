@@ -25,7 +25,7 @@ func checkInvariants(t *testing.T, p *Pool) {
 	t.Helper()
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	var free, alloc, quar, writer, shared, cached int
+	var free, alloc, quar, writer, shared, cached, loading int
 	refs := map[int32]int32{}
 	for pn := range p.pins {
 		refs[pn.page]++
@@ -47,9 +47,15 @@ func checkInvariants(t *testing.T, p *Pool) {
 			}
 		case PageAllocated:
 			alloc++
+		case PageLoading:
+			alloc++
+			loading++
+			if !pg.loadHeld || pg.writer || pg.written != 0 {
+				t.Errorf("loading page %d: %+v", id, pg)
+			}
 		case PageQuarantined:
 			quar++
-			if !pg.writer {
+			if !pg.writer && !pg.loadHeld {
 				t.Errorf("quarantined page without a writer %+v", pg)
 			}
 		default:
@@ -90,7 +96,7 @@ func checkInvariants(t *testing.T, p *Pool) {
 	}
 	s := p.stats
 	if len(p.free) != free || s.Free != free || s.Allocated != alloc || s.Quarantined != quar || s.WriterHeld != writer ||
-		s.Shared != shared || s.Cached != cached {
+		s.Shared != shared || s.Cached != cached || s.Loading != loading {
 		t.Errorf("gauges %+v, recount free=%d (list %d) allocated=%d quarantined=%d writer=%d shared=%d cached=%d",
 			s, free, len(p.free), alloc, quar, writer, shared, cached)
 	}

@@ -161,6 +161,9 @@ func (p *Pool) evictOne() SharedRef {
 		panic(fmt.Sprintf("kvpool: page %d on the cached list is %s with %d pins", id, pg.state, pg.refs))
 	}
 	ref := SharedRef{Page: id, Key: pg.key}
+	if p.onDemote != nil {
+		p.onDemote(ref)
+	}
 	p.lruRemove(id)
 	p.stats.Cached--
 	p.stats.Shared--

@@ -10,6 +10,11 @@ func init() {
 	if !faults.On(faults.GuardCacheComplete) {
 		shareable = func(*Pool, int32, Owner) error { return nil }
 	}
+	// With BATON_GUARDS_OFF=load_ready the read gate lets a step read a
+	// page of its own that is still loading.
+	if !faults.On(faults.GuardLoadReady) {
+		loadGuard = false
+	}
 	// With BATON_GUARDS_OFF=cache_pin eviction counts every shared page as
 	// spare and takes pinned ones first: what a pool that forgot its
 	// readers would do.

@@ -35,21 +35,33 @@ type Set struct {
 	PrefixCacheQueried    prometheus.Counter
 	PrefixCacheHit        prometheus.Counter
 	PrefixCacheHitRate    prometheus.Gauge
-	Requests              *prometheus.CounterVec // role, outcome
-	Rejected              *prometheus.CounterVec // role, reason
-	Running               prometheus.Gauge
-	Queued                prometheus.Gauge
-	TTFT                  prometheus.Histogram
-	ITL                   prometheus.Histogram
-	E2E                   prometheus.Histogram
-	PromptTokens          prometheus.Counter
-	GenerationTokens      prometheus.Counter
-	ReadGateFailures      prometheus.Counter
-	NaNLogits             prometheus.Counter
-	Preemptions           prometheus.Counter
-	ReleaseErrors         prometheus.Gauge
-	QueuedTotal           prometheus.Counter
-	TransferSessions      prometheus.Counter
+	// Hierarchical cache: pages found per tier (l1 the pool, l2 host
+	// memory, l3 files), what loads moved and how long they took, the
+	// requests that waited for a load, loads refused (checksum, miss),
+	// each tier's bytes, and reads refused because a page was still
+	// loading (anything but 0 is a bug).
+	HiCacheHits         *prometheus.CounterVec // tier
+	HiCacheLoadedBytes  prometheus.Counter
+	HiCacheLoadSeconds  prometheus.Histogram
+	HiCacheLoadWaits    prometheus.Counter
+	HiCacheLoadFailures *prometheus.CounterVec // reason
+	HiCacheBytes        *prometheus.GaugeVec   // tier
+	KVReadBeforeReady   prometheus.Counter
+	Requests            *prometheus.CounterVec // role, outcome
+	Rejected            *prometheus.CounterVec // role, reason
+	Running             prometheus.Gauge
+	Queued              prometheus.Gauge
+	TTFT                prometheus.Histogram
+	ITL                 prometheus.Histogram
+	E2E                 prometheus.Histogram
+	PromptTokens        prometheus.Counter
+	GenerationTokens    prometheus.Counter
+	ReadGateFailures    prometheus.Counter
+	NaNLogits           prometheus.Counter
+	Preemptions         prometheus.Counter
+	ReleaseErrors       prometheus.Gauge
+	QueuedTotal         prometheus.Counter
+	TransferSessions    prometheus.Counter
 
 	// Prefill/decode handoff.
 	ReservationsActive prometheus.Gauge
@@ -114,6 +126,20 @@ func ForModel(role, model string) *Set {
 			Help: "Prompt tokens read from the prefix cache instead of computed.", ConstLabels: c}),
 		PrefixCacheHitRate: prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_prefix_cache_hit_rate",
 			Help: "Prefix cache hit tokens over queried tokens since start, 0 to 1.", ConstLabels: c}),
+		HiCacheHits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_hicache_hit_pages_total",
+			Help: "Prompt pages found in the cache, by tier: l1 (the KV pool), l2 (host memory), l3 (files).", ConstLabels: c}, []string{"tier"}),
+		HiCacheLoadedBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_hicache_loaded_bytes_total",
+			Help: "KV bytes loaded from host memory or files back into the pool.", ConstLabels: c}),
+		HiCacheLoadSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_hicache_load_seconds",
+			Help: "Time to load one request's pages from the lower tiers (all of them, in page order).", Buckets: latencyBuckets, ConstLabels: c}),
+		HiCacheLoadWaits: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_hicache_load_waits_total",
+			Help: "Requests the scheduler held back because a page of theirs was still loading.", ConstLabels: c}),
+		HiCacheLoadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_hicache_load_failures_total",
+			Help: "Page loads that ended as a miss (the request computes the page): checksum mismatch, or gone from its tier.", ConstLabels: c}, []string{"reason"}),
+		HiCacheBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "baton_hicache_bytes",
+			Help: "Bytes of KV pages kept in a lower tier: l2 (host memory), l3 (files).", ConstLabels: c}, []string{"tier"}),
+		KVReadBeforeReady: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_before_ready_total",
+			Help: "Reads the read gate refused because a page was still loading from a lower tier; anything but 0 is a bug.", ConstLabels: c}),
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_total", Help: "Requests by outcome."}, []string{"role", "outcome"}),
 		Rejected:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_rejected_total", Help: "Requests rejected at the door, by reason."}, []string{"role", "reason"}),
 		Running:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_num_running_reqs", Help: "Requests in the running batch.", ConstLabels: c}),
@@ -159,7 +185,18 @@ func ForModel(role, model string) *Set {
 	if role != "router" {
 		reg.MustRegister(s.KVPagesTotal, s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage,
 			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.IllegalMoves,
-			s.KVPagesCached, s.KVSharedWriteRefusals, s.PrefixCacheQueried, s.PrefixCacheHit, s.PrefixCacheHitRate)
+			s.KVPagesCached, s.KVSharedWriteRefusals, s.PrefixCacheQueried, s.PrefixCacheHit, s.PrefixCacheHitRate,
+			s.HiCacheHits, s.HiCacheLoadedBytes, s.HiCacheLoadSeconds, s.HiCacheLoadWaits, s.HiCacheLoadFailures, s.HiCacheBytes,
+			s.KVReadBeforeReady)
+		for _, t := range []string{"l1", "l2", "l3"} {
+			s.HiCacheHits.WithLabelValues(t)
+		}
+		for _, t := range []string{"l2", "l3"} {
+			s.HiCacheBytes.WithLabelValues(t)
+		}
+		for _, r := range []string{"checksum", "gone"} {
+			s.HiCacheLoadFailures.WithLabelValues(r)
+		}
 	}
 	if role == "prefill" || role == "decode" {
 		reg.MustRegister(s.TransferSessions, s.ReservationsActive, s.ReservationsTotal, s.HandoffFailures,

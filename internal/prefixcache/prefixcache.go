@@ -83,6 +83,26 @@ type entry struct {
 	parent kvpool.CacheKey
 	tokens []int32
 	sum    uint64 // the page's checksum when it was published (with SetChecksum)
+	salt   Salt
+}
+
+// Page is what the index knows of one cached page, handed to a lower tier
+// (Lower) that keeps it after the pool lets it go.
+type Page struct {
+	Ref    kvpool.SharedRef
+	Parent kvpool.CacheKey
+	Tokens []int32
+	Salt   Salt
+	Sum    uint64 // the checksum recorded at publish
+}
+
+// Lower is a lower tier of the cache (host memory, files): told of every
+// page published (for write-through) and of every page eviction took
+// from the pool, with what the index knew of it (found false for a page
+// the index did not name: a duplicate, or one dropped).
+type Lower interface {
+	Published(p Page)
+	Evicted(ref kvpool.SharedRef, p Page, found bool)
 }
 
 // Stats are the cache's figures.
@@ -103,6 +123,7 @@ type Cache struct {
 	// checksum, when set, records each page's checksum as it is published,
 	// so that a reader can later prove the page did not change.
 	checksum func(page int32) (uint64, error)
+	lower    Lower
 
 	queried, hit atomic.Uint64
 }
@@ -129,6 +150,13 @@ func New(pool *kvpool.Pool, fingerprint string) *Cache {
 func (c *Cache) SetChecksum(f func(page int32) (uint64, error)) {
 	c.mu.Lock()
 	c.checksum = f
+	c.mu.Unlock()
+}
+
+// SetLower names the tier below the pool's pages.
+func (c *Cache) SetLower(l Lower) {
+	c.mu.Lock()
+	c.lower = l
 	c.mu.Unlock()
 }
 
@@ -262,7 +290,7 @@ func (c *Cache) Publish(salt Salt, owner kvpool.Owner, pages []int32, tokens []i
 		if err := c.pool.Publish(owner, id, k); err != nil {
 			return published, err
 		}
-		e := entry{page: id, parent: parent, tokens: append([]int32(nil), tokens[i*c.pageSize:(i+1)*c.pageSize]...)}
+		e := entry{page: id, parent: parent, tokens: append([]int32(nil), tokens[i*c.pageSize:(i+1)*c.pageSize]...), salt: salt}
 		if c.checksum != nil {
 			// Read after Publish: the page can no longer change.
 			sum, err := c.checksum(id)
@@ -273,9 +301,41 @@ func (c *Cache) Publish(salt Salt, owner kvpool.Owner, pages []int32, tokens []i
 		}
 		c.index[k] = e
 		published++
+		if c.lower != nil {
+			c.lower.Published(e.info(k))
+		}
 	}
 	return published, nil
 }
+
+func (e entry) info(k kvpool.CacheKey) Page {
+	return Page{Ref: kvpool.SharedRef{Page: e.page, Key: k}, Parent: e.parent, Tokens: e.tokens, Salt: e.salt, Sum: e.sum}
+}
+
+// Adopt ends a lower tier's load of p into page p.Ref.Page, allocated to
+// owner and loading (kvpool.Pool.BeginLoad): the pool makes it shared with
+// owner's pin, and the index names it under its key as if owner had
+// published it. The caller has checked that what landed has p.Sum. It
+// reports whether the page is now shared (false: owner let go of it
+// meanwhile, and it was freed).
+func (c *Cache) Adopt(owner kvpool.Owner, p Page) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ok, err := c.pool.EndLoad(owner, p.Ref.Page, true)
+	if !ok || err != nil {
+		return ok, err
+	}
+	if _, dup := c.index[p.Ref.Key]; !dup {
+		// A key indexed meanwhile (the same prefix loaded or computed at
+		// once) keeps its page; this one is read by owner and then evicted.
+		c.index[p.Ref.Key] = entry{page: p.Ref.Page, parent: p.Parent, tokens: p.Tokens, sum: p.Sum, salt: p.Salt}
+	}
+	return true, nil
+}
+
+// Root is the key a chain of salt starts from (the parent of its first
+// page).
+func (c *Cache) Root(salt Salt) kvpool.CacheKey { return c.root(salt) }
 
 // Drop takes a page out of the index (its contents were found changed):
 // no lookup finds it again, and the pool evicts it once nobody pins it.
@@ -289,8 +349,13 @@ func (c *Cache) evicted(refs []kvpool.SharedRef) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, r := range refs {
-		if e, ok := c.index[r.Key]; ok && e.page == r.Page {
+		e, ok := c.index[r.Key]
+		ok = ok && e.page == r.Page
+		if ok {
 			delete(c.index, r.Key)
+		}
+		if c.lower != nil {
+			c.lower.Evicted(r, e.info(r.Key), ok)
 		}
 	}
 }

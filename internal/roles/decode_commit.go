@@ -42,6 +42,21 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s is %s; commit dropped", key, res.r.State())
 	}
+	// Pages the reservation holds from the cache's lower tiers may still
+	// be loading: the held-page check waits for their loads to end (or
+	// for the caller to give up, and then refuses them as not ready), so
+	// it never reads one before it is.
+	if done := res.r.LoadsDone(); done != nil {
+		select {
+		case <-done:
+		default:
+			d.o.Metrics.HiCacheLoadWaits.Inc()
+			select {
+			case <-done:
+			case <-ctx.Done():
+			}
+		}
+	}
 	if reason, err := d.verify(res, c); err != nil {
 		d.o.Metrics.HandoffFailures.WithLabelValues(reason).Inc()
 		d.o.Log.Warn("commit refused", "request_id", res.r.ID, "room", key.Room, "check", reason, "err", err)

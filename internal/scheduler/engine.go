@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/batonlm/baton/internal/hicache"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -48,6 +49,9 @@ type Config struct {
 	// shared pages of an earlier request of its tenant with the same
 	// prefix, and publishes its own complete prompt pages for later ones.
 	PrefixCache *prefixcache.Cache
+	// Tiers, with PrefixCache, are the cache's lower tiers (host memory,
+	// files): a prefix found there is loaded back into the pool.
+	Tiers *hicache.Tiers
 	// Spec turns on speculative decoding (standalone and decode).
 	Spec SpecConfig
 }
@@ -279,7 +283,16 @@ func (e *Engine) Run(ctx context.Context) {
 			e.shutdown()
 			return
 		}
-		e.step()
+		if !e.step() && e.allLoading() {
+			// Every running request waits for a load: the loader pokes
+			// the loop when one ends.
+			select {
+			case <-ctx.Done():
+				e.shutdown()
+				return
+			case <-e.wake:
+			}
+		}
 	}
 }
 
@@ -469,13 +482,25 @@ func (e *Engine) maxSeqLen(r *Request) int {
 
 // step runs one forward pass over the running batch: one token for each
 // decoding request and prompt chunks for prefilling ones, within ChunkSize.
-func (e *Engine) step() {
+// Requests whose pages are still loading sit it out. It reports whether a
+// forward pass ran.
+func (e *Engine) step() bool {
 	ps := e.pool.PageSize()
 	budget := e.cfg.ChunkSize
 	b := &model.Batch{}
 	var members []*Request
 	for i := 0; i < len(e.running); i++ {
 		r := e.running[i]
+		if r.loading > 0 {
+			if !loadsEnded(e, r) {
+				if !r.loadWait {
+					r.loadWait = true
+					e.m.HiCacheLoadWaits.Inc()
+				}
+				continue
+			}
+			e.loaded(r)
+		}
 		todo := len(r.seq) - r.computed
 		spec := todo == 1 && e.speculates(r)
 		if spec {
@@ -497,6 +522,9 @@ func (e *Engine) step() {
 		// and already written.
 		if err := readable(e, r); err != nil {
 			e.m.ReadGateFailures.Inc()
+			if errors.Is(err, kvpool.ErrLoading) {
+				e.m.KVReadBeforeReady.Inc()
+			}
 			e.running = append(e.running[:i], e.running[i+1:]...)
 			i--
 			e.fail(r, fmt.Errorf("KV read gate refused the batch: %w", err))
@@ -541,7 +569,7 @@ func (e *Engine) step() {
 		members = append(members, r)
 	}
 	if len(members) == 0 {
-		return
+		return false
 	}
 	logits, err := e.model.Forward(b, e.pool.KV())
 	if err != nil {
@@ -549,7 +577,7 @@ func (e *Engine) step() {
 			e.remove(r)
 			e.fail(r, err)
 		}
-		return
+		return true
 	}
 	vocab := e.model.Config.Vocab
 	at := 0 // the first logit row of member i
@@ -612,6 +640,7 @@ func (e *Engine) step() {
 		e.deliver(r, tok)
 	}
 	e.gauges()
+	return true
 }
 
 // scorePrompt records the logprobs of the prompt tokens that rows (the

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"errors"
 
+	"github.com/batonlm/baton/internal/hicache"
 	"github.com/batonlm/baton/internal/kvpool"
 )
 
@@ -19,12 +20,14 @@ var allocate = (*Engine).allocatePages
 func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 	need := e.needPages(r)
 	var hit []kvpool.SharedRef
+	var found []hicache.Found
 	c := e.cfg.PrefixCache
 	// Prompt logprobs need the logits of every prompt position, which a
 	// cached prefix never computes here.
 	if c != nil && e.cfg.Role != RoleDecode && !r.Params.PromptLogprobs {
 		hit = c.Lookup(r.Params.Tenant, r.Prompt)
-		if e.prefixInFlight(r, len(hit)) {
+		found = e.findLower(r, len(hit))
+		if e.prefixInFlight(r, len(hit)+len(found)) {
 			return kvpool.Allocation{}, 0, errPrefixInFlight
 		}
 	}
@@ -35,7 +38,7 @@ func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 	if errors.Is(err, kvpool.ErrStale) {
 		// A page of the hit was evicted between lookup and pin: compute
 		// the whole prompt rather than guess which part is still there.
-		hit = nil
+		hit, found = nil, nil
 		a, err = e.pool.AllocPinned(r.room, need, nil)
 	}
 	if err != nil {
@@ -46,6 +49,8 @@ func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 		c.Count(len(r.Prompt), cached)
 		e.m.PrefixCacheQueried.Add(float64(len(r.Prompt)))
 		e.m.PrefixCacheHit.Add(float64(cached))
+		e.m.HiCacheHits.WithLabelValues("l1").Add(float64(len(hit)))
+		r.loading = e.startLoads(a, len(hit), found, nil)
 	}
 	return a, cached, nil
 }
@@ -110,18 +115,33 @@ func (e *Engine) reservePages(r *Request, room uint64) (kvpool.Allocation, []kvp
 	need := e.pool.PagesFor(e.maxSeqLen(r))
 	c := e.cfg.PrefixCache
 	var hit []kvpool.SharedRef
+	var found []hicache.Found
 	if c != nil {
 		hit = c.Lookup(r.Params.Tenant, r.Prompt)
+		found = e.findLower(r, len(hit))
 	}
 	a, err := e.pool.AllocPinned(room, need-len(hit), hit)
 	if errors.Is(err, kvpool.ErrStale) {
-		hit = nil
+		hit, found = nil, nil
 		a, err = e.pool.AllocPinned(room, need, nil)
 	}
 	if err != nil {
 		return a, nil, err
 	}
 	if c != nil {
+		e.m.HiCacheHits.WithLabelValues("l1").Add(float64(len(hit)))
+		// Pages loading from a lower tier are held like the cached ones:
+		// prefill does not ship them, and Commit waits for their loads
+		// (Request.LoadsDone) before it re-checks them.
+		r.loadsDone = make(chan struct{})
+		if n := e.startLoads(a, len(hit), found, r.loadsDone); n > 0 {
+			base := len(hit)
+			for i, f := range found[:n] {
+				hit = append(hit, kvpool.SharedRef{Page: a.Pages[base+i], Key: f.Ref.Key})
+			}
+		} else {
+			close(r.loadsDone)
+		}
 		held := len(hit) * e.pool.PageSize()
 		c.Count(len(r.Prompt), held)
 		e.m.PrefixCacheQueried.Add(float64(len(r.Prompt)))

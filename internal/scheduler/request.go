@@ -100,7 +100,14 @@ type Request struct {
 	promptPages []int32
 	// held are the decode request's leading prompt pages pinned from the
 	// prefix cache at Reserve: nobody writes them.
-	held      []kvpool.SharedRef
+	held []kvpool.SharedRef
+	// loading is how many pages after the cached ones are loading from a
+	// lower cache tier (standalone and prefill); the engine steps the
+	// request only once they all ended. loadsDone closes when they did
+	// (decode: its Commit check waits for it); nil when nothing loads.
+	loading   int
+	loadWait  bool // counted as a load wait already
+	loadsDone chan struct{}
 	rng       *rand.Rand
 	arrived   time.Time
 	queuedAt  time.Time // when it last entered the waiting queue

@@ -112,3 +112,56 @@ func BenchmarkSharedPrefix(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHiCache measures the hierarchical cache on SGLang's
+// generated-shared-prefix workload: 16 prefixes of 1,000 tokens, used in
+// turn by 48 requests (each prefix three times; 32 tokens of their own, 8
+// generated), one at a time, on the random-weight llama of
+// BenchmarkSharedPrefix. Three standalone servers: an L1 (KV pool) that
+// holds about a tenth of the prefixes' working set with a 1 GiB L2 behind
+// it, an L1 big enough for all of it, and no cache (every prefix
+// recomputed). It reports each one's TTFT p50 and the ratios of the tiered
+// one to the others (the targets: within 1.5x of the big L1, at most 0.3x
+// of recomputing); run it with make bench-hicache.
+func BenchmarkHiCache(b *testing.B) {
+	cfg := filepath.Join(b.TempDir(), "config.json")
+	if err := os.WriteFile(cfg, []byte(`{"architectures":["LlamaForCausalLM"],"vocab_size":512,"hidden_size":512,"num_hidden_layers":8,
+"num_attention_heads":8,"num_key_value_heads":8,"intermediate_size":1408,"max_position_embeddings":4096,"rms_norm_eps":1e-5}`), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	const prefixes, prefixLen = 16, 1000
+	runs := []struct {
+		name  string
+		flags []string
+	}{
+		{"tiered", []string{"--max-total-tokens", "1600", "--hicache-size", "1"}},
+		{"big-l1", []string{"--max-total-tokens", "20000"}},
+		{"recompute", []string{"--max-total-tokens", "20000", "--disable-radix-cache"}},
+	}
+	for range b.N {
+		p50 := map[string]float64{}
+		for _, r := range runs {
+			s := harness.Start(b, append([]string{"--model", cfg, "--load-format", "dummy", "--served-model-name", "dummy"}, r.flags...)...)
+			rep, err := bench.Run(context.Background(), bench.Config{URL: s.URL, Concurrency: 1, NumPrompts: 3 * prefixes, InputLen: 32, OutputLen: 8,
+				SharedPrefixLen: prefixLen, NumPrefixes: prefixes, Seed: 1})
+			if err != nil || rep.Failed > 0 {
+				b.Fatalf("%s: %v: %+v", r.name, err, rep)
+			}
+			p50[r.name] = rep.TTFT.P50
+			b.ReportMetric(rep.TTFT.P50, r.name+"-ttft-p50-ms")
+			b.ReportMetric(float64(rep.TotalCachedTokens), r.name+"-cached-tokens")
+			if r.name == "tiered" {
+				m := harness.Metrics(b, s)
+				b.ReportMetric(m[`baton_hicache_hit_pages_total{role="standalone",tier="l2"}`], "tiered-l2-hit-pages")
+				if m["baton_kv_read_before_ready_total"] != 0 {
+					b.Fatalf("read before ready: %v", m["baton_kv_read_before_ready_total"])
+				}
+			}
+			if err := s.Stop(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(p50["tiered"]/p50["big-l1"], "tiered/big-l1")
+		b.ReportMetric(p50["tiered"]/p50["recompute"], "tiered/recompute")
+	}
+}

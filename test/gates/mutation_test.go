@@ -24,6 +24,8 @@ var guardGates = []struct {
 	{faults.GuardCachePin, scenarioCachePin},
 	{faults.GuardTenantSalt, scenarioTenantSalt},
 	{faults.GuardHeldRecheck, scenarioHeldRecheck},
+	{faults.GuardLoadWait, scenarioHiCache},
+	{faults.GuardLoadReady, scenarioHiCacheNoReadGuard},
 	{faults.GuardPeerAuth, scenarioAdversary},
 	{faults.GuardCapability, scenarioAdversary},
 	{faults.GuardSessionBind, scenarioAdversary},
