@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/batonlm/baton/internal/hicache"
+	"github.com/batonlm/baton/internal/hicache/filestore"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/prefixcache"
 )
@@ -60,8 +61,12 @@ func (h *hicacheFlags) check(f *serveFlags) error {
 // file of another model, layout or dtype is foreign: counted, never
 // read). It returns the store, its size in bytes for the gauge, and what
 // closes it.
-var openFileStore = func(dir string, meta hicache.Meta, capacity int64) (hicache.Store, func() int64, io.Closer, error) {
-	return nil, nil, nil, errors.New("--hicache-storage-backend file: this build has no file store")
+func openFileStore(dir string, meta hicache.Meta, capacity int64) (hicache.Store, func() int64, io.Closer, error) {
+	st, err := filestore.Open(dir, filestore.Meta{Fingerprint: meta.Fingerprint, Layout: meta.Layout, DType: meta.DType}, capacity)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--hicache-storage-dir: %w", err)
+	}
+	return st, func() int64 { return st.Stats().Bytes }, st, nil
 }
 
 // tiers sets the lower tiers up under cache; close stops their loaders
