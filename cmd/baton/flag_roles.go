@@ -58,6 +58,9 @@ var flagRoles = map[string][]string{
 	"disable-radix-cache": {"standalone", "prefill"}, "prefix-cache-scope": {"standalone", "router"},
 	"disaggregation-decode-enable-radix-cache": {"decode"},
 
+	"spec-guard": {"standalone", "decode"}, "spec-guard-min-tokens": {"standalone", "decode"},
+	"spec-guard-min-accept-length": {"standalone", "decode"}, "spec-guard-max-accept-rate": {"standalone", "decode"},
+
 	"dry-run": allRoles,
 }
 

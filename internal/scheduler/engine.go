@@ -50,6 +50,9 @@ type Config struct {
 	PrefixCache *prefixcache.Cache
 	// Spec turns on speculative decoding (standalone and decode).
 	Spec SpecConfig
+	// SpecGuard stops a speculating generation whose accept figures say
+	// its KV is suspect (FinishSpecAnomaly).
+	SpecGuard SpecGuard
 }
 
 // RejectError is a refusal at the door: the request allocated nothing.
@@ -735,7 +738,7 @@ func (e *Engine) finish(r *Request, reason string) {
 	e.specObserve(r)
 	e.m.Outcome("finished")
 	e.m.E2E.Observe(time.Since(r.arrived).Seconds())
-	r.emit(Event{Finish: reason})
+	r.emit(Event{Finish: reason, Spec: specCounts(r)})
 }
 
 // abort ends a live request early (see tearDown); only the call that made
