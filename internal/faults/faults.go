@@ -87,6 +87,12 @@ type Spec struct {
 	// HeldCorrupt changes a page decode holds from its prefix cache just
 	// before Commit re-checks it (decode side).
 	HeldCorrupt bool
+	// FlattenLanded sets every K and V value of each prompt page that
+	// landed on this decode worker to 1.0 just before Commit checks the
+	// page (decode side): KV that no longer tells the prompt's positions
+	// apart, which the checksum catches and, with it off, sends the
+	// bundled model into repeating one token.
+	FlattenLanded bool
 }
 
 // ParseSpec parses the BATON_FAULTS syntax.
@@ -148,6 +154,8 @@ func ParseSpec(s string) (*Spec, error) {
 			sp.CachePublishEarly, err = strconv.ParseBool(v)
 		case "held_corrupt":
 			sp.HeldCorrupt, err = strconv.ParseBool(v)
+		case "flatten_landed":
+			sp.FlattenLanded, err = strconv.ParseBool(v)
 		default:
 			return nil, fmt.Errorf("faults: unknown fault %q", k)
 		}
