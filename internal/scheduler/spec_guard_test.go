@@ -144,10 +144,13 @@ func TestSpecGuardSparesHealthyGenerations(t *testing.T) {
 // flattenPrompt sets every K and V value of r's prompt pages to one value
 // once its prompt is computed: attention then sees no difference between
 // the prompt's positions, and the bundled model falls into repeating one
-// token, which the n-gram drafts predict perfectly.
-func flattenPrompt(e *Engine, r *Request) {
+// token, which the n-gram drafts predict perfectly. *last is set to the
+// first position each step computes (the loop's own variable: read it
+// after the request ended).
+func flattenPrompt(e *Engine, r *Request, last *int) {
 	ps := e.pool.PageSize()
-	r.OnChunk = func(_ kernels.PagedKV, pages []int32, _, to int) {
+	r.OnChunk = func(_ kernels.PagedKV, pages []int32, from, to int) {
+		*last = from
 		if to != len(r.Prompt) {
 			return
 		}
@@ -171,7 +174,8 @@ func TestSpecGuardStopsALoop(t *testing.T) {
 		e.cfg.SpecGuard = DefaultSpecGuard
 		e.cfg.SpecGuard.On = on
 		r := NewRequest("r", want.PromptIDs, Params{MaxTokens: 256, IgnoreEOS: true})
-		flattenPrompt(e, r)
+		var last int
+		flattenPrompt(e, r, &last)
 		ids, ev := runOne(t, e, r)
 		loop := 0
 		for _, id := range ids[1:] {
@@ -189,8 +193,11 @@ func TestSpecGuardStopsALoop(t *testing.T) {
 		if ev.Finish != FinishSpecAnomaly || !errors.As(ev.Err, &anomaly) || ev.Spec == nil {
 			t.Fatalf("guard on: finish %q (%v) after %d tokens, counts %+v", ev.Finish, ev.Err, len(ids), ev.Spec)
 		}
-		if anomaly.Generated != len(ids) || len(ids) < 128 || len(ids) > 128+ngram4.DraftTokens {
-			t.Fatalf("tripped after %d generated, %d delivered: want the first check past 128, and nothing after it", anomaly.Generated, len(ids))
+		// The tripping step was the last computed; it started from the
+		// position of the last token delivered before it.
+		before := last - len(r.Prompt) + 1
+		if anomaly.Generated != len(ids) || len(ids) != before || len(ids) < 128 || len(ids) > 128+ngram4.DraftTokens {
+			t.Fatalf("tripped after %d generated, %d delivered, %d before the last step: want the first check past 128, and nothing of that step", anomaly.Generated, len(ids), before)
 		}
 		if counter(e.m.SpecAnomalies) != 1 || r.State() != StateAborted {
 			t.Fatalf("anomalies %v, state %s", counter(e.m.SpecAnomalies), r.State())
