@@ -42,6 +42,20 @@ type Usage struct {
 	// PromptTokensDetails says how many prompt tokens were read from the
 	// prefix cache rather than computed (OpenAI's field).
 	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+	// SpecUsage, inlined, carries a speculating request's figures under
+	// SGLang's meta_info names; absent for a request that did not speculate.
+	*SpecUsage
+}
+
+// SpecUsage is speculative decoding's figures for one request (all its
+// choices, and every pair a router ran it on): verifying steps, draft
+// tokens proposed and accepted, tokens per step and share accepted.
+type SpecUsage struct {
+	SpecVerifyCt       int     `json:"spec_verify_ct"`
+	SpecDraftTokenNum  int     `json:"spec_draft_token_num"`
+	SpecAcceptTokenNum int     `json:"spec_accept_token_num"`
+	SpecAcceptLength   float64 `json:"spec_accept_length"`
+	SpecAcceptRate     float64 `json:"spec_accept_rate"`
 }
 
 // PromptTokensDetails breaks the prompt tokens down.

@@ -60,6 +60,9 @@ var flagRoles = map[string][]string{
 	"hicache-size": engineRoles, "hicache-write-policy": engineRoles, "hicache-storage-backend": engineRoles,
 	"hicache-storage-dir": engineRoles, "hicache-storage-size": engineRoles,
 
+	"spec-guard": {"standalone", "decode"}, "spec-guard-min-tokens": {"standalone", "decode"},
+	"spec-guard-min-accept-length": {"standalone", "decode"}, "spec-guard-max-accept-rate": {"standalone", "decode"},
+
 	"dry-run": allRoles,
 }
 

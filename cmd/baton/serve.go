@@ -79,6 +79,12 @@ type serveFlags struct {
 	threads           int
 	shutdownTimeout   time.Duration
 
+	// the speculative decoding guard (standalone, decode)
+	specGuard          string
+	specGuardMinTokens int
+	specGuardMinLength float64
+	specGuardMaxRate   float64
+
 	dryRun      bool
 	device      string
 	rdmaDevices []string
@@ -163,6 +169,10 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission (router: for a decode worker with room); more get 429 with Retry-After")
 	fs.StringVar(&f.apiKey, "api-key", "", "require this bearer key on every route but /health and /metrics (workers: /server_info and unknown routes)")
 	fs.BoolVar(&f.metricsKey, "metrics-require-key", false, "require --api-key on /metrics too (default: /metrics is open to scrapers)")
+	fs.StringVar(&f.specGuard, "spec-guard", "on", "standalone, decode: stop a speculating generation whose accept figures say its KV is suspect (finish reason spec_anomaly; the router retries it on another decode worker): on or off")
+	fs.IntVar(&f.specGuardMinTokens, "spec-guard-min-tokens", scheduler.DefaultSpecGuard.MinTokens, "standalone, decode: the spec guard judges a generation once it has generated this many tokens")
+	fs.Float64Var(&f.specGuardMinLength, "spec-guard-min-accept-length", scheduler.DefaultSpecGuard.MinAcceptLength, "standalone, decode: the spec guard stops a generation drafted by a model whose tokens per verifying step fall below this (not applied to ngram drafts)")
+	fs.Float64Var(&f.specGuardMaxRate, "spec-guard-max-accept-rate", scheduler.DefaultSpecGuard.MaxAcceptRate, "standalone, decode: the spec guard stops a generation whose share of accepted draft tokens rises above this (a loop)")
 	fs.DurationVar(&f.readTimeout, "request-read-timeout", 60*time.Second, "how long a client may take to send a request body; a slower upload gets 408")
 	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
@@ -256,6 +266,10 @@ func (f *serveFlags) validate() error {
 		return f.hicache.check(f)
 	case f.spec().Validate() != nil:
 		return fmt.Errorf("--speculative-algorithm: %w", f.spec().Validate())
+	case f.specGuard != "on" && f.specGuard != "off":
+		return fmt.Errorf("--spec-guard %q: on or off", f.specGuard)
+	case f.specGuardConfig().Validate() != nil:
+		return fmt.Errorf("--spec-guard-*: %w", f.specGuardConfig().Validate())
 	case f.queueTimeout <= 0:
 		return fmt.Errorf("--queue-timeout must be positive")
 	case f.metricsKey && f.apiKey == "":
@@ -571,6 +585,7 @@ func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.S
 		Constrain:    le.constraints.matcher,
 		PreemptAfter: f.preemptAfter,
 		Spec:         f.spec(),
+		SpecGuard:    f.specGuardConfig(),
 		PrefixCache:  cache,
 		Tiers:        tiers,
 	}, ms)
@@ -778,4 +793,10 @@ func sglangAliases(fs *pflag.FlagSet, f *serveFlags) error {
 // spec is the engine's speculative decoding setting from the flags.
 func (f *serveFlags) spec() scheduler.SpecConfig {
 	return scheduler.SpecConfig{Algorithm: f.specAlgorithm, DraftTokens: f.specDraftTokens, Steps: f.specSteps}
+}
+
+// specGuardConfig is the speculative decoding guard from the flags.
+func (f *serveFlags) specGuardConfig() scheduler.SpecGuard {
+	return scheduler.SpecGuard{On: f.specGuard == "on", MinTokens: f.specGuardMinTokens,
+		MinAcceptLength: f.specGuardMinLength, MaxAcceptRate: f.specGuardMaxRate}
 }

@@ -100,6 +100,11 @@ func TestFlagsRefusedOnRolesTheyDoNothingOn(t *testing.T) {
 		{[]string{"--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "6"}, ""},
 		{[]string{"--role", "decode", "--speculative-algorithm", "ngram"}, ""},
 		{[]string{"--speculative-algorithm", "eagle"}, `speculative algorithm "eagle" is not available`},
+		{[]string{"--role", "decode", "--spec-guard", "off", "--spec-guard-min-tokens", "64"}, ""},
+		{append(router, "--spec-guard", "off"), "--spec-guard (standalone, decode only)"},
+		{[]string{"--spec-guard", "maybe"}, `--spec-guard "maybe": on or off`},
+		{[]string{"--spec-guard-max-accept-rate", "1.5"}, "maximum accept rate 1.5 is outside 0..1"},
+		{[]string{"--spec-guard-min-tokens", "-1"}, "minimum tokens cannot be negative"},
 		{[]string{"--speculative-algorithm", "ngram", "--speculative-num-steps", "0"}, "at least one draft token and one step"},
 	} {
 		dryRun(t, c.args, c.err, "")

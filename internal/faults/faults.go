@@ -100,6 +100,12 @@ type Spec struct {
 	// LoadCorrupt flips a byte of every loaded page before its checksum
 	// is checked: each load must end as a miss.
 	LoadCorrupt bool
+	// FlattenLanded sets every K and V value of each prompt page that
+	// landed on this decode worker to 1.0 just before Commit checks the
+	// page (decode side): KV that no longer tells the prompt's positions
+	// apart, which the checksum catches and, with it off, sends the
+	// bundled model into repeating one token.
+	FlattenLanded bool
 }
 
 // ParseSpec parses the BATON_FAULTS syntax.
@@ -167,6 +173,8 @@ func ParseSpec(s string) (*Spec, error) {
 			sp.LoadJitter, err = strconv.ParseBool(v)
 		case "load_corrupt":
 			sp.LoadCorrupt, err = strconv.ParseBool(v)
+		case "flatten_landed":
+			sp.FlattenLanded, err = strconv.ParseBool(v)
 		default:
 			return nil, fmt.Errorf("faults: unknown fault %q", k)
 		}

@@ -84,6 +84,8 @@ type Set struct {
 	SpecAcceptRate     prometheus.Histogram
 	SpecDraftTokens    prometheus.Counter
 	SpecAcceptedTokens prometheus.Counter
+	// SpecAnomalies counts generations the spec guard stopped.
+	SpecAnomalies prometheus.Counter
 
 	// IllegalMoves counts lifecycle moves the engine made that the state
 	// machine refused: a bug, never expected.
@@ -172,6 +174,8 @@ func ForModel(role, model string) *Set {
 			Help: "Draft tokens proposed by speculative decoding and verified by the target.", ConstLabels: c}),
 		SpecAcceptedTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_spec_accepted_tokens_total",
 			Help: "Draft tokens the target accepted.", ConstLabels: c}),
+		SpecAnomalies: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_spec_anomalies_total",
+			Help: "Generations the speculative decoding guard stopped (finish reason spec_anomaly): accept figures that say the KV is suspect.", ConstLabels: c}),
 		IllegalMoves: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_lifecycle_illegal_moves_total",
 			Help: "Request state changes the lifecycle refused; anything but 0 is a bug.", ConstLabels: c}),
 	}
@@ -206,7 +210,7 @@ func ForModel(role, model string) *Set {
 		reg.MustRegister(s.LateDropped)
 	}
 	if role == "standalone" || role == "decode" {
-		reg.MustRegister(s.SpecAcceptLength, s.SpecAcceptRate, s.SpecDraftTokens, s.SpecAcceptedTokens)
+		reg.MustRegister(s.SpecAcceptLength, s.SpecAcceptRate, s.SpecDraftTokens, s.SpecAcceptedTokens, s.SpecAnomalies)
 	}
 	// Labelled counters start at 0 for every label the role can count, so
 	// that a rate() or an alert on them works before the first event.

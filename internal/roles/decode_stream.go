@@ -28,10 +28,17 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			return ctx.Err()
 		}
 		te := &pdv1.TokenEvent{Token: TokenToPB(ev.Token), PromptLogprobs: TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)}
+		if c := ev.Spec; c != nil {
+			te.SpecDraftTokens, te.SpecAcceptedTokens, te.SpecVerifySteps = uint32(c.Drafted), uint32(c.Accepted), uint32(c.Steps)
+		}
 		switch ev.Finish {
 		case "":
 		case scheduler.FinishStop, scheduler.FinishLength:
 			te.Finish = ev.Finish
+		case scheduler.FinishSpecAnomaly:
+			// Its own finish, not an error: the router retries it on
+			// another pair from the tokens the client already has.
+			te.Finish, te.Error, te.Code = ev.Finish, errString(ev.Err), 503
 		case scheduler.FinishAbort:
 			te.Error, te.Code = "request aborted: "+errString(ev.Err), 499
 		default:

@@ -3,9 +3,12 @@
 package roles
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -85,5 +88,20 @@ func init() {
 	}
 	if off(faults.GuardDialKnown) {
 		dialKnown = func(*Prefill, string) bool { return true }
+	}
+	if sp := faults.Active(); sp != nil && sp.FlattenLanded {
+		// Each landed prompt page's written slots become 1.0 just before
+		// Commit checks the page: after the handoff, before the checksum.
+		covered := coverage.page
+		coverage.page = func(d *Decode, res *reservation, page int32, want int) error {
+			kv := d.o.Pool.KV()
+			if buf, err := transfer.ReadPage(kv, page, want, nil); err == nil && kv.DType == kernels.F32 {
+				for i := 0; i+4 <= len(buf); i += 4 {
+					binary.LittleEndian.PutUint32(buf[i:], math.Float32bits(1))
+				}
+				_ = transfer.Unpack(kv, page, want, buf)
+			}
+			return covered(d, res, page, want)
+		}
 	}
 }

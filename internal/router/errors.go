@@ -19,6 +19,7 @@ const (
 	msgMisconfig   = "the prefill and decode workers are not configured alike; the operator's logs say how"
 	msgInterrupted = "generation was interrupted: the decode worker stopped answering"
 	msgDecodeFail  = "generation failed on the decode worker"
+	msgAnomaly     = "generation stopped: speculative decoding on the decode worker found its KV cache suspect (spec_anomaly), and no other decode worker could take the request over; retry it"
 )
 
 // internalWords mark a worker's text as one about the cluster, not about

@@ -15,8 +15,9 @@ type routerMetrics struct {
 }
 
 // retryStages are the steps whose failure before the first token is tried
-// again on another pair.
-var retryStages = []string{"reserve", "stream", "prefill", "decode"}
+// again on another pair, and spec_anomaly: a request decode's spec guard
+// stopped, continued on another pair from the tokens the client has.
+var retryStages = []string{"reserve", "stream", "prefill", "decode", "spec_anomaly"}
 
 func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 	rm := &routerMetrics{
@@ -24,7 +25,7 @@ func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 			Name: "baton_router_worker_healthy", Help: "1 when the worker answered its last probe (health, server_info and gRPC Info), else 0.",
 		}, []string{"url", "role"})),
 		retries: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "baton_router_retries_total", Help: "Requests tried again on another pair before their first token, by the step that failed.",
+			Name: "baton_router_retries_total", Help: "Requests tried again on another pair before their first token, by the step that failed (spec_anomaly: continued after the tokens the client has).",
 		}, []string{"stage"})),
 		picks: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_router_worker_requests_total", Help: "Requests (attempts included) sent to each worker.",

@@ -63,13 +63,21 @@ type stream struct {
 
 	// run-owned
 	started   chan<- error // nil once the first event is ready
-	gotToken  bool
+	gotToken  bool         // this attempt delivered a token
 	lastToken time.Time
+	// orig is the request's own prompt and sent the tokens the caller
+	// took, over every attempt: a request decode's spec guard stopped
+	// goes on elsewhere with sent joined to its prompt.
+	orig, sent []int32
+	// spec sums the attempts' speculation figures; suspect are the decode
+	// workers whose spec guard stopped this request, never tried again.
+	spec    scheduler.SpecCounts
+	suspect map[*worker]bool
 }
 
 func newStream(r *Router, id string, prompt []int32, p scheduler.Params, log *slog.Logger) *stream {
 	return &stream{
-		r: r, id: id, prompt: prompt, p: p, log: log, start: time.Now(),
+		r: r, id: id, prompt: prompt, orig: prompt, p: p, log: log, start: time.Now(),
 		md:     metadata.AppendToOutgoingContext(context.Background(), RequestIDKey, id),
 		events: make(chan scheduler.Event), quit: make(chan struct{}),
 	}
@@ -108,6 +116,9 @@ type failure struct {
 	// detail is what happened, in the workers' words, for the log only.
 	detail error
 	retry  bool
+	// anomaly: decode's spec guard stopped the request after tokens
+	// reached the caller; it ended it there, so nothing needs aborting.
+	anomaly bool
 }
 
 // run drives the attempts. started receives nil once the first event (a
@@ -152,6 +163,13 @@ func (s *stream) run(started chan<- error) {
 			break
 		}
 		held = []*worker{d, p}
+		if s.suspect[d] {
+			// Only the worker that tripped is left: its text after the
+			// trip must not reach the client.
+			last = failure{stage: "spec_anomaly", err: &Error{Status: http.StatusBadGateway, Message: msgAnomaly},
+				detail: fmt.Errorf("only %s, whose spec guard stopped the request, is left", d.url)}
+			break
+		}
 		s.r.rm.picks.WithLabelValues(d.url, d.role).Inc()
 		s.r.rm.picks.WithLabelValues(p.url, p.role).Inc()
 		// A failed pair is passed over for the rest of this request: a
@@ -172,6 +190,15 @@ func (s *stream) run(started chan<- error) {
 			}
 		}
 		last = *f
+		if f.anomaly {
+			if !s.resume(d, avoid) {
+				break
+			}
+			s.r.rm.retries.WithLabelValues(f.stage).Inc()
+			s.log.Warn("decode's spec guard stopped the request; continuing on another pair",
+				"decode", d.url, "prefill", p.url, "delivered", len(s.sent), "err", f.detail)
+			continue
+		}
 		if f.noRoom() && s.r.queue.max > 0 && s.r.mayFreeUp(d, f) && (tries >= s.r.retries || !s.r.untriedDecode(avoid)) {
 			s.r.release(held...)
 			held = nil
@@ -217,6 +244,32 @@ func (s *stream) run(started chan<- error) {
 		return
 	}
 	s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: asError(last.err)})
+}
+
+// resume prepares another attempt after decode d's spec guard stopped the
+// request: the tokens the caller took join the prompt and come off
+// max_tokens (and min_tokens), so that the next pair goes on where d
+// stopped and the client sees one stream without repeats. False: this
+// was the request's second trip, or no other decode worker is there to
+// take it, and the client gets an error.
+func (s *stream) resume(d *worker, avoid map[*worker]bool) bool {
+	if s.suspect == nil {
+		s.suspect = map[*worker]bool{}
+	}
+	s.suspect[d] = true
+	if len(s.suspect) > 1 || !s.r.untriedDecode(avoid) {
+		return false
+	}
+	s.prompt = append(append(make([]int32, 0, len(s.orig)+len(s.sent)), s.orig...), s.sent...)
+	// One resume per request (a second trip ends it), so s.p still holds
+	// the request's own bounds here.
+	if s.p.MaxTokens > 0 {
+		s.p.MaxTokens -= len(s.sent)
+	}
+	s.p.MinTokens = max(0, s.p.MinTokens-len(s.sent))
+	s.p.PromptLogprobs = false
+	s.gotToken = false
+	return true
 }
 
 // begin tells Generate that the first event is ready: from here on a
@@ -356,6 +409,10 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				return f
 			}
 			if done, f := s.forward(log, it.ev, dc, res); f != nil {
+				if f.anomaly {
+					s.settle(recv, pending)
+					return f
+				}
 				s.abort(log, dc, res, "decode failed the request before its first token: "+f.detail.Error())
 				return f
 			} else if done {
@@ -384,7 +441,16 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 		}
 	}
 	first := !s.gotToken && ev.Token == nil
+	if te.SpecVerifySteps > 0 {
+		s.spec = s.spec.Add(scheduler.SpecCounts{Drafted: int(te.SpecDraftTokens), Accepted: int(te.SpecAcceptedTokens), Steps: int(te.SpecVerifySteps)})
+	}
 	switch {
+	case te.Finish == scheduler.FinishSpecAnomaly:
+		// Decode stopped the request before the step that tripped its
+		// guard sent anything, and ended it there; the run loop goes on
+		// on another pair, or tells the client.
+		return false, &failure{stage: "spec_anomaly", anomaly: true, err: &Error{Status: http.StatusBadGateway, Message: msgAnomaly},
+			detail: fmt.Errorf("decode's spec guard: %s", te.Error)}
 	case te.Error != "":
 		st := httpStatus(te.Code)
 		e := decodeEventError(st, te.Error, !first)
@@ -409,7 +475,7 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 	}
 	if ev.Token != nil {
 		now := time.Now()
-		if !s.gotToken {
+		if !s.gotToken && len(s.sent) == 0 {
 			s.r.m.TTFT.Observe(now.Sub(s.start).Seconds())
 		} else {
 			s.r.m.ITL.Observe(now.Sub(s.lastToken).Seconds())
@@ -419,11 +485,18 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 	}
 	s.begin()
 	if ev.Finish != "" {
+		if s.spec.Steps > 0 {
+			c := s.spec
+			ev.Spec = &c
+		}
 		s.finish(ev)
 		return true, nil
 	}
 	select {
 	case s.events <- ev:
+		if ev.Token != nil {
+			s.sent = append(s.sent, ev.Token.ID)
+		}
 		return false, nil
 	case <-s.quit:
 		s.tellDecode(log, dc, res)

@@ -54,6 +54,9 @@ type Config struct {
 	Tiers *hicache.Tiers
 	// Spec turns on speculative decoding (standalone and decode).
 	Spec SpecConfig
+	// SpecGuard stops a speculating generation whose accept figures say
+	// its KV is suspect (FinishSpecAnomaly).
+	SpecGuard SpecGuard
 }
 
 // RejectError is a refusal at the door: the request allocated nothing.
@@ -764,7 +767,7 @@ func (e *Engine) finish(r *Request, reason string) {
 	e.specObserve(r)
 	e.m.Outcome("finished")
 	e.m.E2E.Observe(time.Since(r.arrived).Seconds())
-	r.emit(Event{Finish: reason})
+	r.emit(Event{Finish: reason, Spec: specCounts(r)})
 }
 
 // abort ends a live request early (see tearDown); only the call that made

@@ -54,6 +54,9 @@ type Event struct {
 	// CachedTokens comes with the first token: how many prompt tokens were
 	// read from the prefix cache instead of computed.
 	CachedTokens int
+	// Spec comes with the last event of a request that speculated: its
+	// draft tokens, accepted tokens and verifying steps.
+	Spec *SpecCounts
 }
 
 // FinishPrefilled ends a prefill-role request: the prompt is computed and

@@ -194,6 +194,11 @@ func (e *Engine) speculated(r *Request, rows []float32, c0 int) {
 			return
 		}
 	}
+	// The guard judges the step before any of its tokens goes out, so
+	// nothing the suspect state produced after the trip reaches anyone.
+	if e.specGuard(r) {
+		return
+	}
 	for _, tok := range out {
 		if err := e.follow(r, tok.ID); err != nil {
 			e.remove(r)

@@ -40,6 +40,8 @@ type generation struct {
 	// plan is a chat request's reading of the answer (tool calls,
 	// reasoning, echo).
 	plan chatPlan
+	// spec sums the speculation figures of the choices' last events.
+	spec scheduler.SpecCounts
 
 	choices []*choice
 }
@@ -279,6 +281,9 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 	for open := len(g.choices); open > 0; {
 		e := <-events
 		c, ev := e.c, e.ev
+		if ev.Spec != nil {
+			g.spec = g.spec.Add(*ev.Spec)
+		}
 		if c.finish != "" {
 			continue // a stop string ended it; the engine's finish is news to no one
 		}
@@ -345,6 +350,10 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 		tokens += c.tokens
 	}
 	usage := openai.NewUsage(len(prompt), tokens).WithCached(g.cached)
+	if c := g.spec; c.Steps > 0 {
+		usage.SpecUsage = &openai.SpecUsage{SpecVerifyCt: c.Steps, SpecDraftTokenNum: c.Drafted, SpecAcceptTokenNum: c.Accepted,
+			SpecAcceptLength: c.AcceptLength(), SpecAcceptRate: c.AcceptRate()}
+	}
 	if sse != nil {
 		if g.includeUsage {
 			if g.chat {
@@ -397,6 +406,12 @@ func (s *Server) eventError(id string, ev scheduler.Event) *openai.Error {
 		return openai.Internal(msg)
 	}
 	s.log.Warn("generation failed", "request_id", id, "finish", ev.Finish, "err", errText(err))
+	if ev.Finish == scheduler.FinishSpecAnomaly {
+		e := openai.Internal("generation stopped: speculative decoding found the KV cache suspect (spec_anomaly); retry the request")
+		code := scheduler.FinishSpecAnomaly
+		e.Code = &code
+		return e
+	}
 	if ev.Finish == scheduler.FinishAbort {
 		return openai.ServiceUnavailable("the request was aborted before it finished; retry it", time.Second)
 	}

@@ -602,3 +602,15 @@ func TestContextGenerator(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A standalone generation the spec guard stopped is the client's 500 with
+// code spec_anomaly, in OpenAI's shape.
+func TestSpecAnomalyIsAnError(t *testing.T) {
+	ts, _ := newTestServer(t, Options{Generator: &fakeGen{fail: &scheduler.Event{Finish: scheduler.FinishSpecAnomaly,
+		Err: &scheduler.SpecAnomalyError{Rule: "accept rate 1.000 above 0.960", Generated: 130}}}})
+	code, _, b := do(t, "POST", ts.URL+"/v1/completions", "", `{"model":"m","prompt":"hi"}`)
+	e := openAIError(t, "spec_anomaly", b)
+	if code != 500 || e.Error.Code == nil || *e.Error.Code != scheduler.FinishSpecAnomaly || strings.Contains(e.Error.Message, "0.960") {
+		t.Fatalf("status %d %s", code, b)
+	}
+}

@@ -221,8 +221,11 @@ func TestPDOpenAINodeClient(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, RouterArgs: []string{"--tool-call-parser", "hermes"}})
-	out, err := runCommand(t.Context(), 2*time.Minute, root, cleanEnv(), node, filepath.Join("test", "openai", "client.mjs"), c.Router.URL, bundledModel)
+	// Decode speculates: the checks hold as they do without it, and usage
+	// carries the speculation figures through the SDK.
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, RouterArgs: []string{"--tool-call-parser", "hermes"},
+		DecodeArgs: []string{"--speculative-algorithm", "ngram"}})
+	out, err := runCommand(t.Context(), 2*time.Minute, root, append(cleanEnv(), "EXPECT_SPEC_USAGE=1"), node, filepath.Join("test", "openai", "client.mjs"), c.Router.URL, bundledModel)
 	if err != nil {
 		t.Fatalf("OpenAI client through the router: %v\n%s", err, out)
 	}

@@ -189,6 +189,30 @@ const checks = [
     assert.equal(finish, c.finish_reason, 'streamed finish_reason differs');
   }],
 
+  // EXPECT_SPEC_USAGE=1: the server speculates, and usage carries its
+  // figures (SGLang's meta_info names) through the SDK, whole and streamed;
+  // otherwise there are none.
+  ['usage: speculation figures', async () => {
+    const prompt = `${PROMPT} there was a cat. ${PROMPT} there was a cat. ${PROMPT} there was a cat. ${PROMPT}`;
+    const r = await client.completions.create({ model, prompt, max_tokens: 60, temperature: 0 });
+    const stream = await client.completions.create({
+      model, prompt, max_tokens: 60, temperature: 0, stream: true, stream_options: { include_usage: true },
+    });
+    let streamed = null;
+    for await (const chunk of stream) streamed = chunk.usage ?? streamed;
+    for (const [what, u] of [['whole', r.usage], ['streamed', streamed]]) {
+      assert.ok(u && u.completion_tokens === 60 && u.total_tokens === u.prompt_tokens + 60, `${what}: usage ${JSON.stringify(u)}`);
+      const fields = ['spec_verify_ct', 'spec_draft_token_num', 'spec_accept_token_num', 'spec_accept_length', 'spec_accept_rate'];
+      if (process.env.EXPECT_SPEC_USAGE !== '1') {
+        for (const f of fields) assert.equal(u[f], undefined, `${what}: ${f} from a server that does not speculate`);
+        continue;
+      }
+      for (const f of fields) assert.equal(typeof u[f], 'number', `${what}: usage.${f} = ${u[f]}`);
+      assert.ok(u.spec_verify_ct >= 1 && u.spec_verify_ct <= u.completion_tokens, `${what}: spec_verify_ct ${u.spec_verify_ct}`);
+      assert.ok(u.spec_draft_token_num >= 1 && u.spec_accept_token_num <= u.spec_draft_token_num, `${what}: ${JSON.stringify(u)}`);
+    }
+  }],
+
   ['n, echo and logit_bias', async () => {
     const ref = await chatReference();
     const r = await client.chat.completions.create({

@@ -1331,17 +1331,24 @@ func (x *StreamRequest) GetCapability() []byte {
 // TokenEvent is one generated token; the last event carries finish
 // ("stop", "length") or error (the request failed; code is an HTTP status).
 type TokenEvent struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Token  *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Finish string                 `protobuf:"bytes,2,opt,name=finish,proto3" json:"finish,omitempty"`
-	Error  string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
-	Code   int32                  `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// stop or length; spec_anomaly: decode's speculation guard stopped the
+	// request (error says why), and the router may retry it elsewhere.
+	Finish string `protobuf:"bytes,2,opt,name=finish,proto3" json:"finish,omitempty"`
+	Error  string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Code   int32  `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
 	// With the first token only, when the request asked for them.
 	PromptLogprobs []*Token `protobuf:"bytes,5,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
 	// With the first token only: prompt tokens read from a prefix cache.
-	CachedTokens  uint32 `protobuf:"varint,6,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CachedTokens uint32 `protobuf:"varint,6,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	// With the last event of a request that speculated: its draft tokens,
+	// the drafts the target accepted, and its verifying steps.
+	SpecDraftTokens    uint32 `protobuf:"varint,7,opt,name=spec_draft_tokens,json=specDraftTokens,proto3" json:"spec_draft_tokens,omitempty"`
+	SpecAcceptedTokens uint32 `protobuf:"varint,8,opt,name=spec_accepted_tokens,json=specAcceptedTokens,proto3" json:"spec_accepted_tokens,omitempty"`
+	SpecVerifySteps    uint32 `protobuf:"varint,9,opt,name=spec_verify_steps,json=specVerifySteps,proto3" json:"spec_verify_steps,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *TokenEvent) Reset() {
@@ -1412,6 +1419,27 @@ func (x *TokenEvent) GetPromptLogprobs() []*Token {
 func (x *TokenEvent) GetCachedTokens() uint32 {
 	if x != nil {
 		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *TokenEvent) GetSpecDraftTokens() uint32 {
+	if x != nil {
+		return x.SpecDraftTokens
+	}
+	return 0
+}
+
+func (x *TokenEvent) GetSpecAcceptedTokens() uint32 {
+	if x != nil {
+		return x.SpecAcceptedTokens
+	}
+	return 0
+}
+
+func (x *TokenEvent) GetSpecVerifySteps() uint32 {
+	if x != nil {
+		return x.SpecVerifySteps
 	}
 	return 0
 }
@@ -1680,7 +1708,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
 	"\n" +
 	"capability\x18\x03 \x01(\fR\n" +
-	"capability\"\xda\x01\n" +
+	"capability\"\xe4\x02\n" +
 	"\n" +
 	"TokenEvent\x12(\n" +
 	"\x05token\x18\x01 \x01(\v2\x12.baton.pd.v1.TokenR\x05token\x12\x16\n" +
@@ -1688,7 +1716,10 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x12\n" +
 	"\x04code\x18\x04 \x01(\x05R\x04code\x12;\n" +
 	"\x0fprompt_logprobs\x18\x05 \x03(\v2\x12.baton.pd.v1.TokenR\x0epromptLogprobs\x12#\n" +
-	"\rcached_tokens\x18\x06 \x01(\rR\fcachedTokens\"\x12\n" +
+	"\rcached_tokens\x18\x06 \x01(\rR\fcachedTokens\x12*\n" +
+	"\x11spec_draft_tokens\x18\a \x01(\rR\x0fspecDraftTokens\x120\n" +
+	"\x14spec_accepted_tokens\x18\b \x01(\rR\x12specAcceptedTokens\x12*\n" +
+	"\x11spec_verify_steps\x18\t \x01(\rR\x0fspecVerifySteps\"\x12\n" +
 	"\x10TokenizerRequest\"\x90\x02\n" +
 	"\x0eTokenizerFiles\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\tR\x06format\x12<\n" +
