@@ -93,6 +93,7 @@ none succeeded).`,
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for prompts and arrival times")
 	fs.IntVar(&cfg.SharedPrefixLen, "shared-prefix-len", 0, "start each prompt with one of --num-prefixes shared prefixes of this many words (SGLang's generated-shared-prefix workload); --input-len words follow")
 	fs.IntVar(&cfg.NumPrefixes, "num-prefixes", 1, "how many distinct shared prefixes, used in turn")
+	fs.BoolVar(&cfg.Echo, "echo", false, "input-echoing workload (edit or summarise a given text): each prompt is its --input-len text, an instruction to repeat it word for word, and the repeat's first words; the report adds the server's speculative accept figures when it exposes them")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&progress, "progress", true, "show a progress bar when stdout is a terminal")
 	fs.BoolVar(&allowFailures, "allow-failures", false, "exit 0 when some requests failed (the report counts them)")

@@ -56,6 +56,11 @@ type Config struct {
 	// NumPrefixes.
 	SharedPrefixLen int
 	NumPrefixes     int
+	// Echo makes every prompt an input-echoing request: the prompt's text,
+	// an instruction to repeat it word for word, and the repeat's first
+	// words (see echoPrompt). Output that copies the input is what
+	// speculative decoding's prompt lookup drafts from.
+	Echo bool
 	// Progress, when set, is called after each request ends.
 	Progress func(done, total int)
 	// Client sends the requests; nil makes one sized for Concurrency.
@@ -93,9 +98,17 @@ type Report struct {
 	UsageReported     bool `json:"usage_reported"`
 	// TotalCachedTokens is how many of the input tokens the server said it
 	// read from its prefix cache (usage.prompt_tokens_details.cached_tokens).
-	TotalCachedTokens int `json:"total_cached_tokens"`
-	SharedPrefixLen   int `json:"shared_prefix_len,omitempty"`
-	NumPrefixes       int `json:"num_prefixes,omitempty"`
+	TotalCachedTokens int  `json:"total_cached_tokens"`
+	SharedPrefixLen   int  `json:"shared_prefix_len,omitempty"`
+	NumPrefixes       int  `json:"num_prefixes,omitempty"`
+	Echo              bool `json:"echo,omitempty"`
+	// SpecDraftTokens and SpecAcceptedTokens are what the server's
+	// speculative decoding drafted and accepted during the run (its
+	// /metrics counters before and after; absent from a server without
+	// them), SpecAcceptRate their ratio.
+	SpecDraftTokens    float64 `json:"spec_draft_tokens,omitempty"`
+	SpecAcceptedTokens float64 `json:"spec_accepted_tokens,omitempty"`
+	SpecAcceptRate     float64 `json:"spec_accept_rate,omitempty"`
 
 	RequestThroughput     float64 `json:"request_throughput"`      // completed requests/s
 	OutputThroughput      float64 `json:"output_throughput"`       // generated tokens/s
@@ -196,6 +209,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
+	if cfg.Echo {
+		for i := range prompts {
+			prompts[i] = echoPrompt(prompts[i])
+		}
+	}
+	d0, a0, spec := specCounters(ctx, client, base, cfg.APIKey)
+
 	results := make([]result, cfg.NumPrompts)
 	slots := make(chan struct{}, cfg.Concurrency)
 	var (
@@ -245,6 +265,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := summarise(cfg, results, elapsed)
 	rep.MaxConcurrentRequests = peak
+	if d1, a1, ok := specCounters(ctx, client, base, cfg.APIKey); spec && ok && d1 > d0 {
+		rep.SpecDraftTokens, rep.SpecAcceptedTokens = d1-d0, a1-a0
+		rep.SpecAcceptRate = rep.SpecAcceptedTokens / rep.SpecDraftTokens
+	}
 	rep.PromptsMeasured = measured
 	if rep.Completed == 0 {
 		msg := "no request completed"
@@ -503,7 +527,7 @@ func summarise(cfg Config, results []result, elapsed time.Duration) *Report {
 	rep := &Report{
 		URL: cfg.URL, Model: cfg.Model, Concurrency: cfg.Concurrency, RequestRate: cfg.RequestRate,
 		InputLen: cfg.InputLen, OutputLen: cfg.OutputLen, DurationS: elapsed.Seconds(), UsageReported: true,
-		SharedPrefixLen: cfg.SharedPrefixLen,
+		SharedPrefixLen: cfg.SharedPrefixLen, Echo: cfg.Echo,
 	}
 	if cfg.SharedPrefixLen > 0 {
 		rep.NumPrefixes = max(1, cfg.NumPrefixes)
