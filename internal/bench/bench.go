@@ -61,6 +61,10 @@ type Config struct {
 	// words (see echoPrompt). Output that copies the input is what
 	// speculative decoding's prompt lookup drafts from.
 	Echo bool
+	// Temperature, when set, is sent with every request (0: greedy, as
+	// SGLang's and vLLM's serving benchmarks send); unset leaves it to the
+	// server's default.
+	Temperature *float64
 	// Progress, when set, is called after each request ends.
 	Progress func(done, total int)
 	// Client sends the requests; nil makes one sized for Concurrency.
@@ -297,6 +301,8 @@ func (c *Config) check() error {
 		return errors.New("output-len must be at least 1")
 	case c.RequestRate < 0 || math.IsNaN(c.RequestRate):
 		return errors.New("request-rate must be positive (0: send all at once)")
+	case c.Temperature != nil && (*c.Temperature < 0 || math.IsNaN(*c.Temperature)):
+		return errors.New("temperature must not be negative")
 	case c.SharedPrefixLen < 0 || c.NumPrefixes < 0:
 		return errors.New("shared-prefix-len and num-prefixes must not be negative")
 	}
@@ -353,6 +359,7 @@ type completionRequest struct {
 	Stream        bool          `json:"stream"`
 	StreamOptions streamOptions `json:"stream_options"`
 	IgnoreEOS     bool          `json:"ignore_eos"`
+	Temperature   *float64      `json:"temperature,omitempty"`
 }
 
 type streamOptions struct {
@@ -380,7 +387,7 @@ type chunk struct {
 func stream(ctx context.Context, client *http.Client, endpoint string, cfg Config, prompt string) (res result) {
 	body, _ := json.Marshal(completionRequest{
 		Model: cfg.Model, Prompt: prompt, MaxTokens: cfg.OutputLen, Stream: true,
-		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: true,
+		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: true, Temperature: cfg.Temperature,
 	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {

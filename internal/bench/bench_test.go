@@ -45,11 +45,12 @@ type fakeServer struct {
 // completionBody is decoded strictly: a field the benchmark misspells
 // fails the test rather than being ignored as a real server might.
 type completionBody struct {
-	Model         string `json:"model"`
-	Prompt        string `json:"prompt"`
-	MaxTokens     int    `json:"max_tokens"`
-	Stream        bool   `json:"stream"`
-	IgnoreEOS     bool   `json:"ignore_eos"`
+	Model         string   `json:"model"`
+	Prompt        string   `json:"prompt"`
+	MaxTokens     int      `json:"max_tokens"`
+	Stream        bool     `json:"stream"`
+	IgnoreEOS     bool     `json:"ignore_eos"`
+	Temperature   *float64 `json:"temperature"`
 	StreamOptions struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -562,7 +563,8 @@ func TestSharedPrefixWorkload(t *testing.T) {
 func TestEchoWorkload(t *testing.T) {
 	f := &fakeServer{t: t, specPerRequest: 10}
 	s := f.start()
-	rep, err := Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 2, NumPrompts: 4, InputLen: 12, OutputLen: 2, Echo: true})
+	zero := 0.0
+	rep, err := Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 2, NumPrompts: 4, InputLen: 12, OutputLen: 2, Echo: true, Temperature: &zero})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -571,6 +573,9 @@ func TestEchoWorkload(t *testing.T) {
 		text, answer, ok := strings.Cut(r.Prompt, echoInstruction)
 		if !ok || len(strings.Fields(text)) != 12 || answer != strings.Join(strings.Fields(text)[:echoLead], " ") {
 			t.Fatalf("prompt %d is not an echo request: %q", i, r.Prompt)
+		}
+		if r.Temperature == nil || *r.Temperature != 0 {
+			t.Fatalf("prompt %d: temperature %v, want 0", i, r.Temperature)
 		}
 	}
 	f.mu.Unlock()
@@ -585,5 +590,10 @@ func TestEchoWorkload(t *testing.T) {
 	rep, err = Run(context.Background(), Config{URL: plain.start().URL, Model: "m", NumPrompts: 1, InputLen: 4, OutputLen: 1})
 	if err != nil || rep.SpecDraftTokens != 0 || rep.Echo {
 		t.Fatalf("a server without speculation: %+v, %v", rep, err)
+	}
+	plain.mu.Lock()
+	defer plain.mu.Unlock()
+	if plain.reqs[0].Temperature != nil {
+		t.Fatalf("no --temperature, yet %v was sent", *plain.reqs[0].Temperature)
 	}
 }
