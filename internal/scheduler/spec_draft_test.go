@@ -7,15 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
 )
 
-// loadModel loads the bundled model, or random weights of its shape with
-// only the first layers when layers > 0 (a smaller model with the same
-// tokenizer), on the reference backend.
+// loadModel loads the bundled model, or random weights of its shape (dummy),
+// with only the first layers when layers > 0 (a smaller model with the
+// same tokenizer), or random weights of a smaller shape with -layers
+// layers when layers < 0, on the reference backend.
 func loadModel(t testing.TB, dummy bool, layers int) *model.Model {
 	t.Helper()
 	opts := model.LoadOptions{}
@@ -27,6 +29,18 @@ func loadModel(t testing.TB, dummy bool, layers int) *model.Model {
 		t.Fatal(err)
 	}
 	m := l.Model
+	if layers < 0 {
+		// Random weights of another shape with the same vocabulary: a
+		// draft whose KV layout (layers, KV heads, head dim) is not the
+		// target's.
+		c := model.Config{Arch: "llama", Name: "small", Vocab: m.Config.Vocab, Dim: 48, Layers: -layers, Heads: 3, KVHeads: 1, HeadDim: 16, FF: 96,
+			ContextLength: m.Config.ContextLength, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 16, Theta: 10000}}
+		w, err := model.DummyWeights(&c, kernels.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return model.New(c, w, m.Backend())
+	}
 	if layers > 0 {
 		// The first layers of the same weights: a draft that agrees with
 		// its target often but not always.
@@ -96,8 +110,9 @@ func waitDraftFree(t *testing.T, e *Engine) {
 // boundaries and prompts longer than a chunk (the draft's prompt KV is
 // caught up over several steps). The bundled model drafting for itself
 // has every draft accepted (the catch-up after a fully accepted draft);
-// its own first layers, and a smaller random model under a random
-// target, have drafts rejected too. Every target and draft page comes
+// its own first layers, and under a random target a random draft of its
+// first layers or of another shape (another KV layout), have drafts
+// rejected too. Every target and draft page comes
 // back.
 func TestDraftGreedyEqualsPlain(t *testing.T) {
 	exactGate(t)
@@ -110,6 +125,7 @@ func TestDraftGreedyEqualsPlain(t *testing.T) {
 		{"self", false, 0, true},
 		{"first3", false, 3, false},
 		{"dummy", true, 2, false},
+		{"dummy-small", true, -2, false},
 	} {
 		target := loadModel(t, tc.dummy, 0)
 		dm := draftOf(t, loadModel(t, tc.dummy, tc.draftLayers), 4, 600)
