@@ -3,7 +3,7 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-peer lint proto clean deps-run deps-test
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-peer lint proto clean deps-run deps-test
 
 # What the machine needs beyond Go: installed from Debian's packages when
 # run as root, else the command to run is printed (deploy/local/deps.sh).
@@ -53,6 +53,11 @@ bench-prefix:
 
 bench-hicache:
 	$(GO) test -run '^$$' -bench HiCache -benchtime 1x -timeout 30m ./test/e2e/
+
+# Speculative decoding: 1 stream on a repeating prompt, and 1/8/16/32 streams
+# with speculation off, ngram, ngram backing off, and a draft model.
+bench-spec:
+	$(GO) test -run '^$$' -bench 'SpecDecode|SpecStreams' -benchtime 1x ./internal/scheduler/
 
 # baton next to llama.cpp's llama-server on one GGUF (deploy/bench/peer.sh):
 #   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf [THREADS=2] [STREAMS="1 8 32"]

@@ -32,6 +32,7 @@ func benchServeCmd() *cobra.Command {
 		asJSON        bool
 		progress      bool
 		allowFailures bool
+		temperature   float64
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -53,6 +54,9 @@ none succeeded).`,
 		Example: `  baton bench serve --url http://127.0.0.1:8000 --concurrency 8 --num-prompts 200 --input-len 256 --output-len 128`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if temperature >= 0 {
+				cfg.Temperature = &temperature
+			}
 			out := cmd.OutOrStdout()
 			// The bar is for a person watching; it would corrupt --json or a
 			// log that stdout is piped into.
@@ -93,6 +97,8 @@ none succeeded).`,
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "seed for prompts and arrival times")
 	fs.IntVar(&cfg.SharedPrefixLen, "shared-prefix-len", 0, "start each prompt with one of --num-prefixes shared prefixes of this many words (SGLang's generated-shared-prefix workload); --input-len words follow")
 	fs.IntVar(&cfg.NumPrefixes, "num-prefixes", 1, "how many distinct shared prefixes, used in turn")
+	fs.BoolVar(&cfg.Echo, "echo", false, "input-echoing workload (edit or summarise a given text): each prompt is its --input-len text, an instruction to repeat it word for word, and the repeat's first words; the report adds the server's speculative accept figures when it exposes them")
+	fs.Float64Var(&temperature, "temperature", -1, "temperature sent with every request (0: greedy, as SGLang's and vLLM's benchmarks send); -1: none, the server's default")
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&progress, "progress", true, "show a progress bar when stdout is a terminal")
 	fs.BoolVar(&allowFailures, "allow-failures", false, "exit 0 when some requests failed (the report counts them)")

@@ -38,9 +38,10 @@ var flagRoles = map[string][]string{
 	"chunked-prefill-size":  {"standalone", "prefill"},
 	"preempt-after":         {"standalone"},
 	"speculative-algorithm": {"standalone", "decode"}, "speculative-num-draft-tokens": {"standalone", "decode"},
-	"speculative-num-steps": {"standalone", "decode"},
-	"max-queued-requests":   {"standalone", "prefill", "router"},
-	"queue-timeout":         {"router"},
+	"speculative-num-steps": {"standalone", "decode"}, "speculative-draft-model-path": {"standalone", "decode"},
+	"speculative-draft-load-format": {"standalone", "decode"}, "speculative-disable-by-batch-size": {"standalone", "decode"},
+	"max-queued-requests": {"standalone", "prefill", "router"},
+	"queue-timeout":       {"router"},
 
 	"disaggregation-mode":             {"prefill", "decode", "standalone"},
 	"disaggregation-transfer-backend": workerRoles, "transport": workerRoles,

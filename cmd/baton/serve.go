@@ -64,6 +64,9 @@ type serveFlags struct {
 	specAlgorithm     string
 	specDraftTokens   int
 	specSteps         int
+	specDraftPath     string
+	specDraftFormat   string
+	specDisableBatch  int
 	apiKey            string
 	metricsKey        bool
 	readTimeout       time.Duration
@@ -108,6 +111,10 @@ type serveFlags struct {
 	cacheThresh float64
 	balanceAbs  int
 	balanceRel  float64
+
+	// draftKVPerToken is the draft model's KV bytes per token (f32), which
+	// the KV budget holds beside the target's.
+	draftKVPerToken int
 }
 
 func serveCmd() *cobra.Command {
@@ -163,7 +170,10 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.chunkedPrefill, "chunked-prefill-size", 512, "most prompt tokens prefilled in one step")
 	fs.IntVar(&f.maxRunning, "max-running-requests", 64, "most requests in the running batch")
 	fs.DurationVar(&f.preemptAfter, "preempt-after", 0, "standalone: a request waiting this long for a full batch takes the slot of the one that generated most, which keeps its pages and resumes later (0: never)")
-	fs.StringVar(&f.specAlgorithm, "speculative-algorithm", "", "standalone, decode: speculative decoding: ngram (drafts from the request's own prompt and output, verified by the model in the same forward pass; empty: off)")
+	fs.StringVar(&f.specAlgorithm, "speculative-algorithm", "", "standalone, decode: speculative decoding: ngram (drafts from the request's own prompt and output, verified by the model in the same forward pass), draft (a smaller model with the same tokenizer, --speculative-draft-model-path); empty: off")
+	fs.StringVar(&f.specDraftPath, "speculative-draft-model-path", "", "standalone, decode: the draft model of --speculative-algorithm draft (GGUF file or Hugging Face directory, as --model); it must have the model's tokenizer")
+	fs.StringVar(&f.specDraftFormat, "speculative-draft-load-format", "auto", "standalone, decode: auto | gguf | safetensors | dummy, for the draft model")
+	fs.IntVar(&f.specDisableBatch, "speculative-disable-by-batch-size", 8, "standalone, decode: no drafting in a step whose running batch holds at least this many requests (a large batch is compute-bound: verifying drafts costs more than they save); 0: never")
 	fs.IntVar(&f.specDraftTokens, "speculative-num-draft-tokens", 4, "standalone, decode: most draft tokens verified per request and step")
 	fs.IntVar(&f.specSteps, "speculative-num-steps", 4, "standalone, decode: longest draft chain; an ngram draft is one chain, so a step verifies at most the smaller of this and --speculative-num-draft-tokens")
 	fs.IntVar(&f.maxQueued, "max-queued-requests", 1024, "most requests waiting for admission (router: for a decode worker with room); more get 429 with Retry-After")
@@ -270,6 +280,12 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--spec-guard %q: on or off", f.specGuard)
 	case f.specGuardConfig().Validate() != nil:
 		return fmt.Errorf("--spec-guard-*: %w", f.specGuardConfig().Validate())
+	case f.specAlgorithm == "draft" && f.specDraftPath == "":
+		return fmt.Errorf("--speculative-algorithm draft needs --speculative-draft-model-path")
+	case f.specAlgorithm != "draft" && f.specDraftPath != "":
+		return fmt.Errorf("--speculative-draft-model-path is for --speculative-algorithm draft")
+	case f.specDisableBatch < 0:
+		return fmt.Errorf("--speculative-disable-by-batch-size must not be negative")
 	case f.queueTimeout <= 0:
 		return fmt.Errorf("--queue-timeout must be positive")
 	case f.metricsKey && f.apiKey == "":
@@ -300,6 +316,11 @@ func (f *serveFlags) validate() error {
 	case "auto", "gguf", "safetensors", "dummy":
 	default:
 		return fmt.Errorf("unknown --load-format %q (auto, gguf, safetensors, dummy)", f.loadFormat)
+	}
+	switch f.specDraftFormat {
+	case "auto", "gguf", "safetensors", "dummy":
+	default:
+		return fmt.Errorf("unknown --speculative-draft-load-format %q (auto, gguf, safetensors, dummy)", f.specDraftFormat)
 	}
 	return nil
 }
@@ -407,7 +428,7 @@ func planPool(f *serveFlags, c *model.Config) (poolPlan, error) {
 		}
 		// Pages of f16/bf16 KV take half the bytes, so a budget holds twice
 		// the tokens.
-		tokens = int(budget / int64(c.KVBytesPerToken()/4*kvElemBytes(kvdt)))
+		tokens = int(budget / int64((c.KVBytesPerToken()+f.draftKVPerToken)/4*kvElemBytes(kvdt)))
 		// A pool larger than every running request at full context is memory
 		// nobody can use.
 		tokens = min(tokens, p.modelContext*max(1, f.maxRunning))
@@ -445,6 +466,11 @@ type loadedEngine struct {
 	landing kernels.PagedKV
 	// constraints compiles structured-output constraints for the engine.
 	constraints *constraints
+	// draftModel is the draft of --speculative-algorithm draft, draft its
+	// pool, draftKV the pool's memory when the backend holds it.
+	draftModel *model.Model
+	draft      *scheduler.DraftModel
+	draftKV    kernels.DeviceKV
 }
 
 func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
@@ -486,22 +512,38 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	c := &loaded.Model.Config
+	draft, err := loadDraft(f, be, loaded.Model, tok, dt)
+	if err != nil {
+		loaded.Model.Close()
+		return nil, err
+	}
+	closeAll := func() {
+		loaded.Model.Close()
+		if draft != nil {
+			draft.Close()
+		}
+	}
+	weights := loaded.Model.Weights.Bytes()
+	if draft != nil {
+		weights += draft.Weights.Bytes()
+		f.draftKVPerToken = draft.Config.KVBytesPerToken()
+	}
 	if f.memFractionStatic > 0 {
-		if f.kvBudget, err = staticKVBudget(f.memFractionStatic, be, loaded.Model.Weights.Bytes()); err != nil {
-			loaded.Model.Close()
+		if f.kvBudget, err = staticKVBudget(f.memFractionStatic, be, weights); err != nil {
+			closeAll()
 			return nil, err
 		}
 	}
 	plan, err := planPool(f, c)
 	if err != nil {
-		loaded.Model.Close()
+		closeAll()
 		return nil, err
 	}
 	name := f.servedName
 	if name == "" {
 		name = loaded.Name
 	}
-	le := &loadedEngine{loaded: loaded, tok: tok, plan: plan, name: name, log: log, backend: be, constraints: newConstraints(tok)}
+	le := &loadedEngine{loaded: loaded, tok: tok, plan: plan, name: name, log: log, backend: be, constraints: newConstraints(tok), draftModel: draft}
 	fail := func(err error) (*loadedEngine, error) {
 		le.close()
 		return nil, err
@@ -544,6 +586,11 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return fail(err)
 	}
 	le.pool = pool
+	if draft != nil {
+		if err := le.draftPool(kvdt, f.kvPoison); err != nil {
+			return fail(err)
+		}
+	}
 	log.Info("model", "name", name, "arch", c.Arch, "params", loaded.Model.Weights.Params(), "weights", loaded.Model.Weights.DType().String(),
 		"layers", c.Layers, "heads", c.Heads, "kv_heads", c.KVHeads, "vocab", c.Vocab, "backend", be.Name())
 	log.Info("kv pool", "pages", plan.pages, "page_size", plan.pageSize, "capacity_tokens", plan.pages*plan.pageSize,
@@ -559,6 +606,12 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 // backend's and the pool's UCX memory.
 func (le *loadedEngine) close() {
 	le.loaded.Model.Close()
+	if le.draftModel != nil {
+		le.draftModel.Close()
+	}
+	if le.draftKV != nil {
+		_ = le.draftKV.Close()
+	}
 	if le.devKV != nil {
 		_ = le.devKV.Close()
 	}
@@ -584,7 +637,7 @@ func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.S
 		Role: role, ContextLength: le.plan.context, MaxRunning: f.maxRunning, ChunkSize: f.chunkedPrefill, MaxQueue: f.maxQueued, IsEOG: le.tok.IsEOG,
 		Constrain:    le.constraints.matcher,
 		PreemptAfter: f.preemptAfter,
-		Spec:         f.spec(),
+		Spec:         le.spec(f, role),
 		SpecGuard:    f.specGuardConfig(),
 		PrefixCache:  cache,
 		Tiers:        tiers,
@@ -792,7 +845,7 @@ func sglangAliases(fs *pflag.FlagSet, f *serveFlags) error {
 
 // spec is the engine's speculative decoding setting from the flags.
 func (f *serveFlags) spec() scheduler.SpecConfig {
-	return scheduler.SpecConfig{Algorithm: f.specAlgorithm, DraftTokens: f.specDraftTokens, Steps: f.specSteps}
+	return scheduler.SpecConfig{Algorithm: f.specAlgorithm, DraftTokens: f.specDraftTokens, Steps: f.specSteps, DisableBatch: f.specDisableBatch}
 }
 
 // specGuardConfig is the speculative decoding guard from the flags.

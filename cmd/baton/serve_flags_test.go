@@ -106,6 +106,12 @@ func TestFlagsRefusedOnRolesTheyDoNothingOn(t *testing.T) {
 		{[]string{"--spec-guard-max-accept-rate", "1.5"}, "maximum accept rate 1.5 is outside 0..1"},
 		{[]string{"--spec-guard-min-tokens", "-1"}, "minimum tokens cannot be negative"},
 		{[]string{"--speculative-algorithm", "ngram", "--speculative-num-steps", "0"}, "at least one draft token and one step"},
+		{[]string{"--speculative-algorithm", "draft"}, "needs --speculative-draft-model-path"},
+		{[]string{"--speculative-algorithm", "ngram", "--speculative-draft-model-path", "x.gguf"}, "is for --speculative-algorithm draft"},
+		{[]string{"--role", "decode", "--speculative-algorithm", "draft", "--speculative-draft-model-path", "x.gguf", "--speculative-disable-by-batch-size", "8"}, ""},
+		{[]string{"--speculative-algorithm", "draft", "--speculative-draft-model-path", "x", "--speculative-draft-load-format", "onnx"}, "unknown --speculative-draft-load-format"},
+		{[]string{"--speculative-disable-by-batch-size", "-1"}, "must not be negative"},
+		{append(router, "--speculative-draft-model-path", "x.gguf"), "--speculative-draft-model-path (standalone, decode only)"},
 	} {
 		dryRun(t, c.args, c.err, "")
 	}

@@ -56,6 +56,15 @@ type Config struct {
 	// NumPrefixes.
 	SharedPrefixLen int
 	NumPrefixes     int
+	// Echo makes every prompt an input-echoing request: the prompt's text,
+	// an instruction to repeat it word for word, and the repeat's first
+	// words (see echoPrompt). Output that copies the input is what
+	// speculative decoding's prompt lookup drafts from.
+	Echo bool
+	// Temperature, when set, is sent with every request (0: greedy, as
+	// SGLang's and vLLM's serving benchmarks send); unset leaves it to the
+	// server's default.
+	Temperature *float64
 	// Progress, when set, is called after each request ends.
 	Progress func(done, total int)
 	// Client sends the requests; nil makes one sized for Concurrency.
@@ -93,9 +102,17 @@ type Report struct {
 	UsageReported     bool `json:"usage_reported"`
 	// TotalCachedTokens is how many of the input tokens the server said it
 	// read from its prefix cache (usage.prompt_tokens_details.cached_tokens).
-	TotalCachedTokens int `json:"total_cached_tokens"`
-	SharedPrefixLen   int `json:"shared_prefix_len,omitempty"`
-	NumPrefixes       int `json:"num_prefixes,omitempty"`
+	TotalCachedTokens int  `json:"total_cached_tokens"`
+	SharedPrefixLen   int  `json:"shared_prefix_len,omitempty"`
+	NumPrefixes       int  `json:"num_prefixes,omitempty"`
+	Echo              bool `json:"echo,omitempty"`
+	// SpecDraftTokens and SpecAcceptedTokens are what the server's
+	// speculative decoding drafted and accepted during the run (its
+	// /metrics counters before and after; absent from a server without
+	// them), SpecAcceptRate their ratio.
+	SpecDraftTokens    float64 `json:"spec_draft_tokens,omitempty"`
+	SpecAcceptedTokens float64 `json:"spec_accepted_tokens,omitempty"`
+	SpecAcceptRate     float64 `json:"spec_accept_rate,omitempty"`
 
 	RequestThroughput     float64 `json:"request_throughput"`      // completed requests/s
 	OutputThroughput      float64 `json:"output_throughput"`       // generated tokens/s
@@ -196,6 +213,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 
+	if cfg.Echo {
+		for i := range prompts {
+			prompts[i] = echoPrompt(prompts[i])
+		}
+	}
+	d0, a0, spec := specCounters(ctx, client, base, cfg.APIKey)
+
 	results := make([]result, cfg.NumPrompts)
 	slots := make(chan struct{}, cfg.Concurrency)
 	var (
@@ -245,6 +269,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := summarise(cfg, results, elapsed)
 	rep.MaxConcurrentRequests = peak
+	if d1, a1, ok := specCounters(ctx, client, base, cfg.APIKey); spec && ok && d1 > d0 {
+		rep.SpecDraftTokens, rep.SpecAcceptedTokens = d1-d0, a1-a0
+		rep.SpecAcceptRate = rep.SpecAcceptedTokens / rep.SpecDraftTokens
+	}
 	rep.PromptsMeasured = measured
 	if rep.Completed == 0 {
 		msg := "no request completed"
@@ -273,6 +301,8 @@ func (c *Config) check() error {
 		return errors.New("output-len must be at least 1")
 	case c.RequestRate < 0 || math.IsNaN(c.RequestRate):
 		return errors.New("request-rate must be positive (0: send all at once)")
+	case c.Temperature != nil && (*c.Temperature < 0 || math.IsNaN(*c.Temperature)):
+		return errors.New("temperature must not be negative")
 	case c.SharedPrefixLen < 0 || c.NumPrefixes < 0:
 		return errors.New("shared-prefix-len and num-prefixes must not be negative")
 	}
@@ -329,6 +359,7 @@ type completionRequest struct {
 	Stream        bool          `json:"stream"`
 	StreamOptions streamOptions `json:"stream_options"`
 	IgnoreEOS     bool          `json:"ignore_eos"`
+	Temperature   *float64      `json:"temperature,omitempty"`
 }
 
 type streamOptions struct {
@@ -356,7 +387,7 @@ type chunk struct {
 func stream(ctx context.Context, client *http.Client, endpoint string, cfg Config, prompt string) (res result) {
 	body, _ := json.Marshal(completionRequest{
 		Model: cfg.Model, Prompt: prompt, MaxTokens: cfg.OutputLen, Stream: true,
-		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: true,
+		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: true, Temperature: cfg.Temperature,
 	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
@@ -503,7 +534,7 @@ func summarise(cfg Config, results []result, elapsed time.Duration) *Report {
 	rep := &Report{
 		URL: cfg.URL, Model: cfg.Model, Concurrency: cfg.Concurrency, RequestRate: cfg.RequestRate,
 		InputLen: cfg.InputLen, OutputLen: cfg.OutputLen, DurationS: elapsed.Seconds(), UsageReported: true,
-		SharedPrefixLen: cfg.SharedPrefixLen,
+		SharedPrefixLen: cfg.SharedPrefixLen, Echo: cfg.Echo,
 	}
 	if cfg.SharedPrefixLen > 0 {
 		rep.NumPrefixes = max(1, cfg.NumPrefixes)

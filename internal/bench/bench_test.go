@@ -30,6 +30,9 @@ type fakeServer struct {
 	// and reports usage the same way.
 	tokenize bool
 	cached   int // report this many cached prompt tokens in usage
+	// specPerRequest, when set, makes /metrics count this many draft
+	// tokens (and half as many accepted) per completion served.
+	specPerRequest int
 
 	mu       sync.Mutex
 	reqs     []completionBody
@@ -42,11 +45,12 @@ type fakeServer struct {
 // completionBody is decoded strictly: a field the benchmark misspells
 // fails the test rather than being ignored as a real server might.
 type completionBody struct {
-	Model         string `json:"model"`
-	Prompt        string `json:"prompt"`
-	MaxTokens     int    `json:"max_tokens"`
-	Stream        bool   `json:"stream"`
-	IgnoreEOS     bool   `json:"ignore_eos"`
+	Model         string   `json:"model"`
+	Prompt        string   `json:"prompt"`
+	MaxTokens     int      `json:"max_tokens"`
+	Stream        bool     `json:"stream"`
+	IgnoreEOS     bool     `json:"ignore_eos"`
+	Temperature   *float64 `json:"temperature"`
 	StreamOptions struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -58,6 +62,14 @@ func (f *fakeServer) start() *httptest.Server {
 		fmt.Fprint(w, `{"object":"list","data":[{"id":"fake-model","object":"model"},{"id":"other","object":"model"}]}`)
 	})
 	mux.HandleFunc("POST /v1/completions", f.complete)
+	if f.specPerRequest > 0 {
+		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+			f.mu.Lock()
+			d := f.n * f.specPerRequest
+			f.mu.Unlock()
+			fmt.Fprintf(w, "# TYPE baton_spec_draft_tokens_total counter\nbaton_spec_draft_tokens_total{model_name=\"m\",role=\"decode\"} %d\nbaton_spec_draft_tokens_total{model_name=\"m\",role=\"standalone\"} 0\nbaton_spec_accepted_tokens_total{model_name=\"m\",role=\"decode\"} %d\n", d+7, d/2+3)
+		})
+	}
 	if f.tokenize {
 		mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
 			var body struct{ Model, Prompt string }
@@ -541,5 +553,47 @@ func TestSharedPrefixWorkload(t *testing.T) {
 	var b bytes.Buffer
 	if err := rep.WriteText(&b); err != nil || !strings.Contains(b.String(), "Total cached input tokens:") {
 		t.Fatalf("text report: %v\n%s", err, b.String())
+	}
+}
+
+// The echo workload asks for each prompt's text back and starts the
+// answer; the report carries the server's speculative accept figures over
+// the run (their /metrics counters' change), and none from a server
+// without them.
+func TestEchoWorkload(t *testing.T) {
+	f := &fakeServer{t: t, specPerRequest: 10}
+	s := f.start()
+	zero := 0.0
+	rep, err := Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 2, NumPrompts: 4, InputLen: 12, OutputLen: 2, Echo: true, Temperature: &zero})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	for i, r := range f.reqs {
+		text, answer, ok := strings.Cut(r.Prompt, echoInstruction)
+		if !ok || len(strings.Fields(text)) != 12 || answer != strings.Join(strings.Fields(text)[:echoLead], " ") {
+			t.Fatalf("prompt %d is not an echo request: %q", i, r.Prompt)
+		}
+		if r.Temperature == nil || *r.Temperature != 0 {
+			t.Fatalf("prompt %d: temperature %v, want 0", i, r.Temperature)
+		}
+	}
+	f.mu.Unlock()
+	if !rep.Echo || rep.SpecDraftTokens != 40 || rep.SpecAcceptedTokens != 20 || rep.SpecAcceptRate != 0.5 {
+		t.Fatalf("report %+v", rep)
+	}
+	var b bytes.Buffer
+	if err := rep.WriteText(&b); err != nil || !strings.Contains(b.String(), "Speculative accept rate:") || !strings.Contains(b.String(), "Workload:") {
+		t.Fatalf("text report: %v\n%s", err, b.String())
+	}
+	plain := &fakeServer{t: t}
+	rep, err = Run(context.Background(), Config{URL: plain.start().URL, Model: "m", NumPrompts: 1, InputLen: 4, OutputLen: 1})
+	if err != nil || rep.SpecDraftTokens != 0 || rep.Echo {
+		t.Fatalf("a server without speculation: %+v, %v", rep, err)
+	}
+	plain.mu.Lock()
+	defer plain.mu.Unlock()
+	if plain.reqs[0].Temperature != nil {
+		t.Fatalf("no --temperature, yet %v was sent", *plain.reqs[0].Temperature)
 	}
 }

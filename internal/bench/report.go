@@ -37,6 +37,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	if r.SharedPrefixLen > 0 {
 		line("Shared prefixes", "%s", fmt.Sprintf("%d of %d words", r.NumPrefixes, r.SharedPrefixLen))
 	}
+	if r.Echo {
+		line("Workload", "%s", "echo (repeat the prompt's text)")
+	}
 	line("Total cached input tokens", "%d", r.TotalCachedTokens)
 	if !r.UsageReported && r.Completed > 0 {
 		b.WriteString("(the server reported no usage: input tokens are --input-len per prompt, output tokens are streamed chunks)\n")
@@ -45,6 +48,11 @@ func (r *Report) WriteText(w io.Writer) error {
 	line("Output token throughput (tok/s)", "%.2f", r.OutputThroughput)
 	line("Total token throughput (tok/s)", "%.2f", r.TotalTokenThroughput)
 	line("Max concurrent requests", "%d", r.MaxConcurrentRequests)
+	if r.SpecDraftTokens > 0 {
+		line("Speculative draft tokens", "%.0f", r.SpecDraftTokens)
+		line("Speculative accepted tokens", "%.0f", r.SpecAcceptedTokens)
+		line("Speculative accept rate", "%.3f", r.SpecAcceptRate)
+	}
 	for _, s := range []struct {
 		title, short string
 		st           Stats

@@ -42,6 +42,10 @@ type pair struct {
 // testMaxRunning is the batch limit of engines the tests make.
 var testMaxRunning = 32
 
+// testDecodeSpec, when set, is the speculative decoding of decode engines
+// the tests make.
+var testDecodeSpec func(testing.TB, kernels.Backend) scheduler.SpecConfig
+
 func newWorkerEngine(t testing.TB, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
 	return newWorkerEngineOn(t, cpu.New(1), role, ms, pages, pageSize, chunk, nil)
 }
@@ -66,8 +70,12 @@ func newWorkerEngineOn(t testing.TB, be kernels.Backend, role scheduler.Role, ms
 	if err != nil {
 		t.Fatal(err)
 	}
+	var spec scheduler.SpecConfig
+	if role == scheduler.RoleDecode && testDecodeSpec != nil {
+		spec = testDecodeSpec(t, be)
+	}
 	e := scheduler.NewEngine(l.Model, pool, scheduler.Config{Role: role, ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: testMaxRunning,
-		IsEOG: func(id int32) bool { return id == 2 }}, ms)
+		IsEOG: func(id int32) bool { return id == 2 }, Spec: spec}, ms)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()

@@ -95,6 +95,7 @@ type Engine struct {
 	ready   []*Request
 	running []*Request
 	sampler model.Sampler
+	drafter drafter
 	eog     []int32  // the tokens IsEOG accepts, banned before min_tokens
 	allow   []uint64 // the constraint mask of the request being sampled
 }
@@ -117,7 +118,7 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	ms.KVPagesCapacity.Set(float64(pool.NumPages()))
 	ms.KVPagesFree.Set(float64(pool.Free()))
 	ms.TokenUsage.Set(1 - float64(pool.Free())/float64(max(1, pool.NumPages())))
-	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1)}
+	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1), drafter: newDrafter(cfg.Spec)}
 	for id := range int32(m.Config.Vocab) {
 		if cfg.IsEOG(id) {
 			e.eog = append(e.eog, id)
@@ -492,6 +493,7 @@ func (e *Engine) step() bool {
 	budget := e.cfg.ChunkSize
 	b := &model.Batch{}
 	var members []*Request
+	e.drafter.prepare(e)
 	for i := 0; i < len(e.running); i++ {
 		r := e.running[i]
 		if r.loading > 0 {
@@ -855,6 +857,7 @@ func (e *Engine) poolErr(r *Request, err error) {
 // release gives r's pages back; pages a writer still holds wait in
 // quarantine until WriterGone.
 func (e *Engine) release(r *Request) {
+	e.drafter.drop(r)
 	if r.pages == nil {
 		return
 	}

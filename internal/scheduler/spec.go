@@ -12,18 +12,27 @@ import (
 // few tokens occurred before, the tokens that followed them then are
 // proposed, and the target model verifies them in the same batched
 // forward pass that computes the request's next token.
+//
+// Algorithm "draft" drafts with a second, smaller model (Draft) that
+// shares the target's tokenizer (spec_draft.go).
 type SpecConfig struct {
-	// Algorithm is "" (off) or "ngram".
+	// Algorithm is "" (off), "ngram" or "draft".
 	Algorithm string
 	// DraftTokens caps the tokens proposed per step (SGLang's
 	// --speculative-num-draft-tokens); Steps caps the length of the chain
 	// (--speculative-num-steps). A lookup draft is one chain, so the
 	// tokens proposed per step are at most the smaller of the two.
 	DraftTokens, Steps int
+	// Draft is the draft model of Algorithm "draft".
+	Draft *DraftModel
+	// DisableBatch, when positive, turns drafting off for a step whose
+	// running batch holds at least this many requests: a large batch is
+	// compute-bound, and verifying drafts there costs more than it saves.
+	DisableBatch int
 }
 
 // SpecAlgorithms are the drafting algorithms the engine has.
-var SpecAlgorithms = []string{"ngram"}
+var SpecAlgorithms = []string{"ngram", "draft"}
 
 // Lookup bounds of the n-gram draft: the longest suffix tried first, the
 // shortest that still counts as a match (a single token repeats too often
@@ -47,9 +56,9 @@ func (c SpecConfig) Validate() error {
 	switch c.Algorithm {
 	case "":
 		return nil
-	case "ngram":
+	case "ngram", "draft":
 	default:
-		return fmt.Errorf("speculative algorithm %q is not available (have: ngram)", c.Algorithm)
+		return fmt.Errorf("speculative algorithm %q is not available (have: ngram, draft)", c.Algorithm)
 	}
 	if c.DraftTokens < 1 || c.Steps < 1 {
 		return errors.New("speculative decoding needs at least one draft token and one step")
@@ -77,6 +86,9 @@ type specState struct {
 // the verifying rows are the target's own.
 func (e *Engine) speculates(r *Request) bool {
 	s := r.Params.Sampling
+	if n := e.cfg.Spec.DisableBatch; n > 0 && len(e.running) >= n {
+		return false
+	}
 	return e.cfg.Spec.draftLen() > 0 && r.life.State() == StateDecoding &&
 		r.Params.Constraint.Kind == "" && s.PresencePenalty == 0 && s.FrequencyPenalty == 0 &&
 		(s.RepetitionPenalty == 0 || s.RepetitionPenalty == 1) && r.generated >= r.Params.MinTokens
@@ -88,15 +100,18 @@ func (e *Engine) speculates(r *Request) bool {
 // may pass max_tokens or the pages r holds.
 func (e *Engine) propose(r *Request) {
 	r.spec.draft = r.spec.draft[:0]
+	if k := e.draftBudget(r); k > 0 {
+		r.spec.draft = e.drafter.draft(r.spec.draft, r, k)
+	}
+}
+
+// draftBudget is how many tokens r may have proposed this step.
+func (e *Engine) draftBudget(r *Request) int {
 	k := e.cfg.Spec.draftLen()
 	if r.spec.next > 0 {
 		k = min(k, r.spec.next)
 	}
-	k = min(k, e.maxSeqLen(r)-len(r.seq)-1)
-	if k <= 0 {
-		return
-	}
-	r.spec.draft = ngramDraft(r.spec.draft, r.seq, k)
+	return min(k, e.maxSeqLen(r)-len(r.seq)-1)
 }
 
 // ngramDraft appends to dst up to k tokens that followed the latest
@@ -193,6 +208,11 @@ func (e *Engine) speculated(r *Request, rows []float32, c0 int) {
 			e.fail(r, fmt.Errorf("rolling back rejected draft KV: %w", err))
 			return
 		}
+	}
+	if err := e.drafter.settle(r, r.computed); err != nil {
+		e.remove(r)
+		e.fail(r, err)
+		return
 	}
 	// The guard judges the step before any of its tokens goes out, so
 	// nothing the suspect state produced after the trip reaches anyone.
