@@ -227,48 +227,10 @@ func TestDraftPoolFullFallsBack(t *testing.T) {
 func TestDraftSamplingKeepsTheDistribution(t *testing.T) {
 	want := loadRef(t)
 	prompt := append(append([]int32(nil), want.PromptIDs...), want.GeneratedIDs[:12]...)
-	const n, steps = 600, 4
-	run := func(e *Engine, seed0 uint64) []map[int32]int {
-		counts := make([]map[int32]int, steps)
-		for i := range counts {
-			counts[i] = map[int32]int{}
-		}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 16)
-		for i := range uint64(n) {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				seed := seed0 + i
-				toks, _ := generate(t, e, prompt, Params{MaxTokens: steps, IgnoreEOS: true, Seed: &seed, Sampling: model.Sampling{Temperature: 1.2}})
-				mu.Lock()
-				defer mu.Unlock()
-				for j, tk := range toks {
-					counts[j][tk]++
-				}
-			}()
-		}
-		wg.Wait()
-		return counts
-	}
-	plain := run(runEngine(t, loadModel(t, false, 0), SpecConfig{}, RoleStandalone, 16, 800), 1)
+	plain := sampleCounts(t, runEngine(t, loadModel(t, false, 0), SpecConfig{}, RoleStandalone, 16, 800), prompt, 1.2, 1)
 	dm := draftOf(t, loadModel(t, false, 3), 16, 800)
 	se := runEngine(t, loadModel(t, false, 0), SpecConfig{Algorithm: "draft", DraftTokens: 3, Steps: 3, Draft: dm}, RoleStandalone, 16, 800)
-	spec := run(se, 1_000_000)
-	drafted, accepted := counter(se.m.SpecDraftTokens), counter(se.m.SpecAcceptedTokens)
-	t.Logf("drafted %v, accepted %v over %d requests", drafted, accepted, n)
-	for j := 1; j < steps; j++ {
-		x, df := homogeneity(plain[j], spec[j])
-		if x > chiSquareCrit(df) {
-			t.Errorf("token %d: chi-square %.1f with %d degrees of freedom (limit %.1f): speculation changed the distribution", j, x, df, chiSquareCrit(df))
-		}
-		t.Logf("token %d: chi-square %.1f, %d degrees of freedom, limit %.1f", j, x, df, chiSquareCrit(df))
-	}
-	if drafted < n/2 || accepted == 0 || accepted == drafted {
-		t.Errorf("drafted %v, accepted %v: the test needs drafts both accepted and rejected", drafted, accepted)
-	}
+	sameDistribution(t, plain, sampleCounts(t, se, prompt, 1.2, 1_000_000), se)
 	waitDraftFree(t, se)
 }
 

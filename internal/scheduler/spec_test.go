@@ -213,45 +213,58 @@ func TestSpecSamplingKeepsTheDistribution(t *testing.T) {
 	// go on copying it, which the lookup drafts.
 	prompt := append(append(append([]int32(nil), want.PromptIDs...), want.GeneratedIDs[:30]...), want.PromptIDs...)
 	prompt = append(prompt, want.GeneratedIDs[:12]...)
-	const n, steps = 600, 4
-	run := func(e *Engine, seed0 uint64) []map[int32]int {
-		counts := make([]map[int32]int, steps)
-		for i := range counts {
-			counts[i] = map[int32]int{}
-		}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 16)
-		for i := range uint64(n) {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				seed := seed0 + i
-				toks, _ := generate(t, e, prompt, Params{MaxTokens: steps, IgnoreEOS: true, Seed: &seed, Sampling: model.Sampling{Temperature: 1.5}})
-				mu.Lock()
-				defer mu.Unlock()
-				for j, tk := range toks {
-					counts[j][tk]++
-				}
-			}()
-		}
-		wg.Wait()
-		return counts
-	}
-	plain := run(newSpecEngine(t, SpecConfig{}, 16, 800, false), 1)
+	plain := sampleCounts(t, newSpecEngine(t, SpecConfig{}, 16, 800, false), prompt, 1.5, 1)
 	se := newSpecEngine(t, ngram4, 16, 800, false)
-	spec := run(se, 1_000_000)
+	sameDistribution(t, plain, sampleCounts(t, se, prompt, 1.5, 1_000_000), se)
+}
+
+// specSamples is how many seeded requests, of how many tokens each, the
+// distribution tests draw.
+const specSamples, specSteps = 600, 4
+
+// sampleCounts generates specSamples requests of specSteps tokens from
+// prompt with seeds from seed0 on and counts each position's tokens.
+func sampleCounts(t *testing.T, e *Engine, prompt []int32, temperature float64, seed0 uint64) []map[int32]int {
+	counts := make([]map[int32]int, specSteps)
+	for i := range counts {
+		counts[i] = map[int32]int{}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i := range uint64(specSamples) {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			seed := seed0 + i
+			toks, _ := generate(t, e, prompt, Params{MaxTokens: specSteps, IgnoreEOS: true, Seed: &seed, Sampling: model.Sampling{Temperature: temperature}})
+			mu.Lock()
+			defer mu.Unlock()
+			for j, tk := range toks {
+				counts[j][tk]++
+			}
+		}()
+	}
+	wg.Wait()
+	return counts
+}
+
+// sameDistribution fails unless every position after the first has the
+// same token distribution in plain and spec (chi-square at p = 0.001),
+// and se, the speculating engine, had drafts both accepted and rejected.
+func sameDistribution(t *testing.T, plain, spec []map[int32]int, se *Engine) {
+	t.Helper()
 	drafted, accepted := counter(se.m.SpecDraftTokens), counter(se.m.SpecAcceptedTokens)
-	t.Logf("drafted %v, accepted %v over %d requests", drafted, accepted, n)
-	for j := 1; j < steps; j++ {
+	t.Logf("drafted %v, accepted %v over %d requests", drafted, accepted, specSamples)
+	for j := 1; j < specSteps; j++ {
 		x, df := homogeneity(plain[j], spec[j])
 		if x > chiSquareCrit(df) {
 			t.Errorf("token %d: chi-square %.1f with %d degrees of freedom (limit %.1f): speculation changed the distribution", j, x, df, chiSquareCrit(df))
 		}
 		t.Logf("token %d: chi-square %.1f, %d degrees of freedom, limit %.1f", j, x, df, chiSquareCrit(df))
 	}
-	if drafted < n/2 || accepted == 0 || accepted == drafted {
+	if drafted < specSamples/2 || accepted == 0 || accepted == drafted {
 		t.Errorf("drafted %v, accepted %v: the test needs drafts both accepted and rejected", drafted, accepted)
 	}
 }
