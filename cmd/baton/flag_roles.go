@@ -58,7 +58,7 @@ var flagRoles = map[string][]string{
 	"disable-radix-cache": {"standalone", "prefill"}, "prefix-cache-scope": {"standalone", "router"},
 	"disaggregation-decode-enable-radix-cache": {"decode"},
 
-	"dry-run": allRoles,
+	"dry-run": allRoles, "cpu-profile": allRoles,
 }
 
 // flagsForRole refuses a flag set (on the command line or through its
