@@ -182,7 +182,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		})
 		return
 	}
-	if w.DType >= kernels.Q4_0 && n < qdotMaxN {
+	if n < qdotMaxN(w.DType) {
 		b.qdot(out, x, n, w, wp, work)
 		return
 	}
@@ -201,8 +201,21 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 // format: 32 elements, 256 for the K formats) and use integer dot
 // products (what a decode step of a few sequences is: bound by reading the
 // weights, which stay 4-6 bits a value all the way into the registers).
-// From this many rows on, gemm's dequantised tiles and float FMAs win.
-const qdotMaxN = 4
+// From this many rows on, gemm's dequantised tiles and float FMAs win: at
+// 4 rows for the 32-element formats; the K formats' kernels (one set of
+// scales per 256 elements, unpacked with vector shuffles) keep up with
+// the gemm to 32 rows (per core, 2048x768: Q4_K 71 GOP/s from 4 to 32
+// rows against the gemm's 25-69, Q6_K 61-66 against 22-62).
+func qdotMaxN(dt kernels.DType) int {
+	switch dt {
+	case kernels.Q4_K, kernels.Q5_K, kernels.Q6_K:
+		return 32
+	}
+	if dt >= kernels.Q4_0 {
+		return 4
+	}
+	return 0
+}
 
 // qdot is MatMul through bk_quant_x and bk_qdot.
 func (b *Backend) qdot(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
