@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -115,5 +116,33 @@ func BenchmarkSample(b *testing.B) {
 				s.Sample(logits, p, rng)
 			}
 		})
+	}
+}
+
+// expSum's result is the same bit for bit however many goroutines ran its
+// spans, so a seeded draw does not depend on the machine's cores.
+func TestExpSumIndependentOfProcs(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	logits := make([]float32, 3*expSpan+123)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64() * 4)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	var want float64
+	for i, procs := range []int{1, 2, 3, 8} {
+		runtime.GOMAXPROCS(procs)
+		probs := make([]float64, len(logits))
+		got := expSum(probs, logits, 10, 1/0.7)
+		if i == 0 {
+			want = got
+		}
+		if got != want {
+			t.Fatalf("GOMAXPROCS %d: sum %v, with 1: %v", procs, got, want)
+		}
+		for j := range probs {
+			if e := expNeg((float64(logits[j]) - 10) * (1 / 0.7)); probs[j] != e {
+				t.Fatalf("probs[%d] = %v, want %v", j, probs[j], e)
+			}
+		}
 	}
 }
