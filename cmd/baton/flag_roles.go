@@ -64,7 +64,7 @@ var flagRoles = map[string][]string{
 	"spec-guard": {"standalone", "decode"}, "spec-guard-min-tokens": {"standalone", "decode"},
 	"spec-guard-min-accept-length": {"standalone", "decode"}, "spec-guard-max-accept-rate": {"standalone", "decode"},
 
-	"dry-run": allRoles,
+	"dry-run": allRoles, "cpu-profile": allRoles,
 }
 
 // flagsForRole refuses a flag set (on the command line or through its

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,6 +90,7 @@ type serveFlags struct {
 	specGuardMaxRate   float64
 
 	dryRun      bool
+	cpuProfile  string
 	device      string
 	rdmaDevices []string
 
@@ -144,6 +146,13 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			if f.dryRun {
 				fmt.Fprintf(cmd.OutOrStdout(), "baton: %s configuration is valid\n", f.role)
 				return nil
+			}
+			if f.cpuProfile != "" {
+				stop, err := startCPUProfile(f.cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer stop()
 			}
 			switch f.role {
 			case "prefill", "decode":
@@ -205,6 +214,8 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running requests may finish after SIGTERM")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "check the flags and exit without serving")
 	_ = fs.MarkHidden("dry-run")
+	fs.StringVar(&f.cpuProfile, "cpu-profile", "", "write a Go CPU profile (go tool pprof) of the whole run to this file, finished at shutdown")
+	_ = fs.MarkHidden("cpu-profile")
 	fs.StringVar(&f.advertiseHost, "advertise-host", "", "prefill/decode: host peers reach this worker at (default: --host; set it to the pod IP when binding 0.0.0.0)")
 	fs.IntVar(&f.grpcPort, "grpc-port", 0, "prefill/decode: gRPC control-plane port (0: any free port)")
 	fs.IntVar(&f.transferPort, "transfer-port", 0, "decode: KV transport receiver port (0: any free port)")
@@ -852,4 +863,21 @@ func (f *serveFlags) spec() scheduler.SpecConfig {
 func (f *serveFlags) specGuardConfig() scheduler.SpecGuard {
 	return scheduler.SpecGuard{On: f.specGuard == "on", MinTokens: f.specGuardMinTokens,
 		MinAcceptLength: f.specGuardMinLength, MaxAcceptRate: f.specGuardMaxRate}
+}
+
+// startCPUProfile profiles the process until the returned stop is called
+// (at a clean shutdown), for finding where a serving run spends its time.
+func startCPUProfile(path string) (func(), error) {
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		out.Close()
+	}, nil
 }

@@ -105,11 +105,13 @@ func TestQuantizedModel(t *testing.T) {
 		const plen = 7
 		var logits [2][2][]float32 // [backend][prefill, decode]
 		for bi, m := range models {
-			// Four sequences, so that even the output projection of the
-			// prefill (one row per sequence) takes the float path.
-			kv, tables := benchKV(&c, 4, plen+1, 4)
+			// 32 sequences, so that even the output projection of the
+			// prefill (one row per sequence) takes the float path (the K
+			// formats use integer dot products below 32 rows).
+			const nseq = 32
+			kv, tables := benchKV(&c, nseq, plen+1, 4)
 			pre := &Batch{}
-			for s := 0; s < 4; s++ {
+			for s := 0; s < nseq; s++ {
 				q0 := len(pre.Tokens)
 				for p := 0; p < plen; p++ {
 					pre.Tokens = append(pre.Tokens, int32((p*37+s*11+5)%c.Vocab))

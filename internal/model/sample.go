@@ -3,7 +3,10 @@ package model
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sort"
+	"sync"
+	"sync/atomic"
 )
 
 // Sampling holds the parameters that pick the next token.
@@ -46,6 +49,12 @@ type Sampler struct {
 	keys  []uint64
 	work  []float32 // adjusted logits
 	count []uint32  // per-token counts of the history, zero between calls
+	iota  []int32   // 0, 1, 2, ...: the candidates of distAll
+	kept  []int32   // distAll's candidates after min-p
+	// The maximum and the sum of exponentials of the last distAll, kept so
+	// that SampleAfter can reuse them as the logprobs' normaliser; allSum
+	// is 0 when the last dist was not a distAll.
+	allTop, allSum float64
 }
 
 // Sample picks one token from logits (length vocab). rng may be nil when
@@ -74,22 +83,22 @@ func (s *Sampler) adjusted(logits []float32, p Sampling, h History) []float32 {
 // thought rather than what the request asked for.
 func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h History) Sampled {
 	pick := s.adjusted(logits, p, h)
-	maxv := float32(math.Inf(-1))
-	for _, v := range logits {
-		maxv = max(maxv, v)
-	}
-	best := argmax(pick)
-	var sum float64
-	for _, v := range logits {
-		sum += math.Exp(float64(v - maxv))
-	}
-	logZ := float64(maxv) + math.Log(sum)
-	lp := func(id int32) float32 { return float32(float64(logits[id]) - logZ) }
-
-	chosen := best
+	var chosen int32
+	haveZ, logZ := false, 0.0
 	if p.Draws() && rng != nil {
 		chosen = s.draw(pick, p, rng)
+		// A draw over the whole vocabulary at temperature 1 from the raw
+		// logits summed the very exponentials that logZ needs.
+		if s.allSum > 0 && p.Temperature == 1 && !p.adjusts(h) {
+			haveZ, logZ = true, s.allTop+math.Log(s.allSum)
+		}
+	} else {
+		chosen = argmax(pick)
 	}
+	if !haveZ {
+		logZ = logSumExp(logits)
+	}
+	lp := func(id int32) float32 { return float32(float64(logits[id]) - logZ) }
 	out := Sampled{TokenLogprob: TokenLogprob{chosen, lp(chosen)}}
 	if p.TopLogprobs > 0 {
 		for _, id := range s.topK(logits, p.TopLogprobs) {
@@ -99,19 +108,74 @@ func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h Hi
 	return out
 }
 
-// Score is the logprob of a given token under logits' raw distribution,
-// with the top alternatives: what a prompt token's logprob is, since it
-// was not sampled.
-func (s *Sampler) Score(logits []float32, id int32, top int) Sampled {
+// logSumExp is log Σ exp(v) over logits.
+func logSumExp(logits []float32) float64 {
 	maxv := float32(math.Inf(-1))
 	for _, v := range logits {
 		maxv = max(maxv, v)
 	}
-	var sum float64
-	for _, v := range logits {
-		sum += math.Exp(float64(v - maxv))
+	top := float64(maxv)
+	return top + math.Log(expSum(nil, logits, top, 1))
+}
+
+// expSpan: expSum cuts the vocabulary into spans of this many logits.
+const expSpan = 8192
+
+// expSum writes exp((v-top)·inv) of each logit v into probs (unless nil)
+// and returns their sum. Spans after the first run on other goroutines, up
+// to GOMAXPROCS at once: the kernels' threads are idle while a step
+// samples, and one 32K-vocabulary pass was 5% of a one-stream decode step.
+// Each span is summed on its own and the spans' sums added in order, so
+// the result does not depend on how many ran at once.
+func expSum(probs []float64, logits []float32, top, inv float64) float64 {
+	n := len(logits)
+	spans := (n + expSpan - 1) / expSpan
+	span := func(i int) float64 {
+		lo, hi := i*expSpan, min((i+1)*expSpan, n)
+		var sum float64
+		if probs == nil {
+			for _, v := range logits[lo:hi] {
+				sum += expNeg((float64(v) - top) * inv)
+			}
+			return sum
+		}
+		for j, v := range logits[lo:hi] {
+			e := expNeg((float64(v) - top) * inv)
+			probs[lo+j] = e
+			sum += e
+		}
+		return sum
 	}
-	logZ := float64(maxv) + math.Log(sum)
+	if spans <= 1 {
+		return span(0)
+	}
+	var (
+		part = make([]float64, spans)
+		next atomic.Int32
+		wg   sync.WaitGroup
+	)
+	work := func() {
+		for i := int(next.Add(1)) - 1; i < spans; i = int(next.Add(1)) - 1 {
+			part[i] = span(i)
+		}
+	}
+	for range min(runtime.GOMAXPROCS(0), spans) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+	var sum float64
+	for _, v := range part {
+		sum += v
+	}
+	return sum
+}
+
+// Score is the logprob of a given token under logits' raw distribution,
+// with the top alternatives: what a prompt token's logprob is, since it
+// was not sampled.
+func (s *Sampler) Score(logits []float32, id int32, top int) Sampled {
+	logZ := logSumExp(logits)
 	out := Sampled{TokenLogprob: TokenLogprob{id, float32(float64(logits[id]) - logZ)}}
 	if top > 0 {
 		for _, a := range s.topK(logits, top) {
@@ -194,11 +258,16 @@ func (s *Sampler) Verify(logits []float32, p Sampling, rng *rand.Rand, h History
 // top-k, min-p and top-p, highest logit first, their unnormalised
 // probabilities at the temperature, and those probabilities' sum.
 func (s *Sampler) dist(logits []float32, p Sampling) ([]int32, []float64, float64) {
-	// Candidates: the top-k (or all), sorted by logit, highest first.
+	s.allSum = 0
 	k := len(logits)
 	if p.TopK > 0 && p.TopK < k {
 		k = p.TopK
 	}
+	if k == len(logits) && !(p.TopP > 0 && p.TopP < 1) {
+		return s.distAll(logits, p)
+	}
+	// Candidates: the top-k, sorted by logit, highest first (top-p needs
+	// that order).
 	cand := s.topK(logits, k)
 	if cap(s.probs) < len(cand) {
 		s.probs = make([]float64, len(cand))
@@ -207,7 +276,7 @@ func (s *Sampler) dist(logits []float32, p Sampling) ([]int32, []float64, float6
 	top := float64(logits[cand[0]])
 	var sum float64
 	for i, id := range cand {
-		probs[i] = math.Exp((float64(logits[id]) - top) / p.Temperature)
+		probs[i] = expNeg((float64(logits[id]) - top) / p.Temperature)
 		sum += probs[i]
 	}
 	n := len(cand)
@@ -232,6 +301,71 @@ func (s *Sampler) dist(logits []float32, p Sampling) ([]int32, []float64, float6
 		}
 	}
 	return cand[:n], probs[:n], sum
+}
+
+// distAll is dist without top-k and top-p: every token is a candidate,
+// taken in id order rather than sorted. The order of the candidates changes
+// which token a given random number picks, not the distribution, and
+// leaving the vocabulary unsorted saves a sort of it per sampled token (at
+// a 32K vocabulary that and a second pass of exponentials were a sixth of
+// a 32-sequence decode step).
+func (s *Sampler) distAll(logits []float32, p Sampling) ([]int32, []float64, float64) {
+	n := len(logits)
+	if cap(s.probs) < n {
+		s.probs = make([]float64, n)
+	}
+	if len(s.iota) < n {
+		s.iota = make([]int32, n)
+		for i := range s.iota {
+			s.iota[i] = int32(i)
+		}
+		s.kept = make([]int32, n)
+	}
+	maxv := float32(math.Inf(-1))
+	for _, v := range logits {
+		maxv = max(maxv, v)
+	}
+	top, inv := float64(maxv), 1/p.Temperature
+	probs := s.probs[:n]
+	sum := expSum(probs, logits, top, inv)
+	s.allTop, s.allSum = top, sum
+	if p.MinP <= 0 {
+		return s.iota[:n], probs, sum
+	}
+	// Keep tokens with p >= min_p * p_max; p_max is exp(0)/sum.
+	m := 0
+	sum = 0
+	for i, e := range probs {
+		if e >= p.MinP {
+			probs[m] = e
+			s.kept[m] = int32(i)
+			m++
+			sum += e
+		}
+	}
+	return s.kept[:m], probs[:m], sum
+}
+
+// expNeg is math.Exp for the x <= 0 (and NaN-free) arguments of a softmax
+// shifted by its maximum, about twice as fast: a degree-9 polynomial on
+// x - k·ln2 (|.| <= ln2/2), relative error below 1e-11, with 0 for
+// arguments whose exponential would be subnormal.
+func expNeg(x float64) float64 {
+	const (
+		log2e = 1.4426950408889634
+		ln2hi = 6.93147180369123816490e-01
+		ln2lo = 1.90821492927058770002e-10
+		magic = 6755399441055744.0 // 1.5·2^52: adding it rounds to an integer
+	)
+	if !(x > -708) { // also -Inf
+		return 0
+	}
+	kf := x*log2e + magic
+	ki := int64(math.Float64bits(kf)) - int64(math.Float64bits(magic))
+	k := kf - magic
+	r := x - k*ln2hi - k*ln2lo
+	q := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720+r*(1.0/5040+r*(1.0/40320+r*(1.0/362880)))))))))
+	return math.Float64frombits(math.Float64bits(q) + uint64(ki)<<52)
 }
 
 // topK returns the ids of the k largest logits, largest first (ties: lower

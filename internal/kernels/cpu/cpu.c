@@ -812,8 +812,12 @@ void bk_add(int simd, float *out, const float *a, const float *b, int64_t n) {
 // of one sequence that share a KV head. Positions are walked in chunks of
 // CHUNK; each chunk's K and V rows are read from memory once and reused
 // from cache by every member, which keeps an online softmax (running max,
-// running sum, rescaled accumulator) per member.
-#define CHUNK 64
+// running sum, rescaled accumulator) per member. A head's K (or V) rows
+// sit a KV row apart (3 KiB for 12 heads of 64), a stride that maps them
+// onto a few L1 sets: 32 positions stay in L1 for all members where 64
+// did not (one thread, 16 rows x 512 positions of causal prefill: 9.3 ->
+// 17.2 GFLOP/s; decode within noise).
+#define CHUNK 32
 
 typedef struct {
   float *qs;  // members x hd: q*scale
@@ -968,7 +972,7 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
   // and chunk, and every member then reads float32 as for F32.
   const int half = g->kv_dtype != BK_F32;
   attn_scratch s;
-  s.qs = malloc(sizeof(float) * (2 * BK_ATTN_MAX_MEMBERS + (half ? 2 * CHUNK : 0)) * hd);
+  s.qs = malloc(sizeof(float) * (2 * BK_ATTN_MAX_MEMBERS + 2 * CHUNK) * hd);
   if (!s.qs) return -1;
   s.acc = s.qs + BK_ATTN_MAX_MEMBERS * hd;
   float *kw = s.acc + BK_ATTN_MAX_MEMBERS * hd, *vw = kw + CHUNK * hd;
@@ -996,10 +1000,30 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
       if (s.last[m] > maxlast) maxlast = s.last[m];
     }
     const int64_t kbase = g->layer * 2 * ps * rf + kh * hd;
+    // With several members (prefill rows, GQA groups) the chunk's K and V
+    // rows are first copied (widened) into contiguous scratch: in place
+    // they sit a KV row apart, a stride that maps them onto a few L1 sets,
+    // and every member after the first missed L1 on them (one thread, 16
+    // rows x 512 positions of causal prefill: 2-3x faster). One member
+    // reads each row once, so it reads them in place.
+    const int pack = members >= 4;
     for (int64_t c0 = 0; c0 <= maxlast; c0 += CHUNK) {
       int64_t c1 = c0 + CHUNK <= maxlast + 1 ? c0 + CHUNK : maxlast + 1;
       for (int64_t p = c0; p < c1; p++) {
         int64_t off = kbase + (int64_t)pg[p / ps] * pf + (p % ps) * rf;
+        if (pack) {
+          float *kd = kw + (p - c0) * hd, *vd = vw + (p - c0) * hd;
+          if (half) {
+            cvt_row(simd, kd, (const uint16_t *)kv + off, hd, g->kv_dtype);
+            cvt_row(simd, vd, (const uint16_t *)kv + off + ps * rf, hd, g->kv_dtype);
+          } else {
+            memcpy(kd, (const float *)kv + off, sizeof(float) * hd);
+            memcpy(vd, (const float *)kv + off + ps * rf, sizeof(float) * hd);
+          }
+          s.kp[p - c0] = kd;
+          s.vp[p - c0] = vd;
+          continue;
+        }
         if (!half) {
           const float *k = (const float *)kv + off;
           s.kp[p - c0] = k;
@@ -1026,7 +1050,9 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
         if (e <= c0) continue;
 #ifdef BK_X86
         if (vec) {
-          if (g->kv_dtype == BK_F16)
+          if (pack)
+            chunk_avx2(&s, m, hd, e - c0);
+          else if (g->kv_dtype == BK_F16)
             chunk_avx2_f16(&s, m, hd, e - c0);
           else if (g->kv_dtype == BK_BF16)
             chunk_avx2_bf16(&s, m, hd, e - c0);

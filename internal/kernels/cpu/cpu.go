@@ -182,7 +182,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		})
 		return
 	}
-	if w.DType >= kernels.Q4_0 && n < qdotMaxN {
+	if n < qdotMaxN(w.DType) {
 		b.qdot(out, x, n, w, wp, work)
 		return
 	}
@@ -201,20 +201,58 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 // format: 32 elements, 256 for the K formats) and use integer dot
 // products (what a decode step of a few sequences is: bound by reading the
 // weights, which stay 4-6 bits a value all the way into the registers).
-// From this many rows on, gemm's dequantised tiles and float FMAs win.
-const qdotMaxN = 4
+// From this many rows on, gemm's dequantised tiles and float FMAs win: at
+// 4 rows for the 32-element formats; the K formats' kernels (one set of
+// scales per 256 elements, unpacked with vector shuffles) keep up with
+// the gemm to 32 rows (per core, 2048x768: Q4_K 71 GOP/s from 4 to 32
+// rows against the gemm's 25-69, Q6_K 61-66 against 22-62).
+func qdotMaxN(dt kernels.DType) int {
+	switch dt {
+	case kernels.Q4_K, kernels.Q5_K, kernels.Q6_K:
+		return 32
+	}
+	if dt >= kernels.Q4_0 {
+		return 4
+	}
+	return 0
+}
 
-// qdot is MatMul through bk_quant_x and bk_qdot.
+// qbufs holds the buffers x is quantised into for qdot, reused across
+// products like packs.
+var qbufs sync.Pool
+
+type qbuf struct {
+	qs []int8
+	d  []float32
+	s  []int32
+}
+
+// qdot is MatMul through bk_quant_x and bk_qdot. x is quantised by rows in
+// parallel (at 32 rows of 2048 it is tens of µs, too much to leave to one
+// thread ahead of every product).
 func (b *Backend) qdot(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
 	block := int(C.bk_quant_x_block(C.int(w.DType)))
-	qs := make([]int8, n*w.Cols)
-	d := make([]float32, n*w.Cols/block)
-	s := make([]int32, n*w.Cols/32)
-	qp := (*C.int8_t)(unsafe.Pointer(unsafe.SliceData(qs)))
-	sp := (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(s)))
-	C.bk_quant_x(qp, fptr(d), sp, fptr(x), C.int64_t(n), C.int64_t(w.Cols), C.int64_t(block))
+	cols := w.Cols
+	qb, _ := qbufs.Get().(*qbuf)
+	if qb == nil {
+		qb = &qbuf{}
+	}
+	defer qbufs.Put(qb)
+	if cap(qb.qs) < n*cols {
+		qb.qs = make([]int8, n*cols)
+		qb.d = make([]float32, n*cols/32)
+		qb.s = make([]int32, n*cols/32)
+	}
+	qp := (*C.int8_t)(unsafe.Pointer(unsafe.SliceData(qb.qs)))
+	dp := fptr(qb.d)
+	sp := (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(qb.s)))
+	nd, nb := cols/block, cols/32
+	b.parallel(n, 1, 8*n*cols, func(lo, hi int) {
+		C.bk_quant_x((*C.int8_t)(unsafe.Add(unsafe.Pointer(qp), lo*cols)), fptr(qb.d[lo*nd:]),
+			(*C.int32_t)(unsafe.Pointer(&qb.s[lo*nb])), fptr(x[lo*cols:]), C.int64_t(hi-lo), C.int64_t(cols), C.int64_t(block))
+	})
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
-		C.bk_qdot(b.simdFlag(), fptr(out), qp, fptr(d), sp, C.int64_t(n), (*C.uint8_t)(wp),
+		C.bk_qdot(b.simdFlag(), fptr(out), qp, dp, sp, C.int64_t(n), (*C.uint8_t)(wp),
 			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})
 }

@@ -465,9 +465,9 @@ func qbound(w *kernels.Matrix, x []float32, i, r int) float64 {
 }
 
 // TestMatMulQuant: the ggml block formats against the reference
-// (dequantise, then multiply in float64). Below qdotMaxN rows x is
+// (dequantise, then multiply in float64). Below qdotMaxN(dt) rows x is
 // quantised to 8 bits and the result is within qbound of the reference;
-// from qdotMaxN rows on the product is float32 on dequantised weights,
+// from qdotMaxN(dt) rows on the product is float32 on dequantised weights,
 // within tolMatMul. The SIMD and scalar paths compute the same integer sums,
 // so they agree with each other to float rounding.
 func TestMatMulQuant(t *testing.T) {
@@ -504,13 +504,13 @@ func TestMatMulQuant(t *testing.T) {
 						for i := range want {
 							d := math.Abs(float64(got[i] - want[i]))
 							bound := tolMatMul*mag[i] + 1e-30
-							if n < qdotMaxN {
+							if n < qdotMaxN(dt) {
 								bound = 1e-5*mag[i] + qb[i]
 							}
 							if !(d <= bound) {
 								t.Fatalf("%s: element %d: got %g, want %g (|diff| %g > bound %g)", what, i, got[i], want[i], d, bound)
 							}
-							if first != nil && n < qdotMaxN {
+							if first != nil && n < qdotMaxN(dt) {
 								if e := math.Abs(float64(got[i] - first[i])); !(e <= 1e-5*(mag[i]+qb[i])) {
 									t.Fatalf("%s: element %d: %g, but %g on [%s]", what, i, got[i], first[i], vs[0].name)
 								}

@@ -346,13 +346,14 @@ QAVX2_INLINE float hsum_ps(__m256 v) {
 // decoded once for all of them.
 #define QN 4
 
-QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float *d,
-                               const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
-                               int64_t cols, int64_t r0, int64_t r1) {
+// One group of N (a constant per instance, so sums stay in registers) x
+// rows starting at row i0.
+QAVX2_INLINE void qdot_blk_n(int dt, const int nn, int64_t i0, float *out, const int8_t *qs,
+                             const float *d, const int32_t *s, const uint8_t *w, int64_t rows,
+                             int64_t cols, int64_t r0, int64_t r1) {
   int64_t rb = bk_quant_row_bytes(dt, cols), nb = cols / 32;
   int64_t per = bk_quant_x_block(dt) / 32, nd = nb / per; // sub-blocks per x scale
-  for (int64_t i0 = 0; i0 < n; i0 += QN) {
-    int nn = n - i0 < QN ? (int)(n - i0) : QN;
+  {
     for (int64_t r = r0; r < r1; r++) {
       const uint8_t *row = w + r * rb;
       __m256 acc[QN];
@@ -365,6 +366,7 @@ QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float
         vsub o;
         vdecode(dt, row, b, &o);
         __m256i aq = _mm256_sign_epi8(o.q, o.q);
+#pragma GCC unroll 4
         for (int i = 0; i < nn; i++) {
           int64_t xi = (i0 + i) * nb + b;
           float xd = d[(i0 + i) * nd + b / per];
@@ -379,12 +381,25 @@ QAVX2 static void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float
                                            _mm256_set1_epi16(1));
             __m256 mv = _mm256_set_m128(_mm_set1_ps(o.mw[1] * xd), _mm_set1_ps(o.mw[0] * xd));
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs), mv, acc[i]);
-          } else {
+          } else if (lay(dt).has_min) {
             accm[i] += o.mw[0] * xd * (float)s[xi];
           }
         }
       }
       for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
+    }
+  }
+}
+
+QAVX2_INLINE void qdot_avx2_dt(int dt, float *out, const int8_t *qs, const float *d,
+                               const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
+                               int64_t cols, int64_t r0, int64_t r1) {
+  for (int64_t i0 = 0; i0 < n; i0 += QN) {
+    switch (n - i0 < QN ? (int)(n - i0) : QN) {
+    case 1: qdot_blk_n(dt, 1, i0, out, qs, d, s, w, rows, cols, r0, r1); break;
+    case 2: qdot_blk_n(dt, 2, i0, out, qs, d, s, w, rows, cols, r0, r1); break;
+    case 3: qdot_blk_n(dt, 3, i0, out, qs, d, s, w, rows, cols, r0, r1); break;
+    default: qdot_blk_n(dt, QN, i0, out, qs, d, s, w, rows, cols, r0, r1); break;
     }
   }
 }
@@ -441,98 +456,167 @@ void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t c
   bk_quant_dequant_row(dst, row, dt, cols);
 }
 
-// The K formats a super-block at a time: scales and mins are unpacked once
-// per 256 elements, a 32-byte load of nibbles serves two sub-blocks,
-// Q4_K/Q5_K quants (unsigned) go straight into maddubs, and the integer
-// sums of the 8 sub-blocks (x has one scale per super-block) are added
-// before one conversion to float. Sums stay far inside int32: at most
-// 8 sub-blocks x 2 pairs x (32·127·2) x 128.
+// The K formats a super-block at a time, for a fixed number N of x rows
+// (1..QN, a compile-time constant in each instance, so every accumulator
+// stays in a register): scales and mins are unpacked with vector
+// instructions once per 256 elements (ggml's byte shuffles), a 32-byte
+// load of nibbles serves two sub-blocks, Q4_K/Q5_K quants (unsigned) go
+// straight into maddubs, the mins meet x's per-32 sums in one vector
+// multiply, and the integer sums of the 8 sub-blocks (x has one scale per
+// super-block) are added before one conversion to float. Sums stay far
+// inside int32: at most 8 sub-blocks x 2 pairs x (32·127·2) x 128.
+static const uint32_t KMASK1 = 0x3f3f3f3f, KMASK2 = 0x0f0f0f0f, KMASK3 = 0x03030303;
+
+// Shuffle masks that spread int16 lane j of a 128-bit half across the half.
+QAVX2_INLINE __m256i scale_shuffle(int j) {
+  return _mm256_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8)));
+}
+
+// Lane j of the low half and lane j+1 of the high half, spread over their halves.
+QAVX2_INLINE __m256i scale_shuffle2(int j) {
+  return _mm256_set_m128i(_mm_set1_epi16((short)((2 * j + 2) | ((2 * j + 3) << 8))),
+                          _mm_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8))));
+}
+
+QAVX2_INLINE void qdot_k45_n(const int five, const int N, float *out, const int8_t *qs,
+                             const float *d, const int32_t *s, const uint8_t *w, int64_t rows,
+                             int64_t cols, int64_t r0, int64_t r1) {
+  const int64_t bytes = five ? 176 : 144, nsb = cols / 256, nb = cols / 32;
+  const int64_t rb = nsb * bytes;
+  const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *row = w + r * rb;
+    __m256 acc[QN], accm[QN];
+#pragma GCC unroll 4
+    for (int i = 0; i < N; i++) acc[i] = accm[i] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+      const uint8_t *B = row + sb * bytes;
+      uint32_t u[4];
+      memcpy(u, B + 4, 12);
+      u[3] = ((u[2] >> 4) & KMASK2) | (((u[1] >> 6) & KMASK3) << 4);
+      const uint32_t mins03 = u[1] & KMASK1;
+      u[1] = (u[2] & KMASK2) | (((u[0] >> 6) & KMASK3) << 4);
+      u[2] = mins03;
+      u[0] &= KMASK1;
+      // u bytes 0..7: the 8 scales, 8..15: the 8 mins.
+      __m128i sm = _mm_loadu_si128((const __m128i *)u);
+      __m256i mins = _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8));
+      __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+      const float dd = hf(B), dmin = hf(B + 2);
+      __m256i isum[QN];
+#pragma GCC unroll 4
+      for (int i = 0; i < N; i++) {
+        const float xd = d[i * nsb + sb];
+        __m256i xs = _mm256_loadu_si256((const __m256i *)(s + i * nb + 8 * sb));
+        accm[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(mins, xs)),
+                                  _mm256_set1_ps(dmin * xd), accm[i]);
+        isum[i] = _mm256_setzero_si256();
+      }
+      const uint8_t *qsb = B + (five ? 48 : 16);
+      __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(B + 16)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; p++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qsb + 32 * p));
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (five) {
+          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
+          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
+        }
+        __m256i slo = _mm256_shuffle_epi8(scales, scale_shuffle(2 * p));
+        __m256i shi = _mm256_shuffle_epi8(scales, scale_shuffle(2 * p + 1));
+#pragma GCC unroll 4
+        for (int i = 0; i < N; i++) {
+          const int8_t *xq = qs + i * cols + 256 * sb + 64 * p;
+          __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)), slo);
+          __m256i pc = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 32))), shi);
+          isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(pa, pc));
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < N; i++)
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_set1_ps(dd * d[i * nsb + sb]), acc[i]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < N; i++) out[i * rows + r] = hsum_ps(_mm256_sub_ps(acc[i], accm[i]));
+  }
+}
+
+// Q6_K: 16 int8 scales per super-block, widened 8 at a time; a
+// sub-block's two scales (one per 16 elements) are spread over the two
+// halves of a vector by one byte shuffle. Quants go into maddubs unsigned
+// (0..63) and 32·Σx comes off, as ggml does.
+QAVX2_INLINE void qdot_k6_n(const int N, float *out, const int8_t *qs, const float *d,
+                            const uint8_t *w, int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
+  const int64_t nsb = cols / 256, rb = nsb * 210;
+  const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+  for (int64_t r = r0; r < r1; r++) {
+    const uint8_t *row = w + r * rb;
+    __m256 acc[QN];
+#pragma GCC unroll 4
+    for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; sb++) {
+      const uint8_t *B = row + sb * 210;
+      const float dd = hf(B + 208);
+      __m256i isum[QN];
+#pragma GCC unroll 4
+      for (int i = 0; i < N; i++) isum[i] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; h++) {
+        __m256i ql0 = _mm256_loadu_si256((const __m256i *)(B + 64 * h));
+        __m256i ql1 = _mm256_loadu_si256((const __m256i *)(B + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(B + 128 + 32 * h));
+        // the 8 int16 scales of this half, in both 128-bit lanes
+        __m256i sch = _mm256_broadcastsi128_si256(
+            _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(B + 192 + 8 * h))));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+          __m256i v = k % 2 ? ql1 : ql0;
+          __m256i nib = _mm256_and_si256(k < 2 ? v : _mm256_srli_epi16(v, 4), m4);
+          __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3);
+          __m256i q = _mm256_or_si256(nib, _mm256_slli_epi16(hb, 4)); // 0..63, 32 too many
+          __m256i scv = _mm256_shuffle_epi8(sch, scale_shuffle2(2 * k));
+#pragma GCC unroll 4
+          for (int i = 0; i < N; i++) {
+            const int8_t *xq = qs + i * cols + 256 * sb + 128 * h + 32 * k;
+            __m256i x = _mm256_loadu_si256((const __m256i *)xq);
+            __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, x), _mm256_maddubs_epi16(m32, x));
+            isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, scv));
+          }
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < N; i++)
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_set1_ps(dd * d[i * nsb + sb]), acc[i]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < N; i++) out[i * rows + r] = hsum_ps(acc[i]);
+  }
+}
+
+// qdot_k_dt: x rows in groups of up to QN, each group through the instance
+// for its size.
 QAVX2_INLINE void qdot_k_dt(int dt, float *out, const int8_t *qs, const float *d,
                             const int32_t *s, int64_t n, const uint8_t *w, int64_t rows,
                             int64_t cols, int64_t r0, int64_t r1) {
-  const int six = dt == BK_Q6_K, five = dt == BK_Q5_K;
-  const int64_t bytes = six ? 210 : five ? 176 : 144, nsb = cols / 256, nb = cols / 32;
-  const int64_t rb = nsb * bytes;
-  const __m256i m4 = _mm256_set1_epi8(15);
+  const int64_t nsb = cols / 256, nb = cols / 32;
   for (int64_t i0 = 0; i0 < n; i0 += QN) {
     int nn = n - i0 < QN ? (int)(n - i0) : QN;
-    for (int64_t r = r0; r < r1; r++) {
-      const uint8_t *row = w + r * rb;
-      __m256 acc[QN];
-      float accm[QN];
-      for (int i = 0; i < QN; i++) {
-        acc[i] = _mm256_setzero_ps();
-        accm[i] = 0;
-      }
-      for (int64_t sb = 0; sb < nsb; sb++) {
-        const uint8_t *B = row + sb * bytes;
-        const int64_t xb = 8 * sb; // first x block of this super-block
-        __m256i isum[QN];
-        for (int i = 0; i < QN; i++) isum[i] = _mm256_setzero_si256();
-        float dd;
-        if (six) {
-          dd = hf(B + 208);
-          const int8_t *sc = (const int8_t *)(B + 192);
-          for (int h = 0; h < 2; h++) {
-            __m256i ql0 = _mm256_loadu_si256((const __m256i *)(B + 64 * h));
-            __m256i ql1 = _mm256_loadu_si256((const __m256i *)(B + 64 * h + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(B + 128 + 32 * h));
-            for (int k = 0; k < 4; k++) {
-              __m256i v = k % 2 ? ql1 : ql0;
-              __m256i nib = _mm256_and_si256(k < 2 ? v : _mm256_srli_epi16(v, 4), m4);
-              __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
-              __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16(hb, 4)),
-                                          _mm256_set1_epi8(32));
-              __m256i aq = _mm256_sign_epi8(q, q);
-              __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * k + 1]),
-                                             _mm_set1_epi16(sc[8 * h + 2 * k]));
-              for (int i = 0; i < nn; i++) {
-                const int8_t *xq = qs + (i0 + i) * cols + 256 * sb + 128 * h + 32 * k;
-                __m256i x = _mm256_loadu_si256((const __m256i *)xq);
-                isum[i] = _mm256_add_epi32(
-                    isum[i],
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(x, q)), scv));
-              }
-            }
-          }
-        } else {
-          dd = hf(B);
-          float dmin = hf(B + 2);
-          int sc[8], mn[8];
-          for (int j = 0; j < 8; j++) scale_min_k(B + 4, j, &sc[j], &mn[j]);
-          for (int i = 0; i < nn; i++) {
-            const int32_t *xs = s + (i0 + i) * nb + xb;
-            int32_t m = 0;
-            for (int j = 0; j < 8; j++) m += mn[j] * xs[j];
-            accm[i] -= dmin * d[(i0 + i) * nsb + sb] * (float)m;
-          }
-          const uint8_t *qsb = B + (five ? 48 : 16);
-          __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(B + 16)) : _mm256_setzero_si256();
-          for (int p = 0; p < 4; p++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(qsb + 32 * p));
-            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if (five) {
-              __m256i one = _mm256_set1_epi8(1);
-              lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p), one), 4));
-              hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * p + 1), one), 4));
-            }
-            __m256i slo = _mm256_set1_epi16((short)sc[2 * p]), shi = _mm256_set1_epi16((short)sc[2 * p + 1]);
-            for (int i = 0; i < nn; i++) {
-              const int8_t *xq = qs + (i0 + i) * cols + 256 * sb + 64 * p;
-              __m256i xa = _mm256_loadu_si256((const __m256i *)xq);
-              __m256i xc = _mm256_loadu_si256((const __m256i *)(xq + 32));
-              __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xa), slo);
-              __m256i pc = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xc), shi);
-              isum[i] = _mm256_add_epi32(isum[i], _mm256_add_epi32(pa, pc));
-            }
-          }
-        }
-        for (int i = 0; i < nn; i++)
-          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]),
-                                   _mm256_set1_ps(dd * d[(i0 + i) * nsb + sb]), acc[i]);
-      }
-      for (int i = 0; i < nn; i++) out[(i0 + i) * rows + r] = hsum_ps(acc[i]) + accm[i];
+    float *o = out + i0 * rows;
+    const int8_t *q = qs + i0 * cols;
+    const float *dx = d + i0 * nsb;
+    const int32_t *sx = s + i0 * nb;
+#define QK_CASE(N)                                                                             \
+  case N:                                                                                      \
+    if (dt == BK_Q6_K) qdot_k6_n(N, o, q, dx, w, rows, cols, r0, r1);                           \
+    else qdot_k45_n(dt == BK_Q5_K, N, o, q, dx, sx, w, rows, cols, r0, r1);                     \
+    break;
+    switch (nn) {
+      QK_CASE(1)
+      QK_CASE(2)
+      QK_CASE(3)
+      QK_CASE(4)
     }
+#undef QK_CASE
   }
 }
 
