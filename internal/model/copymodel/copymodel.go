@@ -74,8 +74,8 @@ const (
 	used = out + codeDims
 )
 
-// Code is token id's ±1 code for a seed: what its embedding carries and
-// its lm_head row matches.
+// codes are every token id's ±1 code for a seed: what its embedding
+// carries and its lm_head row matches.
 func codes(vocab int, seed uint64) [][]float32 {
 	rng := rand.New(rand.NewPCG(seed, 0xc0de))
 	c := make([][]float32, vocab)
@@ -96,7 +96,7 @@ type tensor struct {
 
 // Write writes config.json and model.safetensors for s into dir.
 func Write(dir string, s Shape, seed uint64) error {
-	if s.Dim < used || s.Heads%s.KVHeads != 0 || s.Heads*headDim > s.Dim*4 || s.KVHeads < 4 {
+	if s.Dim < used || s.KVHeads < 4 || s.Heads%s.KVHeads != 0 {
 		return fmt.Errorf("copymodel: shape %+v too small (needs hidden ≥ %d and 4 kv heads)", s, used)
 	}
 	dt, ok := map[string]kernels.DType{"F32": kernels.F32, "F16": kernels.F16, "BF16": kernels.BF16}[s.DType]
