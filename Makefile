@@ -3,7 +3,7 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-peer lint proto clean deps-run deps-test
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-spec-echo bench-peer lint proto clean deps-run deps-test
 
 # What the machine needs beyond Go: installed from Debian's packages when
 # run as root, else the command to run is printed (deploy/local/deps.sh).
@@ -58,6 +58,13 @@ bench-hicache:
 # with speculation off, ngram, ngram backing off, and a draft model.
 bench-spec:
 	$(GO) test -run '^$$' -bench 'SpecDecode|SpecStreams' -benchtime 1x ./internal/scheduler/
+
+# ngram speculation on `bench serve --echo` against models whose weights are
+# constructed to copy their input (internal/model/copymodel): 134M at 1 and
+# 32 streams, TinyLlama 1.1B's shape at 1; writes the models (0.5 and 2.2 GB)
+# under $$TMPDIR once.
+bench-spec-echo:
+	$(GO) test -run '^$$' -bench SpecEcho -benchtime 1x -timeout 60m ./test/e2e/
 
 # baton next to llama.cpp's llama-server on one GGUF (deploy/bench/peer.sh):
 #   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf [THREADS=2] [STREAMS="1 8 32"]

@@ -72,6 +72,12 @@ type specState struct {
 	drafted  int     // draft tokens proposed over the request's life
 	accepted int     // of them, accepted
 	steps    int     // verifying steps (each emits accepted+1 tokens)
+	// loopDraft says this step's n-gram draft copies the request's own
+	// output from at most ngramLoopPeriod tokens back; loopAccepted
+	// counts the accepted tokens of such drafts (the spec guard's loop
+	// rule, see SpecGuard).
+	loopDraft    bool
+	loopAccepted int
 	// next is the draft length of the next step (0: the configured one):
 	// one more than the last step accepted, so a request whose drafts
 	// keep failing verifies one token a step instead of paying for k.
@@ -114,10 +120,12 @@ func (e *Engine) draftBudget(r *Request) int {
 	return min(k, e.maxSeqLen(r)-len(r.seq)-1)
 }
 
-// ngramDraft appends to dst up to k tokens that followed the latest
+// ngramMatch appends to dst up to k tokens that followed the latest
 // earlier occurrence of seq's longest repeated suffix (ngramMax down to
-// ngramMin tokens).
-func ngramDraft(dst, seq []int32, k int) []int32 {
+// ngramMin tokens), and says where the draft came from: at is where the
+// matched occurrence starts in seq, period how far it lies before the
+// suffix (0: no match).
+func ngramMatch(dst, seq []int32, k int) (_ []int32, at, period int) {
 	lo := max(0, len(seq)-ngramWindow)
 	for n := min(ngramMax, len(seq)-1); n >= ngramMin; n-- {
 		suffix := seq[len(seq)-n:]
@@ -128,10 +136,10 @@ func ngramDraft(dst, seq []int32, k int) []int32 {
 					continue search
 				}
 			}
-			return append(dst, seq[i+n:min(i+n+k, len(seq))]...)
+			return append(dst, seq[i+n:min(i+n+k, len(seq))]...), i, len(seq) - n - i
 		}
 	}
-	return dst
+	return dst, 0, 0
 }
 
 // verify judges r's draft against the rows the forward pass gave for it
@@ -197,6 +205,9 @@ func (e *Engine) speculated(r *Request, rows []float32, c0 int) {
 	r.spec.next = accepted + 1
 	r.spec.drafted += drafted
 	r.spec.accepted += accepted
+	if r.spec.loopDraft {
+		r.spec.loopAccepted += accepted
+	}
 	e.m.SpecDraftTokens.Add(float64(drafted))
 	e.m.SpecAcceptedTokens.Add(float64(accepted))
 	// Positions c0..c0+accepted hold KV of tokens that stay; the rest of

@@ -58,8 +58,19 @@ type ngramDrafter struct{}
 
 func (ngramDrafter) prepare(*Engine) {}
 func (ngramDrafter) draft(dst []int32, r *Request, k int) []int32 {
-	return ngramDraft(dst, r.seq, k)
+	dst, at, period := ngramMatch(dst, r.seq, k)
+	r.spec.loopDraft = period > 0 && period <= ngramLoopPeriod && at >= len(r.Prompt)
+	return dst
 }
+
+// ngramLoopPeriod is the longest period at which an n-gram draft that
+// copies the request's own output counts as a loop's: attention pulled
+// into a loop by corrupted KV repeats what the model just wrote, a token
+// or a phrase at a time, while a model echoing its input (an edit, a
+// quotation) copies the prompt, or its own output at the period of the
+// text it echoes.
+const ngramLoopPeriod = 32
+
 func (ngramDrafter) settle(*Request, int) error { return nil }
 func (ngramDrafter) drop(*Request)              {}
 

@@ -53,6 +53,15 @@ func (c SpecCounts) AcceptRate() float64 {
 // whether two views of the KV agree; only the loop test (MaxAcceptRate)
 // applies to it. A draft model proposes every step from its own view of
 // the sequence, so both tests apply.
+//
+// An n-gram draft also says what it copies, which tells a loop from an
+// echo: a model asked to repeat or edit a text copies its prompt, and its
+// drafts are accepted nearly all the time, which the incident's rule
+// alone would take for a loop. For n-gram drafts the loop test therefore
+// counts only the accepted tokens of drafts that copied the request's own
+// output from a short period back (ngramLoopPeriod), the loop's
+// signature. A draft model's drafts carry no source, so its loop test is
+// the incident's, and an echo with a draft model can still trip it.
 type SpecGuard struct {
 	On              bool
 	MinTokens       int
@@ -89,16 +98,24 @@ func (e *SpecAnomalyError) Error() string {
 }
 
 // trips says which of g's rules, if any, the figures c of a request that
-// generated n tokens break; modelDraft says the drafter is a model.
-func (g SpecGuard) trips(c SpecCounts, n int, modelDraft bool) string {
-	if !g.On || n < g.MinTokens || c.Steps == 0 {
+// generated n tokens break; modelDraft says the drafter is a model, and
+// looped is how many of an n-gram drafter's accepted tokens copied the
+// request's recent output.
+func (g SpecGuard) trips(c SpecCounts, looped, n int, modelDraft bool) string {
+	if !g.On || n < g.MinTokens || c.Steps == 0 || c.Drafted == 0 {
 		return ""
 	}
-	if modelDraft && c.AcceptLength() < g.MinAcceptLength {
-		return fmt.Sprintf("accept length %.2f below %.2f", c.AcceptLength(), g.MinAcceptLength)
+	if modelDraft {
+		if c.AcceptLength() < g.MinAcceptLength {
+			return fmt.Sprintf("accept length %.2f below %.2f", c.AcceptLength(), g.MinAcceptLength)
+		}
+		if c.AcceptRate() > g.MaxAcceptRate {
+			return fmt.Sprintf("accept rate %.3f above %.3f", c.AcceptRate(), g.MaxAcceptRate)
+		}
+		return ""
 	}
-	if c.Drafted > 0 && c.AcceptRate() > g.MaxAcceptRate {
-		return fmt.Sprintf("accept rate %.3f above %.3f", c.AcceptRate(), g.MaxAcceptRate)
+	if rate := float64(looped) / float64(c.Drafted); rate > g.MaxAcceptRate {
+		return fmt.Sprintf("accept rate %.3f above %.3f, copying its own output", rate, g.MaxAcceptRate)
 	}
 	return ""
 }
@@ -121,7 +138,7 @@ func specCounts(r *Request) *SpecCounts {
 // specGuard asks the guard about r after a verifying step, before any
 // of that step's tokens is delivered; true when it stopped r.
 func (e *Engine) specGuard(r *Request) bool {
-	rule := e.cfg.SpecGuard.trips(r.spec.counts(), r.generated, e.cfg.Spec.Algorithm != "ngram")
+	rule := e.cfg.SpecGuard.trips(r.spec.counts(), r.spec.loopAccepted, r.generated, e.cfg.Spec.Algorithm != "ngram")
 	if rule == "" {
 		return false
 	}

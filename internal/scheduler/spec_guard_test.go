@@ -12,31 +12,37 @@ import (
 )
 
 // The guard's rules: nothing before MinTokens or when off; the loop test
-// (accept rate) for every drafter; the accept-length test only for a
-// model drafter, since an n-gram lookup's drafts say how repetitive the
-// text is, not whether two views of the KV agree.
+// (accept rate) for every drafter, for n-gram drafts counting only those
+// that copied the request's recent output (an echo of the prompt is no
+// loop); the accept-length test only for a model drafter, since an n-gram
+// lookup's drafts say how repetitive the text is, not whether two views
+// of the KV agree.
 func TestSpecGuardRules(t *testing.T) {
 	g := DefaultSpecGuard
 	for _, tc := range []struct {
 		name       string
 		g          SpecGuard
 		c          SpecCounts
-		n          int
+		looped, n  int
 		modelDraft bool
 		trips      bool
 	}{
-		{"healthy ngram", g, SpecCounts{Drafted: 100, Accepted: 50, Steps: 200}, 256, false, false},
-		{"ngram short accept length is no anomaly", g, SpecCounts{Drafted: 20, Accepted: 2, Steps: 250}, 256, false, false},
-		{"draft model short accept length", g, SpecCounts{Drafted: 600, Accepted: 40, Steps: 150}, 190, true, true},
-		{"draft model healthy", g, SpecCounts{Drafted: 400, Accepted: 200, Steps: 100}, 300, true, false},
-		{"loop", g, SpecCounts{Drafted: 130, Accepted: 129, Steps: 130}, 259, false, true},
-		{"loop, draft model", g, SpecCounts{Drafted: 400, Accepted: 399, Steps: 100}, 499, true, true},
-		{"loop before min tokens", g, SpecCounts{Drafted: 100, Accepted: 100, Steps: 100}, 127, false, false},
-		{"exactly at the bound", g, SpecCounts{Drafted: 100, Accepted: 96, Steps: 100}, 200, false, false},
-		{"off", SpecGuard{MinTokens: 128, MinAcceptLength: 1.4, MaxAcceptRate: 0.96}, SpecCounts{Drafted: 130, Accepted: 130, Steps: 130}, 260, true, false},
-		{"nothing drafted", g, SpecCounts{Steps: 200}, 200, false, false},
+		{"healthy ngram", g, SpecCounts{Drafted: 100, Accepted: 50, Steps: 200}, 0, 256, false, false},
+		{"ngram short accept length is no anomaly", g, SpecCounts{Drafted: 20, Accepted: 2, Steps: 250}, 0, 256, false, false},
+		{"draft model short accept length", g, SpecCounts{Drafted: 600, Accepted: 40, Steps: 150}, 0, 190, true, true},
+		{"draft model healthy", g, SpecCounts{Drafted: 400, Accepted: 200, Steps: 100}, 0, 300, true, false},
+		{"loop", g, SpecCounts{Drafted: 130, Accepted: 129, Steps: 130}, 129, 259, false, true},
+		{"loop, draft model", g, SpecCounts{Drafted: 400, Accepted: 399, Steps: 100}, 0, 499, true, true},
+		{"loop before min tokens", g, SpecCounts{Drafted: 100, Accepted: 100, Steps: 100}, 100, 127, false, false},
+		{"exactly at the bound", g, SpecCounts{Drafted: 100, Accepted: 96, Steps: 100}, 96, 200, false, false},
+		{"off", SpecGuard{MinTokens: 128, MinAcceptLength: 1.4, MaxAcceptRate: 0.96}, SpecCounts{Drafted: 130, Accepted: 130, Steps: 130}, 130, 260, true, false},
+		{"echo: ngram copying its prompt", g, SpecCounts{Drafted: 130, Accepted: 129, Steps: 40}, 0, 160, false, false},
+		{"echo wrapping at a long period, some of it short", g, SpecCounts{Drafted: 130, Accepted: 129, Steps: 40}, 20, 160, false, false},
+		{"loop after an echo", g, SpecCounts{Drafted: 300, Accepted: 299, Steps: 100}, 290, 400, false, true},
+		{"echo with a draft model", g, SpecCounts{Drafted: 130, Accepted: 129, Steps: 40}, 0, 160, true, true},
+		{"nothing drafted", g, SpecCounts{Steps: 200}, 0, 200, false, false},
 	} {
-		if got := tc.g.trips(tc.c, tc.n, tc.modelDraft) != ""; got != tc.trips {
+		if got := tc.g.trips(tc.c, tc.looped, tc.n, tc.modelDraft) != ""; got != tc.trips {
 			t.Errorf("%s: trips %v, want %v", tc.name, got, tc.trips)
 		}
 	}
