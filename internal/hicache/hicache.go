@@ -401,6 +401,7 @@ func (t *Tiers) toL3(p prefixcache.Page, saltHash [16]byte, b []byte) {
 	case t.l3q <- l3put{key: p.Ref.Key, saltHash: saltHash, data: b, sum: p.Sum}:
 	default:
 		t.stats.L3Dropped++
+		t.m.HiCacheL3Dropped.Inc()
 	}
 }
 
@@ -420,6 +421,7 @@ func (t *Tiers) putL3(w l3put) {
 	t.mu.Lock()
 	if err != nil {
 		t.stats.L3Dropped++
+		t.m.HiCacheL3Dropped.Inc()
 	} else {
 		t.stats.L3Puts++
 	}

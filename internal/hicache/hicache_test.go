@@ -1,6 +1,7 @@
 package hicache
 
 import (
+	"errors"
 	"runtime"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/prefixcache"
+	dto "github.com/prometheus/client_model/go"
 )
 
 const ps = 4
@@ -253,6 +255,37 @@ func TestL2EvictsIntoL3(t *testing.T) {
 	f2.wantKV(t, a, prompt(0, 3), 3)
 	if err := f2.pool.Release(a.Owner, a.Pages); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// refusingStore is an L3 whose every write fails (a full or read-only
+// disk).
+type refusingStore struct{ *memStore }
+
+func (*refusingStore) Put([2]uint64, [16]byte, []byte, uint64) error {
+	return errors.New("no space left on device")
+}
+
+// Pages L3 refused are counted where an operator sees them, and the
+// lookup finds nothing below L2 for them.
+func TestL3RefusedWritesAreCounted(t *testing.T) {
+	st := &refusingStore{newMemStore()}
+	f := setup(t, 4, 2, WriteBack, st)
+	var salt prefixcache.Salt
+	for b := range 5 {
+		f.compute(t, salt, prompt(b, 3))
+	}
+	f.tiers.Close()
+	dropped := f.tiers.Stats().L3Dropped
+	if dropped == 0 {
+		t.Fatalf("no refused write counted: %+v", f.tiers.Stats())
+	}
+	var m dto.Metric
+	if err := f.m.HiCacheL3Dropped.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != float64(dropped) {
+		t.Fatalf("baton_hicache_l3_dropped_pages_total = %v, stats say %d", got, dropped)
 	}
 }
 

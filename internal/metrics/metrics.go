@@ -46,6 +46,7 @@ type Set struct {
 	HiCacheLoadWaits    prometheus.Counter
 	HiCacheLoadFailures *prometheus.CounterVec // reason
 	HiCacheBytes        *prometheus.GaugeVec   // tier
+	HiCacheL3Dropped    prometheus.Counter
 	KVReadBeforeReady   prometheus.Counter
 	Requests            *prometheus.CounterVec // role, outcome
 	Rejected            *prometheus.CounterVec // role, reason
@@ -140,6 +141,8 @@ func ForModel(role, model string) *Set {
 			Help: "Page loads that ended as a miss (the request computes the page): checksum mismatch, or gone from its tier.", ConstLabels: c}, []string{"reason"}),
 		HiCacheBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "baton_hicache_bytes",
 			Help: "Bytes of KV pages kept in a lower tier: l2 (host memory), l3 (files).", ConstLabels: c}, []string{"tier"}),
+		HiCacheL3Dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_hicache_l3_dropped_pages_total",
+			Help: "Pages L2 evicted that L3 never got: its write queue was full, or the store refused the write.", ConstLabels: c}),
 		KVReadBeforeReady: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_before_ready_total",
 			Help: "Reads the read gate refused because a page was still loading from a lower tier; anything but 0 is a bug.", ConstLabels: c}),
 		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_total", Help: "Requests by outcome."}, []string{"role", "outcome"}),
@@ -191,7 +194,7 @@ func ForModel(role, model string) *Set {
 			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.IllegalMoves,
 			s.KVPagesCached, s.KVSharedWriteRefusals, s.PrefixCacheQueried, s.PrefixCacheHit, s.PrefixCacheHitRate,
 			s.HiCacheHits, s.HiCacheLoadedBytes, s.HiCacheLoadSeconds, s.HiCacheLoadWaits, s.HiCacheLoadFailures, s.HiCacheBytes,
-			s.KVReadBeforeReady)
+			s.HiCacheL3Dropped, s.KVReadBeforeReady)
 		for _, t := range []string{"l1", "l2", "l3"} {
 			s.HiCacheHits.WithLabelValues(t)
 		}
