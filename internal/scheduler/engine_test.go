@@ -21,7 +21,10 @@ type reference = testref.Greedy
 
 func loadRef(t *testing.T) reference { return testref.Load(t) }
 
-func newEngine(t *testing.T, pageSize, pages, chunk int) (*Engine, context.CancelFunc) {
+// storiesPool loads the bundled stories260K model on the reference
+// backend and makes a poisoned pool of pages pages of pageSize tokens for
+// it.
+func storiesPool(t *testing.T, pageSize, pages int) (*model.Model, *kvpool.Pool) {
 	t.Helper()
 	l, err := model.Load(model.LoadOptions{}, ref.New())
 	if err != nil {
@@ -32,7 +35,14 @@ func newEngine(t *testing.T, pageSize, pages, chunk int) (*Engine, context.Cance
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 }}, metrics.New("standalone"))
+	return l.Model, pool
+}
+
+func newEngine(t *testing.T, pageSize, pages, chunk int) (*Engine, context.CancelFunc) {
+	t.Helper()
+	lm, pool := storiesPool(t, pageSize, pages)
+	c := lm.Config
+	e := NewEngine(lm, pool, Config{ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 }}, metrics.New("standalone"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
@@ -213,17 +223,10 @@ func TestEngineCancelFreesPages(t *testing.T) {
 // the reference token for token.
 func TestEnginePreemptedRequestsResumeExactly(t *testing.T) {
 	want := loadRef(t)
-	l, err := model.Load(model.LoadOptions{}, ref.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := l.Model.Config
-	pool, err := kvpool.New(kvpool.Config{NumPages: 64, PageSize: 16, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lm, pool := storiesPool(t, 16, 64)
+	c := lm.Config
 	ms := metrics.New("standalone")
-	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 1, PreemptAfter: time.Millisecond,
+	e := NewEngine(lm, pool, Config{ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 1, PreemptAfter: time.Millisecond,
 		IsEOG: func(id int32) bool { return id == 2 }}, ms)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

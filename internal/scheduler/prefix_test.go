@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
@@ -15,16 +14,9 @@ import (
 
 func newCachedEngine(t *testing.T, pageSize, pages, chunk int) *Engine {
 	t.Helper()
-	l, err := model.Load(model.LoadOptions{}, ref.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := l.Model.Config
-	pool, err := kvpool.New(kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 },
+	lm, pool := storiesPool(t, pageSize, pages)
+	c := lm.Config
+	e := NewEngine(lm, pool, Config{ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 },
 		PrefixCache: prefixcache.New(pool, "stories260K")}, metrics.New("standalone"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

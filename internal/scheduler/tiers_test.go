@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/batonlm/baton/internal/hicache"
-	"github.com/batonlm/baton/internal/kernels/ref"
-	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/prefixcache"
@@ -64,15 +62,8 @@ func (s *gatedStore) len() int {
 // pages, and store as L3.
 func newTieredEngine(t *testing.T, pageSize, pages, l2Pages int, store hicache.Store) (*Engine, *hicache.Tiers) {
 	t.Helper()
-	l, err := model.Load(model.LoadOptions{}, ref.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := l.Model.Config
-	pool, err := kvpool.New(kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	lm, pool := storiesPool(t, pageSize, pages)
+	c := lm.Config
 	ms := metrics.New("standalone")
 	cache := prefixcache.New(pool, "stories260K")
 	tiers, err := hicache.New(hicache.Config{Pool: pool, Cache: cache, HostBytes: int64(l2Pages * pool.KV().PackedBytes(pageSize)),
@@ -80,7 +71,7 @@ func newTieredEngine(t *testing.T, pageSize, pages, l2Pages int, store hicache.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: 512, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 },
+	e := NewEngine(lm, pool, Config{ContextLength: c.ContextLength, ChunkSize: 512, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 },
 		PrefixCache: cache, Tiers: tiers}, ms)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
