@@ -76,6 +76,19 @@ func BenchmarkPrefill(b *testing.B) {
 	}
 }
 
+// decodeBatch is one decode row for each of batch sequences at position
+// ctx, over the page tables benchKV made (16-token pages).
+func decodeBatch(tables [][]int32, batch, ctx, vocab int) *Batch {
+	bt := &Batch{}
+	for s := 0; s < batch; s++ {
+		bt.Tokens = append(bt.Tokens, int32(s%vocab))
+		bt.Positions = append(bt.Positions, int32(ctx))
+		bt.Slots = append(bt.Slots, tables[s][ctx/16]*16+int32(ctx%16))
+		bt.Seqs = append(bt.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: s, QLen: 1, KVLen: ctx + 1})
+	}
+	return bt
+}
+
 // BenchmarkDecode measures generated tokens per second: batch sequences each
 // at position 256, one new token each per forward pass.
 func BenchmarkDecode(b *testing.B) {
@@ -84,13 +97,7 @@ func BenchmarkDecode(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/batch%d", m.Config.Name, batch), func(b *testing.B) {
 				const ctx = 256
 				kv, tables := benchKV(&m.Config, batch, ctx+1, 16)
-				bt := &Batch{}
-				for s := 0; s < batch; s++ {
-					bt.Tokens = append(bt.Tokens, int32(s%m.Config.Vocab))
-					bt.Positions = append(bt.Positions, ctx)
-					bt.Slots = append(bt.Slots, tables[s][ctx/16]*16+int32(ctx%16))
-					bt.Seqs = append(bt.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: s, QLen: 1, KVLen: ctx + 1})
-				}
+				bt := decodeBatch(tables, batch, ctx, m.Config.Vocab)
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					if _, err := m.Forward(bt, kv); err != nil {
@@ -175,7 +182,7 @@ func BenchmarkDTypes(b *testing.B) {
 				bt := &Batch{}
 				for s := 0; s < batch; s++ {
 					bt.Tokens = append(bt.Tokens, int32(s%c.Vocab))
-					bt.Positions = append(bt.Positions, ctx)
+					bt.Positions = append(bt.Positions, int32(ctx))
 					bt.Slots = append(bt.Slots, tables[s][ctx/16]*16+int32(ctx%16))
 					bt.Seqs = append(bt.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: s, QLen: 1, KVLen: ctx + 1})
 				}
@@ -235,13 +242,7 @@ func BenchmarkDecodeKVDType(b *testing.B) {
 			kv, tables := benchKV(&c, batch, ctx+1, 16)
 			kv.DType = dt
 			kv.Data = kv.Data[:len(kv.Data)/kv.PageFloats()*kv.PageFloats()]
-			bt := &Batch{}
-			for s := 0; s < batch; s++ {
-				bt.Tokens = append(bt.Tokens, int32(s%c.Vocab))
-				bt.Positions = append(bt.Positions, ctx)
-				bt.Slots = append(bt.Slots, tables[s][ctx/16]*16+int32(ctx%16))
-				bt.Seqs = append(bt.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: s, QLen: 1, KVLen: ctx + 1})
-			}
+			bt := decodeBatch(tables, batch, ctx, c.Vocab)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if _, err := m.Forward(bt, kv); err != nil {

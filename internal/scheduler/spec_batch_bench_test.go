@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cpu"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -27,12 +26,7 @@ import (
 //	go test ./internal/scheduler/ -run '^$' -bench SpecStreams -benchtime 1x
 func BenchmarkSpecStreams(b *testing.B) {
 	be := cpu.New(0)
-	c := model.Config{Arch: "llama", Name: "dummy", Vocab: 32000, Dim: 768, Layers: 12, Heads: 12, KVHeads: 12, HeadDim: 64, FF: 2048,
-		ContextLength: 2048, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
-	w, err := model.DummyWeights(&c, kernels.F32)
-	if err != nil {
-		b.Fatal(err)
-	}
+	c, w := dummy110M(b)
 	target := model.New(c, w, be)
 	dc := c
 	dc.Layers = 2

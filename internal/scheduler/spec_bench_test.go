@@ -34,12 +34,7 @@ func BenchmarkSpecDecode(b *testing.B) {
 		small = append(small, ref.PromptIDs...)
 		small = append(small, ref.GeneratedIDs[:40]...)
 	}
-	c := model.Config{Arch: "llama", Name: "dummy", Vocab: 32000, Dim: 768, Layers: 12, Heads: 12, KVHeads: 12, HeadDim: 64, FF: 2048,
-		ContextLength: 2048, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
-	w, err := model.DummyWeights(&c, kernels.F32)
-	if err != nil {
-		b.Fatal(err)
-	}
+	c, w := dummy110M(b)
 	var big []int32
 	for i := range 64 {
 		big = append(big, int32(1+(i*7919)%31999))
@@ -105,4 +100,16 @@ func BenchmarkSpecDecode(b *testing.B) {
 			})
 		}
 	}
+}
+
+// dummy110M is random F32 weights of a 110M llama shape (768x12, vocab
+// 32000), for the speculative decoding benchmarks.
+func dummy110M(b *testing.B) (model.Config, *model.Weights) {
+	c := model.Config{Arch: "llama", Name: "dummy", Vocab: 32000, Dim: 768, Layers: 12, Heads: 12, KVHeads: 12, HeadDim: 64, FF: 2048,
+		ContextLength: 2048, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
+	w, err := model.DummyWeights(&c, kernels.F32)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c, w
 }

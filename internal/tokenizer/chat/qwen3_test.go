@@ -13,20 +13,7 @@ import (
 // strings are what Python Jinja2 3.1.6 renders with the sandboxed
 // environment, trim_blocks and lstrip_blocks, as transformers does.
 func TestQwen3Template(t *testing.T) {
-	b, err := os.ReadFile("../../../testdata/tokenizers/qwen3/tokenizer_config.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg struct {
-		ChatTemplate string `json:"chat_template"`
-	}
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	tpl, err := New(cfg.ChatTemplate, "", "<|im_end|>")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tpl := qwen3Template(t)
 	for i, tc := range []struct {
 		msgs           []Message
 		withGen, plain string
@@ -61,4 +48,24 @@ func TestQwen3Template(t *testing.T) {
 			}
 		}
 	}
+}
+
+// qwen3Template is the real Qwen3 chat template from its tokenizer_config.json.
+func qwen3Template(t *testing.T) *Template {
+	t.Helper()
+	b, err := os.ReadFile("../../../testdata/tokenizers/qwen3/tokenizer_config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ChatTemplate string `json:"chat_template"`
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := New(cfg.ChatTemplate, "", "<|im_end|>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tpl
 }

@@ -1,8 +1,6 @@
 package chat
 
 import (
-	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 )
@@ -12,20 +10,7 @@ import (
 // order the client wrote, and the call and its answer come back in the
 // model's own format.
 func TestQwen3Tools(t *testing.T) {
-	b, err := os.ReadFile("../../../testdata/tokenizers/qwen3/tokenizer_config.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg struct {
-		ChatTemplate string `json:"chat_template"`
-	}
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	tpl, err := New(cfg.ChatTemplate, "", "<|im_end|>")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tpl := qwen3Template(t)
 	tool, err := DecodeJSON([]byte(`{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}`))
 	if err != nil {
 		t.Fatal(err)
