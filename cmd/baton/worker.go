@@ -98,9 +98,9 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		if f.decodeRadix {
 			cache = prefixcache.New(le.pool, le.fingerprint(f))
 			ps := le.pool.PageSize()
-			cache.SetChecksum(func(page int32) (uint64, error) {
+			cache.SetChecksum(func(page int32) ([]byte, uint64, error) {
 				b, err := transfer.ReadPage(le.pool.KV(), page, ps, nil)
-				return transfer.Checksum(b), err
+				return b, transfer.Checksum(b), err
 			})
 		}
 		tiers, closeTiers, err := le.tiers(f, cache, ms)

@@ -286,22 +286,25 @@ func (t *Tiers) writePage(id int32, src []byte) error {
 	return kernels.UnpackPage(t.kv, id, t.ps, src)
 }
 
-func (t *Tiers) checksum(id int32) (uint64, error) {
+func (t *Tiers) checksum(id int32) ([]byte, uint64, error) {
 	b, err := t.readPage(id, nil)
-	return Checksum(b), err
+	return b, Checksum(b), err
 }
 
-// Published is the prefix cache telling of a page just shared: under
-// write_through it is copied to L2 now.
-func (t *Tiers) Published(p prefixcache.Page) {
+// Published is the prefix cache telling of a page just shared, with the
+// packed contents its checksum was taken over: under write_through they
+// are copied to L2 now.
+func (t *Tiers) Published(p prefixcache.Page, packed []byte) {
 	if t.cfg.Policy != WriteThrough {
 		return
 	}
-	b, err := t.readPage(p.Ref.Page, nil)
-	if err != nil {
-		return
+	if packed == nil {
+		var err error
+		if packed, err = t.readPage(p.Ref.Page, nil); err != nil {
+			return
+		}
 	}
-	t.put(p, b)
+	t.put(p, packed)
 }
 
 // demote is the pool's hook as it evicts a page, under its lock, while

@@ -97,11 +97,13 @@ type Page struct {
 }
 
 // Lower is a lower tier of the cache (host memory, files): told of every
-// page published (for write-through) and of every page eviction took
-// from the pool, with what the index knew of it (found false for a page
-// the index did not name: a duplicate, or one dropped).
+// page published (for write-through), with the packed contents the
+// checksum was taken over (nil without SetChecksum), so that a copy need
+// not read the page again; and of every page eviction took from the pool,
+// with what the index knew of it (found false for a page the index did
+// not name: a duplicate, or one dropped).
 type Lower interface {
-	Published(p Page)
+	Published(p Page, packed []byte)
 	Evicted(ref kvpool.SharedRef, p Page, found bool)
 }
 
@@ -122,7 +124,7 @@ type Cache struct {
 	index map[kvpool.CacheKey]entry
 	// checksum, when set, records each page's checksum as it is published,
 	// so that a reader can later prove the page did not change.
-	checksum func(page int32) (uint64, error)
+	checksum func(page int32) (packed []byte, sum uint64, err error)
 	lower    Lower
 
 	queried, hit atomic.Uint64
@@ -146,8 +148,8 @@ func New(pool *kvpool.Pool, fingerprint string) *Cache {
 }
 
 // SetChecksum makes Publish record each page's checksum (f reads the
-// page's contents); Checksum returns it.
-func (c *Cache) SetChecksum(f func(page int32) (uint64, error)) {
+// page's packed contents and sums them); Checksum returns it.
+func (c *Cache) SetChecksum(f func(page int32) (packed []byte, sum uint64, err error)) {
 	c.mu.Lock()
 	c.checksum = f
 	c.mu.Unlock()
@@ -291,18 +293,18 @@ func (c *Cache) Publish(salt Salt, owner kvpool.Owner, pages []int32, tokens []i
 			return published, err
 		}
 		e := entry{page: id, parent: parent, tokens: append([]int32(nil), tokens[i*c.pageSize:(i+1)*c.pageSize]...), salt: salt}
+		var packed []byte
 		if c.checksum != nil {
 			// Read after Publish: the page can no longer change.
-			sum, err := c.checksum(id)
-			if err != nil {
+			var err error
+			if packed, e.sum, err = c.checksum(id); err != nil {
 				return published, err
 			}
-			e.sum = sum
 		}
 		c.index[k] = e
 		published++
 		if c.lower != nil {
-			c.lower.Published(e.info(k))
+			c.lower.Published(e.info(k), packed)
 		}
 	}
 	return published, nil
