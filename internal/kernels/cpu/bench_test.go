@@ -12,8 +12,9 @@ import (
 	"github.com/batonlm/baton/internal/kernels/kernelstest"
 )
 
-// benchBackends: the backend's own kernels with the AVX2 path ("simd") and
-// with the scalar fallback ("scalar"), using all threads.
+// benchBackends: the backend's own kernels with the SIMD path ("simd": AVX2,
+// and AVX-512 where the CPU has it), with AVX2 only ("avx2", on CPUs with
+// AVX-512) and with the scalar fallback ("scalar"), using all threads.
 func benchBackends() []variant {
 	initCPU()
 	var v []variant
@@ -21,6 +22,11 @@ func benchBackends() []variant {
 		s := New(0)
 		s.blasMinN = 0
 		v = append(v, variant{"simd", s})
+		if cpuHasAVX512 {
+			a := New(0)
+			a.blasMinN, a.avx512 = 0, false
+			v = append(v, variant{"avx2", a})
+		}
 	}
 	s := New(0)
 	s.simd, s.blasMinN = false, 0

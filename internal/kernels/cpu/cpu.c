@@ -23,6 +23,7 @@ char *openblas_get_corename(void);
 #endif
 
 int g_have_simd;
+int g_have_avx512;
 float g_f16[65536]; // f16 bits -> float
 
 static inline float bits_f32(uint32_t b) {
@@ -67,9 +68,13 @@ int bk_init(void) {
   __builtin_cpu_init();
   g_have_simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                 __builtin_cpu_supports("f16c");
+  g_have_avx512 = g_have_simd && __builtin_cpu_supports("avx512f") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #endif
   return g_have_simd;
 }
+
+int bk_have_avx512(void) { return g_have_avx512; }
 
 #define USE_SIMD(s) ((s) && g_have_simd)
 #ifndef BK_X86
@@ -118,6 +123,8 @@ static float *scratch(size_t floats) {
   }
   return tl_scratch;
 }
+
+float *bk_scratch(size_t floats) { return scratch(floats); }
 
 // Rows of a non-f32 weight dequantised at a time for sgemm: 48 rows of up
 // to 2048 floats stay in L2 while sgemm sweeps all rows of x past them.
@@ -175,7 +182,7 @@ AVX2_INLINE __m256 ld8_q8(const uint8_t *p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
 }
 
-AVX2 static void deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols) {
+AVX2 void bk_deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols) {
   int64_t i = 0;
   switch (dtype) {
   case BK_F32:
@@ -201,6 +208,7 @@ AVX2 static void deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t
     bk_quant_dequant_row_avx2(dst, row, dtype, cols);
   }
 }
+#define deq_row_avx2 bk_deq_row_avx2
 #endif
 
 void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype, int64_t cols,
@@ -578,10 +586,14 @@ void bk_pack_x(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, i
   }
 }
 
-void bk_gemm(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype, int64_t rows,
-             int64_t cols, int64_t r0, int64_t r1) {
+void bk_gemm(int simd, float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
+             int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   if (r1 <= r0 || n <= 0) return;
 #ifdef BK_X86
+  if (simd >= 2 && g_have_avx512) {
+    bk_gemm_avx512(out, xp, n, w, dtype, rows, cols, r0, r1);
+    return;
+  }
   if (g_have_simd) {
     gemm_avx2(out, xp, n, w, dtype, rows, cols, r0, r1);
     return;

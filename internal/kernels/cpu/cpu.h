@@ -5,6 +5,7 @@
 #ifndef BATON_CPU_H
 #define BATON_CPU_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 // Weight dtypes; the numbering matches kernels.DType.
@@ -52,6 +53,8 @@ void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32
 // bk_init builds lookup tables; call once before anything else. It returns
 // 1 when the CPU supports the SIMD path (AVX2, FMA and F16C).
 int bk_init(void);
+// bk_have_avx512 is 1 when bk_init found AVX-512F, BW and VL.
+int bk_have_avx512(void);
 
 // OpenBLAS: thread count and a description of the build.
 void bk_blas_set_threads(int n);
@@ -84,8 +87,9 @@ void bk_pack_x(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, i
 // the SIMD kernels (only call it when bk_init returned 1). Each weight row
 // of [r0, r1) is read (and dequantised) once per block of x rows that fits
 // in L2, for all rows of the block.
-void bk_gemm(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype, int64_t rows,
-             int64_t cols, int64_t r0, int64_t r1);
+// simd >= 2 allows the AVX-512 kernel where the CPU has AVX-512F/BW/VL.
+void bk_gemm(int simd, float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
+             int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 
 // bk_dequant_rows dequantises rows ids[0..nids) of w into dst (cols each).
 void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype,
@@ -131,5 +135,12 @@ int bk_attention(int simd, float *out, const float *q, const void *kv,
                  const int32_t *pages, const int64_t *seqs,
                  const int32_t *items, int64_t it0, int64_t it1,
                  const bk_attn_geom *g);
+
+// Shared between the kernel files (not for Go): the AVX2 row dequantiser
+// and the AVX-512 gemm.
+void bk_deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols);
+void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
+                    int64_t rows, int64_t cols, int64_t r0, int64_t r1);
+float *bk_scratch(size_t floats);
 
 #endif

@@ -55,6 +55,13 @@ func variants(t testing.TB) []variant {
 			variant{"simd/3t/own", mk(true, 3, 0, 1)},
 			variant{"simd/2t/blas>=1", mk(true, 2, 1, 1)},
 		)
+		if cpuHasAVX512 {
+			b := mk(true, 3, 0, 1)
+			b.avx512 = false
+			v = append(v, variant{"avx2/3t/own", b})
+		} else {
+			t.Log("no avx512f+bw+vl: the AVX-512 kernels are not tested")
+		}
 	} else {
 		t.Log("no avx2+fma+f16c (CPU, or built with -DBK_NO_SIMD): only the scalar path is tested")
 	}
@@ -103,7 +110,7 @@ func TestMatMul(t *testing.T) {
 	dtypes := []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}
 	colsList := []int{32, 64, 96, 4096, 33, 100, 1056, 1030}
 	rowsList := []int{1, 2, 3, 4, 5, 7, 8, 13, 17}
-	nList := []int{1, 2, 3, 4, 5, 8, 16, 17, 33}
+	nList := []int{1, 2, 3, 4, 5, 8, 13, 16, 17, 33}
 	if testing.Short() {
 		colsList, nList = []int{32, 96, 33}, []int{1, 3, 16}
 	}

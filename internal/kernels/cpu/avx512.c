@@ -1,0 +1,129 @@
+// The AVX-512 gemm (see bk_gemm): the same blocking as the AVX2 one with
+// a 16-wide register per x panel column, so each FMA does twice the work.
+// Compiled with a target attribute like the AVX2 code and chosen at run
+// time.
+#include "cpu.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && !defined(BK_NO_SIMD)
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+// Weight rows per micro-tile and up to 3 panels (16 x rows each) per
+// micro-kernel call: 3 x 8 sums in 24 of the 32 registers; per column 3
+// loads of x and 8 broadcasts feed 24 FMAs. Each broadcast is used for
+// every panel right away, so it holds one register, and the 8 row
+// pointers, 3 panel pointers and the counter fit the integer registers
+// (12 rows spilled both).
+#define ZW 8
+#define ZK 128               // columns per slice (panels and weight slices stay in L1)
+#define ZX_BYTES (96 * 1024) // x panels kept in L2 while weight rows stream past
+
+#define ROWS8                                                                                 \
+  const float *w0 = wr[0] + k0, *w1 = wr[1] + k0, *w2 = wr[2] + k0, *w3 = wr[3] + k0,        \
+              *w4 = wr[4] + k0, *w5 = wr[5] + k0, *w6 = wr[6] + k0, *w7 = wr[7] + k0;
+
+#define ZERO8(P)                                                                              \
+  __m512 P##0 = _mm512_setzero_ps(), P##1 = P##0, P##2 = P##0, P##3 = P##0, P##4 = P##0,     \
+         P##5 = P##0, P##6 = P##0, P##7 = P##0;
+
+#define ACC1(c, v) _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), v))
+#define ACC8(P, c)                                                                            \
+  ACC1(c, P##0);                                                                              \
+  ACC1(c + ldc, P##1);                                                                        \
+  ACC1(c + 2 * ldc, P##2);                                                                    \
+  ACC1(c + 3 * ldc, P##3);                                                                    \
+  ACC1(c + 4 * ldc, P##4);                                                                    \
+  ACC1(c + 5 * ldc, P##5);                                                                    \
+  ACC1(c + 6 * ldc, P##6);                                                                    \
+  ACC1(c + 7 * ldc, P##7);
+
+#define ROW3(j)                                                                               \
+  b = _mm512_set1_ps(w##j[k]);                                                                \
+  a##j = _mm512_fmadd_ps(b, x0, a##j);                                                        \
+  c##j = _mm512_fmadd_ps(b, x1, c##j);                                                        \
+  d##j = _mm512_fmadd_ps(b, x2, d##j);
+#define ROW2(j)                                                                               \
+  b = _mm512_set1_ps(w##j[k]);                                                                \
+  a##j = _mm512_fmadd_ps(b, x0, a##j);                                                        \
+  c##j = _mm512_fmadd_ps(b, x1, c##j);
+#define ROW1(j) a##j = _mm512_fmadd_ps(_mm512_set1_ps(w##j[k]), x0, a##j);
+
+// Three panels by 8 weight rows over columns [k0, k0+kl).
+AVX512 static void zk3(const float *xa, int64_t pstride, const float *const *wr, int64_t k0,
+                       int64_t kl, float *c, int64_t ldc) {
+  ZERO8(a) ZERO8(c) ZERO8(d) ROWS8
+  const float *xb = xa + pstride, *xc = xb + pstride;
+  for (int64_t k = 0; k < kl; k++) {
+    __m512 x0 = _mm512_loadu_ps(xa + 16 * k), x1 = _mm512_loadu_ps(xb + 16 * k),
+           x2 = _mm512_loadu_ps(xc + 16 * k), b;
+    ROW3(0) ROW3(1) ROW3(2) ROW3(3) ROW3(4) ROW3(5) ROW3(6) ROW3(7)
+  }
+  ACC8(a, c) ACC8(c, c + 16) ACC8(d, c + 32)
+}
+
+AVX512 static void zk2(const float *xa, int64_t pstride, const float *const *wr, int64_t k0,
+                       int64_t kl, float *c, int64_t ldc) {
+  ZERO8(a) ZERO8(c) ROWS8
+  const float *xb = xa + pstride;
+  for (int64_t k = 0; k < kl; k++) {
+    __m512 x0 = _mm512_loadu_ps(xa + 16 * k), x1 = _mm512_loadu_ps(xb + 16 * k), b;
+    ROW2(0) ROW2(1) ROW2(2) ROW2(3) ROW2(4) ROW2(5) ROW2(6) ROW2(7)
+  }
+  ACC8(a, c) ACC8(c, c + 16)
+}
+
+AVX512 static void zk1(const float *xa, const float *const *wr, int64_t k0, int64_t kl, float *c,
+                       int64_t ldc) {
+  ZERO8(a) ROWS8
+  for (int64_t k = 0; k < kl; k++) {
+    __m512 x0 = _mm512_loadu_ps(xa + 16 * k);
+    ROW1(0) ROW1(1) ROW1(2) ROW1(3) ROW1(4) ROW1(5) ROW1(6) ROW1(7)
+  }
+  ACC8(a, c)
+}
+
+AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
+                           int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
+  int64_t rb = bk_row_bytes(dtype, cols);
+  int64_t npan = (n + 15) / 16;
+  int64_t pb = ZX_BYTES / (64 * cols); // panels per block of x
+  if (pb < 3) pb = 3;
+  if (pb > npan) pb = npan;
+  int64_t ldc = 16 * pb;
+  float *tile = bk_scratch((size_t)(ZW * ldc + (dtype == BK_F32 ? 0 : ZW * cols)));
+  float *deq = tile + ZW * ldc;
+  for (int64_t p0 = 0; p0 < npan; p0 += pb) {
+    int64_t p1 = p0 + pb < npan ? p0 + pb : npan;
+    for (int64_t r = r0; r < r1; r += ZW) {
+      int nw = r1 - r < ZW ? (int)(r1 - r) : ZW;
+      const float *wr[ZW];
+      for (int j = 0; j < ZW; j++) {
+        int jj = j < nw ? j : 0; // past the end: repeat row 0, result dropped
+        if (dtype == BK_F32) {
+          wr[j] = (const float *)(w + (r + jj) * rb);
+        } else {
+          if (j < nw) bk_deq_row_avx2(deq + j * cols, w + (r + j) * rb, dtype, cols);
+          wr[j] = deq + jj * cols;
+        }
+      }
+      memset(tile, 0, sizeof(float) * ZW * ldc);
+      for (int64_t k0 = 0; k0 < cols; k0 += ZK) {
+        int64_t kl = cols - k0 < ZK ? cols - k0 : ZK;
+        int64_t p = p0;
+        for (; p + 3 <= p1; p += 3)
+          zk3(xp + (p * cols + k0) * 16, cols * 16, wr, k0, kl, tile + (p - p0) * 16, ldc);
+        if (p + 2 <= p1) {
+          zk2(xp + (p * cols + k0) * 16, cols * 16, wr, k0, kl, tile + (p - p0) * 16, ldc);
+          p += 2;
+        }
+        if (p < p1) zk1(xp + (p * cols + k0) * 16, wr, k0, kl, tile + (p - p0) * 16, ldc);
+      }
+      int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
+      for (int j = 0; j < nw; j++)
+        for (int64_t i = 16 * p0; i < i1; i++) out[i * rows + r + j] = tile[j * ldc + i - 16 * p0];
+    }
+  }
+}
+#endif
