@@ -609,6 +609,7 @@ void bk_matmul(int simd, float *out, const float *x, int64_t n, const uint8_t *w
 #ifdef BK_X86
   if (USE_SIMD(simd)) {
     if (n == 1) {
+      if (simd >= 2 && g_have_avx512 && bk_gemv_avx512(out, x, w, dtype, cols, r0, r1)) return;
       gemv_avx2(out, x, w, dtype, cols, r0, r1);
       return;
     }

@@ -142,5 +142,9 @@ void bk_deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols);
 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
                     int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 float *bk_scratch(size_t floats);
+// bk_gemv_avx512 is bk_matmul for n == 1 with AVX-512 for f32, f16, bf16
+// and q8_0 weights; it returns 0 (and does nothing) for other dtypes.
+int bk_gemv_avx512(float *out, const float *x, const uint8_t *w, int dtype, int64_t cols,
+                   int64_t r0, int64_t r1);
 
 #endif
