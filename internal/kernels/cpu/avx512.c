@@ -121,8 +121,11 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
         if (p < p1) zk1(xp + (p * cols + k0) * 16, wr, k0, kl, tile + (p - p0) * 16, ldc);
       }
       int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
-      for (int j = 0; j < nw; j++)
-        for (int64_t i = 16 * p0; i < i1; i++) out[i * rows + r + j] = tile[j * ldc + i - 16 * p0];
+      // Row by row of out: with a power-of-two number of rows, the rows
+      // of out map to one cache set, and writing them a column at a time
+      // (nw passes) evicted each line between its writes.
+      for (int64_t i = 16 * p0; i < i1; i++)
+        for (int j = 0; j < nw; j++) out[i * rows + r + j] = tile[j * ldc + i - 16 * p0];
     }
   }
 }
