@@ -3,6 +3,8 @@ package model
 import (
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -30,7 +32,19 @@ func benchModels(b *testing.B) []*Model {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return []*Model{l.Model, New(c, w, be)}
+	ms := []*Model{l.Model, New(c, w, be)}
+	// BATON_BENCH_MODEL adds a model file (e.g. a 1.1B GGUF) to the
+	// prefill and decode benchmarks, to set them next to llama-bench's
+	// pp and tg figures on the same file.
+	if path := os.Getenv("BATON_BENCH_MODEL"); path != "" {
+		x, err := Load(LoadOptions{Path: path}, be)
+		if err != nil {
+			b.Fatal(err)
+		}
+		x.Model.Config.Name = filepath.Base(path)
+		ms = append(ms, x.Model)
+	}
+	return ms
 }
 
 func benchKV(c *Config, seqs, tokens, pageSize int) (kernels.PagedKV, [][]int32) {

@@ -205,7 +205,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		})
 		return
 	}
-	if n < qdotMaxN(w.DType) {
+	if n < qdotMaxN(w.DType) && (n > 1 || w.DType != kernels.Q8_0) {
 		b.qdot(out, x, n, w, wp, work)
 		return
 	}
@@ -233,6 +233,8 @@ func qdotMaxN(dt kernels.DType) int {
 	switch dt {
 	case kernels.Q4_K, kernels.Q5_K, kernels.Q6_K:
 		return 32
+	case kernels.Q8_0:
+		return 4
 	}
 	if dt >= kernels.Q4_0 {
 		return 4

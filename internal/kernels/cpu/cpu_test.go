@@ -126,6 +126,9 @@ func TestMatMul(t *testing.T) {
 					if cols > 1000 && n*rows > 64 {
 						continue // keep the float64 reference quick
 					}
+					if n < qdotMaxN(dt) {
+						continue // x quantised to 8 bits: TestMatMulQuant
+					}
 					x := randVec(rng, n*cols, 1)
 					want := make([]float32, n*rows)
 					rb.MatMul(want, x, n, w)
@@ -160,6 +163,9 @@ func TestMatMul(t *testing.T) {
 	for _, dt := range dtypes {
 		w := randMatrix(rng, dt, 301, 256)
 		for _, n := range []int{1, 6} {
+			if n < qdotMaxN(dt) {
+				continue // TestMatMulQuant
+			}
 			x := randVec(rng, n*256, 1)
 			want := make([]float32, n*301)
 			rb.MatMul(want, x, n, w)
@@ -409,7 +415,7 @@ func TestConcurrentUse(t *testing.T) {
 	rng := rand.New(rand.NewPCG(17, 18))
 	b := New(2)
 	b.minWork = 1
-	w := randMatrix(rng, kernels.Q8_0, 67, 256)
+	w := randMatrix(rng, kernels.F16, 67, 256) // float products: the 1e-3 below holds
 	x := randVec(rng, 3*256, 1)
 	want := make([]float32, 3*67)
 	ref.New().MatMul(want, x, 3, w)
@@ -485,7 +491,7 @@ func TestMatMulQuant(t *testing.T) {
 	if testing.Short() {
 		colsList, nList = []int{256}, []int{1, 3, 5}
 	}
-	for _, dt := range kernels.QuantDTypes {
+	for _, dt := range append([]kernels.DType{kernels.Q8_0}, kernels.QuantDTypes...) {
 		for _, cols := range colsList {
 			for _, rows := range rowsList {
 				w := randMatrix(rng, dt, rows, cols)

@@ -41,6 +41,7 @@ typedef struct {
 
 static layout lay(int dt) {
   switch (dt) {
+  case BK_Q8_0: return (layout){32, 34, 0};
   case BK_Q4_0: return (layout){32, 18, 0};
   case BK_Q4_1: return (layout){32, 20, 1};
   case BK_Q5_0: return (layout){32, 22, 0};
@@ -87,6 +88,10 @@ static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
     uint32_t qh = 0;
     int off = 0;
     o->dw = hf(b);
+    if (dt == BK_Q8_0) {
+      memcpy(o->q, b + 2, 32);
+      return;
+    }
     switch (dt) {
     case BK_Q4_0: qs = b + 2; off = 8; break;
     case BK_Q4_1: o->mw[0] = hf(b + 2); qs = b + 4; break;
@@ -257,6 +262,14 @@ QAVX2_INLINE __m256i high_bits(uint32_t qh) {
 QAVX2_INLINE void vdecode(int dt, const uint8_t *row, int64_t s, vsub *o) {
   const __m256i m4 = _mm256_set1_epi8(15);
   switch (dt) {
+  case BK_Q8_0: {
+    const uint8_t *b = row + s * 34;
+    o->dw = hf(b);
+    o->mw[0] = o->mw[1] = 0;
+    o->q = _mm256_loadu_si256((const __m256i *)(b + 2));
+    o->sc = _mm256_set1_epi16(1);
+    return;
+  }
   case BK_Q4_0: {
     const uint8_t *b = row + s * 18;
     o->dw = hf(b);
@@ -627,6 +640,7 @@ QAVX2_INLINE void qdot_k_dt(int dt, float *out, const int8_t *qs, const float *d
                          int64_t r1) {                                                         \
     qdot_avx2_dt(DT, out, qs, d, s, n, w, rows, cols, r0, r1);                                 \
   }
+QDOT_FOR(BK_Q8_0, qdot_q8_0)
 QDOT_FOR(BK_Q4_0, qdot_q4_0)
 QDOT_FOR(BK_Q4_1, qdot_q4_1)
 QDOT_FOR(BK_Q5_0, qdot_q5_0)
@@ -650,6 +664,7 @@ void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32
 #ifdef QX86
   if (simd && g_have_simd) {
     switch (dt) {
+    case BK_Q8_0: qdot_q8_0(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q4_0: qdot_q4_0(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q4_1: qdot_q4_1(out, qs, d, s, n, w, rows, cols, r0, r1); return;
     case BK_Q5_0: qdot_q5_0(out, qs, d, s, n, w, rows, cols, r0, r1); return;
