@@ -355,6 +355,9 @@ QAVX2_INLINE float hsum_ps(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Weights are prefetched this many bytes ahead.
+#define QPF 4096
+
 // Up to QN x rows per pass over a weight row, so every sub-block is
 // decoded once for all of them.
 #define QN 4
@@ -504,6 +507,8 @@ QAVX2_INLINE void qdot_k45_n(const int five, const int N, float *out, const int8
     for (int i = 0; i < N; i++) acc[i] = accm[i] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
       const uint8_t *B = row + sb * bytes;
+      // Prefetch as the float decode rows do (ROW1_PF in cpu.c).
+      for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)B + QPF + l, _MM_HINT_T0);
       uint32_t u[4];
       memcpy(u, B + 4, 12);
       u[3] = ((u[2] >> 4) & KMASK2) | (((u[1] >> 6) & KMASK3) << 4);
@@ -569,6 +574,7 @@ QAVX2_INLINE void qdot_k6_n(const int N, float *out, const int8_t *qs, const flo
     for (int i = 0; i < N; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++) {
       const uint8_t *B = row + sb * 210;
+      for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)B + QPF + l, _MM_HINT_T0);
       const float dd = hf(B + 208);
       __m256i isum[QN];
 #pragma GCC unroll 4
