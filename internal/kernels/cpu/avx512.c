@@ -19,7 +19,7 @@
 #define ZW 8
 #define ZK 128               // columns per slice (panels and weight slices stay in L1)
 #define ZX_BYTES (96 * 1024) // x panels kept in L2 while weight rows stream past
-#define ZXQ_BYTES (384 * 1024) // more for weights dequantised once per block (134M Q4_K_M prefill 530 -> 390 ms)
+#define ZXQ_BYTES (2048 * 1024) // dequantised weights: each tile dequantised (and read from memory) once per block
 
 #define ROWS8                                                                                 \
   const float *w0 = wr[0] + k0, *w1 = wr[1] + k0, *w2 = wr[2] + k0, *w3 = wr[3] + k0,        \
