@@ -100,15 +100,7 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
     for (int64_t r = r0; r < r1; r += ZW) {
       int nw = r1 - r < ZW ? (int)(r1 - r) : ZW;
       const float *wr[ZW];
-      for (int j = 0; j < ZW; j++) {
-        int jj = j < nw ? j : 0; // past the end: repeat row 0, result dropped
-        if (dtype == BK_F32) {
-          wr[j] = (const float *)(w + (r + jj) * rb);
-        } else {
-          if (j < nw) bk_deq_row_avx2(deq + j * cols, w + (r + j) * rb, dtype, cols);
-          wr[j] = deq + jj * cols;
-        }
-      }
+      bk_gemm_rows(wr, ZW, nw, w + r * rb, rb, dtype, cols, deq);
       memset(tile, 0, sizeof(float) * ZW * ldc);
       for (int64_t k0 = 0; k0 < cols; k0 += ZK) {
         int64_t kl = cols - k0 < ZK ? cols - k0 : ZK;
@@ -122,11 +114,7 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
         if (p < p1) zk1(xp + (p * cols + k0) * 16, wr, k0, kl, tile + (p - p0) * 16, ldc);
       }
       int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
-      // Row by row of out: with a power-of-two number of rows, the rows
-      // of out map to one cache set, and writing them a column at a time
-      // (nw passes) evicted each line between its writes.
-      for (int64_t i = 16 * p0; i < i1; i++)
-        for (int j = 0; j < nw; j++) out[i * rows + r + j] = tile[j * ldc + i - 16 * p0];
+      bk_gemm_put(out + r, rows, tile, ldc, nw, 16 * p0, i1);
     }
   }
 }

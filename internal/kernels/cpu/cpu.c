@@ -534,6 +534,29 @@ AVX2 static void mk8(const float *xp, const float *const *wr, int64_t k0, int64_
     _mm256_storeu_ps(c + j * ldc, _mm256_add_ps(_mm256_loadu_ps(c + j * ldc), cs[j]));
 }
 
+// The two gemms' shared steps (see cpu.h).
+AVX2 void bk_gemm_rows(const float **wr, int gw, int nw, const uint8_t *w, int64_t rb, int dtype,
+                       int64_t cols, float *deq) {
+  for (int j = 0; j < gw; j++) {
+    int jj = j < nw ? j : 0; // past the end: repeat row 0, result dropped
+    if (dtype == BK_F32) {
+      wr[j] = (const float *)(w + jj * rb);
+    } else {
+      if (j < nw) deq_row_avx2(deq + j * cols, w + j * rb, dtype, cols);
+      wr[j] = deq + jj * cols;
+    }
+  }
+}
+
+// Row by row of out: with a power-of-two number of rows, the rows of out
+// map to one cache set, and writing them a column at a time (nw passes)
+// evicted each line between its writes.
+void bk_gemm_put(float *out, int64_t rows, const float *tile, int64_t ldc, int nw, int64_t i0,
+                 int64_t i1) {
+  for (int64_t i = i0; i < i1; i++)
+    for (int j = 0; j < nw; j++) out[i * rows + j] = tile[j * ldc + i - i0];
+}
+
 AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
                            int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   int64_t rb = row_bytes(dtype, cols);
@@ -549,15 +572,7 @@ AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t
     for (int64_t r = r0; r < r1; r += GW) {
       int nw = r1 - r < GW ? (int)(r1 - r) : GW;
       const float *wr[GW];
-      for (int j = 0; j < GW; j++) {
-        int jj = j < nw ? j : 0; // past the end: repeat row 0, result dropped
-        if (dtype == BK_F32) {
-          wr[j] = (const float *)(w + (r + jj) * rb);
-        } else {
-          if (j < nw) deq_row_avx2(deq + j * cols, w + (r + j) * rb, dtype, cols);
-          wr[j] = deq + jj * cols;
-        }
-      }
+      bk_gemm_rows(wr, GW, nw, w + r * rb, rb, dtype, cols, deq);
       memset(tile, 0, sizeof(float) * GW * ldc);
       for (int64_t k0 = 0; k0 < cols; k0 += GK) {
         int64_t kl = cols - k0 < GK ? cols - k0 : GK;
@@ -571,11 +586,7 @@ AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t
         }
       }
       int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
-      // Row by row of out: with a power-of-two number of rows, the rows
-      // of out map to one cache set, and writing them a column at a time
-      // (nw passes) evicted each line between its writes.
-      for (int64_t i = 16 * p0; i < i1; i++)
-        for (int j = 0; j < nw; j++) out[i * rows + r + j] = tile[j * ldc + i - 16 * p0];
+      bk_gemm_put(out + r, rows, tile, ldc, nw, 16 * p0, i1);
     }
   }
 }

@@ -142,6 +142,15 @@ void bk_deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols);
 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
                     int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 float *bk_scratch(size_t floats);
+// bk_gemm_rows points wr[0..gw) at gw weight rows as floats, starting at w
+// (rb bytes a row): the rows themselves for f32, else rows dequantised into
+// deq (cols floats each); rows from nw on repeat the first (their results
+// are dropped). bk_gemm_put writes rows [i0, i1) of a result tile (tile[j *
+// ldc + i - i0] for weight row j < nw) to out (rows floats a row).
+void bk_gemm_rows(const float **wr, int gw, int nw, const uint8_t *w, int64_t rb, int dtype,
+                  int64_t cols, float *deq);
+void bk_gemm_put(float *out, int64_t rows, const float *tile, int64_t ldc, int nw, int64_t i0,
+                 int64_t i1);
 // bk_gemv_avx512 is bk_matmul for n == 1 with AVX-512 for f32, f16, bf16
 // and q8_0 weights; it returns 0 (and does nothing) for other dtypes.
 int bk_gemv_avx512(float *out, const float *x, const uint8_t *w, int dtype, int64_t cols,
