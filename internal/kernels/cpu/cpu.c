@@ -978,6 +978,55 @@ AVX2 static int64_t cvt_row_avx2(float *dst, const uint16_t *src, int64_t n, int
 }
 #endif
 
+// Exactly kernels.F32ToF16 (round to nearest even, NaN to sign|0x7e00).
+static uint16_t f2h(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  uint16_t sign = (uint16_t)(b >> 16) & 0x8000;
+  int32_t exp = (int32_t)(b >> 23) & 0xff;
+  uint32_t man = b & 0x7fffff;
+  if (exp == 0xff) return sign | (man ? 0x7e00 : 0x7c00);
+  int32_t e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    man |= 0x800000;
+    uint32_t shift = (uint32_t)(14 - e), half = 1u << (shift - 1);
+    uint32_t r = man >> shift, rem = man & ((1u << shift) - 1);
+    if (rem > half || (rem == half && (r & 1))) r++;
+    return sign | (uint16_t)r;
+  }
+  uint32_t r = (uint32_t)e << 10 | man >> 13, rem = man & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+  return sign | (uint16_t)r;
+}
+
+#ifdef BK_X86
+// F16C rounds to nearest even like f2h; only NaNs differ (it keeps their
+// payload), so groups of 8 holding one go through f2h.
+AVX2 static int64_t f2h_avx2(uint16_t *dst, const float *src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(src + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) {
+      for (int j = 0; j < 8; j++) dst[i + j] = f2h(src[i + j]);
+      continue;
+    }
+    _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  return i;
+}
+#endif
+
+void bk_f32_to_f16(int simd, uint16_t *dst, const float *src, int64_t n) {
+  UNUSED_SIMD(simd);
+  int64_t i = 0;
+#ifdef BK_X86
+  if (USE_SIMD(simd)) i = f2h_avx2(dst, src, n);
+#endif
+  for (; i < n; i++) dst[i] = f2h(src[i]);
+}
+
 // cvt_row widens n stored KV elements (F16 or BF16) to float32.
 static void cvt_row(int simd, float *dst, const uint16_t *src, int64_t n, int dtype) {
   UNUSED_SIMD(simd);

@@ -95,6 +95,9 @@ void bk_gemm(int simd, float *out, const float *xp, int64_t n, const uint8_t *w,
 void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype,
                      int64_t cols, const int32_t *ids, int64_t nids);
 
+// bk_f32_to_f16 rounds n floats to IEEE half exactly as kernels.F32ToF16.
+void bk_f32_to_f16(int simd, uint16_t *dst, const float *src, int64_t n);
+
 // bk_rmsnorm normalises rows [i0, i1) of x (d each).
 void bk_rmsnorm(int simd, float *out, const float *x, const float *w,
                 int64_t d, float eps, int64_t i0, int64_t i1);

@@ -110,6 +110,52 @@ func TestStoreKVDType(t *testing.T) {
 	}
 }
 
+// TestStoreKVF16Bits: the F16C rounding StoreKV uses gives exactly
+// kernels.F32ToF16 on every kind of float32: random bit patterns (NaNs
+// with payloads, infinities, subnormals, values past the half range),
+// ties to even at both ends of the half range, and rows whose length is
+// not a multiple of the vector; on the SIMD and scalar paths.
+func TestStoreKVF16Bits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(45, 46))
+	kv := kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 20, DType: kernels.F16}
+	rf := kv.RowFloats()
+	var vals []float32
+	for range 4000 {
+		vals = append(vals, math.Float32frombits(rng.Uint32()))
+	}
+	for e := uint32(100); e < 145; e++ { // exponents from below half subnormals to past 65504
+		for _, low := range []uint32{0x1000, 0x0fff, 0x1001, 0x3000, 0x2000 | 0x1000} {
+			b := e<<23 | rng.Uint32()&0x7fe000 | low
+			vals = append(vals, math.Float32frombits(b), -math.Float32frombits(b))
+		}
+	}
+	vals = append(vals, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 65504, 65520, -65520, 0, float32(math.Copysign(0, -1)))
+	for len(vals)%(2*rf) != 0 {
+		vals = append(vals, 1)
+	}
+	bes := []variant{{"scalar", New(1)}}
+	bes[0].b.simd = false
+	if cpuHasSIMD {
+		bes = append(bes, variant{"simd", New(1)})
+	}
+	for _, be := range bes {
+		for at := 0; at < len(vals); at += 2 * rf {
+			kv.Data = make([]float32, kv.PageFloats())
+			k, v := vals[at:at+rf], vals[at+rf:at+2*rf]
+			be.b.StoreKV(kv, 0, []int32{1}, k, v)
+			h := kv.Halves()
+			for j := 0; j < rf; j++ {
+				if got, want := h[kv.KOffset(0, 0, 1)+j], kernels.F32ToF16(k[j]); got != want {
+					t.Fatalf("[%s] %g (%#x): %#x, want %#x", be.name, k[j], math.Float32bits(k[j]), got, want)
+				}
+				if got, want := h[kv.VOffset(0, 0, 1)+j], kernels.F32ToF16(v[j]); got != want {
+					t.Fatalf("[%s] %g (%#x): %#x, want %#x", be.name, v[j], math.Float32bits(v[j]), got, want)
+				}
+			}
+		}
+	}
+}
+
 // TestPoisonedHalfKVReadsNaN: a pool filled with kernels.KVNaN reads as
 // NaN in every dtype, so attention over KV nobody wrote yields NaN.
 func TestPoisonedHalfKVReadsNaN(t *testing.T) {
