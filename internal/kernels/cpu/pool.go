@@ -178,9 +178,11 @@ func (p *pool) run(bounds []int, threads int, fn func(lo, hi int)) {
 		// the pool (and the caller's buffers) are handed to anyone else.
 		if r := recover(); r != nil {
 			j.next.Store(int64(n))
+			j.retract(p.workers[:helpers])
 			j.join()
 			panic(r)
 		}
+		j.retract(p.workers[:helpers])
 		j.join()
 		if f := j.failed.Load(); f != nil {
 			panic(f.v)
@@ -190,6 +192,19 @@ func (p *pool) run(bounds []int, threads int, fn func(lo, hi int)) {
 		w.post(j)
 	}
 	j.work()
+}
+
+// retract takes j back from the workers that have not taken it yet, so
+// the caller, having run every range itself, does not wait for a helper
+// whose thread the OS has not run since the job was posted (on a 2-core
+// machine a kernel thread holding the other core for milliseconds made
+// such waits a decode step's tail). A worker that took j finishes it.
+func (j *job) retract(ws []*worker) {
+	for _, w := range ws {
+		if w.job.CompareAndSwap(j, nil) {
+			j.pending.Add(-1)
+		}
+	}
 }
 
 func (j *job) join() {

@@ -137,3 +137,29 @@ func TestPoolHelperPanicReachesCaller(t *testing.T) {
 		t.Fatalf("pool after panics covered %d of 40", sum.Load())
 	}
 }
+
+// TestPoolRunsWithoutAbsentHelper: a helper whose goroutine never runs (its
+// thread held off the CPU) does not hold the caller once the caller has
+// run every range itself, and the job it never took is not left for it to
+// find later. Without the retraction run waits for that helper forever.
+func TestPoolRunsWithoutAbsentHelper(t *testing.T) {
+	absent := &worker{wake: make(chan struct{}, 1)} // no goroutine runs its loop
+	p := &pool{workers: []*worker{absent}}
+	done := make(chan int64)
+	go func() {
+		var sum atomic.Int64
+		p.run([]int{0, 10, 20, 30, 40}, 2, func(lo, hi int) { sum.Add(int64(hi - lo)) })
+		done <- sum.Load()
+	}()
+	select {
+	case got := <-done:
+		if got != 40 {
+			t.Fatalf("ranges covered %d of 40", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run is still waiting for a helper that never took its job")
+	}
+	if j := absent.job.Load(); j != nil {
+		t.Fatal("the job is still posted to the absent helper")
+	}
+}
