@@ -213,5 +213,26 @@ int bk_gemv_avx512(float *out, const float *x, const uint8_t *w, int dtype, int6
   for (int64_t r = r0; r < r1; r++) out[r] = row(w + r * rb, x, cols);
   return 1;
 }
+
+// 12 independent FMA chains on registers, for the machine's FMA peak.
+AVX512 static double fma_peak_512(int64_t iters) {
+  __m512 a[12], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+  for (int64_t it = 0; it < iters; it++)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  __m512 s = a[0];
+  for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
+  return _mm512_reduce_add_ps(s);
+}
 #endif
+
+double bk_fma_peak_avx512(int64_t iters) {
+#if defined(__x86_64__) && !defined(BK_NO_SIMD)
+  return fma_peak_512(iters);
+#else
+  (void)iters;
+  return 0;
+#endif
+}
 

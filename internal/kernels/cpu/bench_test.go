@@ -36,7 +36,21 @@ func benchBackends() []variant {
 var (
 	peakOnce sync.Once
 	peak     float64
+	fmaOnce  sync.Once
+	fma      float64
 )
+
+// fmaPeakOnce is Backend.fmaPeak of the default backend, best of three,
+// measured once per benchmark run.
+func fmaPeakOnce() float64 {
+	fmaOnce.Do(func() {
+		be := New(0)
+		for range 3 {
+			fma = max(fma, be.fmaPeak())
+		}
+	})
+	return fma
+}
 
 // sgemmPeak is what OpenBLAS sgemm reaches on this machine, measured once
 // per benchmark run (best of five) so that every MatMul figure is printed
@@ -68,13 +82,16 @@ var matmulDTypes = append([]kernels.DType{kernels.F32, kernels.F16, kernels.BF16
 
 // BenchmarkMatMul reports GFLOP/s (2·n·rows·cols per product), GB/s of
 // weights streamed, the machine's sgemm GFLOP/s (sgemmPeak) and the ratio
-// of the two ("of-sgemm"). n = 1 is a decode step of one sequence, 8 and
+// of the two ("of-sgemm"), and the FMA peak of the widest vectors the
+// backend uses, on registers (fmaPeakOnce), with the ratio to it
+// ("of-fma-peak": on a CPU with AVX-512, OpenBLAS's AVX2 sgemm is no
+// ceiling). n = 1 is a decode step of one sequence, 8 and
 // 32 a batched decode step, 512 a prefill chunk. "simd" and "scalar" are
 // the own kernels; "blas" is the same product through OpenBLAS (for other
 // dtypes than f32: on weight rows dequantised once, at n >= deqBLASMinN).
 func BenchmarkMatMul(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 1))
-	pk := sgemmPeak()
+	pk, fp := sgemmPeak(), fmaPeakOnce()
 	for _, dt := range matmulDTypes {
 		for _, sh := range [][2]int{{2048, 768}, {768, 2048}} {
 			w := randMatrix(rng, dt, sh[0], sh[1])
@@ -104,6 +121,8 @@ func BenchmarkMatMul(b *testing.B) {
 						b.ReportMetric(float64(b.N)*float64(len(w.Data))/sec/1e9, "GB/s")
 						b.ReportMetric(pk, "sgemm-GFLOP/s")
 						b.ReportMetric(gf/pk, "of-sgemm")
+						b.ReportMetric(fp, "fma-peak-GFLOP/s")
+						b.ReportMetric(gf/fp, "of-fma-peak")
 					})
 				}
 			}

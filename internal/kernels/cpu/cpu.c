@@ -645,6 +645,38 @@ void bk_matmul(int simd, float *out, const float *x, int64_t n, const uint8_t *w
   free(buf);
 }
 
+/* -------------------------------------------------------------- FMA peak */
+
+#ifdef BK_X86
+AVX2 static double fma_peak_avx2(int64_t iters) {
+  __m256 a[12], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int i = 0; i < 12; i++) a[i] = _mm256_set1_ps((float)i);
+  for (int64_t it = 0; it < iters; it++)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  __m256 s = a[0];
+  for (int i = 1; i < 12; i++) s = _mm256_add_ps(s, a[i]);
+  return hsum8(s);
+}
+#endif
+
+int bk_fma_peak(int simd, int64_t iters, double *sink) {
+  UNUSED_SIMD(simd);
+#ifdef BK_X86
+  if (simd >= 2 && g_have_avx512) {
+    *sink = bk_fma_peak_avx512(iters);
+    return 12 * 16 * 2;
+  }
+  if (USE_SIMD(simd)) {
+    *sink = fma_peak_avx2(iters);
+    return 12 * 8 * 2;
+  }
+#endif
+  (void)iters;
+  *sink = 0;
+  return 0;
+}
+
 /* --------------------------------------------------------------- RMSNorm */
 
 // out = float(x*scale) * w with scale computed in double, as the reference.

@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
@@ -153,6 +154,35 @@ func (b *Backend) simdFlag() C.int {
 		return 1
 	}
 	return 0
+}
+
+// fmaPeak measures the GFLOP/s of the backend's widest FMA on registers
+// (no memory), on all its threads at once: the ceiling the benchmarks set
+// their products against. 0 on the scalar path.
+func (b *Backend) fmaPeak() float64 {
+	const iters = 20_000_000
+	var sink C.double
+	if C.bk_fma_peak(b.simdFlag(), 1000, &sink) == 0 {
+		return 0
+	}
+	var wg sync.WaitGroup
+	flops := make([]float64, b.threads)
+	t0 := time.Now()
+	for i := range b.threads {
+		wg.Go(func() {
+			var s C.double
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			flops[i] = float64(C.bk_fma_peak(b.simdFlag(), iters, &s)) * iters
+		})
+	}
+	wg.Wait()
+	sec := time.Since(t0).Seconds()
+	var total float64
+	for _, f := range flops {
+		total += f
+	}
+	return total / sec / 1e9
 }
 
 // rangesPerThread: operations are cut into this many ranges per thread

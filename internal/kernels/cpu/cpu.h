@@ -95,6 +95,13 @@ void bk_gemm(int simd, float *out, const float *xp, int64_t n, const uint8_t *w,
 void bk_dequant_rows(int simd, float *dst, const uint8_t *w, int dtype,
                      int64_t cols, const int32_t *ids, int64_t nids);
 
+// bk_fma_peak runs iters iterations of 12 independent FMA chains in vector
+// registers (AVX-512 when simd >= 2 and the CPU has it, else AVX2) and
+// returns the float operations one iteration does (0 without SIMD); the
+// chains' sum goes to *sink so the work is kept.
+int bk_fma_peak(int simd, int64_t iters, double *sink);
+double bk_fma_peak_avx512(int64_t iters);
+
 // bk_f32_to_f16 rounds n floats to IEEE half exactly as kernels.F32ToF16.
 void bk_f32_to_f16(int simd, uint16_t *dst, const float *src, int64_t n);
 
