@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -64,10 +63,7 @@ func BenchmarkSpecStreams(b *testing.B) {
 					spec.Draft = &DraftModel{Model: model.New(dc, &dw, be), Pool: dp}
 				}
 				e := NewEngine(target, pool, Config{ContextLength: c.ContextLength, MaxRunning: 32, ChunkSize: 4096, Spec: spec}, metrics.New("standalone"))
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() { e.Run(ctx); close(done) }()
-				defer func() { cancel(); <-done }()
+				startEngine(b, e)
 				var tokens int
 				var decode time.Duration
 				for b.Loop() {
@@ -84,7 +80,7 @@ func BenchmarkSpecStreams(b *testing.B) {
 						wg.Go(func() {
 							n := 0
 							for {
-								ev, ok := r.Next(ctx)
+								ev, ok := r.Next(b.Context())
 								if !ok || ev.Err != nil {
 									b.Errorf("request ended: %v", ev.Err)
 									return

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -58,10 +57,7 @@ func BenchmarkSpecDecode(b *testing.B) {
 					b.Fatal(err)
 				}
 				e := NewEngine(m.model, pool, Config{ContextLength: mc.ContextLength, MaxRunning: 4, Spec: spec}, metrics.New("standalone"))
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() { e.Run(ctx); close(done) }()
-				defer func() { cancel(); <-done }()
+				startEngine(b, e)
 				var tokens int
 				var decode time.Duration
 				for b.Loop() {
@@ -71,7 +67,7 @@ func BenchmarkSpecDecode(b *testing.B) {
 					}
 					var first time.Time
 					for {
-						ev, ok := r.Next(ctx)
+						ev, ok := r.Next(b.Context())
 						if !ok || ev.Err != nil {
 							b.Fatalf("request ended: %v", ev.Err)
 						}

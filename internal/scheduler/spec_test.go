@@ -1,14 +1,12 @@
 package scheduler
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
 	"sync"
 	"testing"
 
-	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
@@ -25,24 +23,14 @@ var ngram4 = SpecConfig{Algorithm: "ngram", DraftTokens: 4, Steps: 4}
 // draft's KV is ever counted as written.
 func newSpecEngine(t *testing.T, spec SpecConfig, pageSize, pages int, dummy bool) *Engine {
 	t.Helper()
-	opts := model.LoadOptions{}
-	if dummy {
-		opts = model.LoadOptions{Path: "../../testdata/stories260K-hf", Format: "dummy"}
-	}
-	l, err := model.Load(opts, ref.New())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := l.Model.Config
+	m := loadModel(t, dummy, 0)
+	c := m.Config
 	pool, err := kvpool.New(kvpool.Config{NumPages: pages, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, MaxRunning: 16, Spec: spec, IsEOG: func(id int32) bool { return id == 2 }}, metrics.New("standalone"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e := NewEngine(m, pool, Config{ContextLength: c.ContextLength, MaxRunning: 16, Spec: spec, IsEOG: func(id int32) bool { return id == 2 }}, metrics.New("standalone"))
+	startEngine(t, e)
 	return e
 }
 
