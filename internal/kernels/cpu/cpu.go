@@ -235,7 +235,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		})
 		return
 	}
-	if n < qdotMaxN(w.DType) && (n > 1 || w.DType != kernels.Q8_0) {
+	if useQdot(w.DType, n) {
 		b.qdot(out, x, n, w, wp, work)
 		return
 	}
@@ -249,27 +249,28 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 	})
 }
 
-// qdotMaxN: products with fewer x rows than this, with weights in one of
-// the ggml block formats, quantise x to 8 bits (one scale per block of the
-// format: 32 elements, 256 for the K formats) and use integer dot
-// products (what a decode step of a few sequences is: bound by reading the
-// weights, which stay 4-6 bits a value all the way into the registers).
-// From this many rows on, gemm's dequantised tiles and float FMAs win: at
-// 4 rows for the 32-element formats; the K formats' kernels (one set of
-// scales per 256 elements, unpacked with vector shuffles) keep up with
-// the gemm to 32 rows (per core, 2048x768: Q4_K 71 GOP/s from 4 to 32
-// rows against the gemm's 25-69, Q6_K 61-66 against 22-62).
-func qdotMaxN(dt kernels.DType) int {
-	switch dt {
-	case kernels.Q4_K, kernels.Q5_K, kernels.Q6_K:
-		return 32
-	case kernels.Q8_0:
-		return 4
+// useQdot: products of n x rows with weights in one of the ggml block
+// formats quantise x to 8 bits (one scale per block of the format: 32
+// elements, 256 for the K formats) and use integer dot products (what a
+// decode step of a few sequences is: bound by reading the weights, which
+// stay 4-6 bits a value all the way into the registers). From 4 rows on,
+// gemm's dequantised tiles and float FMAs win for the 32-element formats;
+// the K formats' kernels (one set of scales per 256 elements, unpacked
+// with vector shuffles) keep up with the gemm to 32 rows (per core,
+// 2048x768: Q4_K 71 GOP/s from 4 to 32 rows against the gemm's 25-69,
+// Q6_K 61-66 against 22-62). Q8_0 at one row stays on the float decode
+// rows, which stream it faster (5632x2048: 37 against 25 GB/s); at 2 and
+// 3 rows the integer path is 3x the float dot products.
+func useQdot(dt kernels.DType, n int) bool {
+	switch {
+	case dt == kernels.Q4_K || dt == kernels.Q5_K || dt == kernels.Q6_K:
+		return n < 32
+	case dt == kernels.Q8_0:
+		return n >= 2 && n < 4
+	case dt >= kernels.Q4_0:
+		return n < 4
 	}
-	if dt >= kernels.Q4_0 {
-		return 4
-	}
-	return 0
+	return false
 }
 
 // qbufs holds the buffers x is quantised into for qdot, reused across
@@ -427,19 +428,20 @@ func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []f
 	kernels.CheckHostKV("the cpu backend", kv)
 	kernels.CheckStoreKV(kv, layer, slots, k, v)
 	rf := kv.RowFloats()
-	store := kv.StoreRow
-	if kv.DType == kernels.F16 {
-		h := kv.Halves()
-		store = func(off int, row []float32) {
-			dst := h[off : off+len(row)]
-			C.bk_f32_to_f16(b.simdFlag(), (*C.uint16_t)(unsafe.Pointer(unsafe.SliceData(dst))), fptr(row), C.int64_t(len(row)))
-		}
-	}
 	for i, s := range slots {
 		p, o := int(s)/kv.PageSize, int(s)%kv.PageSize
-		store(kv.KOffset(p, layer, o), k[i*rf:(i+1)*rf])
-		store(kv.VOffset(p, layer, o), v[i*rf:(i+1)*rf])
+		b.storeRow(kv, kv.KOffset(p, layer, o), k[i*rf:(i+1)*rf])
+		b.storeRow(kv, kv.VOffset(p, layer, o), v[i*rf:(i+1)*rf])
 	}
+}
+
+func (b *Backend) storeRow(kv kernels.PagedKV, off int, row []float32) {
+	if kv.DType != kernels.F16 {
+		kv.StoreRow(off, row)
+		return
+	}
+	dst := kv.Halves()[off : off+len(row)]
+	C.bk_f32_to_f16(b.simdFlag(), (*C.uint16_t)(unsafe.Pointer(unsafe.SliceData(dst))), fptr(row), C.int64_t(len(row)))
 }
 
 // Attention implements kernels.Backend.

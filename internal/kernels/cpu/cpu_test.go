@@ -126,7 +126,7 @@ func TestMatMul(t *testing.T) {
 					if cols > 1000 && n*rows > 64 {
 						continue // keep the float64 reference quick
 					}
-					if n < qdotMaxN(dt) {
+					if useQdot(dt, n) {
 						continue // x quantised to 8 bits: TestMatMulQuant
 					}
 					x := randVec(rng, n*cols, 1)
@@ -163,7 +163,7 @@ func TestMatMul(t *testing.T) {
 	for _, dt := range dtypes {
 		w := randMatrix(rng, dt, 301, 256)
 		for _, n := range []int{1, 6} {
-			if n < qdotMaxN(dt) {
+			if useQdot(dt, n) {
 				continue // TestMatMulQuant
 			}
 			x := randVec(rng, n*256, 1)
@@ -478,10 +478,10 @@ func qbound(w *kernels.Matrix, x []float32, i, r int) float64 {
 }
 
 // TestMatMulQuant: the ggml block formats against the reference
-// (dequantise, then multiply in float64). Below qdotMaxN(dt) rows x is
+// (dequantise, then multiply in float64). Where useQdot(dt, n) x is
 // quantised to 8 bits and the result is within qbound of the reference;
-// from qdotMaxN(dt) rows on the product is float32 on dequantised weights,
-// within tolMatMul. The SIMD and scalar paths compute the same integer sums,
+// elsewhere the product is float32 on dequantised weights, within
+// tolMatMul. The SIMD and scalar paths compute the same integer sums,
 // so they agree with each other to float rounding.
 func TestMatMulQuant(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 22))
@@ -517,13 +517,13 @@ func TestMatMulQuant(t *testing.T) {
 						for i := range want {
 							d := math.Abs(float64(got[i] - want[i]))
 							bound := tolMatMul*mag[i] + 1e-30
-							if n < qdotMaxN(dt) {
+							if useQdot(dt, n) {
 								bound = 1e-5*mag[i] + qb[i]
 							}
 							if !(d <= bound) {
 								t.Fatalf("%s: element %d: got %g, want %g (|diff| %g > bound %g)", what, i, got[i], want[i], d, bound)
 							}
-							if first != nil && n < qdotMaxN(dt) {
+							if first != nil && useQdot(dt, n) {
 								if e := math.Abs(float64(got[i] - first[i])); !(e <= 1e-5*(mag[i]+qb[i])) {
 									t.Fatalf("%s: element %d: %g, but %g on [%s]", what, i, got[i], first[i], vs[0].name)
 								}
