@@ -77,10 +77,7 @@ func TestExpNeg(t *testing.T) {
 // temperature, bias or truncation of the draw: the same as Score gives.
 func TestSampledLogprobIsRaw(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 9))
-	logits := make([]float32, 5000)
-	for i := range logits {
-		logits[i] = float32(rng.NormFloat64() * 3)
-	}
+	logits := normalLogits(rng, 5000, 3)
 	var s Sampler
 	for _, p := range []Sampling{
 		{Temperature: 1},
@@ -105,10 +102,7 @@ func TestSampledLogprobIsRaw(t *testing.T) {
 // OpenAI default, no truncation), what each sequence of a decode step costs.
 func BenchmarkSample(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	logits := make([]float32, 32000)
-	for i := range logits {
-		logits[i] = float32(rng.NormFloat64() * 2)
-	}
+	logits := normalLogits(rng, 32000, 2)
 	var s Sampler
 	for _, p := range []Sampling{{Temperature: 1}, {Temperature: 0.8, TopK: 40, TopP: 0.95, MinP: 0.05}, {}} {
 		b.Run(fmt.Sprintf("t%g-k%d-p%g", p.Temperature, p.TopK, p.TopP), func(b *testing.B) {
@@ -123,10 +117,7 @@ func BenchmarkSample(b *testing.B) {
 // spans, so a seeded draw does not depend on the machine's cores.
 func TestExpSumIndependentOfProcs(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 8))
-	logits := make([]float32, 3*expSpan+123)
-	for i := range logits {
-		logits[i] = float32(rng.NormFloat64() * 4)
-	}
+	logits := normalLogits(rng, 3*expSpan+123, 4)
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	var want float64
 	for i, procs := range []int{1, 2, 3, 8} {
@@ -145,4 +136,13 @@ func TestExpSumIndependentOfProcs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// normalLogits is n logits drawn from a normal distribution of sd sd.
+func normalLogits(rng *rand.Rand, n int, sd float64) []float32 {
+	logits := make([]float32, n)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64() * sd)
+	}
+	return logits
 }
