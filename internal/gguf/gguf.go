@@ -98,6 +98,7 @@ type File struct {
 
 	byName    map[string]int
 	data      []byte // the whole mapping
+	mapped    bool   // data is a mapping of a file (Open), not bytes given to Parse
 	dataStart int64
 	metaEnd   int64 // where the metadata ends and the tensor infos begin
 }
@@ -124,7 +125,16 @@ func Open(path string) (*File, error) {
 		_ = mmap.Unmap(data)
 		return nil, fmt.Errorf("gguf: %s: %w", path, err)
 	}
+	f.mapped = true
 	return f, nil
+}
+
+// Prefault reads the whole of an opened file into memory now (see
+// mmap.Populate); for a File from Parse it does nothing.
+func (f *File) Prefault() {
+	if f.mapped {
+		mmap.Populate(f.data)
+	}
 }
 
 // Close unmaps the file. Tensor data must not be used afterwards.

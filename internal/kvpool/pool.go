@@ -299,6 +299,7 @@ func New(cfg Config) (*Pool, error) {
 		}
 	case data == nil:
 		data = make([]float32, total)
+		prefault(data)
 	case len(data) != total:
 		return nil, fmt.Errorf("%w: config %+v: Data holds %d floats, the pool needs %d", ErrBadArg, cfg, len(data), total)
 	}

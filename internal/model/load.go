@@ -113,6 +113,9 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 		f.Close()
 		return nil, err
 	}
+	if format == "gguf" {
+		f.Prefault()
+	}
 	m := New(c, w, be)
 	m.closer = f.Close
 	return &Loaded{Model: m, GGUF: f, Name: name, Format: format}, nil
@@ -188,6 +191,9 @@ func loadHF(dir string, o LoadOptions, be kernels.Backend) (*Loaded, error) {
 	if err != nil {
 		hw.Close()
 		return nil, err
+	}
+	for _, f := range hw.files {
+		f.Prefault()
 	}
 	m := New(c, w, be)
 	m.closer = hw.Close

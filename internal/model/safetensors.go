@@ -81,6 +81,14 @@ func OpenSafetensors(path string) (*SafetensorsFile, error) {
 	return f, nil
 }
 
+// Prefault reads the whole of a mapped file into memory now (see
+// mmap.Populate).
+func (f *SafetensorsFile) Prefault() {
+	if f.mapped {
+		mmap.Populate(f.data)
+	}
+}
+
 // ParseSafetensors parses a whole safetensors image held in memory. It
 // refuses malformed headers, unknown dtypes, sizes that disagree with the
 // shape, offsets outside the data and tensors that overlap. The returned
