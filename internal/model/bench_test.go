@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -20,8 +21,12 @@ func dummy110M() Config {
 		ContextLength: 2048, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
 }
 
+// benchModels: the bundled model, the dummy 110M and BATON_BENCH_MODEL,
+// on a CPU backend with BATON_BENCH_THREADS threads (default: all), to
+// set one thread's figures next to two's.
 func benchModels(b *testing.B) []*Model {
-	be := cpu.New(0)
+	th, _ := strconv.Atoi(os.Getenv("BATON_BENCH_THREADS"))
+	be := cpu.New(th)
 	l, err := Load(LoadOptions{}, be)
 	if err != nil {
 		b.Fatal(err)

@@ -1,5 +1,6 @@
-// The AVX-512 gemm (see bk_gemm): the same blocking as the AVX2 one with
-// a 16-wide register per x panel column, so each FMA does twice the work.
+// The AVX-512 gemm (see bk_gemm): the AVX2 one's micro-tile with a 16-wide
+// register per x panel column, so each FMA does twice the work, and a
+// blocking of its own (bk_gemm_avx512).
 // Compiled with a target attribute like the AVX2 code and chosen at run
 // time.
 #include "cpu.h"
@@ -17,9 +18,6 @@
 // pointers, 3 panel pointers and the counter fit the integer registers
 // (12 rows spilled both).
 #define ZW 8
-#define ZK 128               // columns per slice (panels and weight slices stay in L1)
-#define ZX_BYTES (96 * 1024) // x panels kept in L2 while weight rows stream past
-#define ZXQ_BYTES (2048 * 1024) // dequantised weights: each tile dequantised (and read from memory) once per block
 
 #define ROWS8                                                                                 \
   const float *w0 = wr[0] + k0, *w1 = wr[1] + k0, *w2 = wr[2] + k0, *w3 = wr[3] + k0,        \
@@ -85,36 +83,82 @@ AVX512 static void zk1(const float *xa, const float *const *wr, int64_t k0, int6
   ACC8(a, c)
 }
 
+// The x panels of a block stay in L2 (ZXB bytes) while every weight row
+// of the range streams past them, 8 at a time, so each weight is read from
+// memory (and dequantised) once per block of panels. When the panels'
+// whole rows do not fit, the product is blocked in k as well: a block then
+// holds a slice of kc columns of every panel (kc a multiple of the block
+// formats' 256-element super-block), and the weight rows are read a slice
+// at a time (blocks in n and k of about equal size). Sums go to cbuf, a
+// (rows x panels) tile of at most ZCB bytes, once per ZK columns: a slice
+// of 8 weight rows stays in L1 while it meets every panel.
+#define ZK 128
+#define ZXB (384 * 1024)
+#define ZCB (256 * 1024)
+
 AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
                            int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   int64_t rb = bk_row_bytes(dtype, cols);
   int64_t npan = (n + 15) / 16;
-  int64_t pb = (dtype == BK_F32 ? ZX_BYTES : ZXQ_BYTES) / (64 * cols); // panels per block of x
-  if (pb < 3) pb = 3;
-  if (pb > npan) pb = npan;
+  int64_t kc = cols, pb = npan;
+  if (npan * cols * 64 > ZXB) {
+    kc = ZXB / (npan * 64) / 256 * 256;
+    if (kc < 256) kc = 256;
+    if (kc > cols) kc = cols;
+    int64_t nkb = (cols + kc - 1) / kc; // slices of about equal size
+    kc = ((cols + nkb - 1) / nkb + 255) / 256 * 256;
+    int64_t pmax = ZXB / (64 * kc);
+    if (pmax < 3) pmax = 3;
+    int64_t nblk = (npan + pmax - 1) / pmax;
+    pb = (npan + nblk - 1) / nblk; // blocks of about equal size
+  }
   int64_t ldc = 16 * pb;
-  float *tile = bk_scratch((size_t)(ZW * ldc + (dtype == BK_F32 ? 0 : ZW * cols)));
-  float *deq = tile + ZW * ldc;
+  int64_t rbk = ZCB / (4 * ldc) / ZW * ZW; // weight rows per cbuf
+  if (rbk < ZW) rbk = ZW;
+  float *cbuf = bk_scratch((size_t)(rbk * ldc + (dtype == BK_F32 ? 0 : ZW * kc)));
+  float *deq = cbuf + rbk * ldc;
   for (int64_t p0 = 0; p0 < npan; p0 += pb) {
     int64_t p1 = p0 + pb < npan ? p0 + pb : npan;
-    for (int64_t r = r0; r < r1; r += ZW) {
-      int nw = r1 - r < ZW ? (int)(r1 - r) : ZW;
-      const float *wr[ZW];
-      bk_gemm_rows(wr, ZW, nw, w + r * rb, rb, dtype, cols, deq);
-      memset(tile, 0, sizeof(float) * ZW * ldc);
-      for (int64_t k0 = 0; k0 < cols; k0 += ZK) {
-        int64_t kl = cols - k0 < ZK ? cols - k0 : ZK;
-        int64_t p = p0;
-        for (; p + 3 <= p1; p += 3)
-          zk3(xp + (p * cols + k0) * 16, cols * 16, wr, k0, kl, tile + (p - p0) * 16, ldc);
-        if (p + 2 <= p1) {
-          zk2(xp + (p * cols + k0) * 16, cols * 16, wr, k0, kl, tile + (p - p0) * 16, ldc);
-          p += 2;
+    int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
+    for (int64_t rr = r0; rr < r1; rr += rbk) {
+      int64_t rr1 = rr + rbk < r1 ? rr + rbk : r1;
+      memset(cbuf, 0, sizeof(float) * (size_t)((rr1 - rr + ZW - 1) / ZW * ZW * ldc));
+      for (int64_t kb = 0; kb < cols; kb += kc) {
+        int64_t kbl = cols - kb < kc ? cols - kb : kc;
+        int64_t koff = bk_row_bytes(dtype, kb), sb = bk_row_bytes(dtype, kbl);
+        for (int64_t r = rr; r < rr1; r += ZW) {
+          int nw = rr1 - r < ZW ? (int)(rr1 - r) : ZW;
+          const float *wr[ZW];
+          bk_gemm_rows(wr, ZW, nw, w + r * rb + koff, rb, dtype, kbl, deq);
+          float *c = cbuf + (r - rr) * ldc;
+          // The next 8 rows' slice is prefetched a part per ZK columns:
+          // left to the hardware, their first reads stalled on memory
+          // (a weight slice is a few KiB at a new place in every row).
+          const uint8_t *nx = r + ZW < rr1 ? w + (r + ZW) * rb + koff : NULL;
+          for (int64_t k0 = 0; k0 < kbl; k0 += ZK) {
+            int64_t kl = kbl - k0 < ZK ? kbl - k0 : ZK;
+            const float *xs = xp + kb * 16 + k0 * 16;
+            if (nx) {
+              int64_t b0 = sb * k0 / kbl, b1 = sb * (k0 + kl) / kbl;
+              for (int j = 0; j < ZW; j++)
+                for (int64_t o = b0; o < b1; o += 64)
+                  _mm_prefetch((const char *)nx + j * rb + o, _MM_HINT_T0);
+            }
+            int64_t p = p0;
+            for (; p + 3 <= p1; p += 3)
+              zk3(xs + p * cols * 16, cols * 16, wr, k0, kl, c + (p - p0) * 16, ldc);
+            if (p + 2 <= p1) {
+              zk2(xs + p * cols * 16, cols * 16, wr, k0, kl, c + (p - p0) * 16, ldc);
+              p += 2;
+            }
+            if (p < p1) zk1(xs + p * cols * 16, wr, k0, kl, c + (p - p0) * 16, ldc);
+          }
         }
-        if (p < p1) zk1(xp + (p * cols + k0) * 16, wr, k0, kl, tile + (p - p0) * 16, ldc);
       }
-      int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
-      bk_gemm_put(out + r, rows, tile, ldc, nw, 16 * p0, i1);
+      for (int64_t r = rr; r < rr1; r += ZW) {
+        int nw = rr1 - r < ZW ? (int)(rr1 - r) : ZW;
+        bk_gemm_put(out + r, rows, cbuf + (r - rr) * ldc, ldc, nw, 16 * p0, i1);
+      }
     }
   }
 }

@@ -565,3 +565,30 @@ func TestMatMulPrefill(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulBlocked covers the gemm's blocking: x panels whose rows do not
+// fit the L2 budget (slices of columns, the last one short), more panels
+// than one block holds, and weight rows that are not a multiple of the
+// micro-tile's.
+func TestMatMulBlocked(t *testing.T) {
+	rng := rand.New(rand.NewPCG(33, 34))
+	const rows, n = 21, 400
+	for _, dt := range append([]kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}, kernels.QuantDTypes...) {
+		cols := 1030
+		if dt != kernels.F32 && dt != kernels.F16 && dt != kernels.BF16 {
+			cols = 1280 // whole 256-element super-blocks
+		}
+		w := randMatrix(rng, dt, rows, cols)
+		x := randVec(rng, n*cols, 1)
+		want := make([]float32, n*rows)
+		ref.New().MatMul(want, x, n, w)
+		for _, v := range variants(t) {
+			got := make([]float32, n*rows)
+			v.b.MatMul(got, x, n, w)
+			c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
+			for i := range want {
+				c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
+			}
+		}
+	}
+}
