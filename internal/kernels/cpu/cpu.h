@@ -50,6 +50,12 @@ void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int
 void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32_t *s, int64_t n,
              const uint8_t *w, int dtype, int64_t rows, int64_t cols, int64_t r0, int64_t r1);
 
+// bk_qdot_k_avx512 is bk_qdot for Q4_K, Q5_K and Q6_K with AVX-512BW
+// (qdot512.c); it returns 0, doing nothing, for other dtypes. Callers check
+// bk_have_avx512 first.
+int bk_qdot_k_avx512(float *out, const int8_t *qs, const float *d, const int32_t *s, int64_t n,
+                     const uint8_t *w, int dt, int64_t rows, int64_t cols, int64_t r0, int64_t r1);
+
 // bk_init builds lookup tables; call once before anything else. It returns
 // 1 when the CPU supports the SIMD path (AVX2, FMA and F16C).
 int bk_init(void);

@@ -27,7 +27,7 @@
 #endif
 
 extern float g_f16[65536];
-extern int g_have_simd;
+extern int g_have_simd, g_have_avx512;
 
 static inline float hf(const uint8_t *p) {
   uint16_t v;
@@ -668,6 +668,9 @@ void bk_qdot(int simd, float *out, const int8_t *qs, const float *d, const int32
              const uint8_t *w, int dt, int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   if (r1 <= r0 || n <= 0) return;
 #ifdef QX86
+  if (simd >= 2 && g_have_avx512 &&
+      bk_qdot_k_avx512(out, qs, d, s, n, w, dt, rows, cols, r0, r1))
+    return;
   if (simd && g_have_simd) {
     switch (dt) {
     case BK_Q8_0: qdot_q8_0(out, qs, d, s, n, w, rows, cols, r0, r1); return;
