@@ -322,9 +322,12 @@ func (b *Backend) qdot(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 const gemmMinN = 16
 
 // gemmMinN512 is gemmMinN with the AVX-512 gemm, whose 16-wide panel
-// columns make padding 12 rows to 16 cheaper than the 8-wide dot products
-// (1.0-1.7x at 12 rows on 2048-column weights, within noise at 8).
-const gemmMinN512 = 12
+// columns make padding 8 rows to 16 cheaper than the 8-wide dot products
+// now that it prefetches its weights (weights from memory, 2 threads, 8
+// rows: F16 54-77 -> 93-106 GFLOP/s, F32 within noise to 1.7x; a 134M F32
+// decode step of 8 sequences in process 30-33 -> 25-26 ms); at 5 and 6
+// rows the dot products measured as fast or faster.
+const gemmMinN512 = 8
 
 // packs holds the buffers x is packed into for gemm, so a forward pass
 // reuses them rather than allocating one per product.
