@@ -132,8 +132,9 @@ func BenchmarkMatMul(b *testing.B) {
 
 // BenchmarkAttention: decode is 16 sequences at 512 positions each (one
 // query row each), 12 heads of 64 (MHA and GQA with 4 KV heads), page size
-// 16; prefill is one 512-token chunk. Reports GFLOP/s (4·hd per (row,
-// head, position)) and GB/s of K/V read once.
+// 16, over an F32 pool and over an F16 one (--kv-cache-dtype f16, the
+// server's usual decode case); prefill is one 512-token chunk. Reports
+// GFLOP/s (4·hd per (row, head, position)) and GB/s of K/V read once.
 func BenchmarkAttention(b *testing.B) {
 	rng := rand.New(rand.NewPCG(2, 2))
 	const heads, hd, ps = 12, 64, 16
@@ -142,23 +143,29 @@ func BenchmarkAttention(b *testing.B) {
 		kvh        int
 		nseq, qlen int
 		kvlen      int
+		dt         kernels.DType
 	}
 	for _, c := range []bc{
-		{"decode16x512", 12, 16, 1, 512},
-		{"decode16x512-gqa4", 4, 16, 1, 512},
-		{"prefill512", 12, 1, 512, 512},
+		{"decode16x512", 12, 16, 1, 512, kernels.F32},
+		{"decode16x512-f16", 12, 16, 1, 512, kernels.F16},
+		{"decode16x512-gqa4", 4, 16, 1, 512, kernels.F32},
+		{"decode16x512-gqa4-f16", 4, 16, 1, 512, kernels.F16},
+		{"prefill512", 12, 1, 512, 512, kernels.F32},
 	} {
 		shapes := make([][2]int, c.nseq)
 		for i := range shapes {
 			shapes[i] = [2]int{c.qlen, c.kvlen}
 		}
 		ac := kernelstest.NewAttnCase(rng, heads, c.kvh, hd, ps, shapes)
+		if c.dt != kernels.F32 {
+			ac.KV = narrowKV(ac.KV, c.dt)
+		}
 		out := make([]float32, len(ac.Q))
 		var flops float64
 		for r := 0; r < c.qlen; r++ {
 			flops += float64(c.nseq) * heads * float64(c.kvlen-c.qlen+r+1) * 4 * hd
 		}
-		bytes := float64(c.nseq) * float64(c.kvlen) * float64(c.kvh*hd) * 4 * 2
+		bytes := float64(c.nseq) * float64(c.kvlen) * float64(c.kvh*hd) * float64(c.dt.RowBytes(1)) * 2
 		scale := float32(1 / math.Sqrt(hd))
 		for _, v := range benchBackends() {
 			b.Run(c.name+"/"+v.name, func(b *testing.B) {
