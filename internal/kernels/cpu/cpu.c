@@ -1078,6 +1078,8 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
   UNUSED_SIMD(simd);
   const int64_t hd = g->head_dim, ps = g->page_size, rf = g->row_floats, pf = g->page_floats;
 #ifdef BK_X86
+  if (simd >= 2 && g_have_avx512 && hd % 16 == 0)
+    return bk_attention_avx512(out, q, kv, pages, seqs, items, it0, it1, g);
   int vec = USE_SIMD(simd) && hd % 8 == 0;
 #endif
   // A pool of F16 or BF16 is widened as it is loaded on the AVX2 path;

@@ -152,6 +152,12 @@ int bk_attention(int simd, float *out, const float *q, const void *kv,
                  const int32_t *items, int64_t it0, int64_t it1,
                  const bk_attn_geom *g);
 
+// bk_attention_avx512 is bk_attention with AVX-512 (attn512.c), for
+// head_dim % 16 == 0 on CPUs with AVX-512F/BW/VL; not for Go.
+int bk_attention_avx512(float *out, const float *q, const void *kv, const int32_t *pages,
+                        const int64_t *seqs, const int32_t *items, int64_t it0, int64_t it1,
+                        const bk_attn_geom *g);
+
 // Shared between the kernel files (not for Go): the AVX2 row dequantiser
 // and the AVX-512 gemm.
 void bk_deq_row_avx2(float *dst, const uint8_t *row, int dtype, int64_t cols);

@@ -1,0 +1,318 @@
+// The AVX-512 attention (see bk_attention in cpu.c): the same work items,
+// chunks and online softmax as the AVX2 code, with scores, exponentials
+// and the V sums 16 lanes wide, and the K/V rows of the chunk ahead
+// prefetched through the page table. Compiled with a target attribute
+// like the AVX-512 gemm and chosen at run time.
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && !defined(BK_NO_SIMD)
+#include <immintrin.h>
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512_INLINE                                                                         \
+  static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+// Positions per chunk, as in cpu.c (the rows of a head sit a KV row apart
+// and share a few L1 sets; 32 positions of K and V stay in L1).
+#define ZCHUNK 32
+
+typedef struct {
+  float *qs;  // members x hd: q*scale
+  float *acc; // members x hd
+  float mx[BK_ATTN_MAX_MEMBERS], l[BK_ATTN_MAX_MEMBERS];
+  int64_t last[BK_ATTN_MAX_MEMBERS];
+  float *outp[BK_ATTN_MAX_MEMBERS];
+  float sc[ZCHUNK + 16];
+  // Rows of the chunk: the stored rows, or float32 copies when packed.
+  const void *kp[ZCHUNK + 16], *vp[ZCHUNK + 16];
+} zattn;
+
+AVX512_INLINE __m512 zld_f32(const float *p) { return _mm512_loadu_ps(p); }
+AVX512_INLINE __m512 zld_f16(const uint16_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+AVX512_INLINE __m512 zld_bf16(const uint16_t *p) {
+  __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+// exp8 of cpu.c, 16 wide: the same clamp, reduction and polynomial.
+AVX512_INLINE __m512 zexp16(__m512 x) {
+  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// Halves of a and b added: lanes 0-7 hold the 8-lane partial sums of a,
+// lanes 8-15 those of b (and so on for the narrower steps).
+AVX512_INLINE __m512 zfold256(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+}
+AVX512_INLINE __m512 zfold128(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
+}
+AVX512_INLINE __m512 zfold64(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee));
+}
+AVX512_INLINE __m512 zfold32(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
+}
+
+// Sixteen sums in one vector: lane i is the sum of v[i]. The inputs are
+// paired in the order that leaves the sums in lane order.
+AVX512_INLINE __m512 zhsum16x16(const __m512 *v) {
+  __m512 a0 = zfold256(v[0], v[4]), a1 = zfold256(v[2], v[6]), a2 = zfold256(v[1], v[5]),
+         a3 = zfold256(v[3], v[7]), a4 = zfold256(v[8], v[12]), a5 = zfold256(v[10], v[14]),
+         a6 = zfold256(v[9], v[13]), a7 = zfold256(v[11], v[15]);
+  __m512 b0 = zfold128(a0, a4), b1 = zfold128(a1, a5), b2 = zfold128(a2, a6),
+         b3 = zfold128(a3, a7);
+  return zfold32(zfold64(b0, b2), zfold64(b1, b3));
+}
+
+// Requires hd % 16 == 0. KT is the stored element type and LD16(p) loads
+// sixteen of them as float32.
+#define DEF_CHUNK512(NAME, KT, LD16)                                                          \
+  AVX512 static void NAME(zattn *s, int m, int64_t hd, int64_t cnt) {                          \
+    const float *q = s->qs + m * hd;                                                          \
+    float *acc = s->acc + m * hd;                                                             \
+    for (int64_t j0 = 0; j0 < cnt; j0 += 16) {                                                \
+      const KT *k[16];                                                                        \
+      for (int t = 0; t < 16; t++) k[t] = (const KT *)s->kp[j0 + t < cnt ? j0 + t : cnt - 1]; \
+      __m512 v[16];                                                                           \
+      for (int t = 0; t < 16; t++) v[t] = _mm512_setzero_ps();                                \
+      for (int64_t d = 0; d < hd; d += 16) {                                                  \
+        __m512 qv = _mm512_loadu_ps(q + d);                                                   \
+        for (int t = 0; t < 16; t++) v[t] = _mm512_fmadd_ps(qv, LD16(k[t] + d), v[t]);        \
+      }                                                                                       \
+      _mm512_storeu_ps(s->sc + j0, zhsum16x16(v));                                            \
+    }                                                                                         \
+    __m512 mv = _mm512_set1_ps(-INFINITY);                                                    \
+    for (int64_t j0 = 0; j0 < cnt; j0 += 16) {                                                \
+      __mmask16 k = cnt - j0 >= 16 ? 0xffff : (__mmask16)((1u << (cnt - j0)) - 1);            \
+      mv = _mm512_mask_max_ps(mv, k, mv, _mm512_loadu_ps(s->sc + j0));                        \
+    }                                                                                         \
+    float cmax = _mm512_reduce_max_ps(mv);                                                    \
+    float nm = s->mx[m] > cmax ? s->mx[m] : cmax;                                             \
+    if (nm != s->mx[m]) {                                                                     \
+      float f = expf(s->mx[m] - nm);                                                          \
+      s->l[m] *= f;                                                                           \
+      __m512 fv = _mm512_set1_ps(f);                                                          \
+      for (int64_t d = 0; d < hd; d += 16)                                                    \
+        _mm512_storeu_ps(acc + d, _mm512_mul_ps(fv, _mm512_loadu_ps(acc + d)));               \
+      s->mx[m] = nm;                                                                          \
+    }                                                                                         \
+    __m512 nmv = _mm512_set1_ps(nm), sum = _mm512_setzero_ps();                               \
+    for (int64_t j0 = 0; j0 < cnt; j0 += 16) {                                                \
+      __mmask16 k = cnt - j0 >= 16 ? 0xffff : (__mmask16)((1u << (cnt - j0)) - 1);            \
+      __m512 p = _mm512_maskz_mov_ps(k, zexp16(_mm512_sub_ps(_mm512_loadu_ps(s->sc + j0), nmv))); \
+      _mm512_storeu_ps(s->sc + j0, p);                                                        \
+      sum = _mm512_add_ps(sum, p);                                                            \
+    }                                                                                         \
+    s->l[m] += _mm512_reduce_add_ps(sum);                                                     \
+    /* acc += Σ p_j v_j, 64 dims at a time in two sets of sums (even and odd */              \
+    /* positions) so that two FMA chains run per register. */                                 \
+    int64_t d = 0;                                                                            \
+    for (; d + 64 <= hd; d += 64) {                                                           \
+      __m512 a0 = _mm512_loadu_ps(acc + d), a1 = _mm512_loadu_ps(acc + d + 16),               \
+             a2 = _mm512_loadu_ps(acc + d + 32), a3 = _mm512_loadu_ps(acc + d + 48);          \
+      __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;                             \
+      int64_t j = 0;                                                                          \
+      for (; j + 2 <= cnt; j += 2) {                                                          \
+        __m512 p = _mm512_set1_ps(s->sc[j]), r = _mm512_set1_ps(s->sc[j + 1]);                \
+        const KT *v = (const KT *)s->vp[j] + d, *w = (const KT *)s->vp[j + 1] + d;            \
+        a0 = _mm512_fmadd_ps(p, LD16(v), a0);                                                 \
+        a1 = _mm512_fmadd_ps(p, LD16(v + 16), a1);                                            \
+        a2 = _mm512_fmadd_ps(p, LD16(v + 32), a2);                                            \
+        a3 = _mm512_fmadd_ps(p, LD16(v + 48), a3);                                            \
+        b0 = _mm512_fmadd_ps(r, LD16(w), b0);                                                 \
+        b1 = _mm512_fmadd_ps(r, LD16(w + 16), b1);                                            \
+        b2 = _mm512_fmadd_ps(r, LD16(w + 32), b2);                                            \
+        b3 = _mm512_fmadd_ps(r, LD16(w + 48), b3);                                            \
+      }                                                                                       \
+      if (j < cnt) {                                                                          \
+        __m512 p = _mm512_set1_ps(s->sc[j]);                                                  \
+        const KT *v = (const KT *)s->vp[j] + d;                                               \
+        a0 = _mm512_fmadd_ps(p, LD16(v), a0);                                                 \
+        a1 = _mm512_fmadd_ps(p, LD16(v + 16), a1);                                            \
+        a2 = _mm512_fmadd_ps(p, LD16(v + 32), a2);                                            \
+        a3 = _mm512_fmadd_ps(p, LD16(v + 48), a3);                                            \
+      }                                                                                       \
+      _mm512_storeu_ps(acc + d, _mm512_add_ps(a0, b0));                                       \
+      _mm512_storeu_ps(acc + d + 16, _mm512_add_ps(a1, b1));                                  \
+      _mm512_storeu_ps(acc + d + 32, _mm512_add_ps(a2, b2));                                  \
+      _mm512_storeu_ps(acc + d + 48, _mm512_add_ps(a3, b3));                                  \
+    }                                                                                         \
+    for (; d < hd; d += 16) {                                                                 \
+      __m512 a0 = _mm512_loadu_ps(acc + d);                                                   \
+      for (int64_t j = 0; j < cnt; j++)                                                       \
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(s->sc[j]), LD16((const KT *)s->vp[j] + d), a0);   \
+      _mm512_storeu_ps(acc + d, a0);                                                          \
+    }                                                                                         \
+  }
+
+DEF_CHUNK512(zchunk_f32, float, zld_f32)
+DEF_CHUNK512(zchunk_f16, uint16_t, zld_f16)
+DEF_CHUNK512(zchunk_bf16, uint16_t, zld_bf16)
+
+// Widens (or copies) n stored elements to float32; n % 16 == 0.
+AVX512 static void zwiden(float *dst, const void *src, int64_t n, int dtype) {
+  if (dtype == BK_F32) {
+    memcpy(dst, src, sizeof(float) * n);
+    return;
+  }
+  const uint16_t *h = src;
+  if (dtype == BK_F16)
+    for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, zld_f16(h + i));
+  else
+    for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, zld_bf16(h + i));
+}
+
+// The cache lines of bytes at p.
+AVX512_INLINE void zprefetch(const char *p, int64_t bytes) {
+  const char *e = p + bytes;
+  for (p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < e; p += 64)
+    _mm_prefetch(p, _MM_HINT_T0);
+}
+
+// Where one item reads: its page table, the offset of its K rows within a
+// page, and the last position any member reads.
+typedef struct {
+  const int32_t *pg;
+  int64_t kbase, maxlast;
+} zspan;
+
+static zspan zitem_span(const int64_t *seqs, const int32_t *pages, const int32_t *item,
+                        const bk_attn_geom *g) {
+  const int64_t *seq = seqs + item[BK_IT_SEQ] * BK_SEQ_FIELDS;
+  zspan sp = {
+      .pg = pages + seq[BK_SEQ_PAGEOFF],
+      .kbase = g->layer * 2 * g->page_size * g->row_floats + item[BK_IT_KVH] * g->head_dim,
+      .maxlast = seq[BK_SEQ_KVLEN] - seq[BK_SEQ_QLEN] + item[BK_IT_ROW0] + item[BK_IT_NROWS] - 1,
+  };
+  return sp;
+}
+
+// Prefetches the K and V rows of positions [p0, p1] of a span. The rows of
+// a head are a KV row apart and pages are scattered, so the hardware
+// prefetchers see a few rows per 4 KiB page and little of a stream.
+AVX512_INLINE void zprefetch_rows(const char *kv, int64_t es, const zspan *sp, int64_t p0,
+                                  int64_t p1, const bk_attn_geom *g) {
+  const int64_t ps = g->page_size, rf = g->row_floats, rb = g->head_dim * es;
+  if (p1 > sp->maxlast) p1 = sp->maxlast;
+  for (int64_t p = p0; p <= p1; p++) {
+    int64_t off = sp->kbase + (int64_t)sp->pg[p / ps] * g->page_floats + (p % ps) * rf;
+    zprefetch(kv + off * es, rb);
+    zprefetch(kv + (off + ps * rf) * es, rb);
+  }
+}
+
+AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const int32_t *pages,
+                               const int64_t *seqs, const int32_t *items, int64_t it0, int64_t it1,
+                               const bk_attn_geom *g) {
+  const int64_t hd = g->head_dim, ps = g->page_size, rf = g->row_floats, pf = g->page_floats;
+  const int64_t es = g->kv_dtype == BK_F32 ? 4 : 2;
+  const char *kvb = kv;
+  zattn s;
+  s.qs = malloc(sizeof(float) * (2 * BK_ATTN_MAX_MEMBERS + 2 * ZCHUNK) * hd);
+  if (!s.qs) return -1;
+  s.acc = s.qs + BK_ATTN_MAX_MEMBERS * hd;
+  float *kw = s.acc + BK_ATTN_MAX_MEMBERS * hd, *vw = kw + ZCHUNK * hd;
+  zspan next = {0};
+  if (it0 < it1) next = zitem_span(seqs, pages, items + it0 * BK_ITEM_FIELDS, g);
+  for (int64_t it = it0; it < it1; it++) {
+    const int32_t *item = items + it * BK_ITEM_FIELDS;
+    const int64_t *seq = seqs + item[BK_IT_SEQ] * BK_SEQ_FIELDS;
+    int64_t qstart = seq[BK_SEQ_QSTART], qlen = seq[BK_SEQ_QLEN], kvlen = seq[BK_SEQ_KVLEN];
+    int64_t row0 = item[BK_IT_ROW0], nrows = item[BK_IT_NROWS];
+    int64_t h0 = item[BK_IT_H0], nh = item[BK_IT_NH];
+    int members = (int)(nrows * nh);
+    const zspan cur = next;
+    if (it + 1 < it1) next = zitem_span(seqs, pages, items + (it + 1) * BK_ITEM_FIELDS, g);
+    for (int m = 0; m < members; m++) {
+      int64_t r = row0 + m / nh, h = h0 + m % nh;
+      int64_t row = qstart + r;
+      const float *qm = q + (row * g->heads + h) * hd;
+      __m512 sv = _mm512_set1_ps(g->scale);
+      for (int64_t d = 0; d < hd; d += 16) {
+        _mm512_storeu_ps(s.qs + m * hd + d, _mm512_mul_ps(sv, _mm512_loadu_ps(qm + d)));
+        _mm512_storeu_ps(s.acc + m * hd + d, _mm512_setzero_ps());
+      }
+      s.mx[m] = -INFINITY;
+      s.l[m] = 0;
+      s.last[m] = kvlen - qlen + r;
+      s.outp[m] = out + (row * g->heads + h) * hd;
+    }
+    const int64_t maxlast = cur.maxlast;
+    // As on the AVX2 path, several members read the chunk from contiguous
+    // float32 copies; one member reads the rows in place.
+    const int pack = members >= 4;
+    if (it == it0) zprefetch_rows(kvb, es, &cur, 0, ZCHUNK - 1, g);
+    for (int64_t c0 = 0; c0 <= maxlast; c0 += ZCHUNK) {
+      int64_t c1 = c0 + ZCHUNK <= maxlast + 1 ? c0 + ZCHUNK : maxlast + 1;
+      // The next chunk, or the next item's first, is on its way while
+      // this one is worked on.
+      if (c1 <= maxlast)
+        zprefetch_rows(kvb, es, &cur, c1, c1 + ZCHUNK - 1, g);
+      else if (it + 1 < it1)
+        zprefetch_rows(kvb, es, &next, 0, ZCHUNK - 1, g);
+      for (int64_t p = c0; p < c1; p++) {
+        int64_t off = cur.kbase + (int64_t)cur.pg[p / ps] * pf + (p % ps) * rf;
+        const char *k = kvb + off * es, *v = kvb + (off + ps * rf) * es;
+        if (pack) {
+          float *kd = kw + (p - c0) * hd, *vd = vw + (p - c0) * hd;
+          zwiden(kd, k, hd, g->kv_dtype);
+          zwiden(vd, v, hd, g->kv_dtype);
+          s.kp[p - c0] = kd;
+          s.vp[p - c0] = vd;
+        } else {
+          s.kp[p - c0] = k;
+          s.vp[p - c0] = v;
+        }
+      }
+      for (int m = 0; m < members; m++) {
+        int64_t e = s.last[m] + 1 < c1 ? s.last[m] + 1 : c1;
+        if (e <= c0) continue;
+        if (pack || g->kv_dtype == BK_F32)
+          zchunk_f32(&s, m, hd, e - c0);
+        else if (g->kv_dtype == BK_F16)
+          zchunk_f16(&s, m, hd, e - c0);
+        else
+          zchunk_bf16(&s, m, hd, e - c0);
+      }
+    }
+    for (int m = 0; m < members; m++) {
+      __m512 inv = _mm512_set1_ps(1.0f / s.l[m]);
+      for (int64_t d = 0; d < hd; d += 16)
+        _mm512_storeu_ps(s.outp[m] + d, _mm512_mul_ps(inv, _mm512_loadu_ps(s.acc + m * hd + d)));
+    }
+  }
+  free(s.qs);
+  return 0;
+}
+
+#else
+// Without x86 SIMD bk_attention never calls it.
+int bk_attention_avx512(float *out, const float *q, const void *kv, const int32_t *pages,
+                        const int64_t *seqs, const int32_t *items, int64_t it0, int64_t it1,
+                        const bk_attn_geom *g) {
+  (void)out, (void)q, (void)kv, (void)pages, (void)seqs, (void)items, (void)it0, (void)it1,
+      (void)g;
+  return -1;
+}
+#endif
