@@ -133,44 +133,82 @@ func BenchmarkMatMul(b *testing.B) {
 // BenchmarkAttention: decode is 16 sequences at 512 positions each (one
 // query row each), 12 heads of 64 (MHA and GQA with 4 KV heads), page size
 // 16, over an F32 pool and over an F16 one (--kv-cache-dtype f16, the
-// server's usual decode case); prefill is one 512-token chunk. Reports
-// GFLOP/s (4·hd per (row, head, position)) and GB/s of K/V read once.
+// server's usual decode case); prefill is one 512-token chunk. The pool of
+// those holds the one layer read, which may stay in L3 from one call to
+// the next; decode32x200-f16-12layers is a server's decode step instead:
+// 32 sequences of 130-260 positions, all 12 layers of a pool far larger
+// than L3, one call per layer. Reports GFLOP/s (4·hd per (row, head,
+// position)) and GB/s of K/V read once.
 func BenchmarkAttention(b *testing.B) {
-	rng := rand.New(rand.NewPCG(2, 2))
 	const heads, hd, ps = 12, 64, 16
 	type bc struct {
 		name       string
 		kvh        int
 		nseq, qlen int
-		kvlen      int
+		kvlen      int // of the first sequence; the last has kvlen+grow
+		grow       int
 		dt         kernels.DType
+		layers     int // called in turn; 0: layer 1 of 2
 	}
-	for _, c := range []bc{
-		{"decode16x512", 12, 16, 1, 512, kernels.F32},
-		{"decode16x512-f16", 12, 16, 1, 512, kernels.F16},
-		{"decode16x512-gqa4", 4, 16, 1, 512, kernels.F32},
-		{"decode16x512-gqa4-f16", 4, 16, 1, 512, kernels.F16},
-		{"prefill512", 12, 1, 512, 512, kernels.F32},
+	for i, c := range []bc{
+		{"decode16x512", 12, 16, 1, 512, 0, kernels.F32, 0},
+		{"decode16x512-f16", 12, 16, 1, 512, 0, kernels.F16, 0},
+		{"decode16x512-gqa4", 4, 16, 1, 512, 0, kernels.F32, 0},
+		{"decode16x512-gqa4-f16", 4, 16, 1, 512, 0, kernels.F16, 0},
+		{"decode32x200-f16-12layers", 12, 32, 1, 130, 130, kernels.F16, 12},
+		{"prefill512", 12, 1, 512, 512, 0, kernels.F32, 0},
 	} {
 		shapes := make([][2]int, c.nseq)
-		for i := range shapes {
-			shapes[i] = [2]int{c.qlen, c.kvlen}
+		var flops, bytes float64
+		for j := range shapes {
+			kvlen := c.kvlen
+			if c.nseq > 1 {
+				kvlen += c.grow * j / (c.nseq - 1)
+			}
+			shapes[j] = [2]int{c.qlen, kvlen}
+			for r := 0; r < c.qlen; r++ {
+				flops += heads * float64(kvlen-c.qlen+r+1) * 4 * hd
+			}
+			bytes += float64(kvlen) * float64(c.kvh*hd) * float64(c.dt.RowBytes(1)) * 2
 		}
-		ac := kernelstest.NewAttnCase(rng, heads, c.kvh, hd, ps, shapes)
-		if c.dt != kernels.F32 {
-			ac.KV = narrowKV(ac.KV, c.dt)
+		layers := []int{1}
+		if c.layers > 0 {
+			layers = layers[:0]
+			for l := range c.layers {
+				layers = append(layers, l)
+			}
 		}
-		out := make([]float32, len(ac.Q))
-		var flops float64
-		for r := 0; r < c.qlen; r++ {
-			flops += float64(c.nseq) * heads * float64(c.kvlen-c.qlen+r+1) * 4 * hd
-		}
-		bytes := float64(c.nseq) * float64(c.kvlen) * float64(c.kvh*hd) * float64(c.dt.RowBytes(1)) * 2
+		flops *= float64(len(layers))
+		bytes *= float64(len(layers))
+		// Built on first use: the 12-layer pool takes a while.
+		setup := sync.OnceValue(func() kernelstest.AttnCase {
+			rng := rand.New(rand.NewPCG(2, uint64(i)))
+			ac := kernelstest.NewAttnCase(rng, heads, c.kvh, hd, ps, shapes)
+			if c.dt != kernels.F32 {
+				ac.KV = narrowKV(ac.KV, c.dt)
+			}
+			if c.layers > 0 {
+				// Each page's two layers repeated.
+				pf := ac.KV.PageFloats()
+				data := make([]float32, 0, len(ac.KV.Data)/2*c.layers)
+				for p := 0; p < len(ac.KV.Data); p += pf {
+					for range c.layers / 2 {
+						data = append(data, ac.KV.Data[p:p+pf]...)
+					}
+				}
+				ac.KV.Layers, ac.KV.Data = c.layers, data
+			}
+			return ac
+		})
 		scale := float32(1 / math.Sqrt(hd))
 		for _, v := range benchBackends() {
 			b.Run(c.name+"/"+v.name, func(b *testing.B) {
+				ac := setup()
+				out := make([]float32, len(ac.Q))
 				for b.Loop() {
-					v.b.Attention(out, ac.Q, ac.KV, 1, ac.Seqs, heads, scale)
+					for _, l := range layers {
+						v.b.Attention(out, ac.Q, ac.KV, l, ac.Seqs, heads, scale)
+					}
 				}
 				sec := b.Elapsed().Seconds()
 				b.ReportMetric(float64(b.N)*flops/sec/1e9, "GFLOP/s")
