@@ -27,36 +27,46 @@ func narrowKV(kv kernels.PagedKV, dt kernels.DType) kernels.PagedKV {
 // the reference reading the same stored values (as tight as over F32),
 // and both stay within the dtype's rounding of attention over the
 // unrounded F32 pool.
+//
+// Groups of 1 and 2 query heads per KV head read the stored rows in place
+// when decoding, a group of 4 widens them into a copy first; head sizes
+// of 64 and 48 take the AVX-512 path where there is one (48 also its
+// 16-wide column tail), 12 the AVX2 or scalar one.
 func TestAttentionKVDType(t *testing.T) {
 	rng := rand.New(rand.NewPCG(41, 42))
 	vs := variants(t)
 	shapes := [][2]int{{1, 1}, {1, 17}, {1, 150}, {23, 23}, {5, 70}, {0, 5}, {17, 64}, {2, 3}}
+	type geo struct{ heads, kvh int }
+	geos := []geo{{8, 2}, {4, 4}, {8, 4}}
 	// Rounding each K and V element to the dtype's 2^-11 (F16) or 2^-8
 	// (BF16) relative step moves a score by about that times |q||k| scale
 	// and the output by about that times |v|; measured worst (relative to
 	// 5, above any |v| here) is 2.8e-4 for F16 and 1.6e-3 for BF16.
 	tolRound := map[kernels.DType]float64{kernels.F16: 1e-3, kernels.BF16: 6e-3}
 	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
-		for _, hd := range []int{64, 12} {
-			for _, ps := range []int{1, 16} {
-				c := kernelstest.NewAttnCase(rng, 8, 2, hd, ps, shapes)
-				scale := float32(1 / math.Sqrt(float64(hd)))
-				exact := make([]float32, len(c.Q))
-				ref.New().Attention(exact, c.Q, c.KV, 1, c.Seqs, c.Heads, scale)
-				nk := narrowKV(c.KV, dt)
-				want := make([]float32, len(c.Q))
-				ref.New().Attention(want, c.Q, nk, 1, c.Seqs, c.Heads, scale)
-				ck := &checker{T: t, What: fmt.Sprintf("ref %s KV vs f32 hd=%d ps=%d", dt, hd, ps), Tol: tolRound[dt]}
-				for i := range want {
-					ck.Check(i, want[i], exact[i], 5, 0)
-				}
-				t.Logf("%s hd=%d ps=%d: worst rounding |err|/5 %.2g", dt, hd, ps, ck.Worst)
-				for _, v := range vs {
-					got := make([]float32, len(c.Q))
-					v.b.Attention(got, c.Q, nk, 1, c.Seqs, c.Heads, scale)
-					ck := &checker{T: t, What: fmt.Sprintf("Attention %s KV hd=%d ps=%d [%s]", dt, hd, ps, v.name), Tol: tolAttn}
+		for _, hd := range []int{64, 48, 12} {
+			for _, gq := range geos {
+				for _, ps := range []int{1, 16} {
+					c := kernelstest.NewAttnCase(rng, gq.heads, gq.kvh, hd, ps, shapes)
+					scale := float32(1 / math.Sqrt(float64(hd)))
+					exact := make([]float32, len(c.Q))
+					ref.New().Attention(exact, c.Q, c.KV, 1, c.Seqs, c.Heads, scale)
+					nk := narrowKV(c.KV, dt)
+					want := make([]float32, len(c.Q))
+					ref.New().Attention(want, c.Q, nk, 1, c.Seqs, c.Heads, scale)
+					what := fmt.Sprintf("%s KV hd=%d heads=%d/%d ps=%d", dt, hd, gq.heads, gq.kvh, ps)
+					ck := &checker{T: t, What: "ref " + what + " vs f32", Tol: tolRound[dt]}
 					for i := range want {
-						ck.Check(i, got[i], want[i], 5, 0)
+						ck.Check(i, want[i], exact[i], 5, 0)
+					}
+					t.Logf("%s: worst rounding |err|/5 %.2g", what, ck.Worst)
+					for _, v := range vs {
+						got := make([]float32, len(c.Q))
+						v.b.Attention(got, c.Q, nk, 1, c.Seqs, c.Heads, scale)
+						ck := &checker{T: t, What: fmt.Sprintf("Attention %s [%s]", what, v.name), Tol: tolAttn}
+						for i := range want {
+							ck.Check(i, got[i], want[i], 5, 0)
+						}
 					}
 				}
 			}
