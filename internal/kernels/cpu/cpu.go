@@ -124,7 +124,7 @@ func (b *Backend) Features() string {
 	if b.simd && cpuHasSIMD {
 		isa = "avx2+fma+f16c"
 		if b.avx512 {
-			isa += ", avx512 gemm for n>=12"
+			isa += ", avx512 (gemm for n>=8, decode rows, K-format dot products, attention)"
 		} else if cpuHasAVX512 {
 			isa += " (avx512 available, disabled)"
 		}
