@@ -163,6 +163,49 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
   }
 }
 
+// x rows to panels (bk_pack_x) 16 columns at a time: 16 rows' 64-byte
+// pieces are loaded whole and transposed in registers. Copied an element
+// at a time, the 16 rows (a power-of-two stride apart, as model widths
+// are) fell on one L1 set and evicted each other's lines between reads.
+AVX512 int64_t bk_pack_x_avx512(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0,
+                                int64_t p1) {
+  int64_t kend = cols / 16 * 16;
+  for (int64_t p = p0; p < p1; p++) {
+    float *d = xp + p * cols * 16;
+    int64_t live = n - 16 * p < 16 ? n - 16 * p : 16;
+    for (int64_t k0 = 0; k0 < kend; k0 += 16) {
+      __m512 r[16], a[16], b[16];
+      for (int l = 0; l < 16; l++)
+        r[l] = l < live ? _mm512_loadu_ps(x + (16 * p + l) * cols + k0) : _mm512_setzero_ps();
+      for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+      }
+      // b[4j+e]: in 128-bit lane L, rows 4j..4j+3 of column 4L+e.
+      for (int j = 0; j < 4; j++) {
+        __m512d t0 = _mm512_castps_pd(a[4 * j]), t1 = _mm512_castps_pd(a[4 * j + 1]),
+                t2 = _mm512_castps_pd(a[4 * j + 2]), t3 = _mm512_castps_pd(a[4 * j + 3]);
+        b[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        b[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        b[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        b[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+      }
+      // Then a 4x4 transpose of 128-bit lanes for each e.
+      for (int e = 0; e < 4; e++) {
+        __m512 c0 = _mm512_shuffle_f32x4(b[e], b[4 + e], 0x44);
+        __m512 c1 = _mm512_shuffle_f32x4(b[e], b[4 + e], 0xEE);
+        __m512 c2 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0x44);
+        __m512 c3 = _mm512_shuffle_f32x4(b[8 + e], b[12 + e], 0xEE);
+        _mm512_storeu_ps(d + 16 * (k0 + e), _mm512_shuffle_f32x4(c0, c2, 0x88));
+        _mm512_storeu_ps(d + 16 * (k0 + 4 + e), _mm512_shuffle_f32x4(c0, c2, 0xDD));
+        _mm512_storeu_ps(d + 16 * (k0 + 8 + e), _mm512_shuffle_f32x4(c1, c3, 0x88));
+        _mm512_storeu_ps(d + 16 * (k0 + 12 + e), _mm512_shuffle_f32x4(c1, c3, 0xDD));
+      }
+    }
+  }
+  return kend;
+}
+
 // Decode (n == 1) with 16-wide vectors: one weight row streamed at a time
 // with four accumulators, as the AVX2 gemv. Weights are prefetched ZPF
 // bytes ahead: a decode step streams them from memory, and the converts
@@ -268,6 +311,14 @@ AVX512 static double fma_peak_512(int64_t iters) {
   __m512 s = a[0];
   for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
   return _mm512_reduce_add_ps(s);
+}
+#endif
+
+#if !(defined(__x86_64__) && !defined(BK_NO_SIMD))
+int64_t bk_pack_x_avx512(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0,
+                         int64_t p1) {
+  (void)xp, (void)x, (void)n, (void)cols, (void)p0, (void)p1;
+  return 0;
 }
 #endif
 

@@ -592,13 +592,20 @@ AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t
 }
 #endif
 
-void bk_pack_x(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, int64_t p1) {
+void bk_pack_x(int simd, float *xp, const float *x, int64_t n, int64_t cols, int64_t p0,
+               int64_t p1) {
+  int64_t k0 = 0;
+#ifdef BK_X86
+  if (simd >= 2 && g_have_avx512) k0 = bk_pack_x_avx512(xp, x, n, cols, p0, p1);
+#else
+  (void)simd;
+#endif
   for (int64_t p = p0; p < p1; p++) {
     float *d = xp + p * cols * 16;
     int64_t live = n - 16 * p < 16 ? n - 16 * p : 16;
     const float *src[16];
     for (int64_t l = 0; l < 16; l++) src[l] = x + (16 * p + (l < live ? l : 0)) * cols;
-    for (int64_t k = 0; k < cols; k++) {
+    for (int64_t k = k0; k < cols; k++) {
       for (int64_t l = 0; l < live; l++) d[16 * k + l] = src[l][k];
       for (int64_t l = live; l < 16; l++) d[16 * k + l] = 0;
     }

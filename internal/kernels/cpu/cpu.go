@@ -347,7 +347,7 @@ func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 	}
 	defer packs.Put(&xp)
 	b.parallel(npan, 1, n*w.Cols, func(lo, hi int) {
-		C.bk_pack_x(fptr(xp), fptr(x), C.int64_t(n), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+		C.bk_pack_x(b.simdFlag(), fptr(xp), fptr(x), C.int64_t(n), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 		C.bk_gemm(b.simdFlag(), fptr(out), fptr(xp), C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),

@@ -87,7 +87,11 @@ void bk_matmul(int simd, float *out, const float *x, int64_t n,
 // bk_pack_x lays x (n rows of cols) out for bk_gemm: panels of 16 rows,
 // panel p being cols groups of 16 floats (column k of rows 16p..16p+15,
 // zero past row n). It writes panels [p0, p1) of (n+15)/16.
-void bk_pack_x(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, int64_t p1);
+void bk_pack_x(int simd, float *xp, const float *x, int64_t n, int64_t cols, int64_t p0, int64_t p1);
+// The same with 16x16 transposes in AVX-512 registers (avx512.c); it
+// returns the columns it packed (a multiple of 16), the caller packs the rest.
+int64_t bk_pack_x_avx512(float *xp, const float *x, int64_t n, int64_t cols, int64_t p0,
+                         int64_t p1);
 
 // bk_gemm is bk_matmul's product for many rows (n >= 2) on x packed by bk_pack_x, with
 // the SIMD kernels (only call it when bk_init returned 1). Each weight row
