@@ -72,6 +72,7 @@ type serveFlags struct {
 	metricsKey        bool
 	readTimeout       time.Duration
 	loadFormat        string
+	mmapWeights       bool
 	dummyDType        string
 	kvPoison          bool
 	kvCacheDType      string
@@ -194,6 +195,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.Float64Var(&f.specGuardMaxRate, "spec-guard-max-accept-rate", scheduler.DefaultSpecGuard.MaxAcceptRate, "standalone, decode: the spec guard stops a generation whose share of accepted draft tokens rises above this (a loop)")
 	fs.DurationVar(&f.readTimeout, "request-read-timeout", 60*time.Second, "how long a client may take to send a request body; a slower upload gets 408")
 	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
+	fs.BoolVar(&f.mmapWeights, "mmap", false, "cpu: serve the weights from the model file's mapping instead of a copy in huge pages (less memory where processes share a file; decode reads them through 4 KiB pages, up to 2x slower)")
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f32) | f32 | f16 | bf16; f16/bf16 halve the KV memory and the handoff bytes (cpu backend only); prefill and decode must agree")
@@ -505,7 +507,7 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 			_ = bar.Set(done)
 		}
 	}
-	loaded, err := model.Load(model.LoadOptions{Path: f.modelPath, Format: f.loadFormat, DummyDType: dt, Progress: progress}, be)
+	loaded, err := model.Load(model.LoadOptions{Path: f.modelPath, Format: f.loadFormat, DummyDType: dt, Progress: progress, HostCopy: f.hostCopy(be)}, be)
 	if err != nil {
 		return nil, err
 	}
@@ -880,4 +882,10 @@ func startCPUProfile(path string) (func(), error) {
 		pprof.StopCPUProfile()
 		out.Close()
 	}, nil
+}
+
+// hostCopy: the CPU backend multiplies weights copied into huge pages
+// (model.LoadOptions.HostCopy) unless --mmap; other backends upload them.
+func (f *serveFlags) hostCopy(be kernels.Backend) bool {
+	return be.Name() == "cpu" && !f.mmapWeights
 }

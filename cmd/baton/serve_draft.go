@@ -18,7 +18,7 @@ func loadDraft(f *serveFlags, be kernels.Backend, target *model.Model, tok *toke
 	if f.specAlgorithm != "draft" || f.role == "prefill" {
 		return nil, nil
 	}
-	l, err := model.Load(model.LoadOptions{Path: f.specDraftPath, Format: f.specDraftFormat, DummyDType: dt}, be)
+	l, err := model.Load(model.LoadOptions{Path: f.specDraftPath, Format: f.specDraftFormat, DummyDType: dt, HostCopy: f.hostCopy(be)}, be)
 	if err != nil {
 		return nil, fmt.Errorf("--speculative-draft-model-path: %w", err)
 	}

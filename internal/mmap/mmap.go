@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,4 +55,24 @@ func Populate(data []byte) {
 		sum += data[i]
 	}
 	touched.Add(uint32(sum))
+}
+
+// hugePage is the size of an x86-64 and arm64 transparent huge page.
+const hugePage = 2 << 20
+
+// Anon maps size bytes of private anonymous memory starting on a 2 MiB
+// boundary and asks for transparent huge pages on it (where THP is off the
+// kernel keeps small pages; nothing depends on it). free unmaps it.
+func Anon(size int) (data []byte, free func() error, err error) {
+	if size <= 0 {
+		return nil, nil, fmt.Errorf("mmap: anonymous mapping of %d bytes", size)
+	}
+	m, err := unix.Mmap(-1, 0, size+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mmap: %d anonymous bytes: %w", size, err)
+	}
+	off := int(-uintptr(unsafe.Pointer(&m[0])) & (hugePage - 1))
+	data = m[off : off+size : off+size]
+	_ = unix.Madvise(m, unix.MADV_HUGEPAGE)
+	return data, func() error { return unix.Munmap(m) }, nil
 }

@@ -42,7 +42,7 @@ func benchModels(b *testing.B) []*Model {
 	// prefill and decode benchmarks, to set them next to llama-bench's
 	// pp and tg figures on the same file.
 	if path := os.Getenv("BATON_BENCH_MODEL"); path != "" {
-		x, err := Load(LoadOptions{Path: path}, be)
+		x, err := Load(LoadOptions{Path: path, HostCopy: true}, be) // as baton serve on the CPU
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -25,6 +25,11 @@ type LoadOptions struct {
 	DummyDType kernels.DType
 	// Progress, when set, is called as tensors load.
 	Progress func(done, total int)
+	// HostCopy copies the weight matrices out of the file's mapping into
+	// memory of their own in huge pages (see copyToHost): what the CPU
+	// backend wants. Without it they are read in from the mapping before
+	// the first request and served from it.
+	HostCopy bool
 }
 
 // Loaded is a model together with where its tokenizer is.
@@ -113,12 +118,38 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 		f.Close()
 		return nil, err
 	}
+	closer := f.Close
 	if format == "gguf" {
-		f.Prefault()
+		if closer, err = place(w, f.Prefault, f.Close, o.HostCopy); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	m := New(c, w, be)
-	m.closer = f.Close
+	m.closer = closer
 	return &Loaded{Model: m, GGUF: f, Name: name, Format: format}, nil
+}
+
+// place puts the weights where they are served from: a copy in memory of
+// their own (hostCopy) or the file mapping, read in now (prefault). It
+// returns the model's closer: closeFile, and with a copy the release of
+// its memory after it.
+func place(w *Weights, prefault func(), closeFile func() error, hostCopy bool) (func() error, error) {
+	if !hostCopy {
+		prefault()
+		return closeFile, nil
+	}
+	free, err := copyToHost(w)
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		err := closeFile()
+		if ferr := free(); err == nil {
+			err = ferr
+		}
+		return err
+	}, nil
 }
 
 // checkDTypes refuses, at load time, weights a backend cannot multiply
@@ -192,11 +223,18 @@ func loadHF(dir string, o LoadOptions, be kernels.Backend) (*Loaded, error) {
 		hw.Close()
 		return nil, err
 	}
-	for _, f := range hw.files {
-		f.Prefault()
+	prefault := func() {
+		for _, f := range hw.files {
+			f.Prefault()
+		}
+	}
+	closer, err := place(w, prefault, hw.Close, o.HostCopy)
+	if err != nil {
+		hw.Close()
+		return nil, err
 	}
 	m := New(c, w, be)
-	m.closer = hw.Close
+	m.closer = closer
 	l.Model, l.Format = m, "safetensors"
 	return l, nil
 }
