@@ -33,7 +33,7 @@ var flagRoles = map[string][]string{
 
 	"context-length": engineRoles, "page-size": engineRoles, "max-total-tokens": engineRoles,
 	"kv-cache-memory": engineRoles, "mem-fraction-static": engineRoles, "max-running-requests": engineRoles,
-	"load-format": engineRoles, "dummy-dtype": engineRoles, "kv-poison": engineRoles, "kv-cache-dtype": engineRoles,
+	"load-format": engineRoles, "mmap": engineRoles, "dummy-dtype": engineRoles, "kv-poison": engineRoles, "kv-cache-dtype": engineRoles,
 	"strict-capacity": engineRoles, "device": engineRoles, "threads": engineRoles,
 	"chunked-prefill-size":  {"standalone", "prefill"},
 	"preempt-after":         {"standalone"},
