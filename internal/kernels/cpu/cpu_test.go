@@ -551,17 +551,24 @@ func TestMatMulPrefill(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	const rows, cols, n = 53, 512, deqBLASMinN + 5
 	for _, dt := range append([]kernels.DType{kernels.F16, kernels.BF16, kernels.Q8_0}, kernels.QuantDTypes...) {
-		w := randMatrix(rng, dt, rows, cols)
-		x := randVec(rng, n*cols, 1)
-		want := make([]float32, n*rows)
-		ref.New().MatMul(want, x, n, w)
-		for _, v := range variants(t) {
-			got := make([]float32, n*rows)
-			v.b.MatMul(got, x, n, w)
-			c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
-			for i := range want {
-				c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
-			}
+		checkMatMulRef(t, rng, dt, rows, cols, n)
+	}
+}
+
+// checkMatMulRef multiplies random weights and x with every variant and
+// checks each result against the float64 reference.
+func checkMatMulRef(t *testing.T, rng *rand.Rand, dt kernels.DType, rows, cols, n int) {
+	t.Helper()
+	w := randMatrix(rng, dt, rows, cols)
+	x := randVec(rng, n*cols, 1)
+	want := make([]float32, n*rows)
+	ref.New().MatMul(want, x, n, w)
+	for _, v := range variants(t) {
+		got := make([]float32, n*rows)
+		v.b.MatMul(got, x, n, w)
+		c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
+		for i := range want {
+			c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
 		}
 	}
 }
@@ -578,17 +585,6 @@ func TestMatMulBlocked(t *testing.T) {
 		if dt != kernels.F32 && dt != kernels.F16 && dt != kernels.BF16 {
 			cols = 1280 // whole 256-element super-blocks
 		}
-		w := randMatrix(rng, dt, rows, cols)
-		x := randVec(rng, n*cols, 1)
-		want := make([]float32, n*rows)
-		ref.New().MatMul(want, x, n, w)
-		for _, v := range variants(t) {
-			got := make([]float32, n*rows)
-			v.b.MatMul(got, x, n, w)
-			c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
-			for i := range want {
-				c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
-			}
-		}
+		checkMatMulRef(t, rng, dt, rows, cols, n)
 	}
 }

@@ -7,6 +7,7 @@
 // gemm. The integer sums per super-block are the AVX2 kernels'; only the
 // float sums over super-blocks run in 16 lanes instead of 8.
 #include "cpu.h"
+#include "kscales.h"
 
 #include <string.h>
 
@@ -25,8 +26,6 @@ static inline float q5hf(const uint8_t *p) {
 
 #define ZQN 4    // x rows per pass over a weight row
 #define ZQPF 4096 // prefetch distance, as the AVX2 rows (QPF)
-
-static const uint32_t ZKMASK1 = 0x3f3f3f3f, ZKMASK2 = 0x0f0f0f0f, ZKMASK3 = 0x03030303;
 
 // Two int16 scales: a in the low 256 bits, b in the high.
 Q512_INLINE __m512i scale_pair(int a, int b) {
@@ -63,13 +62,7 @@ Q512_INLINE void zq_k45_n(const int five, const int N, float *out, const int8_t 
       const uint8_t *B = row + sb * bytes;
       for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)B + ZQPF + l, _MM_HINT_T0);
       uint32_t u[4];
-      memcpy(u, B + 4, 12);
-      u[3] = ((u[2] >> 4) & ZKMASK2) | (((u[1] >> 6) & ZKMASK3) << 4);
-      const uint32_t mins03 = u[1] & ZKMASK1;
-      u[1] = (u[2] & ZKMASK2) | (((u[0] >> 6) & ZKMASK3) << 4);
-      u[2] = mins03;
-      u[0] &= ZKMASK1;
-      // u bytes 0..7: the 8 scales, 8..15: the 8 mins.
+      k4_scales(B, u); // bytes 0..7: the 8 scales, 8..15: the 8 mins
       uint8_t sc[16];
       memcpy(sc, u, 16);
       __m256i mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8)));

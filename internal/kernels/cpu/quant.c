@@ -14,6 +14,7 @@
 // super-block's integer sums before the one conversion to float.
 #define _GNU_SOURCE
 #include "cpu.h"
+#include "kscales.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -481,7 +482,6 @@ void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dt, int64_t c
 // multiply, and the integer sums of the 8 sub-blocks (x has one scale per
 // super-block) are added before one conversion to float. Sums stay far
 // inside int32: at most 8 sub-blocks x 2 pairs x (32·127·2) x 128.
-static const uint32_t KMASK1 = 0x3f3f3f3f, KMASK2 = 0x0f0f0f0f, KMASK3 = 0x03030303;
 
 // Shuffle masks that spread int16 lane j of a 128-bit half across the half.
 QAVX2_INLINE __m256i scale_shuffle(int j) {
@@ -510,13 +510,7 @@ QAVX2_INLINE void qdot_k45_n(const int five, const int N, float *out, const int8
       // Prefetch as the float decode rows do (ROW1_PF in cpu.c).
       for (int l = 0; l < bytes; l += 64) _mm_prefetch((const char *)B + QPF + l, _MM_HINT_T0);
       uint32_t u[4];
-      memcpy(u, B + 4, 12);
-      u[3] = ((u[2] >> 4) & KMASK2) | (((u[1] >> 6) & KMASK3) << 4);
-      const uint32_t mins03 = u[1] & KMASK1;
-      u[1] = (u[2] & KMASK2) | (((u[0] >> 6) & KMASK3) << 4);
-      u[2] = mins03;
-      u[0] &= KMASK1;
-      // u bytes 0..7: the 8 scales, 8..15: the 8 mins.
+      k4_scales(B, u);
       __m128i sm = _mm_loadu_si128((const __m128i *)u);
       __m256i mins = _mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8));
       __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
