@@ -94,6 +94,11 @@ AVX512 static void zk1(const float *xa, const float *const *wr, int64_t k0, int6
 // of 8 weight rows stays in L1 while it meets every panel.
 #define ZK 128
 #define ZXB (384 * 1024)
+// Up to this much, all panels' slices form one block, so each weight is
+// dequantised once per product: 512 rows in 256-column slices take 512
+// KiB (weights from memory, 2 threads, 512 rows: Q4_K 2048x5632 224-262
+// -> 254-292 GFLOP/s, F16 5632x2048 247-274 -> 274-320).
+#define ZXB_ONE (640 * 1024)
 #define ZCB (256 * 1024)
 
 AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
@@ -108,6 +113,7 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
     int64_t nkb = (cols + kc - 1) / kc; // slices of about equal size
     kc = ((cols + nkb - 1) / nkb + 255) / 256 * 256;
     int64_t pmax = ZXB / (64 * kc);
+    if (npan * 64 * kc <= ZXB_ONE) pmax = npan;
     if (pmax < 3) pmax = 3;
     int64_t nblk = (npan + pmax - 1) / pmax;
     pb = (npan + nblk - 1) / nblk; // blocks of about equal size

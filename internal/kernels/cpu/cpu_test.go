@@ -579,7 +579,7 @@ func checkMatMulRef(t *testing.T, rng *rand.Rand, dt kernels.DType, rows, cols, 
 // micro-tile's.
 func TestMatMulBlocked(t *testing.T) {
 	rng := rand.New(rand.NewPCG(33, 34))
-	const rows, n = 21, 400
+	const rows, n = 21, 700 // 44 panels: more than one block holds
 	for _, dt := range append([]kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}, kernels.QuantDTypes...) {
 		cols := 1030
 		if dt != kernels.F32 && dt != kernels.F16 && dt != kernels.BF16 {
