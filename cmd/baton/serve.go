@@ -604,8 +604,14 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 			return fail(err)
 		}
 	}
+	weightsAt := "file mapping"
+	if loaded.Copied {
+		weightsAt = "copy in huge pages"
+	} else if f.hostCopy(be) {
+		weightsAt = "file mapping (no room for a copy)"
+	}
 	log.Info("model", "name", name, "arch", c.Arch, "params", loaded.Model.Weights.Params(), "weights", loaded.Model.Weights.DType().String(),
-		"layers", c.Layers, "heads", c.Heads, "kv_heads", c.KVHeads, "vocab", c.Vocab, "backend", be.Name())
+		"weights_memory", weightsAt, "layers", c.Layers, "heads", c.Heads, "kv_heads", c.KVHeads, "vocab", c.Vocab, "backend", be.Name())
 	log.Info("kv pool", "pages", plan.pages, "page_size", plan.pageSize, "capacity_tokens", plan.pages*plan.pageSize,
 		"bytes", int64(plan.pages)*int64(pool.PageBytes()), "dtype", kvdt.String(), "memory", where, "context_length", plan.modelContext, "poison", f.kvPoison)
 	if plan.lowered {

@@ -1,16 +1,50 @@
 package model
 
 import (
+	"bufio"
+	"bytes"
+	"errors"
+	"os"
+	"strconv"
+
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/mmap"
 )
+
+// errNoRoom: the copy would not fit the memory the OS says is available.
+var errNoRoom = errors.New("model: no room for a copy of the weights")
+
+// copyReserve is what a copy leaves of the available memory: the KV pool,
+// activations and the page cache's working set are still to come.
+const copyReserve = 1 << 30
+
+// memAvailable is /proc/meminfo's MemAvailable in bytes (false where it
+// cannot be read); a variable so that tests can pretend to be short.
+var memAvailable = func() (int64, bool) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := bytes.Fields(sc.Bytes())
+		if len(f) >= 2 && string(f[0]) == "MemAvailable:" {
+			kb, err := strconv.ParseInt(string(f[1]), 10, 64)
+			return kb << 10, err == nil
+		}
+	}
+	return 0, false
+}
 
 // copyToHost moves every weight matrix into one anonymous mapping in huge
 // pages (mmap.Anon) and returns what unmaps it. Served from the file's
 // mapping, the CPU read weights through 4 KiB page-cache pages: a TLB miss
 // and a hardware prefetch stream stopped at every page, which is one F16
 // row of a 2048-wide model (1.1B F16 in process: decode 108-129 -> 54-57
-// ms a token, a 128-token prefill 1.31-1.36 -> 1.07-1.09 s).
+// ms a token, a 128-token prefill 1.31-1.36 -> 1.07-1.09 s). A model
+// that would not leave copyReserve of the available memory is not copied
+// (errNoRoom): served from the mapping it runs slower, copied it would be
+// killed for memory.
 func copyToHost(w *Weights) (func() error, error) {
 	var ms []*kernels.Matrix
 	seen := map[*kernels.Matrix]bool{}
@@ -25,6 +59,9 @@ func copyToHost(w *Weights) (func() error, error) {
 	}
 	if total == 0 {
 		return func() error { return nil }, nil
+	}
+	if avail, ok := memAvailable(); ok && int64(total)+copyReserve > avail {
+		return nil, errNoRoom
 	}
 	buf, free, err := mmap.Anon(total)
 	if err != nil {

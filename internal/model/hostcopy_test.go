@@ -26,6 +26,9 @@ func TestHostCopyServesTheSameWeights(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if l.Copied != host {
+			t.Fatalf("HostCopy %v: Copied %v", host, l.Copied)
+		}
 		m := l.Model
 		// The file's mapping: from its first tensor's bytes to its last's.
 		lo, hi := ^uintptr(0), uintptr(0)
@@ -65,5 +68,18 @@ func TestHostCopyServesTheSameWeights(t *testing.T) {
 	mapped, copied := logits(false), logits(true)
 	if !slices.Equal(mapped, copied) {
 		t.Fatal("logits differ between the mapped and the copied weights")
+	}
+
+	// Where the copy would not leave copyReserve of the available memory,
+	// the model is served from the mapping instead.
+	defer func(f func() (int64, bool)) { memAvailable = f }(memAvailable)
+	memAvailable = func() (int64, bool) { return copyReserve, true }
+	l, err := Load(LoadOptions{Path: path, HostCopy: true}, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Model.Close()
+	if l.Copied {
+		t.Fatal("weights copied with no room for them")
 	}
 }

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -53,6 +54,9 @@ type Loaded struct {
 	// Generation is generation_config.json's content for a HF directory
 	// (EOS ids and default sampling); empty otherwise.
 	Generation GenerationConfig
+	// Copied: the weight matrices were copied into memory of their own
+	// (LoadOptions.HostCopy, where there was room for them).
+	Copied bool
 }
 
 // Load reads a model and binds it to be.
@@ -118,30 +122,34 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 		f.Close()
 		return nil, err
 	}
-	closer := f.Close
+	closer, copied := f.Close, false
 	if format == "gguf" {
-		if closer, err = place(w, f.Prefault, f.Close, o.HostCopy); err != nil {
+		if closer, copied, err = place(w, f.Prefault, f.Close, o.HostCopy); err != nil {
 			f.Close()
 			return nil, err
 		}
 	}
 	m := New(c, w, be)
 	m.closer = closer
-	return &Loaded{Model: m, GGUF: f, Name: name, Format: format}, nil
+	return &Loaded{Model: m, GGUF: f, Name: name, Format: format, Copied: copied}, nil
 }
 
 // place puts the weights where they are served from: a copy in memory of
-// their own (hostCopy) or the file mapping, read in now (prefault). It
-// returns the model's closer: closeFile, and with a copy the release of
-// its memory after it.
-func place(w *Weights, prefault func(), closeFile func() error, hostCopy bool) (func() error, error) {
+// their own (hostCopy, where there is room) or the file mapping, read in
+// now (prefault). It returns the model's closer (closeFile, and with a
+// copy the release of its memory after it) and whether it copied.
+func place(w *Weights, prefault func(), closeFile func() error, hostCopy bool) (func() error, bool, error) {
 	if !hostCopy {
 		prefault()
-		return closeFile, nil
+		return closeFile, false, nil
 	}
 	free, err := copyToHost(w)
+	if errors.Is(err, errNoRoom) {
+		prefault()
+		return closeFile, false, nil
+	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	return func() error {
 		err := closeFile()
@@ -149,7 +157,7 @@ func place(w *Weights, prefault func(), closeFile func() error, hostCopy bool) (
 			err = ferr
 		}
 		return err
-	}, nil
+	}, true, nil
 }
 
 // checkDTypes refuses, at load time, weights a backend cannot multiply
@@ -228,13 +236,14 @@ func loadHF(dir string, o LoadOptions, be kernels.Backend) (*Loaded, error) {
 			f.Prefault()
 		}
 	}
-	closer, err := place(w, prefault, hw.Close, o.HostCopy)
+	closer, copied, err := place(w, prefault, hw.Close, o.HostCopy)
 	if err != nil {
 		hw.Close()
 		return nil, err
 	}
 	m := New(c, w, be)
 	m.closer = closer
+	l.Copied = copied
 	l.Model, l.Format = m, "safetensors"
 	return l, nil
 }
