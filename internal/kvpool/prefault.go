@@ -1,9 +1,13 @@
 package kvpool
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/batonlm/baton/internal/mmap"
+)
 
 // prefault gives the pool its memory before the first request: huge pages
-// where the OS backs a range with them on request (advise), then one write
+// where the OS gives them (mmap.AdviseHuge), then one write
 // per 4 KiB so every page is mapped now. Left to the first store of each
 // page, a fresh pool took a page fault per 4 KiB of KV while serving (in
 // the engine's serial KV store, a fifth of a million faults and 7% of the
@@ -14,7 +18,7 @@ func prefault(data []float32) {
 		return
 	}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(data))), len(data)*4)
-	advise(b)
+	mmap.AdviseHuge(b)
 	for i := 0; i < len(data); i += 1024 {
 		data[i] = 0
 	}

@@ -60,9 +60,24 @@ func Populate(data []byte) {
 // hugePage is the size of an x86-64 and arm64 transparent huge page.
 const hugePage = 2 << 20
 
+// AdviseHuge asks for transparent huge pages on the whole 2 MiB pages
+// inside b (madvise takes page-aligned bounds). Where THP is off, or the
+// kernel refuses, b keeps small pages: nothing depends on it.
+func AdviseHuge(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo := (start + hugePage - 1) &^ (hugePage - 1)
+	hi := (start + uintptr(len(b))) &^ (hugePage - 1)
+	if hi > lo {
+		_ = unix.Madvise(b[lo-start:hi-start], unix.MADV_HUGEPAGE)
+	}
+}
+
 // Anon maps size bytes of private anonymous memory starting on a 2 MiB
-// boundary and asks for transparent huge pages on it (where THP is off the
-// kernel keeps small pages; nothing depends on it). free unmaps it.
+// boundary, in huge pages where the kernel gives them (AdviseHuge). free
+// unmaps it.
 func Anon(size int) (data []byte, free func() error, err error) {
 	if size <= 0 {
 		return nil, nil, fmt.Errorf("mmap: anonymous mapping of %d bytes", size)
@@ -73,6 +88,6 @@ func Anon(size int) (data []byte, free func() error, err error) {
 	}
 	off := int(-uintptr(unsafe.Pointer(&m[0])) & (hugePage - 1))
 	data = m[off : off+size : off+size]
-	_ = unix.Madvise(m, unix.MADV_HUGEPAGE)
+	AdviseHuge(m[off:])
 	return data, func() error { return unix.Munmap(m) }, nil
 }

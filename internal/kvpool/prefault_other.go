@@ -1,5 +1,0 @@
-//go:build !linux
-
-package kvpool
-
-func advise([]byte) {}
