@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"io"
-	"os"
-	"strconv"
-	"strings"
 
+	"github.com/batonlm/baton/internal/hostmem"
 	"github.com/batonlm/baton/internal/kernels"
 )
 
@@ -19,37 +15,7 @@ var deviceMemory = func(be kernels.Backend) (int64, error) {
 	if r, ok := be.(interface{ TotalMemory() (int64, error) }); ok {
 		return r.TotalMemory()
 	}
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, fmt.Errorf("host memory: %w", err)
-	}
-	defer f.Close()
-	total, err := memTotal(f)
-	if err != nil {
-		return 0, err
-	}
-	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
-		if lim, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && lim > 0 {
-			total = min(total, lim)
-		}
-	}
-	return total, nil
-}
-
-// memTotal reads MemTotal (in kB) from /proc/meminfo's text.
-func memTotal(r io.Reader) (int64, error) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemTotal:" {
-			kb, err := strconv.ParseInt(fields[1], 10, 64)
-			if err != nil || kb <= 0 {
-				return 0, fmt.Errorf("host memory: MemTotal %q", fields[1])
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, fmt.Errorf("host memory: no MemTotal in /proc/meminfo")
+	return hostmem.Total()
 }
 
 // staticKVBudget is SGLang's --mem-fraction-static on baton's terms: the

@@ -8,16 +8,6 @@ import (
 	"github.com/batonlm/baton/internal/model"
 )
 
-func TestMemTotal(t *testing.T) {
-	got, err := memTotal(strings.NewReader("MemFree:  100 kB\nMemTotal:       24576000 kB\n"))
-	if err != nil || got != 24576000<<10 {
-		t.Fatalf("memTotal: %d, %v", got, err)
-	}
-	if _, err := memTotal(strings.NewReader("MemFree: 1 kB\n")); err == nil {
-		t.Fatal("no MemTotal accepted")
-	}
-}
-
 // --mem-fraction-static sizes weights and KV together: the pool gets the
 // fraction of the device's memory left after the weights, or the server
 // refuses to start when nothing is left.

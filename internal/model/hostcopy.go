@@ -1,40 +1,25 @@
 package model
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
-	"os"
-	"strconv"
 
+	"github.com/batonlm/baton/internal/hostmem"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/mmap"
 )
 
-// errNoRoom: the copy would not fit the memory the OS says is available.
+// errNoRoom: the copy would not fit the memory the host says is available
+// (hostmem.Available: MemAvailable, or a container's cgroup limit less its
+// use where that is smaller).
 var errNoRoom = errors.New("model: no room for a copy of the weights")
 
 // copyReserve is what a copy leaves of the available memory: the KV pool,
 // activations and the page cache's working set are still to come.
 const copyReserve = 1 << 30
 
-// memAvailable is /proc/meminfo's MemAvailable in bytes (false where it
-// cannot be read); a variable so that tests can pretend to be short.
-var memAvailable = func() (int64, bool) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		f := bytes.Fields(sc.Bytes())
-		if len(f) >= 2 && string(f[0]) == "MemAvailable:" {
-			kb, err := strconv.ParseInt(string(f[1]), 10, 64)
-			return kb << 10, err == nil
-		}
-	}
-	return 0, false
-}
+// memAvailable is hostmem.Available; a variable so that tests can
+// pretend to be short.
+var memAvailable = hostmem.Available
 
 // copyToHost moves every weight matrix into one anonymous mapping in huge
 // pages (mmap.Anon) and returns what unmaps it. Served from the file's
@@ -60,7 +45,7 @@ func copyToHost(w *Weights) (func() error, error) {
 	if total == 0 {
 		return func() error { return nil }, nil
 	}
-	if avail, ok := memAvailable(); ok && int64(total)+copyReserve > avail {
+	if avail, err := memAvailable(); err == nil && int64(total)+copyReserve > avail {
 		return nil, errNoRoom
 	}
 	buf, free, err := mmap.Anon(total)

@@ -72,8 +72,8 @@ func TestHostCopyServesTheSameWeights(t *testing.T) {
 
 	// Where the copy would not leave copyReserve of the available memory,
 	// the model is served from the mapping instead.
-	defer func(f func() (int64, bool)) { memAvailable = f }(memAvailable)
-	memAvailable = func() (int64, bool) { return copyReserve, true }
+	defer func(f func() (int64, error)) { memAvailable = f }(memAvailable)
+	memAvailable = func() (int64, error) { return copyReserve, nil }
 	l, err := Load(LoadOptions{Path: path, HostCopy: true}, be)
 	if err != nil {
 		t.Fatal(err)
