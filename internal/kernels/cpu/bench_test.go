@@ -26,6 +26,11 @@ func benchBackends() []variant {
 			a := New(0)
 			a.blasMinN, a.avx512 = 0, false
 			v = append(v, variant{"avx2", a})
+			if cpuHasVNNI {
+				f := New(0)
+				f.blasMinN, f.vnni = 0, false
+				v = append(v, variant{"avx512-float", f})
+			}
 		}
 	}
 	s := New(0)

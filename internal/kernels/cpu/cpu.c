@@ -24,6 +24,7 @@ char *openblas_get_corename(void);
 
 int g_have_simd;
 int g_have_avx512;
+int g_have_vnni;
 float g_f16[65536]; // f16 bits -> float
 
 static inline float bits_f32(uint32_t b) {
@@ -70,11 +71,13 @@ int bk_init(void) {
                 __builtin_cpu_supports("f16c");
   g_have_avx512 = g_have_simd && __builtin_cpu_supports("avx512f") &&
                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  g_have_vnni = g_have_avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
   return g_have_simd;
 }
 
 int bk_have_avx512(void) { return g_have_avx512; }
+int bk_have_vnni(void) { return g_have_vnni; }
 
 #define USE_SIMD(s) ((s) && g_have_simd)
 #ifndef BK_X86

@@ -57,6 +57,7 @@ var (
 	initOnce     sync.Once
 	cpuHasSIMD   bool
 	cpuHasAVX512 bool
+	cpuHasVNNI   bool
 	blasMu       sync.Mutex
 	blasThread   = -1 // OpenBLAS thread count last set
 )
@@ -66,6 +67,7 @@ type Backend struct {
 	threads  int
 	simd     bool // use the AVX2 kernels (only when the CPU has them)
 	avx512   bool // with simd: use the AVX-512 kernels where there are some
+	vnni     bool // with avx512: the int8 gemm for the K formats (qgemm)
 	blasMinN int  // f32 MatMul with n >= blasMinN uses OpenBLAS; 0: never
 	minWork  int  // least work per thread (tests set 1 to force splitting)
 	pool     *pool
@@ -84,6 +86,7 @@ func New(threads int) *Backend {
 	}
 	setBLASThreads(1)
 	b := &Backend{threads: threads, simd: cpuHasSIMD, avx512: cpuHasAVX512 && os.Getenv("BATON_CPU_AVX512") != "0",
+		vnni:     cpuHasVNNI && os.Getenv("BATON_CPU_VNNI") != "0",
 		blasMinN: defaultBLASMinN, minWork: defaultMinWork, pool: poolFor(threads)}
 	if b.simd && b.avx512 {
 		// Debian's OpenBLAS runs its AVX2 (Haswell) kernels on these CPUs;
@@ -99,6 +102,7 @@ func initCPU() {
 	initOnce.Do(func() {
 		cpuHasSIMD = C.bk_init() != 0
 		cpuHasAVX512 = C.bk_have_avx512() != 0
+		cpuHasVNNI = C.bk_have_vnni() != 0
 	})
 }
 
@@ -125,6 +129,9 @@ func (b *Backend) Features() string {
 		isa = "avx2+fma+f16c"
 		if b.avx512 {
 			isa += ", avx512 (gemm for n>=8, decode rows, K-format dot products, attention)"
+			if b.vnni {
+				isa += ", avx512-vnni (K-format int8 gemm for n>=32)"
+			}
 		} else if cpuHasAVX512 {
 			isa += " (avx512 available, disabled)"
 		}
@@ -239,6 +246,10 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		b.qdot(out, x, n, w, wp, work)
 		return
 	}
+	if b.useQGemm(w.DType, n) {
+		b.qgemm(out, x, n, w, wp, work)
+		return
+	}
 	if b.simd && cpuHasSIMD && (n >= gemmMinN || n >= gemmMinN512 && b.avx512) {
 		b.gemm(out, x, n, w, wp, work)
 		return
@@ -272,6 +283,48 @@ func useQdot(dt kernels.DType, n int) bool {
 	}
 	return false
 }
+
+// useQGemm: products of many x rows with K-format weights quantise x to 8
+// bits, as qdot does, and multiply with AVX512-VNNI (bk_qgemm): a
+// vpdpbusd does 64 multiply-adds where the float gemm's FMA does 16.
+// From qdot's 32 rows up, the float gemm is the alternative.
+func (b *Backend) useQGemm(dt kernels.DType, n int) bool {
+	return b.simd && b.avx512 && b.vnni && cpuHasVNNI && n >= 32 &&
+		(dt == kernels.Q4_K || dt == kernels.Q5_K || dt == kernels.Q6_K)
+}
+
+// quantisesX says whether MatMul of n rows with dt weights quantises x to
+// 8 bits (what its error is bounded by).
+func (b *Backend) quantisesX(dt kernels.DType, n int) bool {
+	if b.blasMinN > 0 && n >= max(b.blasMinN, deqBLASMinN) && dt != kernels.F32 {
+		return false
+	}
+	return useQdot(dt, n) || b.useQGemm(dt, n)
+}
+
+// qgemm is MatMul through bk_qgemm_pack_x and bk_qgemm.
+func (b *Backend) qgemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
+	cols := w.Cols
+	need := int(C.bk_qgemm_x_bytes(C.int64_t(n), C.int64_t(cols)))
+	var xr []byte
+	if v, ok := qpacks.Get().(*[]byte); ok && cap(*v) >= need {
+		xr = (*v)[:need]
+	} else {
+		xr = make([]byte, need)
+	}
+	defer qpacks.Put(&xr)
+	xp := (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(xr)))
+	b.parallel(n, 1, 8*n*cols, func(lo, hi int) {
+		C.bk_qgemm_pack_x(xp, fptr(x), C.int64_t(n), C.int64_t(cols), C.int64_t(lo), C.int64_t(hi))
+	})
+	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+		C.bk_qgemm(fptr(out), xp, C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),
+			C.int64_t(w.Rows), C.int64_t(cols), C.int64_t(lo), C.int64_t(hi))
+	})
+}
+
+// qpacks holds the buffers qgemm quantises x into.
+var qpacks sync.Pool
 
 // qbufs holds the buffers x is quantised into for qdot, reused across
 // products like packs.

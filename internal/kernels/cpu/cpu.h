@@ -62,6 +62,20 @@ int bk_init(void);
 // bk_have_avx512 is 1 when bk_init found AVX-512F, BW and VL.
 int bk_have_avx512(void);
 
+// bk_have_vnni is 1 when bk_have_avx512 is and the CPU has AVX512-VNNI.
+int bk_have_vnni(void);
+
+// bk_qgemm: the product of n x rows with Q4_K, Q5_K or Q6_K weights as
+// integer dot products, with AVX512-VNNI (qgemm512.c; callers check
+// bk_have_vnni). x is quantised to 8 bits per 256 elements by
+// bk_qgemm_pack_x (rows [i0, i1) of n, into bk_qgemm_x_bytes(n, cols)
+// bytes). It writes out[i*rows + r] for r0 <= r < r1 and i < n, and
+// returns 0, doing nothing, for other dtypes.
+int64_t bk_qgemm_x_bytes(int64_t n, int64_t cols);
+void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t i0, int64_t i1);
+int bk_qgemm(float *out, const uint8_t *xr, int64_t n, const uint8_t *w, int dtype, int64_t rows,
+             int64_t cols, int64_t r0, int64_t r1);
+
 // OpenBLAS: thread count and a description of the build.
 void bk_blas_set_threads(int n);
 const char *bk_blas_config(void);

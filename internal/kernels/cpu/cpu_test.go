@@ -59,6 +59,13 @@ func variants(t testing.TB) []variant {
 			b := mk(true, 3, 0, 1)
 			b.avx512 = false
 			v = append(v, variant{"avx2/3t/own", b})
+			if cpuHasVNNI {
+				b := mk(true, 2, 0, 1)
+				b.vnni = false
+				v = append(v, variant{"avx512-float/2t/own", b})
+			} else {
+				t.Log("no avx512-vnni: the int8 gemm is not tested")
+			}
 		} else {
 			t.Log("no avx512f+bw+vl: the AVX-512 kernels are not tested")
 		}
@@ -478,11 +485,11 @@ func qbound(w *kernels.Matrix, x []float32, i, r int) float64 {
 }
 
 // TestMatMulQuant: the ggml block formats against the reference
-// (dequantise, then multiply in float64). Where useQdot(dt, n) x is
-// quantised to 8 bits and the result is within qbound of the reference;
+// (dequantise, then multiply in float64). Where the backend quantises x
+// to 8 bits (qdot, qgemm) the result is within qbound of the reference;
 // elsewhere the product is float32 on dequantised weights, within
-// tolMatMul. The SIMD and scalar paths compute the same integer sums,
-// so they agree with each other to float rounding.
+// tolMatMul. The integer paths (SIMD, scalar, the int8 gemm) compute the
+// same integer sums, so they agree with each other to float rounding.
 func TestMatMulQuant(t *testing.T) {
 	rng := rand.New(rand.NewPCG(21, 22))
 	vs := variants(t)
@@ -517,13 +524,14 @@ func TestMatMulQuant(t *testing.T) {
 						for i := range want {
 							d := math.Abs(float64(got[i] - want[i]))
 							bound := tolMatMul*mag[i] + 1e-30
-							if useQdot(dt, n) {
+							quant := v.b.quantisesX(dt, n)
+							if quant {
 								bound = 1e-5*mag[i] + qb[i]
 							}
 							if !(d <= bound) {
 								t.Fatalf("%s: element %d: got %g, want %g (|diff| %g > bound %g)", what, i, got[i], want[i], d, bound)
 							}
-							if first != nil && useQdot(dt, n) {
+							if first != nil && quant {
 								if e := math.Abs(float64(got[i] - first[i])); !(e <= 1e-5*(mag[i]+qb[i])) {
 									t.Fatalf("%s: element %d: %g, but %g on [%s]", what, i, got[i], first[i], vs[0].name)
 								}
@@ -534,7 +542,7 @@ func TestMatMulQuant(t *testing.T) {
 								t.Fatalf("%s: wrote past the output", what)
 							}
 						}
-						if first == nil {
+						if first == nil && v.b.quantisesX(dt, n) {
 							first = got
 						}
 					}
@@ -567,8 +575,14 @@ func checkMatMulRef(t *testing.T, rng *rand.Rand, dt kernels.DType, rows, cols, 
 		got := make([]float32, n*rows)
 		v.b.MatMul(got, x, n, w)
 		c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
+		quant := v.b.quantisesX(dt, n)
 		for i := range want {
-			c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
+			mag := kernelstest.MatMag(w, x, i/rows, i%rows)
+			if quant {
+				c.Check(i, got[i], want[i], mag, qbound(w, x, i/rows, i%rows)+1e-5*mag)
+				continue
+			}
+			c.Check(i, got[i], want[i], mag, 1e-30)
 		}
 	}
 }
@@ -586,5 +600,19 @@ func TestMatMulBlocked(t *testing.T) {
 			cols = 1280 // whole 256-element super-blocks
 		}
 		checkMatMulRef(t, rng, dt, rows, cols, n)
+	}
+}
+
+// TestMatMulQGemm covers the int8 gemm's blocking: rows of more
+// super-blocks than one sub-slice holds (the running sums kept between
+// sub-slices), several blocks of x rows, and weight and x rows that are
+// not multiples of its 3x4 tile.
+func TestMatMulQGemm(t *testing.T) {
+	if !cpuHasVNNI {
+		t.Log("no avx512-vnni: this covers the float gemm only")
+	}
+	rng := rand.New(rand.NewPCG(35, 36))
+	for _, dt := range []kernels.DType{kernels.Q4_K, kernels.Q5_K, kernels.Q6_K} {
+		checkMatMulRef(t, rng, dt, 7, 2560, 301)
 	}
 }

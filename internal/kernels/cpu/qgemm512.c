@@ -1,0 +1,307 @@
+// An int8 gemm for the K formats (Q4_K, Q5_K, Q6_K) with AVX-512 VNNI,
+// for products of many x rows (prefill). x is quantised to 8 bits per
+// 256 elements, as for the integer dot products of decode, and each
+// weight super-block is unpacked once per block of x rows to unsigned
+// 8-bit quants; vpdpbusd then does 64 multiply-adds an instruction where
+// the float gemm's FMA does 16.
+//
+// Both sides of a 256-element block are laid out so that 32-bit lane L of
+// the four 64-byte chunks holds elements 16L..16L+15 (chunk i elements
+// 16L+4i..16L+4i+3): the four vpdpbusd of a block leave in lane L the
+// integer dot product of 16 elements, which all share one scale and one
+// minimum in every K format (a Q4_K/Q5_K sub-block is lanes 2j and 2j+1,
+// a Q6_K one lane L). One float multiply-add per block applies the
+// scales, and one more the minimums against the x sums of the lane, so
+// a weight row needs no other per-format code once unpacked:
+//
+//	value = SC[L]·q - MN[L]   (q the unsigned quant)
+//	Q4_K, Q5_K: SC = d·scale[L/2], MN = dmin·min[L/2]
+//	Q6_K:       SC = d·scale[L],   MN = 32·d·scale[L]
+#include "cpu.h"
+#include "kscales.h"
+
+#include <string.h>
+
+// One 256-element block of either side: 256 quants in the lane layout,
+// then 16 floats (weights: SC; x: the lane sums times dx), then 16 more
+// (weights: MN; x: dx in the first).
+#define QG_REC 384
+
+#if defined(__x86_64__) && !defined(BK_NO_SIMD)
+#include <immintrin.h>
+#define QG __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define QG_INLINE                                                                              \
+  static inline __attribute__((always_inline,                                                  \
+                               target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+extern float g_f16[65536];
+static inline float qg_h(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return g_f16[v];
+}
+
+// Four chunks in element order (chunk m: elements 64m..64m+63) to the
+// lane layout: chunk i lane L takes natural dword 4L+i, which lies in
+// chunk L/4 at lane 4(L%4)+i.
+QG_INLINE void qg_lanes(uint8_t *dst, const __m512i nat[4]) {
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    const __m512i idx = _mm512_set_epi32(28 + i, 24 + i, 20 + i, 16 + i, 12 + i, 8 + i, 4 + i, i,
+                                         28 + i, 24 + i, 20 + i, 16 + i, 12 + i, 8 + i, 4 + i, i);
+    __m512i lo = _mm512_permutex2var_epi32(nat[0], idx, nat[1]);
+    __m512i hi = _mm512_permutex2var_epi32(nat[2], idx, nat[3]);
+    _mm512_storeu_si512((void *)(dst + 64 * i), _mm512_mask_blend_epi32(0xFF00, lo, hi));
+  }
+}
+
+// One super-block of a weight row to a record.
+QG_INLINE void qg_unpack(uint8_t *rec, const uint8_t *B, int dt) {
+  __m512i nat[4];
+  float *sc = (float *)(rec + 256), *mn = sc + 16;
+  const __m512i m4 = _mm512_set1_epi8(15);
+  if (dt == BK_Q6_K) {
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i hshift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      __m512i ql = _mm512_loadu_si512((const void *)(B + 64 * h));
+      __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B + 128 + 32 * h)));
+#pragma GCC unroll 2
+      for (int k = 0; k < 2; k++) {
+        __m512i nib = _mm512_and_si512(k ? _mm512_srli_epi16(ql, 4) : ql, m4);
+        __m512i hb = _mm512_and_si512(
+            _mm512_srlv_epi16(qh, _mm512_add_epi16(hshift, _mm512_set1_epi16((short)(4 * k)))), m3);
+        nat[2 * h + k] = _mm512_or_si512(nib, _mm512_slli_epi16(hb, 4));
+      }
+    }
+    const float d = qg_h(B + 208);
+    __m512 s = _mm512_mul_ps(
+        _mm512_set1_ps(d),
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(B + 192)))));
+    _mm512_storeu_ps(sc, s);
+    _mm512_storeu_ps(mn, _mm512_mul_ps(s, _mm512_set1_ps(32)));
+  } else {
+    const int five = dt == BK_Q5_K;
+    const __m512i one = _mm512_set1_epi8(1);
+    // Per 16-bit lane: the low half's bytes take the low nibbles, the
+    // high half's the high ones (and Q5_K's fifth bits 2g and 2g+1).
+    const __m512i nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const uint8_t *qs = B + (five ? 48 : 16);
+    __m512i qh = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B + 16)))
+                      : _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+      __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * g)));
+      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(v, nib_shift), m4);
+      if (five) {
+        __m512i hs = _mm512_add_epi16(_mm512_srli_epi16(nib_shift, 2), _mm512_set1_epi16((short)(2 * g)));
+        q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, hs), one), 4));
+      }
+      nat[g] = q;
+    }
+    uint32_t u[4];
+    k4_scales(B, u); // bytes 0..7: the 8 scales, 8..15: the 8 mins
+    uint8_t b[16];
+    memcpy(b, u, 16);
+    // Lane L takes sub-block L/2.
+    const __m512i pair = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    __m512i s8 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
+    __m512i scl = _mm512_permutexvar_epi32(pair, s8);
+    __m512i mnl = _mm512_permutexvar_epi32(_mm512_add_epi32(pair, _mm512_set1_epi32(8)), s8);
+    _mm512_storeu_ps(sc, _mm512_mul_ps(_mm512_set1_ps(qg_h(B)), _mm512_cvtepi32_ps(scl)));
+    _mm512_storeu_ps(mn, _mm512_mul_ps(_mm512_set1_ps(qg_h(B + 2)), _mm512_cvtepi32_ps(mnl)));
+  }
+  qg_lanes(rec, nat);
+}
+
+// Sums of four vectors to one float each (lanes 0..3).
+QG_INLINE __m128 qg_sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  // 128-bit lanes: a, b, c, d (four partial sums each).
+  __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, 0x4E));
+  v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, 0xB1));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
+}
+
+// R weight rows by C x rows over blocks [0, nblk) of the records at wr
+// and xr (wstride and xstride bytes from one row's records to the
+// next's). The float sums start from acc (first: from zero) and go back
+// to it, or (last) are added up and written to out[c*rows + r].
+QG_INLINE void qg_tile(const int R, const int C, const uint8_t *wr, int64_t wstride,
+                       const uint8_t *xr, int64_t xstride, int64_t nblk, __m512 *acc, int first,
+                       int last, float *out, int64_t rows) {
+  __m512 a[3][4];
+#pragma GCC unroll 3
+  for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) a[r][c] = first ? _mm512_setzero_ps() : acc[r * 4 + c];
+  for (int64_t b = 0; b < nblk; b++) {
+    const uint8_t *wb = wr + b * QG_REC, *xb = xr + b * QG_REC;
+    __m512i s[3][4];
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int c = 0; c < C; c++) s[r][c] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+      __m512i w[3];
+#pragma GCC unroll 3
+      for (int r = 0; r < R; r++) w[r] = _mm512_loadu_si512((const void *)(wb + r * wstride + 64 * i));
+#pragma GCC unroll 4
+      for (int c = 0; c < C; c++) {
+        __m512i x = _mm512_loadu_si512((const void *)(xb + c * xstride + 64 * i));
+#pragma GCC unroll 3
+        for (int r = 0; r < R; r++) s[r][c] = _mm512_dpbusd_epi32(s[r][c], w[r], x);
+      }
+    }
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++) {
+      const float *wf = (const float *)(wb + r * wstride + 256);
+      __m512 sc = _mm512_loadu_ps(wf), mn = _mm512_loadu_ps(wf + 16);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; c++) {
+        const float *xf = (const float *)(xb + c * xstride + 256);
+        __m512 t = _mm512_mul_ps(sc, _mm512_set1_ps(xf[16]));
+        a[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][c]), t, a[r][c]);
+        a[r][c] = _mm512_fnmadd_ps(mn, _mm512_loadu_ps(xf), a[r][c]);
+      }
+    }
+  }
+  if (!last) {
+#pragma GCC unroll 3
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+      for (int c = 0; c < C; c++) acc[r * 4 + c] = a[r][c];
+    return;
+  }
+  const __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 3
+  for (int r = 0; r < R; r++) {
+    float v[4];
+    _mm_storeu_ps(v, qg_sum4(a[r][0], C > 1 ? a[r][1] : z, C > 2 ? a[r][2] : z, C > 3 ? a[r][3] : z));
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) out[c * rows + r] = v[c];
+  }
+}
+
+#define QG_C(R, C)                                                                               \
+  case C:                                                                                        \
+    qg_tile(R, C, wr, wstride, xr, xstride, nblk, acc, first, last, out, rows);                   \
+    break;
+#define QG_R(R)                                                                                  \
+  case R:                                                                                        \
+    switch (nc) { QG_C(R, 1) QG_C(R, 2) QG_C(R, 3) QG_C(R, 4) }                                   \
+    break;
+
+QG static void qg_tile_any(int nr, int nc, const uint8_t *wr, int64_t wstride, const uint8_t *xr,
+                           int64_t xstride, int64_t nblk, __m512 *acc, int first, int last,
+                           float *out, int64_t rows) {
+  switch (nr) { QG_R(1) QG_R(2) QG_R(3) }
+}
+
+QG static void qg_unpack_rows(uint8_t *dst, const uint8_t *w, int64_t rb, int dt, int nr,
+                              int64_t nsb) {
+  int64_t bytes = dt == BK_Q4_K ? 144 : dt == BK_Q5_K ? 176 : 210;
+  for (int r = 0; r < nr; r++)
+    for (int64_t b = 0; b < nsb; b++) qg_unpack(dst + (r * nsb + b) * QG_REC, w + r * rb + b * bytes, dt);
+}
+
+// x rows to records: bk_quant_x's scale and rounding per 256 elements (so
+// both integer paths agree), then the lane layout, and the lane sums by
+// vpdpbusd with ones.
+QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t i0,
+                        int64_t i1) {
+  (void)n;
+  const int64_t nsb = cols / 256;
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t i = i0; i < i1; i++) {
+    for (int64_t b = 0; b < nsb; b++) {
+      const float *xb = x + i * cols + 256 * b;
+      uint8_t *rec = xr + (i * nsb + b) * QG_REC;
+      __m512 m = _mm512_setzero_ps();
+      for (int l = 0; l < 16; l++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * l)));
+      float amax = _mm512_reduce_max_ps(m);
+      float dd = amax / 127, id = dd != 0 ? 1 / dd : 0;
+      const __m512 vid = _mm512_set1_ps(id);
+      __m512i nat[4];
+      for (int c = 0; c < 4; c++) {
+        __m128i part[4];
+        for (int j = 0; j < 4; j++) {
+          __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 64 * c + 16 * j), vid));
+          part[j] = _mm512_cvtepi32_epi8(_mm512_max_epi32(_mm512_min_epi32(v, lim), nlim));
+        }
+        __m512i v = _mm512_castsi128_si512(part[0]);
+        v = _mm512_inserti32x4(v, part[1], 1);
+        v = _mm512_inserti32x4(v, part[2], 2);
+        nat[c] = _mm512_inserti32x4(v, part[3], 3);
+      }
+      qg_lanes(rec, nat);
+      __m512i sum = _mm512_setzero_si512();
+      for (int c = 0; c < 4; c++)
+        sum = _mm512_dpbusd_epi32(sum, ones, _mm512_loadu_si512((const void *)(rec + 64 * c)));
+      float *f = (float *)(rec + 256);
+      _mm512_storeu_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dd)));
+      _mm512_storeu_ps(f + 16, _mm512_set_ps(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, dd));
+    }
+  }
+}
+#endif
+
+int64_t bk_qgemm_x_bytes(int64_t n, int64_t cols) { return n * (cols / 256) * QG_REC; }
+
+// Rows of x per block: their records stay in L2 (QG_XB bytes) while the
+// weight rows stream past them 3 at a time; a sub-slice of QG_KS blocks
+// of those 3 rows stays in L1 while it meets every x row of the block.
+#define QG_XB (512 * 1024)
+#define QG_KS 8
+
+int bk_qgemm(float *out, const uint8_t *xr, int64_t n, const uint8_t *w, int dtype, int64_t rows,
+             int64_t cols, int64_t r0, int64_t r1) {
+#if defined(__x86_64__) && !defined(BK_NO_SIMD)
+  if (dtype != BK_Q4_K && dtype != BK_Q5_K && dtype != BK_Q6_K) return 0;
+  const int64_t nsb = cols / 256, rb = bk_row_bytes(dtype, cols);
+  int64_t xb = QG_XB / (nsb * QG_REC) / 4 * 4;
+  if (xb < 4) xb = 4;
+  if (xb > n) xb = n;
+  // The 3 rows' records, then the running sums of the x block: 12
+  // vectors (3 weight rows by 4 x rows) per 4 x rows.
+  size_t wbytes = (size_t)(3 * nsb * QG_REC);
+  float *scr = bk_scratch(wbytes / 4 + (size_t)(3 * ((xb + 3) / 4 * 4) * 16) + 16);
+  uint8_t *wbuf = (uint8_t *)scr;
+  __m512 *acc = (__m512 *)(scr + wbytes / 4);
+  const int64_t wstride = nsb * QG_REC;
+  for (int64_t c0 = 0; c0 < n; c0 += xb) {
+    int64_t c1 = c0 + xb < n ? c0 + xb : n;
+    for (int64_t r = r0; r < r1; r += 3) {
+      int nr = r1 - r < 3 ? (int)(r1 - r) : 3;
+      qg_unpack_rows(wbuf, w + r * rb, rb, dtype, nr, nsb);
+      for (int64_t k = 0; k < nsb; k += QG_KS) {
+        int64_t nblk = nsb - k < QG_KS ? nsb - k : QG_KS;
+        int first = k == 0, last = k + nblk == nsb;
+        for (int64_t c = c0; c < c1; c += 4) {
+          int nc = c1 - c < 4 ? (int)(c1 - c) : 4;
+          qg_tile_any(nr, nc, wbuf + k * QG_REC, wstride, xr + (c * nsb + k) * QG_REC,
+                      nsb * QG_REC, nblk, acc + (c - c0) / 4 * 12, first, last,
+                      out + c * rows + r, rows);
+        }
+      }
+    }
+  }
+  return 1;
+#else
+  (void)out, (void)xr, (void)n, (void)w, (void)dtype, (void)rows, (void)cols, (void)r0, (void)r1;
+  return 0;
+#endif
+}
+
+#if !(defined(__x86_64__) && !defined(BK_NO_SIMD))
+void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t i0,
+                     int64_t i1) {
+  (void)xr, (void)x, (void)n, (void)cols, (void)i0, (void)i1;
+}
+#endif
