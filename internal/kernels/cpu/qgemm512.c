@@ -129,16 +129,14 @@ QG_INLINE __m128 qg_sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 // R weight rows by C x rows over blocks [0, nblk) of the records at wr
 // and xr (wstride and xstride bytes from one row's records to the
-// next's). The float sums start from acc (first: from zero) and go back
-// to it, or (last) are added up and written to out[c*rows + r].
+// next's), written to out[c*rows + r].
 QG_INLINE void qg_tile(const int R, const int C, const uint8_t *wr, int64_t wstride,
-                       const uint8_t *xr, int64_t xstride, int64_t nblk, __m512 *acc, int first,
-                       int last, float *out, int64_t rows) {
+                       const uint8_t *xr, int64_t xstride, int64_t nblk, float *out, int64_t rows) {
   __m512 a[3][4];
 #pragma GCC unroll 3
   for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-    for (int c = 0; c < C; c++) a[r][c] = first ? _mm512_setzero_ps() : acc[r * 4 + c];
+    for (int c = 0; c < C; c++) a[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nblk; b++) {
     const uint8_t *wb = wr + b * QG_REC, *xb = xr + b * QG_REC;
     __m512i s[3][4];
@@ -171,13 +169,6 @@ QG_INLINE void qg_tile(const int R, const int C, const uint8_t *wr, int64_t wstr
       }
     }
   }
-  if (!last) {
-#pragma GCC unroll 3
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-      for (int c = 0; c < C; c++) acc[r * 4 + c] = a[r][c];
-    return;
-  }
   const __m512 z = _mm512_setzero_ps();
 #pragma GCC unroll 3
   for (int r = 0; r < R; r++) {
@@ -190,7 +181,7 @@ QG_INLINE void qg_tile(const int R, const int C, const uint8_t *wr, int64_t wstr
 
 #define QG_C(R, C)                                                                               \
   case C:                                                                                        \
-    qg_tile(R, C, wr, wstride, xr, xstride, nblk, acc, first, last, out, rows);                   \
+    qg_tile(R, C, wr, wstride, xr, xstride, nblk, out, rows);                                     \
     break;
 #define QG_R(R)                                                                                  \
   case R:                                                                                        \
@@ -198,15 +189,14 @@ QG_INLINE void qg_tile(const int R, const int C, const uint8_t *wr, int64_t wstr
     break;
 
 QG static void qg_tile_any(int nr, int nc, const uint8_t *wr, int64_t wstride, const uint8_t *xr,
-                           int64_t xstride, int64_t nblk, __m512 *acc, int first, int last,
-                           float *out, int64_t rows) {
+                           int64_t xstride, int64_t nblk, float *out, int64_t rows) {
   switch (nr) { QG_R(1) QG_R(2) QG_R(3) }
 }
 
-QG static void qg_unpack_rows(uint8_t *dst, const uint8_t *w, int64_t rb, int dt, int nr,
+QG static void qg_unpack_rows(uint8_t *dst, const uint8_t *w, int64_t rb, int dt, int64_t nr,
                               int64_t nsb) {
   int64_t bytes = dt == BK_Q4_K ? 144 : dt == BK_Q5_K ? 176 : 210;
-  for (int r = 0; r < nr; r++)
+  for (int64_t r = 0; r < nr; r++)
     for (int64_t b = 0; b < nsb; b++) qg_unpack(dst + (r * nsb + b) * QG_REC, w + r * rb + b * bytes, dt);
 }
 
@@ -254,42 +244,29 @@ QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, in
 
 int64_t bk_qgemm_x_bytes(int64_t n, int64_t cols) { return n * (cols / 256) * QG_REC; }
 
-// Rows of x per block: their records stay in L2 (QG_XB bytes) while the
-// weight rows stream past them 3 at a time; a sub-slice of QG_KS blocks
-// of those 3 rows stays in L1 while it meets every x row of the block.
-#define QG_XB (512 * 1024)
-#define QG_KS 8
+// Weight rows are unpacked once per product, a group of them at a time
+// (QG_WB bytes of records, in L2); every x row then meets the group 4 rows
+// and 3 weight rows at a time over all columns, so the tile's sums stay in
+// registers to the end. An x row's records (1.5 bytes an element) come
+// from L3 once per group and stay in L1 while the group's rows pass.
+#define QG_WB (320 * 1024)
 
 int bk_qgemm(float *out, const uint8_t *xr, int64_t n, const uint8_t *w, int dtype, int64_t rows,
              int64_t cols, int64_t r0, int64_t r1) {
 #if defined(__x86_64__) && !defined(BK_NO_SIMD)
   if (dtype != BK_Q4_K && dtype != BK_Q5_K && dtype != BK_Q6_K) return 0;
-  const int64_t nsb = cols / 256, rb = bk_row_bytes(dtype, cols);
-  int64_t xb = QG_XB / (nsb * QG_REC) / 4 * 4;
-  if (xb < 4) xb = 4;
-  if (xb > n) xb = n;
-  // The 3 rows' records, then the running sums of the x block: 12
-  // vectors (3 weight rows by 4 x rows) per 4 x rows.
-  size_t wbytes = (size_t)(3 * nsb * QG_REC);
-  float *scr = bk_scratch(wbytes / 4 + (size_t)(3 * ((xb + 3) / 4 * 4) * 16) + 16);
-  uint8_t *wbuf = (uint8_t *)scr;
-  __m512 *acc = (__m512 *)(scr + wbytes / 4);
-  const int64_t wstride = nsb * QG_REC;
-  for (int64_t c0 = 0; c0 < n; c0 += xb) {
-    int64_t c1 = c0 + xb < n ? c0 + xb : n;
-    for (int64_t r = r0; r < r1; r += 3) {
-      int nr = r1 - r < 3 ? (int)(r1 - r) : 3;
-      qg_unpack_rows(wbuf, w + r * rb, rb, dtype, nr, nsb);
-      for (int64_t k = 0; k < nsb; k += QG_KS) {
-        int64_t nblk = nsb - k < QG_KS ? nsb - k : QG_KS;
-        int first = k == 0, last = k + nblk == nsb;
-        for (int64_t c = c0; c < c1; c += 4) {
-          int nc = c1 - c < 4 ? (int)(c1 - c) : 4;
-          qg_tile_any(nr, nc, wbuf + k * QG_REC, wstride, xr + (c * nsb + k) * QG_REC,
-                      nsb * QG_REC, nblk, acc + (c - c0) / 4 * 12, first, last,
-                      out + c * rows + r, rows);
-        }
-      }
+  const int64_t nsb = cols / 256, rb = bk_row_bytes(dtype, cols), stride = nsb * QG_REC;
+  int64_t rw = QG_WB / stride / 3 * 3;
+  if (rw < 3) rw = 3;
+  uint8_t *wbuf = (uint8_t *)bk_scratch((size_t)(rw * stride / 4));
+  for (int64_t r = r0; r < r1; r += rw) {
+    int nr = r1 - r < rw ? (int)(r1 - r) : (int)rw;
+    qg_unpack_rows(wbuf, w + r * rb, rb, dtype, nr, nsb);
+    for (int64_t c = 0; c < n; c += 4) {
+      int nc = n - c < 4 ? (int)(n - c) : 4;
+      for (int j = 0; j < nr; j += 3)
+        qg_tile_any(nr - j < 3 ? nr - j : 3, nc, wbuf + j * stride, stride, xr + c * stride, stride,
+                    nsb, out + c * rows + r + j, rows);
     }
   }
   return 1;
