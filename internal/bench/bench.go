@@ -184,6 +184,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		cfg.Model = m
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x62_61_74_6f_6e)) // "baton"
+	runID := rand.Uint64()
 	drawn := make([][]string, cfg.NumPrompts)
 	for i := range drawn {
 		// A word with its space is one token or more, so InputLen words
@@ -248,7 +249,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		peak = max(peak, inflight)
 		mu.Unlock()
 		wg.Go(func() {
-			results[i] = stream(ctx, client, endpoint, cfg, prompts[i])
+			results[i] = stream(ctx, client, endpoint, cfg, prompts[i], fmt.Sprintf("baton-bench-%x-%d", runID, i))
 			mu.Lock()
 			inflight--
 			done++
@@ -384,7 +385,21 @@ type chunk struct {
 	Error json.RawMessage `json:"error"`
 }
 
-func stream(ctx context.Context, client *http.Client, endpoint string, cfg Config, prompt string) (res result) {
+// drainClose reads what is left of a response body (up to 64 KiB: the
+// chunked terminator after [DONE], an error page) and closes it, so the
+// connection goes back to the pool: closed unread, it is dropped, and the
+// next request times a new connection.
+func drainClose(body io.ReadCloser) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, 64<<10))
+	body.Close()
+}
+
+// stream sends one request. key is its idempotency key: with it, Go's
+// transport sends the request again on a new connection when the server
+// closed a kept-alive one as the request went out (llama-server does; the
+// request then failed with EOF, no response read, and was counted against
+// the server). A server that answered anything is never asked twice.
+func stream(ctx context.Context, client *http.Client, endpoint string, cfg Config, prompt, key string) (res result) {
 	body, _ := json.Marshal(completionRequest{
 		Model: cfg.Model, Prompt: prompt, MaxTokens: cfg.OutputLen, Stream: true,
 		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: true, Temperature: cfg.Temperature,
@@ -396,6 +411,7 @@ func stream(ctx context.Context, client *http.Client, endpoint string, cfg Confi
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set("X-Idempotency-Key", key)
 	if cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
 	}
@@ -427,6 +443,7 @@ func stream(ctx context.Context, client *http.Client, endpoint string, cfg Confi
 		data = bytes.TrimSpace(data)
 		if string(data) == "[DONE]" {
 			finished = true
+			drainClose(resp.Body) // the chunked terminator
 			break
 		}
 		now := time.Now()
@@ -511,7 +528,7 @@ func firstModel(ctx context.Context, client *http.Client, base, apiKey string) (
 	if err != nil {
 		return "", err
 	}
-	defer resp.Body.Close()
+	defer drainClose(resp.Body)
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("HTTP %d: %s", resp.StatusCode, errorMessage(b))

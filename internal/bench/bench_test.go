@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -33,8 +34,13 @@ type fakeServer struct {
 	// specPerRequest, when set, makes /metrics count this many draft
 	// tokens (and half as many accepted) per completion served.
 	specPerRequest int
+	// dropReused closes a connection, unanswered, when a completion
+	// request arrives on it after an earlier one (a keep-alive limit of
+	// one request, the way llama-server sometimes drops kept-alive ones).
+	dropReused bool
 
 	mu       sync.Mutex
+	conns    int // connections opened to the server
 	reqs     []completionBody
 	auth     []string
 	n        int
@@ -80,10 +86,20 @@ func (f *fakeServer) start() *httptest.Server {
 			fmt.Fprintf(w, `{"count":%d,"tokens":[]}`, f.promptTokens(body.Prompt))
 		})
 	}
-	s := httptest.NewServer(mux)
+	s := httptest.NewUnstartedServer(mux)
+	s.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		f.mu.Lock()
+		f.conns++
+		f.mu.Unlock()
+		return context.WithValue(ctx, connServed{}, new(int))
+	}
+	s.Start()
 	f.t.Cleanup(s.Close)
 	return s
 }
+
+// connServed keys the count of completion requests a connection carried.
+type connServed struct{}
 
 func (f *fakeServer) promptTokens(prompt string) int {
 	if f.tokenize {
@@ -93,6 +109,20 @@ func (f *fakeServer) promptTokens(prompt string) int {
 }
 
 func (f *fakeServer) complete(w http.ResponseWriter, r *http.Request) {
+	served := r.Context().Value(connServed{}).(*int)
+	f.mu.Lock()
+	*served++
+	drop := f.dropReused && *served > 1
+	f.mu.Unlock()
+	if drop {
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			f.t.Errorf("hijack: %v", err)
+			return
+		}
+		c.Close()
+		return
+	}
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	var body completionBody
@@ -162,6 +192,10 @@ func (f *fakeServer) complete(w http.ResponseWriter, r *http.Request) {
 			p, body.MaxTokens, p+body.MaxTokens, f.cached))
 	}
 	send("[DONE]")
+	// The chunked terminator follows in a packet of its own, as from a
+	// server still finishing up: a client that stops reading at [DONE]
+	// has not seen the end of the body.
+	time.Sleep(2 * time.Millisecond)
 }
 
 func TestRunMeasuresAStreamingServer(t *testing.T) {
@@ -432,6 +466,31 @@ func TestFailuresAreCountedNotFatal(t *testing.T) {
 	rep, err = Run(context.Background(), Config{URL: s.URL, Model: "m", NumPrompts: 2, InputLen: 3, OutputLen: 2})
 	if err == nil || !strings.Contains(err.Error(), "boom") || rep == nil || rep.Failed != 2 {
 		t.Errorf("all failed: err %v, report %+v", err, rep)
+	}
+}
+
+// TestConnectionsAreReused: requests one after another share a connection,
+// and a request whose kept-alive connection the server closes unanswered
+// is sent again on a new one instead of counting as the server's failure.
+func TestConnectionsAreReused(t *testing.T) {
+	f := &fakeServer{t: t}
+	s := f.start()
+	rep, err := Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 1, NumPrompts: 6, InputLen: 3, OutputLen: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Completed != 6 || f.conns != 1 {
+		t.Errorf("completed %d over %d connections, want 6 over 1", rep.Completed, f.conns)
+	}
+
+	f = &fakeServer{t: t, dropReused: true}
+	s = f.start()
+	rep, err = Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 1, NumPrompts: 6, InputLen: 3, OutputLen: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Completed != 6 || rep.Failed != 0 || f.n != 6 {
+		t.Errorf("server dropping kept-alive connections: completed %d, failed %d (%+v), served %d", rep.Completed, rep.Failed, rep.Errors, f.n)
 	}
 }
 

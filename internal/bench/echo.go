@@ -44,7 +44,7 @@ func specCounters(ctx context.Context, client *http.Client, base, apiKey string)
 	if err != nil {
 		return 0, 0, false
 	}
-	defer resp.Body.Close()
+	defer drainClose(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		return 0, 0, false
 	}

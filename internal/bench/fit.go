@@ -90,7 +90,7 @@ func tokenCount(ctx context.Context, client *http.Client, base string, cfg Confi
 	if err != nil {
 		return 0, err
 	}
-	defer resp.Body.Close()
+	defer drainClose(resp.Body)
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("HTTP %d: %s", resp.StatusCode, errorMessage(b))
