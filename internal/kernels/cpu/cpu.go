@@ -67,7 +67,7 @@ type Backend struct {
 	threads  int
 	simd     bool // use the AVX2 kernels (only when the CPU has them)
 	avx512   bool // with simd: use the AVX-512 kernels where there are some
-	vnni     bool // with avx512: the int8 gemm for the K formats (qgemm)
+	vnni     bool // with avx512: the int8 gemm of the block formats (qgemm)
 	blasMinN int  // f32 MatMul with n >= blasMinN uses OpenBLAS; 0: never
 	minWork  int  // least work per thread (tests set 1 to force splitting)
 	pool     *pool
@@ -130,7 +130,7 @@ func (b *Backend) Features() string {
 		if b.avx512 {
 			isa += ", avx512 (gemm for n>=8, decode rows, K-format dot products, attention)"
 			if b.vnni {
-				isa += ", avx512-vnni (K-format int8 gemm for n>=32)"
+				isa += ", avx512-vnni (int8 gemm of the block formats for n>=32)"
 			}
 		} else if cpuHasAVX512 {
 			isa += " (avx512 available, disabled)"
@@ -246,7 +246,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 		b.qdot(out, x, n, w, wp, work)
 		return
 	}
-	if b.useQGemm(w.DType, n) {
+	if b.useQGemm(w.DType, n, w.Cols) {
 		b.qgemm(out, x, n, w, wp, work)
 		return
 	}
@@ -284,22 +284,22 @@ func useQdot(dt kernels.DType, n int) bool {
 	return false
 }
 
-// useQGemm: products of many x rows with K-format weights quantise x to 8
-// bits, as qdot does, and multiply with AVX512-VNNI (bk_qgemm): a
-// vpdpbusd does 64 multiply-adds where the float gemm's FMA does 16.
-// From qdot's 32 rows up, the float gemm is the alternative.
-func (b *Backend) useQGemm(dt kernels.DType, n int) bool {
+// useQGemm: products of many x rows with weights in a ggml block format
+// quantise x to 8 bits, as qdot does, and multiply with AVX512-VNNI
+// (bk_qgemm): a vpdpbusd does 64 multiply-adds where the float gemm's FMA
+// does 16. From qdot's 32 rows up, the float gemm is the alternative.
+func (b *Backend) useQGemm(dt kernels.DType, n, cols int) bool {
 	return b.simd && b.avx512 && b.vnni && cpuHasVNNI && n >= 32 &&
-		(dt == kernels.Q4_K || dt == kernels.Q5_K || dt == kernels.Q6_K)
+		C.bk_qgemm_takes(C.int(dt), C.int64_t(cols)) != 0
 }
 
 // quantisesX says whether MatMul of n rows with dt weights quantises x to
 // 8 bits (what its error is bounded by).
-func (b *Backend) quantisesX(dt kernels.DType, n int) bool {
+func (b *Backend) quantisesX(dt kernels.DType, n, cols int) bool {
 	if b.blasMinN > 0 && n >= max(b.blasMinN, deqBLASMinN) && dt != kernels.F32 {
 		return false
 	}
-	return useQdot(dt, n) || b.useQGemm(dt, n)
+	return useQdot(dt, n) || b.useQGemm(dt, n, cols)
 }
 
 // qgemm is MatMul through bk_qgemm_pack_x and bk_qgemm.
@@ -314,8 +314,9 @@ func (b *Backend) qgemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Po
 	}
 	defer qpacks.Put(&xr)
 	xp := (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(xr)))
+	block := C.bk_quant_x_block(C.int(w.DType))
 	b.parallel(n, 1, 8*n*cols, func(lo, hi int) {
-		C.bk_qgemm_pack_x(xp, fptr(x), C.int64_t(n), C.int64_t(cols), C.int64_t(lo), C.int64_t(hi))
+		C.bk_qgemm_pack_x(xp, fptr(x), C.int64_t(n), C.int64_t(cols), C.int64_t(block), C.int64_t(lo), C.int64_t(hi))
 	})
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 		C.bk_qgemm(fptr(out), xp, C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/kernelstest"
@@ -152,15 +153,22 @@ func TestMatMul(t *testing.T) {
 						}
 						v.b.MatMul(got, x, n, w)
 						c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
+						quant := v.b.quantisesX(dt, n, cols) // the int8 gemm
 						for i := range want {
-							c.Check(i, got[i], want[i], mag[i], 1e-30)
+							abs := 1e-30
+							if quant {
+								abs = qbound(w, x, i/rows, i%rows) + 1e-5*mag[i]
+							}
+							c.Check(i, got[i], want[i], mag[i], abs)
 						}
 						for i := n * rows; i < len(got); i++ {
 							if got[i] != 12345 {
 								t.Fatalf("%s: wrote past the output", c.What)
 							}
 						}
-						worst[v.name+" "+dt.String()] = max(worst[v.name+" "+dt.String()], c.Worst)
+						if !quant {
+							worst[v.name+" "+dt.String()] = max(worst[v.name+" "+dt.String()], c.Worst)
+						}
 					}
 				}
 			}
@@ -524,7 +532,7 @@ func TestMatMulQuant(t *testing.T) {
 						for i := range want {
 							d := math.Abs(float64(got[i] - want[i]))
 							bound := tolMatMul*mag[i] + 1e-30
-							quant := v.b.quantisesX(dt, n)
+							quant := v.b.quantisesX(dt, n, cols)
 							if quant {
 								bound = 1e-5*mag[i] + qb[i]
 							}
@@ -542,7 +550,7 @@ func TestMatMulQuant(t *testing.T) {
 								t.Fatalf("%s: wrote past the output", what)
 							}
 						}
-						if first == nil && v.b.quantisesX(dt, n) {
+						if first == nil && v.b.quantisesX(dt, n, cols) {
 							first = got
 						}
 					}
@@ -575,7 +583,7 @@ func checkMatMulRef(t *testing.T, rng *rand.Rand, dt kernels.DType, rows, cols, 
 		got := make([]float32, n*rows)
 		v.b.MatMul(got, x, n, w)
 		c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
-		quant := v.b.quantisesX(dt, n)
+		quant := v.b.quantisesX(dt, n, cols)
 		for i := range want {
 			mag := kernelstest.MatMag(w, x, i/rows, i%rows)
 			if quant {
@@ -605,13 +613,45 @@ func TestMatMulBlocked(t *testing.T) {
 
 // TestMatMulQGemm covers the int8 gemm's blocking: more weight rows than
 // one group holds (84 of 2560 columns), and weight and x rows that are not
-// multiples of its 3x4 tile.
+// multiples of its 3x4 tile; and rows of 32-element blocks that are not a
+// whole number of 256 elements, which it leaves to the float gemm.
 func TestMatMulQGemm(t *testing.T) {
 	if !cpuHasVNNI {
 		t.Log("no avx512-vnni: this covers the float gemm only")
 	}
 	rng := rand.New(rand.NewPCG(35, 36))
-	for _, dt := range []kernels.DType{kernels.Q4_K, kernels.Q5_K, kernels.Q6_K} {
+	for _, dt := range []kernels.DType{kernels.Q4_K, kernels.Q5_K, kernels.Q6_K, kernels.Q8_0, kernels.Q4_0,
+		kernels.Q4_1, kernels.Q5_0, kernels.Q5_1} {
 		checkMatMulRef(t, rng, dt, 89, 2560, 37)
+		if dt.BlockSize() == 32 {
+			checkMatMulRef(t, rng, dt, 7, 288, 33)
+		}
+		if cpuHasVNNI {
+			checkQGemmMatchesQdot(t, rng, dt)
+		}
+	}
+}
+
+// checkQGemmMatchesQdot: the int8 gemm quantises x exactly as the integer
+// dot products do (the same scales, per 32 or 256 elements, and rounding),
+// so the two agree to float rounding, far closer than either is to the
+// float product.
+func checkQGemmMatchesQdot(t *testing.T, rng *rand.Rand, dt kernels.DType) {
+	t.Helper()
+	const rows, cols, n = 13, 768, 35
+	w := randMatrix(rng, dt, rows, cols)
+	x := randVec(rng, n*cols, 1)
+	b := New(2)
+	if !b.useQGemm(dt, n, cols) {
+		t.Fatalf("%s: the int8 gemm does not take %d rows of %d", dt, n, cols)
+	}
+	got, want := make([]float32, n*rows), make([]float32, n*rows)
+	b.MatMul(got, x, n, w)
+	b.qdot(want, x, n, w, unsafe.Pointer(unsafe.SliceData(w.Data)), n*rows*cols)
+	for i := range want {
+		tol := 1e-5 * (kernelstest.MatMag(w, x, i/rows, i%rows) + qbound(w, x, i/rows, i%rows))
+		if d := math.Abs(float64(got[i] - want[i])); !(d <= tol) {
+			t.Fatalf("%s: element %d: int8 gemm %g, integer dot products %g (|diff| %g > %g)", dt, i, got[i], want[i], d, tol)
+		}
 	}
 }

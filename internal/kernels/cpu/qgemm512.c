@@ -1,30 +1,35 @@
-// An int8 gemm for the K formats (Q4_K, Q5_K, Q6_K) with AVX-512 VNNI,
-// for products of many x rows (prefill). x is quantised to 8 bits per
-// 256 elements, as for the integer dot products of decode, and each
-// weight super-block is unpacked once per block of x rows to unsigned
-// 8-bit quants; vpdpbusd then does 64 multiply-adds an instruction where
-// the float gemm's FMA does 16.
+// An int8 gemm for the ggml block formats (Q4_K, Q5_K, Q6_K and the
+// 32-element Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with AVX-512 VNNI, for
+// products of many x rows (prefill). x is quantised to 8 bits as for the
+// integer dot products of decode (a scale per 256 elements for the K
+// formats, per 32 for the others), and each weight row is unpacked once
+// per product to unsigned 8-bit quants; vpdpbusd then does 64
+// multiply-adds an instruction where the float gemm's FMA does 16.
 //
 // Both sides of a 256-element block are laid out so that 32-bit lane L of
 // the four 64-byte chunks holds elements 16L..16L+15 (chunk i elements
 // 16L+4i..16L+4i+3): the four vpdpbusd of a block leave in lane L the
 // integer dot product of 16 elements, which all share one scale and one
-// minimum in every K format (a Q4_K/Q5_K sub-block is lanes 2j and 2j+1,
-// a Q6_K one lane L). One float multiply-add per block applies the
-// scales, and one more the minimums against the x sums of the lane, so
-// a weight row needs no other per-format code once unpacked:
+// minimum in every format (a Q4_K/Q5_K sub-block or a 32-element block is
+// lanes 2j and 2j+1, a Q6_K sub-block one lane L). One float multiply-add
+// per block applies the scales, and one more the minimums against the x
+// sums of the lane, so a weight row needs no other per-format code once
+// unpacked:
 //
 //	value = SC[L]·q - MN[L]   (q the unsigned quant)
 //	Q4_K, Q5_K: SC = d·scale[L/2], MN = dmin·min[L/2]
 //	Q6_K:       SC = d·scale[L],   MN = 32·d·scale[L]
+//	Q8_0:       SC = d[L/2],       MN = 128·d[L/2]  (q = the int8 + 128)
+//	Q4_0, Q5_0: SC = d[L/2],       MN = 8·d, 16·d
+//	Q4_1, Q5_1: SC = d[L/2],       MN = -m[L/2]
 #include "cpu.h"
 #include "kscales.h"
 
 #include <string.h>
 
 // One 256-element block of either side: 256 quants in the lane layout,
-// then 16 floats (weights: SC; x: the lane sums times dx), then 16 more
-// (weights: MN; x: dx in the first).
+// then 16 floats (weights: SC; x: the lane sums times the lane's x
+// scale), then 16 more (weights: MN; x: the lane's x scale).
 #define QG_REC 384
 
 #if defined(__x86_64__) && !defined(BK_NO_SIMD)
@@ -55,8 +60,75 @@ QG_INLINE void qg_lanes(uint8_t *dst, const __m512i nat[4]) {
   }
 }
 
+// Bytes of a weight row per 256 elements.
+static int64_t qg_bytes(int dt) {
+  switch (dt) {
+  case BK_Q4_K: return 144;
+  case BK_Q5_K: return 176;
+  case BK_Q6_K: return 210;
+  case BK_Q8_0: return 8 * 34;
+  case BK_Q4_0: return 8 * 18;
+  case BK_Q4_1: return 8 * 20;
+  case BK_Q5_0: return 8 * 22;
+  case BK_Q5_1: return 8 * 24;
+  }
+  return 0;
+}
+
+// 32 quants of a Q4_0/Q4_1/Q5_0/Q5_1 block, unsigned: element e < 16 the
+// low nibble of qs[e], e >= 16 the high nibble of qs[e-16], and bit e of
+// qh as the fifth.
+QG_INLINE __m256i qg_nib32(const uint8_t *qs, uint32_t qh) {
+  const __m128i m4 = _mm_set1_epi8(15);
+  __m128i v = _mm_loadu_si128((const __m128i *)qs);
+  __m256i q = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(v, m4)),
+                                      _mm_and_si128(_mm_srli_epi16(v, 4), m4), 1);
+  return _mm256_or_si256(q, _mm256_maskz_set1_epi8((__mmask32)qh, 16));
+}
+
+// Eight 32-element blocks of a weight row to a record.
+QG_INLINE void qg_unpack32(uint8_t *rec, const uint8_t *B, int dt) {
+  __m512i nat[4];
+  float *sc = (float *)(rec + 256), *mn = sc + 16;
+  const int64_t bytes = qg_bytes(dt) / 8;
+  __m256i q[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; j++) {
+    const uint8_t *b = B + j * bytes;
+    const float d = qg_h(b);
+    float m;
+    uint32_t qh = 0;
+    switch (dt) {
+    case BK_Q8_0:
+      q[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+      m = 128 * d;
+      break;
+    case BK_Q4_0: q[j] = qg_nib32(b + 2, 0), m = 8 * d; break;
+    case BK_Q4_1: q[j] = qg_nib32(b + 4, 0), m = -qg_h(b + 2); break;
+    case BK_Q5_0:
+      memcpy(&qh, b + 2, 4);
+      q[j] = qg_nib32(b + 6, qh), m = 16 * d;
+      break;
+    default: // Q5_1
+      memcpy(&qh, b + 4, 4);
+      q[j] = qg_nib32(b + 8, qh), m = -qg_h(b + 2);
+      break;
+    }
+    sc[2 * j] = sc[2 * j + 1] = d;
+    mn[2 * j] = mn[2 * j + 1] = m;
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; c++)
+    nat[c] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * c]), q[2 * c + 1], 1);
+  qg_lanes(rec, nat);
+}
+
 // One super-block of a weight row to a record.
 QG_INLINE void qg_unpack(uint8_t *rec, const uint8_t *B, int dt) {
+  if (dt != BK_Q4_K && dt != BK_Q5_K && dt != BK_Q6_K) {
+    qg_unpack32(rec, B, dt);
+    return;
+  }
   __m512i nat[4];
   float *sc = (float *)(rec + 256), *mn = sc + 16;
   const __m512i m4 = _mm512_set1_epi8(15);
@@ -163,7 +235,7 @@ QG_INLINE void qg_tile(const int R, const int C, const uint8_t *wr, int64_t wstr
 #pragma GCC unroll 4
       for (int c = 0; c < C; c++) {
         const float *xf = (const float *)(xb + c * xstride + 256);
-        __m512 t = _mm512_mul_ps(sc, _mm512_set1_ps(xf[16]));
+        __m512 t = _mm512_mul_ps(sc, _mm512_loadu_ps(xf + 16));
         a[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][c]), t, a[r][c]);
         a[r][c] = _mm512_fnmadd_ps(mn, _mm512_loadu_ps(xf), a[r][c]);
       }
@@ -195,16 +267,16 @@ QG static void qg_tile_any(int nr, int nc, const uint8_t *wr, int64_t wstride, c
 
 QG static void qg_unpack_rows(uint8_t *dst, const uint8_t *w, int64_t rb, int dt, int64_t nr,
                               int64_t nsb) {
-  int64_t bytes = dt == BK_Q4_K ? 144 : dt == BK_Q5_K ? 176 : 210;
+  const int64_t bytes = qg_bytes(dt);
   for (int64_t r = 0; r < nr; r++)
     for (int64_t b = 0; b < nsb; b++) qg_unpack(dst + (r * nsb + b) * QG_REC, w + r * rb + b * bytes, dt);
 }
 
-// x rows to records: bk_quant_x's scale and rounding per 256 elements (so
-// both integer paths agree), then the lane layout, and the lane sums by
-// vpdpbusd with ones.
-QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t i0,
-                        int64_t i1) {
+// x rows to records: bk_quant_x's scales (one per xblock elements, 32 or
+// 256) and rounding, so both integer paths agree, then the lane layout,
+// and the lane sums by vpdpbusd with ones.
+QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t xblock,
+                        int64_t i0, int64_t i1) {
   (void)n;
   const int64_t nsb = cols / 256;
   const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
@@ -213,17 +285,28 @@ QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, in
     for (int64_t b = 0; b < nsb; b++) {
       const float *xb = x + i * cols + 256 * b;
       uint8_t *rec = xr + (i * nsb + b) * QG_REC;
-      __m512 m = _mm512_setzero_ps();
-      for (int l = 0; l < 16; l++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * l)));
-      float amax = _mm512_reduce_max_ps(m);
-      float dd = amax / 127, id = dd != 0 ? 1 / dd : 0;
-      const __m512 vid = _mm512_set1_ps(id);
+      // dd[l]: the scale of the 16 elements 16l..16l+15 (lane l).
+      float dd[16], id[16];
+      if (xblock == 256) {
+        __m512 m = _mm512_setzero_ps();
+        for (int l = 0; l < 16; l++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * l)));
+        float d = _mm512_reduce_max_ps(m) / 127;
+        for (int l = 0; l < 16; l++) dd[l] = d;
+      } else {
+        for (int g = 0; g < 8; g++) {
+          __m512 m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * g)),
+                                   _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * g + 16)));
+          dd[2 * g] = dd[2 * g + 1] = _mm512_reduce_max_ps(m) / 127;
+        }
+      }
+      for (int l = 0; l < 16; l++) id[l] = dd[l] != 0 ? 1 / dd[l] : 0;
       __m512i nat[4];
       for (int c = 0; c < 4; c++) {
         __m128i part[4];
         for (int j = 0; j < 4; j++) {
-          __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 64 * c + 16 * j), vid));
-          part[j] = _mm512_cvtepi32_epi8(_mm512_max_epi32(_mm512_min_epi32(v, lim), nlim));
+          __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xb + 64 * c + 16 * j), _mm512_set1_ps(id[4 * c + j]));
+          __m512i q = _mm512_cvtps_epi32(v);
+          part[j] = _mm512_cvtepi32_epi8(_mm512_max_epi32(_mm512_min_epi32(q, lim), nlim));
         }
         __m512i v = _mm512_castsi128_si512(part[0]);
         v = _mm512_inserti32x4(v, part[1], 1);
@@ -235,14 +318,24 @@ QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, in
       for (int c = 0; c < 4; c++)
         sum = _mm512_dpbusd_epi32(sum, ones, _mm512_loadu_si512((const void *)(rec + 64 * c)));
       float *f = (float *)(rec + 256);
-      _mm512_storeu_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dd)));
-      _mm512_storeu_ps(f + 16, _mm512_set_ps(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, dd));
+      __m512 vd = _mm512_loadu_ps(dd);
+      _mm512_storeu_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(sum), vd));
+      _mm512_storeu_ps(f + 16, vd);
     }
   }
 }
 #endif
 
 int64_t bk_qgemm_x_bytes(int64_t n, int64_t cols) { return n * (cols / 256) * QG_REC; }
+
+int bk_qgemm_takes(int dtype, int64_t cols) {
+  switch (dtype) {
+  case BK_Q4_K: case BK_Q5_K: case BK_Q6_K: case BK_Q8_0:
+  case BK_Q4_0: case BK_Q4_1: case BK_Q5_0: case BK_Q5_1:
+    return cols > 0 && cols % 256 == 0;
+  }
+  return 0;
+}
 
 // Weight rows are unpacked once per product, a group of them at a time
 // (QG_WB bytes of records, in L2); every x row then meets the group 4 rows
@@ -254,7 +347,7 @@ int64_t bk_qgemm_x_bytes(int64_t n, int64_t cols) { return n * (cols / 256) * QG
 int bk_qgemm(float *out, const uint8_t *xr, int64_t n, const uint8_t *w, int dtype, int64_t rows,
              int64_t cols, int64_t r0, int64_t r1) {
 #if defined(__x86_64__) && !defined(BK_NO_SIMD)
-  if (dtype != BK_Q4_K && dtype != BK_Q5_K && dtype != BK_Q6_K) return 0;
+  if (!bk_qgemm_takes(dtype, cols)) return 0;
   const int64_t nsb = cols / 256, rb = bk_row_bytes(dtype, cols), stride = nsb * QG_REC;
   int64_t rw = QG_WB / stride / 3 * 3;
   if (rw < 3) rw = 3;
@@ -277,8 +370,8 @@ int bk_qgemm(float *out, const uint8_t *xr, int64_t n, const uint8_t *w, int dty
 }
 
 #if !(defined(__x86_64__) && !defined(BK_NO_SIMD))
-void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t i0,
-                     int64_t i1) {
-  (void)xr, (void)x, (void)n, (void)cols, (void)i0, (void)i1;
+void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t xblock,
+                     int64_t i0, int64_t i1) {
+  (void)xr, (void)x, (void)n, (void)cols, (void)xblock, (void)i0, (void)i1;
 }
 #endif
