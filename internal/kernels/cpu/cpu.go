@@ -271,7 +271,8 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 // 2048x768: Q4_K 71 GOP/s from 4 to 32 rows against the gemm's 25-69,
 // Q6_K 61-66 against 22-62). Q8_0 at one row stays on the float decode
 // rows, which stream it faster (5632x2048: 37 against 25 GB/s); at 2 and
-// 3 rows the integer path is 3x the float dot products.
+// 3 rows the integer path is 3x the float dot products. Where the CPU
+// has AVX512-VNNI, MatMul asks useQGemm first.
 func useQdot(dt kernels.DType, n int) bool {
 	switch {
 	case dt == kernels.Q4_K || dt == kernels.Q5_K || dt == kernels.Q6_K:
