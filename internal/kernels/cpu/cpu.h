@@ -67,8 +67,8 @@ int bk_have_vnni(void);
 
 // bk_qgemm: the product of n x rows with weights in a ggml block format
 // as integer dot products, with AVX512-VNNI (qgemm512.c; callers check
-// bk_have_vnni). bk_qgemm_takes says for which dtypes and widths (Q4_K,
-// Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; cols a multiple of 256). x is
+// bk_have_vnni). bk_qgemm_takes says for which dtypes and widths (Q2_K to
+// Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; cols a multiple of 256). x is
 // quantised to 8 bits per xblock elements (bk_quant_x_block of the dtype)
 // by bk_qgemm_pack_x (rows [i0, i1) of n, into bk_qgemm_x_bytes(n, cols)
 // bytes). It writes out[i*rows + r] for r0 <= r < r1 and i < n, and

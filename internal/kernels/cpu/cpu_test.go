@@ -620,8 +620,8 @@ func TestMatMulQGemm(t *testing.T) {
 		t.Log("no avx512-vnni: this covers the float gemm only")
 	}
 	rng := rand.New(rand.NewPCG(35, 36))
-	for _, dt := range []kernels.DType{kernels.Q4_K, kernels.Q5_K, kernels.Q6_K, kernels.Q8_0, kernels.Q4_0,
-		kernels.Q4_1, kernels.Q5_0, kernels.Q5_1} {
+	for _, dt := range []kernels.DType{kernels.Q4_K, kernels.Q5_K, kernels.Q6_K, kernels.Q3_K, kernels.Q2_K,
+		kernels.Q8_0, kernels.Q4_0, kernels.Q4_1, kernels.Q5_0, kernels.Q5_1} {
 		checkMatMulRef(t, rng, dt, 89, 2560, 37)
 		if dt.BlockSize() == 32 {
 			checkMatMulRef(t, rng, dt, 7, 288, 33)

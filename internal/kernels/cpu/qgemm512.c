@@ -1,5 +1,5 @@
-// An int8 gemm for the ggml block formats (Q4_K, Q5_K, Q6_K and the
-// 32-element Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with AVX-512 VNNI, for
+// An int8 gemm for the ggml block formats (Q2_K..Q6_K and the 32-element
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) with AVX-512 VNNI, for
 // products of many x rows (prefill). x is quantised to 8 bits as for the
 // integer dot products of decode (a scale per 256 elements for the K
 // formats, per 32 for the others), and each weight row is unpacked once
@@ -19,6 +19,8 @@
 //	value = SC[L]·q - MN[L]   (q the unsigned quant)
 //	Q4_K, Q5_K: SC = d·scale[L/2], MN = dmin·min[L/2]
 //	Q6_K:       SC = d·scale[L],   MN = 32·d·scale[L]
+//	Q3_K:       SC = d·scale[L],   MN = 4·d·scale[L]    (q = q3 + 4·hbit)
+//	Q2_K:       SC = d·scale[L],   MN = dmin·min[L]
 //	Q8_0:       SC = d[L/2],       MN = 128·d[L/2]  (q = the int8 + 128)
 //	Q4_0, Q5_0: SC = d[L/2],       MN = 8·d, 16·d
 //	Q4_1, Q5_1: SC = d[L/2],       MN = -m[L/2]
@@ -66,6 +68,8 @@ static int64_t qg_bytes(int dt) {
   case BK_Q4_K: return 144;
   case BK_Q5_K: return 176;
   case BK_Q6_K: return 210;
+  case BK_Q3_K: return 110;
+  case BK_Q2_K: return 84;
   case BK_Q8_0: return 8 * 34;
   case BK_Q4_0: return 8 * 18;
   case BK_Q4_1: return 8 * 20;
@@ -123,8 +127,57 @@ QG_INLINE void qg_unpack32(uint8_t *rec, const uint8_t *B, int dt) {
   qg_lanes(rec, nat);
 }
 
+// A Q2_K or Q3_K super-block: 2-bit quants (bits 2k..2k+1 of 32 bytes
+// give elements 32k..32k+31 of each 128), and for Q3_K a third bit from
+// hmask; 16 scales of 16 elements.
+QG_INLINE void qg_unpack23(uint8_t *rec, const uint8_t *B, int dt) {
+  __m512i nat[4];
+  float *sc = (float *)(rec + 256), *mn = sc + 16;
+  const int three = dt == BK_Q3_K;
+  const uint8_t *qs = B + (three ? 32 : 16);
+  const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+  // Per 16-bit lane: the low half's bytes shift by 2k, the high half's
+  // by 2k+2 (k = 2(m%2)), and the hmask bits by h4+k and h4+k+1.
+  const __m512i step = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
+  __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)B));
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; m++) {
+    const int h = m / 2, k = 2 * (m % 2);
+    __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+    __m512i q = _mm512_and_si512(
+        _mm512_srlv_epi16(v, _mm512_add_epi16(_mm512_set1_epi16((short)(2 * k)), _mm512_slli_epi16(step, 1))), m3);
+    if (three) {
+      __m512i hb = _mm512_and_si512(
+          _mm512_srlv_epi16(hm, _mm512_add_epi16(_mm512_set1_epi16((short)(4 * h + k)), step)), one);
+      q = _mm512_or_si512(q, _mm512_slli_epi16(hb, 2)); // q3 + 4·bit: 0..7, 4 too many
+    }
+    nat[m] = q;
+  }
+  if (three) {
+    const float d = qg_h(B + 108);
+    const uint8_t *s = B + 96;
+    for (int g = 0; g < 16; g++) {
+      int lo = g < 8 ? s[g % 8] & 15 : s[g % 8] >> 4;
+      int v = (lo | ((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+      sc[g] = d * (float)v;
+      mn[g] = 4 * sc[g];
+    }
+  } else {
+    const float d = qg_h(B + 80), dmin = qg_h(B + 82);
+    for (int g = 0; g < 16; g++) {
+      sc[g] = d * (float)(B[g] & 15);
+      mn[g] = dmin * (float)(B[g] >> 4);
+    }
+  }
+  qg_lanes(rec, nat);
+}
+
 // One super-block of a weight row to a record.
 QG_INLINE void qg_unpack(uint8_t *rec, const uint8_t *B, int dt) {
+  if (dt == BK_Q2_K || dt == BK_Q3_K) {
+    qg_unpack23(rec, B, dt);
+    return;
+  }
   if (dt != BK_Q4_K && dt != BK_Q5_K && dt != BK_Q6_K) {
     qg_unpack32(rec, B, dt);
     return;
@@ -330,7 +383,7 @@ int64_t bk_qgemm_x_bytes(int64_t n, int64_t cols) { return n * (cols / 256) * QG
 
 int bk_qgemm_takes(int dtype, int64_t cols) {
   switch (dtype) {
-  case BK_Q4_K: case BK_Q5_K: case BK_Q6_K: case BK_Q8_0:
+  case BK_Q4_K: case BK_Q5_K: case BK_Q6_K: case BK_Q3_K: case BK_Q2_K: case BK_Q8_0:
   case BK_Q4_0: case BK_Q4_1: case BK_Q5_0: case BK_Q5_1:
     return cols > 0 && cols % 256 == 0;
   }
