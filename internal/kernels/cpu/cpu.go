@@ -314,14 +314,8 @@ func (b *Backend) quantisesX(dt kernels.DType, n, cols int) bool {
 // qgemm is MatMul through bk_qgemm_pack_x and bk_qgemm.
 func (b *Backend) qgemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
 	cols := w.Cols
-	need := int(C.bk_qgemm_x_bytes(C.int64_t(n), C.int64_t(cols)))
-	var xr []byte
-	if v, ok := qpacks.Get().(*[]byte); ok && cap(*v) >= need {
-		xr = (*v)[:need]
-	} else {
-		xr = make([]byte, need)
-	}
-	defer qpacks.Put(&xr)
+	xr, put := pooled[byte](&qpacks, int(C.bk_qgemm_x_bytes(C.int64_t(n), C.int64_t(cols))))
+	defer put()
 	xp := (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(xr)))
 	block := C.bk_quant_x_block(C.int(w.DType))
 	b.parallel(n, 1, 8*n*cols, func(lo, hi int) {
@@ -335,6 +329,18 @@ func (b *Backend) qgemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Po
 
 // qpacks holds the buffers qgemm quantises x into.
 var qpacks sync.Pool
+
+// pooled returns n elements of a buffer from p (or a new one) and the
+// function that gives it back.
+func pooled[T any](p *sync.Pool, n int) ([]T, func()) {
+	var s []T
+	if v, ok := p.Get().(*[]T); ok && cap(*v) >= n {
+		s = (*v)[:n]
+	} else {
+		s = make([]T, n)
+	}
+	return s, func() { p.Put(&s) }
+}
 
 // qbufs holds the buffers x is quantised into for qdot, reused across
 // products like packs.
@@ -401,14 +407,8 @@ var packs sync.Pool
 // call that reads its weights once for all n rows.
 func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Pointer, work int) {
 	npan := (n + 15) / 16
-	need := npan * 16 * w.Cols
-	var xp []float32
-	if v, ok := packs.Get().(*[]float32); ok && cap(*v) >= need {
-		xp = (*v)[:need]
-	} else {
-		xp = make([]float32, need)
-	}
-	defer packs.Put(&xp)
+	xp, put := pooled[float32](&packs, npan*16*w.Cols)
+	defer put()
 	b.parallel(npan, 1, n*w.Cols, func(lo, hi int) {
 		C.bk_pack_x(b.simdFlag(), fptr(xp), fptr(x), C.int64_t(n), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})

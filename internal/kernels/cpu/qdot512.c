@@ -7,6 +7,7 @@
 // gemm. The integer sums per super-block are the AVX2 kernels'; only the
 // float sums over super-blocks run in 16 lanes instead of 8.
 #include "cpu.h"
+#include "kquants512.h"
 #include "kscales.h"
 
 #include <string.h>
@@ -45,10 +46,6 @@ Q512_INLINE void zq_k45_n(const int five, const int N, float *out, const int8_t 
                           int64_t cols, int64_t r0, int64_t r1) {
   const int64_t bytes = five ? 176 : 144, nsb = cols / 256, nb = cols / 32;
   const int64_t rb = nsb * bytes;
-  const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
-  // Per 16-bit lane: shift the low half's bytes by 0 and the high half's
-  // by 4 (nibbles), or by 2p and 2p+1 (Q5_K's fifth bits).
-  const __m512i nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
   for (int64_t r = r0; r < r1; r++) {
     const uint8_t *row = w + r * rb;
     __m512 acc[ZQN];
@@ -76,18 +73,9 @@ Q512_INLINE void zq_k45_n(const int five, const int N, float *out, const int8_t 
                                   _mm256_set1_ps(dmin * xd), accm[i]);
         isum[i] = _mm512_setzero_si512();
       }
-      const uint8_t *qsb = B + (five ? 48 : 16);
-      __m512i qh = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B + 16)))
-                        : _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int p = 0; p < 4; p++) {
-        __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qsb + 32 * p)));
-        __m512i q = _mm512_and_si512(_mm512_srlv_epi16(v, nib_shift), m4);
-        if (five) {
-          __m512i hs = _mm512_add_epi16(_mm512_srli_epi16(nib_shift, 2), _mm512_set1_epi16((short)(2 * p)));
-          __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, hs), one);
-          q = _mm512_or_si512(q, _mm512_slli_epi16(hb, 4));
-        }
+        __m512i q = k45_group(B, five, p);
         __m512i scv = scale_pair(sc[2 * p], sc[2 * p + 1]);
 #pragma GCC unroll 4
         for (int i = 0; i < N; i++) {
@@ -107,10 +95,7 @@ Q512_INLINE void zq_k45_n(const int five, const int N, float *out, const int8_t 
 Q512_INLINE void zq_k6_n(const int N, float *out, const int8_t *qs, const float *d,
                          const uint8_t *w, int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   const int64_t nsb = cols / 256, rb = nsb * 210;
-  const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), m32 = _mm512_set1_epi8(32);
-  // The low 256 bits hold 32 elements of ql0 and qh, the high 256 bits
-  // the next 32, of ql1 and qh shifted 2 further (per 16-bit lane).
-  const __m512i hshift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  const __m512i m32 = _mm512_set1_epi8(32);
   // A 128-bit quarter j of scale vector v takes scale 4v+j, widened.
   const __m512i qsel = _mm512_set_epi16(15, 15, 15, 15, 15, 15, 15, 15, 14, 14, 14, 14, 14, 14,
                                         14, 14, 13, 13, 13, 13, 13, 13, 13, 13, 12, 12, 12, 12,
@@ -131,15 +116,9 @@ Q512_INLINE void zq_k6_n(const int N, float *out, const int8_t *qs, const float 
       for (int i = 0; i < N; i++) isum[i] = _mm512_setzero_si512();
 #pragma GCC unroll 2
       for (int h = 0; h < 2; h++) {
-        __m512i ql = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(B + 64 * h))),
-            _mm256_loadu_si256((const __m256i *)(B + 64 * h + 32)), 1);
-        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B + 128 + 32 * h)));
 #pragma GCC unroll 2
         for (int k = 0; k < 2; k++) { // elements 128h + 64k .. +64
-          __m512i nib = _mm512_and_si512(k ? _mm512_srli_epi16(ql, 4) : ql, m4);
-          __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, _mm512_add_epi16(hshift, _mm512_set1_epi16((short)(4 * k)))), m3);
-          __m512i q = _mm512_or_si512(nib, _mm512_slli_epi16(hb, 4)); // 0..63, 32 too many
+          __m512i q = k6_chunk(B, h, k); // 0..63, 32 too many
           __m512i scv = _mm512_permutexvar_epi16(
               _mm512_sub_epi16(qsel, _mm512_set1_epi16((short)(12 - 8 * h - 4 * k))), s16);
 #pragma GCC unroll 4

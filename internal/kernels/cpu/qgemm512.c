@@ -25,6 +25,7 @@
 //	Q4_0, Q5_0: SC = d[L/2],       MN = 8·d, 16·d
 //	Q4_1, Q5_1: SC = d[L/2],       MN = -m[L/2]
 #include "cpu.h"
+#include "kquants512.h"
 #include "kscales.h"
 
 #include <string.h>
@@ -184,22 +185,9 @@ QG_INLINE void qg_unpack(uint8_t *rec, const uint8_t *B, int dt) {
   }
   __m512i nat[4];
   float *sc = (float *)(rec + 256), *mn = sc + 16;
-  const __m512i m4 = _mm512_set1_epi8(15);
   if (dt == BK_Q6_K) {
-    const __m512i m3 = _mm512_set1_epi8(3);
-    const __m512i hshift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-      __m512i ql = _mm512_loadu_si512((const void *)(B + 64 * h));
-      __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B + 128 + 32 * h)));
-#pragma GCC unroll 2
-      for (int k = 0; k < 2; k++) {
-        __m512i nib = _mm512_and_si512(k ? _mm512_srli_epi16(ql, 4) : ql, m4);
-        __m512i hb = _mm512_and_si512(
-            _mm512_srlv_epi16(qh, _mm512_add_epi16(hshift, _mm512_set1_epi16((short)(4 * k)))), m3);
-        nat[2 * h + k] = _mm512_or_si512(nib, _mm512_slli_epi16(hb, 4));
-      }
-    }
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) nat[m] = k6_chunk(B, m / 2, m % 2);
     const float d = qg_h(B + 208);
     __m512 s = _mm512_mul_ps(
         _mm512_set1_ps(d),
@@ -207,24 +195,8 @@ QG_INLINE void qg_unpack(uint8_t *rec, const uint8_t *B, int dt) {
     _mm512_storeu_ps(sc, s);
     _mm512_storeu_ps(mn, _mm512_mul_ps(s, _mm512_set1_ps(32)));
   } else {
-    const int five = dt == BK_Q5_K;
-    const __m512i one = _mm512_set1_epi8(1);
-    // Per 16-bit lane: the low half's bytes take the low nibbles, the
-    // high half's the high ones (and Q5_K's fifth bits 2g and 2g+1).
-    const __m512i nib_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    const uint8_t *qs = B + (five ? 48 : 16);
-    __m512i qh = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(B + 16)))
-                      : _mm512_setzero_si512();
 #pragma GCC unroll 4
-    for (int g = 0; g < 4; g++) {
-      __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * g)));
-      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(v, nib_shift), m4);
-      if (five) {
-        __m512i hs = _mm512_add_epi16(_mm512_srli_epi16(nib_shift, 2), _mm512_set1_epi16((short)(2 * g)));
-        q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, hs), one), 4));
-      }
-      nat[g] = q;
-    }
+    for (int g = 0; g < 4; g++) nat[g] = k45_group(B, dt == BK_Q5_K, g);
     uint32_t u[4];
     k4_scales(B, u); // bytes 0..7: the 8 scales, 8..15: the 8 mins
     uint8_t b[16];
