@@ -655,3 +655,35 @@ func checkQGemmMatchesQdot(t *testing.T, rng *rand.Rand, dt kernels.DType) {
 		}
 	}
 }
+
+// TestMatMulPropagatesNaN: a NaN or an infinity in one x row (what a read
+// of poisoned KV leaves in the attention output) makes every output of
+// that row non-finite on every path, the integer ones included (their
+// 8-bit quantisation of x would otherwise turn it into finite logits and
+// hide the poisoned read), and leaves the other rows finite.
+func TestMatMulPropagatesNaN(t *testing.T) {
+	rng := rand.New(rand.NewPCG(37, 38))
+	const rows, cols = 7, 512
+	for _, dt := range append([]kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0}, kernels.QuantDTypes...) {
+		w := randMatrix(rng, dt, rows, cols)
+		for _, n := range []int{1, 2, 3, 5, 8, 17, 40} {
+			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1))} {
+				x := randVec(rng, n*cols, 1)
+				x[(n-1)*cols+300] = bad
+				for _, v := range variants(t) {
+					got := make([]float32, n*rows)
+					v.b.MatMul(got, x, n, w)
+					for i, g := range got {
+						finite := !math.IsNaN(float64(g)) && !math.IsInf(float64(g), 0)
+						if i/rows == n-1 && finite {
+							t.Fatalf("%s n=%d [%s]: x row %d holds %g, but output %d is %g", dt, n, v.name, n-1, bad, i, g)
+						}
+						if i/rows != n-1 && !finite {
+							t.Fatalf("%s n=%d [%s]: output %d of a finite x row is %g", dt, n, v.name, i, g)
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -28,6 +28,8 @@
 #include "kquants512.h"
 #include "kscales.h"
 
+#include <float.h>
+#include <math.h>
 #include <string.h>
 
 // One 256-element block of either side: 256 quants in the lane layout,
@@ -311,20 +313,23 @@ QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, in
       const float *xb = x + i * cols + 256 * b;
       uint8_t *rec = xr + (i * nsb + b) * QG_REC;
       // dd[l]: the scale of the 16 elements 16l..16l+15 (lane l).
+      // A NaN or infinity makes its scale NaN (see bk_quant_x).
       float dd[16], id[16];
-      if (xblock == 256) {
-        __m512 m = _mm512_setzero_ps();
-        for (int l = 0; l < 16; l++) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * l)));
-        float d = _mm512_reduce_max_ps(m) / 127;
-        for (int l = 0; l < 16; l++) dd[l] = d;
-      } else {
-        for (int g = 0; g < 8; g++) {
-          __m512 m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + 32 * g)),
-                                   _mm512_abs_ps(_mm512_loadu_ps(xb + 32 * g + 16)));
-          dd[2 * g] = dd[2 * g + 1] = _mm512_reduce_max_ps(m) / 127;
-        }
+      float amax[16];
+      int bad[16];
+      for (int l = 0; l < 16; l++) {
+        __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xb + 16 * l));
+        bad[l] = _mm512_cmp_ps_mask(a, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ) != 0;
+        amax[l] = _mm512_reduce_max_ps(a);
       }
-      for (int l = 0; l < 16; l++) id[l] = dd[l] != 0 ? 1 / dd[l] : 0;
+      const int per = xblock == 256 ? 16 : 2; // lanes per scale
+      for (int l0 = 0; l0 < 16; l0 += per) {
+        float m = 0;
+        int b = 0;
+        for (int l = l0; l < l0 + per; l++) m = amax[l] > m ? amax[l] : m, b |= bad[l];
+        const float d = m / 127;
+        for (int l = l0; l < l0 + per; l++) dd[l] = b ? NAN : d, id[l] = !b && d != 0 ? 1 / d : 0;
+      }
       __m512i nat[4];
       for (int c = 0; c < 4; c++) {
         __m128i part[4];

@@ -16,6 +16,7 @@
 #include "cpu.h"
 #include "kscales.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,15 +186,24 @@ void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int
     for (int64_t g = 0; g < nd; g++) {
       const float *xg = x + i * cols + block * g;
       float amax = 0;
-      for (int64_t j = 0; j < block; j++) amax = fmaxf(amax, fabsf(xg[j]));
-      float dd = amax / 127, id = dd != 0 ? 1 / dd : 0;
+      int bad = 0;
+      for (int64_t j = 0; j < block; j++) {
+        float a = fabsf(xg[j]);
+        bad |= !(a <= FLT_MAX);
+        amax = fmaxf(amax, a);
+      }
+      // A NaN or infinity in x makes the block's scale NaN, so every
+      // product with it is NaN as in float (fmaxf alone would drop a NaN,
+      // and a read of poisoned KV would come out as finite logits).
+      float dd = bad ? NAN : amax / 127, id = !bad && dd != 0 ? 1 / dd : 0;
       d[i * nd + g] = dd;
       for (int64_t b = g * block / 32; b < (g + 1) * block / 32; b++) {
         const float *xb = x + i * cols + 32 * b;
         int8_t *qb = qs + i * cols + 32 * b;
         int32_t sum = 0;
         for (int j = 0; j < 32; j++) {
-          int v = (int)lrintf(xb[j] * id);
+          float t = xb[j] * id;
+          int v = t == t ? (int)lrintf(t) : 0;
           v = v > 127 ? 127 : v < -127 ? -127 : v;
           qb[j] = (int8_t)v;
           sum += v;
