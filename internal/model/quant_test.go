@@ -348,3 +348,77 @@ func TestLoadRefusesUnsupportedDTypes(t *testing.T) {
 	}
 	l.Model.Close()
 }
+
+// TestQuantizedModelPoisonedKVIsNaN: with block-format weights, whose
+// products quantise x to 8 bits, a read of a poisoned (NaN) KV page still
+// makes that sequence's logits NaN, in a decode step of two
+// sequences and in a prefill chunk of 20 tokens, and leaves the other
+// sequence's finite: the NaN-logits gate sees the read.
+func TestQuantizedModelPoisonedKVIsNaN(t *testing.T) {
+	c := Config{Arch: "llama", Vocab: 512, Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 64, FF: 512, ContextLength: 64,
+		NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
+	w, err := DummyWeights(&c, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requantize(w, func(kind string) kernels.DType {
+		if kind == "output" || kind == "ffn_down" {
+			return kernels.Q6_K
+		}
+		return kernels.Q4_K
+	})
+	m := New(c, w, cpu.New(2))
+	const plen = 24
+	nonFinite := func(v []float32) (bad, good int) {
+		for _, f := range v {
+			if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+				bad++
+			} else {
+				good++
+			}
+		}
+		return bad, good
+	}
+	for _, chunk := range []int{1, 20} {
+		kv, tables := benchKV(&c, 2, plen+chunk, 4)
+		pre := &Batch{}
+		for s := 0; s < 2; s++ {
+			q0 := len(pre.Tokens)
+			for p := 0; p < plen; p++ {
+				pre.Tokens = append(pre.Tokens, int32((p*37+s*11+5)%c.Vocab))
+				pre.Positions = append(pre.Positions, int32(p))
+				pre.Slots = append(pre.Slots, tables[s][p/4]*4+int32(p%4))
+			}
+			pre.Seqs = append(pre.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: q0, QLen: plen, KVLen: plen})
+		}
+		if _, err := m.Forward(pre, kv); err != nil {
+			t.Fatal(err)
+		}
+		// Sequence 0's second page as --kv-poison leaves a page nobody
+		// wrote: NaN in every K and V element.
+		page := int(tables[0][1])
+		for i := page * kv.PageElems(); i < (page+1)*kv.PageElems(); i++ {
+			kv.Data[i] = float32(math.NaN())
+		}
+		next := &Batch{}
+		for s := 0; s < 2; s++ {
+			q0 := len(next.Tokens)
+			for p := plen; p < plen+chunk; p++ {
+				next.Tokens = append(next.Tokens, int32((p*13+s)%c.Vocab))
+				next.Positions = append(next.Positions, int32(p))
+				next.Slots = append(next.Slots, tables[s][p/4]*4+int32(p%4))
+			}
+			next.Seqs = append(next.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: q0, QLen: chunk, KVLen: plen + chunk})
+		}
+		out, err := m.Forward(next, kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bad, _ := nonFinite(out[:c.Vocab]); bad != c.Vocab {
+			t.Errorf("chunk %d: sequence 0 read NaN KV, but %d of its %d logits are finite", chunk, c.Vocab-bad, c.Vocab)
+		}
+		if bad, _ := nonFinite(out[c.Vocab : 2*c.Vocab]); bad != 0 {
+			t.Errorf("chunk %d: sequence 1 read no NaN, but %d of its logits are not finite", chunk, bad)
+		}
+	}
+}
