@@ -41,8 +41,8 @@ AVX512_INLINE __m512 zld_bf16(const uint16_t *p) {
 
 // exp8 of cpu.c, 16 wide: the same clamp, reduction and polynomial.
 AVX512_INLINE __m512 zexp16(__m512 x) {
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);
+  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

@@ -819,10 +819,12 @@ void bk_rope(int simd, float *x, const int32_t *pos, int64_t heads, int64_t hd, 
 #ifdef BK_X86
 // exp(x) for float lanes, Cephes-style range reduction and polynomial
 // (about 1 ulp). Inputs are clamped to [-87.3, 88]: below, the result is
-// ~1e-38 instead of a denormal or 0, which no caller can tell apart.
+// ~1e-38 instead of a denormal or 0, which no caller can tell apart. The
+// clamps take x as their second operand, which min/max return when it is
+// NaN: a NaN attention score (poisoned K) stays NaN, not a finite weight.
 AVX2_INLINE __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
+  x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);
   __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);

@@ -187,3 +187,58 @@ func TestPoisonedHalfKVReadsNaN(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionNaNInKOrVReadsNaN: one NaN element in the K row, or in the
+// V row, of a position (a slot half written, as a landing transfer can
+// leave it) makes the output of every query row that attends to it NaN,
+// for decode rows and prefill chunks, every kernel and KV dtype: the
+// exp's clamp must not turn a NaN score into a finite weight. Rows that
+// do not reach the position stay finite.
+func TestAttentionNaNInKOrVReadsNaN(t *testing.T) {
+	rng := rand.New(rand.NewPCG(39, 40))
+	const heads, kvHeads, hd, ctx, qlen = 4, 2, 64, 40, 12
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+		for _, inV := range []bool{false, true} {
+			kv := kernels.PagedKV{PageSize: 16, Layers: 1, KVHeads: kvHeads, HeadDim: hd, DType: dt}
+			kv.Data = make([]float32, 3*kv.PageFloats())
+			pages := []int32{2, 0, 1}
+			for p := 0; p < ctx; p++ {
+				off := kv.KOffset(int(pages[p/16]), 0, p%16)
+				kv.StoreRow(off, randVec(rng, kvHeads*hd, 1))
+				kv.StoreRow(kv.VOffset(int(pages[p/16]), 0, p%16), randVec(rng, kvHeads*hd, 1))
+			}
+			// Position 30, KV head 1, element 5.
+			const bad = 30
+			off := kv.KOffset(int(pages[bad/16]), 0, bad%16)
+			if inV {
+				off = kv.VOffset(int(pages[bad/16]), 0, bad%16)
+			}
+			row := randVec(rng, kvHeads*hd, 1)
+			row[hd+5] = float32(math.NaN())
+			kv.StoreRow(off, row)
+			for _, n := range []int{1, qlen} { // a decode row, a prefill chunk
+				q := randVec(rng, n*heads*hd, 1)
+				seqs := []kernels.AttnSeq{{Pages: pages, QLen: n, KVLen: ctx}}
+				for _, v := range variants(t) {
+					out := make([]float32, n*heads*hd)
+					v.b.Attention(out, q, kv, 0, seqs, heads, hd)
+					for r := 0; r < n; r++ {
+						pos := ctx - n + r
+						for h := 0; h < heads; h++ {
+							reads := pos >= bad && h/(heads/kvHeads) == 1
+							for d := 0; d < hd; d++ {
+								x := float64(out[(r*heads+h)*hd+d])
+								if reads && !math.IsNaN(x) && (!inV || d == 5) {
+									t.Fatalf("%s NaN in %s, n=%d [%s]: row %d head %d out[%d] = %v, want NaN", dt, map[bool]string{false: "K", true: "V"}[inV], n, v.name, r, h, d, x)
+								}
+								if !reads && math.IsNaN(x) {
+									t.Fatalf("%s NaN in %s, n=%d [%s]: row %d head %d does not read position %d, but out[%d] is NaN", dt, map[bool]string{false: "K", true: "V"}[inV], n, v.name, r, h, bad, d)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
