@@ -44,6 +44,48 @@ func requantize(w *Weights, pick func(kind string) kernels.DType) {
 	}
 }
 
+// quantConfig is the small llama the quantised-model tests run.
+var quantConfig = Config{Arch: "llama", Vocab: 512, Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 64, FF: 512,
+	ContextLength: 64, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
+
+// quantWeights is quantConfig's dummy weights in the formats pick gives.
+func quantWeights(t *testing.T, pick func(kind string) kernels.DType) *Weights {
+	t.Helper()
+	c := quantConfig
+	w, err := DummyWeights(&c, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requantize(w, pick)
+	return w
+}
+
+// prefillBatch is plen prompt tokens from position 0 for each of nseq
+// sequences, over tables of 4-token pages.
+func prefillBatch(c *Config, tables [][]int32, nseq, plen int) *Batch {
+	b := &Batch{}
+	for s := 0; s < nseq; s++ {
+		q0 := len(b.Tokens)
+		for p := 0; p < plen; p++ {
+			b.Tokens = append(b.Tokens, int32((p*37+s*11+5)%c.Vocab))
+			b.Positions = append(b.Positions, int32(p))
+			b.Slots = append(b.Slots, tables[s][p/4]*4+int32(p%4))
+		}
+		b.Seqs = append(b.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: q0, QLen: plen, KVLen: plen})
+	}
+	return b
+}
+
+// q4KM is a Q4_K_M file's mix: Q4_K, with attn_v, ffn_down and the output
+// in Q6_K.
+func q4KM(kind string) kernels.DType {
+	switch kind {
+	case "attn_v", "ffn_down", "output":
+		return kernels.Q6_K
+	}
+	return kernels.Q4_K
+}
+
 // TestQuantizedModel runs a small llama whose weights mix the ggml block
 // formats the way quantised GGUF files do (Q4_K with attn_v, ffn_down and
 // the output in Q6_K, as in a Q4_K_M file; Q5_K_M, Q3_K_M and Q2_K-style mixes;
@@ -62,16 +104,9 @@ func TestQuantizedModel(t *testing.T) {
 	if !intPrefill {
 		t.Log("no int8 gemm on this CPU: the prefill is on the float gemm for both cpu backends")
 	}
-	c := Config{Arch: "llama", Vocab: 512, Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 64, FF: 512, ContextLength: 64,
-		NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
+	c := quantConfig
 	mixes := map[string]func(string) kernels.DType{
-		"q4_k_m": func(kind string) kernels.DType {
-			switch kind {
-			case "attn_v", "ffn_down", "output":
-				return kernels.Q6_K
-			}
-			return kernels.Q4_K
-		},
+		"q4_k_m": q4KM,
 		"q5_k_m": func(kind string) kernels.DType {
 			if kind == "ffn_down" || kind == "output" {
 				return kernels.Q6_K
@@ -105,11 +140,7 @@ func TestQuantizedModel(t *testing.T) {
 		},
 	}
 	for name, pick := range mixes {
-		w, err := DummyWeights(&c, kernels.F32)
-		if err != nil {
-			t.Fatal(err)
-		}
-		requantize(w, pick)
+		w := quantWeights(t, pick)
 		models := []*Model{New(c, w, ref.New()), New(c, w, float), New(c, w, dflt)}
 		const plen = 7
 		var logits [3][2][]float32 // [backend][prefill, decode]
@@ -119,16 +150,7 @@ func TestQuantizedModel(t *testing.T) {
 			// formats use integer dot products below 32 rows).
 			const nseq = 32
 			kv, tables := benchKV(&c, nseq, plen+1, 4)
-			pre := &Batch{}
-			for s := 0; s < nseq; s++ {
-				q0 := len(pre.Tokens)
-				for p := 0; p < plen; p++ {
-					pre.Tokens = append(pre.Tokens, int32((p*37+s*11+5)%c.Vocab))
-					pre.Positions = append(pre.Positions, int32(p))
-					pre.Slots = append(pre.Slots, tables[s][p/4]*4+int32(p%4))
-				}
-				pre.Seqs = append(pre.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: q0, QLen: plen, KVLen: plen})
-			}
+			pre := prefillBatch(&c, tables, nseq, plen)
 			out, err := m.Forward(pre, kv)
 			if err != nil {
 				t.Fatal(err)
@@ -264,19 +286,8 @@ func writeGGUF(t *testing.T, path string, c Config, w *Weights) {
 // mix) is described with its mix of tensor types, loads, and computes what
 // the same weights compute in memory.
 func TestQuantizedGGUF(t *testing.T) {
-	c := Config{Arch: "llama", Vocab: 512, Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 64, FF: 512, ContextLength: 64,
-		NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
-	w, err := DummyWeights(&c, kernels.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	requantize(w, func(kind string) kernels.DType {
-		switch kind {
-		case "attn_v", "ffn_down", "output":
-			return kernels.Q6_K
-		}
-		return kernels.Q4_K
-	})
+	c := quantConfig
+	w := quantWeights(t, q4KM)
 	path := filepath.Join(t.TempDir(), "mix.gguf")
 	writeGGUF(t, path, c, w)
 	d, err := Describe(path)
@@ -355,18 +366,8 @@ func TestLoadRefusesUnsupportedDTypes(t *testing.T) {
 // sequences and in a prefill chunk of 20 tokens, and leaves the other
 // sequence's finite: the NaN-logits gate sees the read.
 func TestQuantizedModelPoisonedKVIsNaN(t *testing.T) {
-	c := Config{Arch: "llama", Vocab: 512, Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 64, FF: 512, ContextLength: 64,
-		NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
-	w, err := DummyWeights(&c, kernels.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	requantize(w, func(kind string) kernels.DType {
-		if kind == "output" || kind == "ffn_down" {
-			return kernels.Q6_K
-		}
-		return kernels.Q4_K
-	})
+	c := quantConfig
+	w := quantWeights(t, q4KM)
 	m := New(c, w, cpu.New(2))
 	const plen = 24
 	nonFinite := func(v []float32) (bad, good int) {
@@ -381,16 +382,7 @@ func TestQuantizedModelPoisonedKVIsNaN(t *testing.T) {
 	}
 	for _, chunk := range []int{1, 20} {
 		kv, tables := benchKV(&c, 2, plen+chunk, 4)
-		pre := &Batch{}
-		for s := 0; s < 2; s++ {
-			q0 := len(pre.Tokens)
-			for p := 0; p < plen; p++ {
-				pre.Tokens = append(pre.Tokens, int32((p*37+s*11+5)%c.Vocab))
-				pre.Positions = append(pre.Positions, int32(p))
-				pre.Slots = append(pre.Slots, tables[s][p/4]*4+int32(p%4))
-			}
-			pre.Seqs = append(pre.Seqs, kernels.AttnSeq{Pages: tables[s], QStart: q0, QLen: plen, KVLen: plen})
-		}
+		pre := prefillBatch(&c, tables, 2, plen)
 		if _, err := m.Forward(pre, kv); err != nil {
 			t.Fatal(err)
 		}
