@@ -130,7 +130,7 @@ func (b *Backend) Features() string {
 		if b.avx512 {
 			isa += ", avx512 (gemm for n>=8, decode rows, K-format dot products, attention)"
 			if b.vnni {
-				isa += ", avx512-vnni (int8 gemm of the block formats for n>=32)"
+				isa += ", avx512-vnni (int8 gemm of the block formats for n>=16, n>=8 for the 32-element ones)"
 			}
 		} else if cpuHasAVX512 {
 			isa += " (avx512 available, disabled)"
