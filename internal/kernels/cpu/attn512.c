@@ -4,6 +4,7 @@
 // prefetched through the page table. Compiled with a target attribute
 // like the AVX-512 gemm and chosen at run time.
 #include "cpu.h"
+#include "vexp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -39,25 +40,7 @@ AVX512_INLINE __m512 zld_bf16(const uint16_t *p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-// exp8 of cpu.c, 16 wide: the same clamp, reduction and polynomial.
-AVX512_INLINE __m512 zexp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_set1_ps(88.0f), x);
-  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
-  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
+BK_VEXP(zexp16, AVX512_INLINE, __m512, 512, _mm512, _mm512_roundscale_ps)
 
 // Halves of a and b added: lanes 0-7 hold the 8-lane partial sums of a,
 // lanes 8-15 those of b (and so on for the narrower steps).

@@ -3,6 +3,7 @@
 // target attribute, so the binary runs on any x86-64 and picks at run time.
 #define _GNU_SOURCE
 #include "cpu.h"
+#include "vexp.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -817,29 +818,7 @@ void bk_rope(int simd, float *x, const int32_t *pos, int64_t heads, int64_t hd, 
 /* --------------------------------------------------------- SwiGLU, Add */
 
 #ifdef BK_X86
-// exp(x) for float lanes, Cephes-style range reduction and polynomial
-// (about 1 ulp). Inputs are clamped to [-87.3, 88]: below, the result is
-// ~1e-38 instead of a denormal or 0, which no caller can tell apart. The
-// clamps take x as their second operand, which min/max return when it is
-// NaN: a NaN attention score (poisoned K) stays NaN, not a finite weight.
-AVX2_INLINE __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
-  x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);
-  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+BK_VEXP(exp8, AVX2_INLINE, __m256, 256, _mm256, _mm256_round_ps)
 
 AVX2 static void swiglu_avx2(float *out, const float *g, const float *u, int64_t n) {
   int64_t i = 0;
