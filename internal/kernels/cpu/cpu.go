@@ -228,36 +228,58 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 	kernels.CheckMatMul(out, x, n, w)
 	wp := unsafe.Pointer(unsafe.SliceData(w.Data))
 	work := n * w.Rows * w.Cols
-	if w.DType == kernels.F32 && b.blasMinN > 0 && n >= b.blasMinN && uintptr(wp)%4 == 0 {
+	switch b.matmulPath(w.DType, n, w.Cols, uintptr(wp)%4 == 0) {
+	case pathSgemm:
 		b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 			C.bk_sgemm(fptr(out), fptr(x), C.int64_t(n), (*C.float)(wp),
 				C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 		})
-		return
-	}
-	if w.DType != kernels.F32 && b.blasMinN > 0 && n >= max(b.blasMinN, deqBLASMinN) {
+	case pathDeqSgemm:
 		b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 			C.bk_deq_sgemm(b.simdFlag(), fptr(out), fptr(x), C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),
 				C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 		})
-		return
-	}
-	if b.useQGemm(w.DType, n, w.Cols) {
+	case pathQGemm:
 		b.qgemm(out, x, n, w, wp, work)
-		return
-	}
-	if useQdot(w.DType, n) {
+	case pathQdot:
 		b.qdot(out, x, n, w, wp, work)
-		return
-	}
-	if b.simd && cpuHasSIMD && (n >= gemmMinN || n >= gemmMinN512 && b.avx512) {
+	case pathGemm:
 		b.gemm(out, x, n, w, wp, work)
-		return
+	default:
+		b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+			C.bk_matmul(b.simdFlag(), fptr(out), fptr(x), C.int64_t(n), (*C.uint8_t)(wp),
+				C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
+		})
 	}
-	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
-		C.bk_matmul(b.simdFlag(), fptr(out), fptr(x), C.int64_t(n), (*C.uint8_t)(wp),
-			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
-	})
+}
+
+// The kernels a MatMul can take, in the order matmulPath tries them.
+const (
+	pathSgemm    = iota // OpenBLAS on f32 weights
+	pathDeqSgemm        // OpenBLAS on weight rows dequantised once
+	pathQGemm           // the int8 gemm (x quantised)
+	pathQdot            // integer dot products (x quantised)
+	pathGemm            // the own gemm on packed x
+	pathRows            // dot products a weight row at a time
+)
+
+// matmulPath picks MatMul's kernel for n rows of x with dt weights of
+// cols columns (aligned: the weight data is 4-byte aligned, as sgemm
+// needs).
+func (b *Backend) matmulPath(dt kernels.DType, n, cols int, aligned bool) int {
+	switch {
+	case dt == kernels.F32 && b.blasMinN > 0 && n >= b.blasMinN && aligned:
+		return pathSgemm
+	case dt != kernels.F32 && b.blasMinN > 0 && n >= max(b.blasMinN, deqBLASMinN):
+		return pathDeqSgemm
+	case b.useQGemm(dt, n, cols):
+		return pathQGemm
+	case useQdot(dt, n):
+		return pathQdot
+	case b.simd && cpuHasSIMD && (n >= gemmMinN || n >= gemmMinN512 && b.avx512):
+		return pathGemm
+	}
+	return pathRows
 }
 
 // useQdot: products of n x rows with weights in one of the ggml block
@@ -305,10 +327,8 @@ func (b *Backend) useQGemm(dt kernels.DType, n, cols int) bool {
 // quantisesX says whether MatMul of n rows with dt weights quantises x to
 // 8 bits (what its error is bounded by).
 func (b *Backend) quantisesX(dt kernels.DType, n, cols int) bool {
-	if b.blasMinN > 0 && n >= max(b.blasMinN, deqBLASMinN) && dt != kernels.F32 {
-		return false
-	}
-	return useQdot(dt, n) || b.useQGemm(dt, n, cols)
+	p := b.matmulPath(dt, n, cols, true)
+	return p == pathQGemm || p == pathQdot
 }
 
 // qgemm is MatMul through bk_qgemm_pack_x and bk_qgemm.
@@ -319,7 +339,7 @@ func (b *Backend) qgemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Po
 	xp := (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(xr)))
 	block := C.bk_quant_x_block(C.int(w.DType))
 	b.parallel(n, 1, 8*n*cols, func(lo, hi int) {
-		C.bk_qgemm_pack_x(xp, fptr(x), C.int64_t(n), C.int64_t(cols), C.int64_t(block), C.int64_t(lo), C.int64_t(hi))
+		C.bk_qgemm_pack_x(xp, fptr(x), C.int64_t(cols), C.int64_t(block), C.int64_t(lo), C.int64_t(hi))
 	})
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 		C.bk_qgemm(fptr(out), xp, C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),

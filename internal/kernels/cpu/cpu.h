@@ -70,13 +70,13 @@ int bk_have_vnni(void);
 // bk_have_vnni). bk_qgemm_takes says for which dtypes and widths (Q2_K to
 // Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; cols a multiple of 256). x is
 // quantised to 8 bits per xblock elements (bk_quant_x_block of the dtype)
-// by bk_qgemm_pack_x (rows [i0, i1) of n, into bk_qgemm_x_bytes(n, cols)
-// bytes). It writes out[i*rows + r] for r0 <= r < r1 and i < n, and
+// by bk_qgemm_pack_x (rows [i0, i1) of x, into bk_qgemm_x_bytes(n, cols)
+// bytes for n rows). It writes out[i*rows + r] for r0 <= r < r1 and i < n, and
 // returns 0, doing nothing, where bk_qgemm_takes does not.
 int bk_qgemm_takes(int dtype, int64_t cols);
 int64_t bk_qgemm_x_bytes(int64_t n, int64_t cols);
-void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t xblock,
-                     int64_t i0, int64_t i1);
+void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t cols, int64_t xblock, int64_t i0,
+                     int64_t i1);
 int bk_qgemm(float *out, const uint8_t *xr, int64_t n, const uint8_t *w, int dtype, int64_t rows,
              int64_t cols, int64_t r0, int64_t r1);
 

@@ -302,9 +302,8 @@ QG static void qg_unpack_rows(uint8_t *dst, const uint8_t *w, int64_t rb, int dt
 // x rows to records: bk_quant_x's scales (one per xblock elements, 32 or
 // 256) and rounding, so both integer paths agree, then the lane layout,
 // and the lane sums by vpdpbusd with ones.
-QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t xblock,
-                        int64_t i0, int64_t i1) {
-  (void)n;
+QG void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t cols, int64_t xblock, int64_t i0,
+                        int64_t i1) {
   const int64_t nsb = cols / 256;
   const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
   const __m512i ones = _mm512_set1_epi8(1);
@@ -400,8 +399,8 @@ int bk_qgemm(float *out, const uint8_t *xr, int64_t n, const uint8_t *w, int dty
 }
 
 #if !(defined(__x86_64__) && !defined(BK_NO_SIMD))
-void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t n, int64_t cols, int64_t xblock,
-                     int64_t i0, int64_t i1) {
-  (void)xr, (void)x, (void)n, (void)cols, (void)xblock, (void)i0, (void)i1;
+void bk_qgemm_pack_x(uint8_t *xr, const float *x, int64_t cols, int64_t xblock, int64_t i0,
+                     int64_t i1) {
+  (void)xr, (void)x, (void)cols, (void)xblock, (void)i0, (void)i1;
 }
 #endif
