@@ -1,5 +1,6 @@
-// The 6-bit scales and mins of a Q4_K or Q5_K super-block, shared by the
-// AVX2 (quant.c) and AVX-512 (qdot512.c) integer dot products.
+// The packed scales of the K formats, shared by the scalar and AVX2
+// kernels (quant.c), the AVX-512 dot products (qdot512.c) and the int8
+// gemm (qgemm512.c).
 #ifndef BATON_KSCALES_H
 #define BATON_KSCALES_H
 
@@ -16,6 +17,14 @@ static inline void k4_scales(const uint8_t *B, uint32_t u[4]) {
   u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
   u[2] = mins03;
   u[0] &= m1;
+}
+
+// k3_scale is scale g (0..15, one per 16 elements) of a Q3_K
+// super-block whose 12 packed scale bytes start at sc: 6 bits, signed by
+// an offset of 32.
+static inline int k3_scale(const uint8_t *sc, int g) {
+  int lo = g < 8 ? sc[g % 8] & 15 : sc[g % 8] >> 4;
+  return (lo | ((sc[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
 }
 
 #endif

@@ -160,9 +160,7 @@ QG_INLINE void qg_unpack23(uint8_t *rec, const uint8_t *B, int dt) {
     const float d = qg_h(B + 108);
     const uint8_t *s = B + 96;
     for (int g = 0; g < 16; g++) {
-      int lo = g < 8 ? s[g % 8] & 15 : s[g % 8] >> 4;
-      int v = (lo | ((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
-      sc[g] = d * (float)v;
+      sc[g] = d * (float)k3_scale(s, g);
       mn[g] = 4 * sc[g];
     }
   } else {

@@ -114,9 +114,7 @@ static void decode_sub(int dt, const uint8_t *row, int64_t s, qsub *o) {
     const uint8_t *hm = B, *qs = B + 32 + 32 * h, *sc = B + 96;
     o->dw = hf(B + 108);
     for (int t = 0; t < 2; t++) {
-      int g = 8 * h + 2 * k + t;
-      int lo = g < 8 ? sc[g % 8] & 15 : sc[g % 8] >> 4;
-      o->sc[t] = (lo | ((sc[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+      o->sc[t] = k3_scale(sc, 8 * h + 2 * k + t);
     }
     for (int e = 0; e < 32; e++)
       o->q[e] = (int8_t)(((qs[e] >> (2 * k)) & 3) - (((hm[e] >> (4 * h + k)) & 1) ? 0 : 4));
