@@ -3,10 +3,9 @@ package model
 import (
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"sort"
-	"sync"
-	"sync/atomic"
+
+	"github.com/batonlm/baton/internal/model/expsum"
 )
 
 // Sampling holds the parameters that pick the next token.
@@ -110,65 +109,8 @@ func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h Hi
 
 // logSumExp is log Σ exp(v) over logits.
 func logSumExp(logits []float32) float64 {
-	maxv := float32(math.Inf(-1))
-	for _, v := range logits {
-		maxv = max(maxv, v)
-	}
-	top := float64(maxv)
-	return top + math.Log(expSum(nil, logits, top, 1))
-}
-
-// expSpan: expSum cuts the vocabulary into spans of this many logits.
-const expSpan = 8192
-
-// expSum writes exp((v-top)·inv) of each logit v into probs (unless nil)
-// and returns their sum. Spans after the first run on other goroutines, up
-// to GOMAXPROCS at once: the kernels' threads are idle while a step
-// samples, and one 32K-vocabulary pass was 5% of a one-stream decode step.
-// Each span is summed on its own and the spans' sums added in order, so
-// the result does not depend on how many ran at once.
-func expSum(probs []float64, logits []float32, top, inv float64) float64 {
-	n := len(logits)
-	spans := (n + expSpan - 1) / expSpan
-	span := func(i int) float64 {
-		lo, hi := i*expSpan, min((i+1)*expSpan, n)
-		var sum float64
-		if probs == nil {
-			for _, v := range logits[lo:hi] {
-				sum += expNeg((float64(v) - top) * inv)
-			}
-			return sum
-		}
-		for j, v := range logits[lo:hi] {
-			e := expNeg((float64(v) - top) * inv)
-			probs[lo+j] = e
-			sum += e
-		}
-		return sum
-	}
-	if spans <= 1 {
-		return span(0)
-	}
-	var (
-		part = make([]float64, spans)
-		next atomic.Int32
-		wg   sync.WaitGroup
-	)
-	work := func() {
-		for i := int(next.Add(1)) - 1; i < spans; i = int(next.Add(1)) - 1 {
-			part[i] = span(i)
-		}
-	}
-	for range min(runtime.GOMAXPROCS(0), spans) - 1 {
-		wg.Go(work)
-	}
-	work()
-	wg.Wait()
-	var sum float64
-	for _, v := range part {
-		sum += v
-	}
-	return sum
+	top := float64(expsum.Max(logits))
+	return top + math.Log(expsum.Sum(nil, logits, top, 1))
 }
 
 // Score is the logprob of a given token under logits' raw distribution,
@@ -276,7 +218,7 @@ func (s *Sampler) dist(logits []float32, p Sampling) ([]int32, []float64, float6
 	top := float64(logits[cand[0]])
 	var sum float64
 	for i, id := range cand {
-		probs[i] = expNeg((float64(logits[id]) - top) / p.Temperature)
+		probs[i] = expsum.ExpNeg((float64(logits[id]) - top) / p.Temperature)
 		sum += probs[i]
 	}
 	n := len(cand)
@@ -321,13 +263,9 @@ func (s *Sampler) distAll(logits []float32, p Sampling) ([]int32, []float64, flo
 		}
 		s.kept = make([]int32, n)
 	}
-	maxv := float32(math.Inf(-1))
-	for _, v := range logits {
-		maxv = max(maxv, v)
-	}
-	top, inv := float64(maxv), 1/p.Temperature
+	top, inv := float64(expsum.Max(logits)), 1/p.Temperature
 	probs := s.probs[:n]
-	sum := expSum(probs, logits, top, inv)
+	sum := expsum.Sum(probs, logits, top, inv)
 	s.allTop, s.allSum = top, sum
 	if p.MinP <= 0 {
 		return s.iota[:n], probs, sum
@@ -344,28 +282,6 @@ func (s *Sampler) distAll(logits []float32, p Sampling) ([]int32, []float64, flo
 		}
 	}
 	return s.kept[:m], probs[:m], sum
-}
-
-// expNeg is math.Exp for the x <= 0 (and NaN-free) arguments of a softmax
-// shifted by its maximum, about twice as fast: a degree-9 polynomial on
-// x - k·ln2 (|.| <= ln2/2), relative error below 1e-11, with 0 for
-// arguments whose exponential would be subnormal.
-func expNeg(x float64) float64 {
-	const (
-		log2e = 1.4426950408889634
-		ln2hi = 6.93147180369123816490e-01
-		ln2lo = 1.90821492927058770002e-10
-		magic = 6755399441055744.0 // 1.5·2^52: adding it rounds to an integer
-	)
-	if !(x > -708) { // also -Inf
-		return 0
-	}
-	kf := x*log2e + magic
-	ki := int64(math.Float64bits(kf)) - int64(math.Float64bits(magic))
-	k := kf - magic
-	r := x - k*ln2hi - k*ln2lo
-	q := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120+r*(1.0/720+r*(1.0/5040+r*(1.0/40320+r*(1.0/362880)))))))))
-	return math.Float64frombits(math.Float64bits(q) + uint64(ki)<<52)
 }
 
 // topK returns the ids of the k largest logits, largest first (ties: lower

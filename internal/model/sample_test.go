@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"testing"
 )
@@ -55,24 +54,6 @@ func TestTopKOrder(t *testing.T) {
 	}
 }
 
-// expNeg agrees with math.Exp to 1e-11 relative over the arguments a
-// shifted softmax gives it, and is 0 where the exponential is subnormal or
-// the argument -Inf.
-func TestExpNeg(t *testing.T) {
-	for i := 0; i < 7080000; i++ {
-		x := -float64(i) / 10000
-		want := math.Exp(x)
-		if got := expNeg(x); math.Abs(got-want) > 1e-11*want {
-			t.Fatalf("expNeg(%v) = %v, math.Exp %v", x, got, want)
-		}
-	}
-	for _, x := range []float64{-709, -800, math.Inf(-1)} {
-		if got := expNeg(x); got != 0 {
-			t.Errorf("expNeg(%v) = %v, want 0", x, got)
-		}
-	}
-}
-
 // A sampled token's logprob is that of the raw logits, whatever the
 // temperature, bias or truncation of the draw: the same as Score gives.
 func TestSampledLogprobIsRaw(t *testing.T) {
@@ -110,31 +91,6 @@ func BenchmarkSample(b *testing.B) {
 				s.Sample(logits, p, rng)
 			}
 		})
-	}
-}
-
-// expSum's result is the same bit for bit however many goroutines ran its
-// spans, so a seeded draw does not depend on the machine's cores.
-func TestExpSumIndependentOfProcs(t *testing.T) {
-	rng := rand.New(rand.NewPCG(8, 8))
-	logits := normalLogits(rng, 3*expSpan+123, 4)
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
-	var want float64
-	for i, procs := range []int{1, 2, 3, 8} {
-		runtime.GOMAXPROCS(procs)
-		probs := make([]float64, len(logits))
-		got := expSum(probs, logits, 10, 1/0.7)
-		if i == 0 {
-			want = got
-		}
-		if got != want {
-			t.Fatalf("GOMAXPROCS %d: sum %v, with 1: %v", procs, got, want)
-		}
-		for j := range probs {
-			if e := expNeg((float64(logits[j]) - 10) * (1 / 0.7)); probs[j] != e {
-				t.Fatalf("probs[%d] = %v, want %v", j, probs[j], e)
-			}
-		}
 	}
 }
 
