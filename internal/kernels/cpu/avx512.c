@@ -9,7 +9,7 @@
 
 #if defined(__x86_64__) && !defined(BK_NO_SIMD)
 #include <immintrin.h>
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,prfchw")))
 
 // Weight rows per micro-tile and up to 3 panels (16 x rows each) per
 // micro-kernel call: 3 x 8 sums in 24 of the 32 registers; per column 3
@@ -101,56 +101,74 @@ AVX512 static void zk1(const float *xa, const float *const *wr, int64_t k0, int6
 #define ZXB_ONE (640 * 1024)
 #define ZCB (256 * 1024)
 
-// bk_gemm_put for whole 8-row tiles, 16 result rows at a time: the 8x16
-// block is transposed in registers and each result row's 8 floats are two
-// 16-byte stores. The scalar copy took 6% of a server's 32-stream decode on
-// the 134M F32 model (K = 768: 24 FMA cycles per result element, about
-// 2 for the copy).
-#define PUT_ROW(u, v, k, m)                                                                    \
+// bk_gemm_put for tiles of 16 weight rows (two micro-tiles), 16 result
+// rows at a time: each 8x16 half is transposed in registers and each
+// result row's 16 floats (one cache line, where rows is a multiple of 16)
+// are four 16-byte stores in a row. Model widths make rows a power of two,
+// so the result rows fall on one cache set: a put per 8 weight rows wrote
+// half of each line and the line was evicted before the next put wrote the
+// other half (the put was 10% of the gemm's time in a 134M prefill).
+#define TRANSPOSE8(t, u)                                                                       \
+  __m512 u##0, u##1, u##2, u##3, u##4, u##5, u##6, u##7;                                       \
+  do {                                                                                         \
+    __m512 r0 = _mm512_loadu_ps(t), r1 = _mm512_loadu_ps(t + ldc),                             \
+           r2 = _mm512_loadu_ps(t + 2 * ldc), r3 = _mm512_loadu_ps(t + 3 * ldc),               \
+           r4 = _mm512_loadu_ps(t + 4 * ldc), r5 = _mm512_loadu_ps(t + 5 * ldc),               \
+           r6 = _mm512_loadu_ps(t + 6 * ldc), r7 = _mm512_loadu_ps(t + 7 * ldc);               \
+    __m512 t0 = _mm512_unpacklo_ps(r0, r1), t1 = _mm512_unpackhi_ps(r0, r1);                   \
+    __m512 t2 = _mm512_unpacklo_ps(r2, r3), t3 = _mm512_unpackhi_ps(r2, r3);                   \
+    __m512 t4 = _mm512_unpacklo_ps(r4, r5), t5 = _mm512_unpackhi_ps(r4, r5);                   \
+    __m512 t6 = _mm512_unpacklo_ps(r6, r7), t7 = _mm512_unpackhi_ps(r6, r7);                   \
+    u##0 = _mm512_shuffle_ps(t0, t2, 0x44), u##1 = _mm512_shuffle_ps(t0, t2, 0xEE);            \
+    u##2 = _mm512_shuffle_ps(t1, t3, 0x44), u##3 = _mm512_shuffle_ps(t1, t3, 0xEE);            \
+    u##4 = _mm512_shuffle_ps(t4, t6, 0x44), u##5 = _mm512_shuffle_ps(t4, t6, 0xEE);            \
+    u##6 = _mm512_shuffle_ps(t5, t7, 0x44), u##7 = _mm512_shuffle_ps(t5, t7, 0xEE);            \
+  } while (0)
+// Result row i + 4k + m: per 128-bit lane k, uM holds weight rows 0-3 of
+// column 4k+M and u(M+4) rows 4-7; a is rows 0-7, b rows 8-15.
+#define PUT_ROW(k, m)                                                                          \
   do {                                                                                         \
     float *o_ = out + (i + 4 * (k) + (m)) * rows;                                              \
-    _mm_storeu_ps(o_, _mm512_extractf32x4_ps(u, k));                                           \
-    _mm_storeu_ps(o_ + 4, _mm512_extractf32x4_ps(v, k));                                       \
+    _mm_storeu_ps(o_, _mm512_extractf32x4_ps(a##m, k));                                        \
+    _mm_storeu_ps(o_ + 4, _mm512_extractf32x4_ps(a##m##4, k));                                 \
+    if (two) {                                                                                 \
+      _mm_storeu_ps(o_ + 8, _mm512_extractf32x4_ps(b##m, k));                                  \
+      _mm_storeu_ps(o_ + 12, _mm512_extractf32x4_ps(b##m##4, k));                              \
+    }                                                                                          \
   } while (0)
-#define PUT_COL(u, v, m)                                                                       \
+#define PUT_COL(m)                                                                             \
   do {                                                                                         \
-    PUT_ROW(u, v, 0, m);                                                                       \
-    PUT_ROW(u, v, 1, m);                                                                       \
-    PUT_ROW(u, v, 2, m);                                                                       \
-    PUT_ROW(u, v, 3, m);                                                                       \
+    PUT_ROW(0, m);                                                                             \
+    PUT_ROW(1, m);                                                                             \
+    PUT_ROW(2, m);                                                                             \
+    PUT_ROW(3, m);                                                                             \
   } while (0)
 
-AVX512 __attribute__((noinline)) static void gemm_put512(float *out, int64_t rows, const float *tile, int64_t ldc, int nw,
+AVX512 static void gemm_put512(float *out, int64_t rows, const float *tile, int64_t ldc, int nw,
                                int64_t i0, int64_t i1) {
   int64_t i = i0;
-  if (nw == ZW) {
+  int two = nw == 2 * ZW;
+  if (nw == ZW || two) {
     for (; i + 16 <= i1; i += 16) {
       const float *t = tile + (i - i0);
-      __m512 r0 = _mm512_loadu_ps(t), r1 = _mm512_loadu_ps(t + ldc),
-             r2 = _mm512_loadu_ps(t + 2 * ldc), r3 = _mm512_loadu_ps(t + 3 * ldc),
-             r4 = _mm512_loadu_ps(t + 4 * ldc), r5 = _mm512_loadu_ps(t + 5 * ldc),
-             r6 = _mm512_loadu_ps(t + 6 * ldc), r7 = _mm512_loadu_ps(t + 7 * ldc);
-      // Per 128-bit lane k: tA = rows (a, b) interleaved at columns 4k, 4k+1
-      // (lo) or 4k+2, 4k+3 (hi); then u_m = rows 0-3 (u_{m+4}: rows 4-7)
-      // of column 4k+m.
-      __m512 t0 = _mm512_unpacklo_ps(r0, r1), t1 = _mm512_unpackhi_ps(r0, r1);
-      __m512 t2 = _mm512_unpacklo_ps(r2, r3), t3 = _mm512_unpackhi_ps(r2, r3);
-      __m512 t4 = _mm512_unpacklo_ps(r4, r5), t5 = _mm512_unpackhi_ps(r4, r5);
-      __m512 t6 = _mm512_unpacklo_ps(r6, r7), t7 = _mm512_unpackhi_ps(r6, r7);
-      __m512 u0 = _mm512_shuffle_ps(t0, t2, 0x44), u1 = _mm512_shuffle_ps(t0, t2, 0xEE);
-      __m512 u2 = _mm512_shuffle_ps(t1, t3, 0x44), u3 = _mm512_shuffle_ps(t1, t3, 0xEE);
-      __m512 u4 = _mm512_shuffle_ps(t4, t6, 0x44), u5 = _mm512_shuffle_ps(t4, t6, 0xEE);
-      __m512 u6 = _mm512_shuffle_ps(t5, t7, 0x44), u7 = _mm512_shuffle_ps(t5, t7, 0xEE);
-      PUT_COL(u0, u4, 0);
-      PUT_COL(u1, u5, 1);
-      PUT_COL(u2, u6, 2);
-      PUT_COL(u3, u7, 3);
+      TRANSPOSE8(t, a);
+      __m512 a04 = a4, a14 = a5, a24 = a6, a34 = a7;
+      __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b04 = a0, b14 = a0, b24 = a0, b34 = a0;
+      if (two) {
+        TRANSPOSE8(t + ZW * ldc, c);
+        b0 = c0, b1 = c1, b2 = c2, b3 = c3, b04 = c4, b14 = c5, b24 = c6, b34 = c7;
+      }
+      PUT_COL(0);
+      PUT_COL(1);
+      PUT_COL(2);
+      PUT_COL(3);
     }
   }
   if (i < i1) bk_gemm_put(out, rows, tile + (i - i0), ldc, nw, i, i1);
 }
 #undef PUT_COL
 #undef PUT_ROW
+#undef TRANSPOSE8
 
 AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
                            int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
@@ -170,8 +188,8 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
     pb = (npan + nblk - 1) / nblk; // blocks of about equal size
   }
   int64_t ldc = 16 * pb;
-  int64_t rbk = ZCB / (4 * ldc) / ZW * ZW; // weight rows per cbuf
-  if (rbk < ZW) rbk = ZW;
+  int64_t rbk = ZCB / (4 * ldc) / (2 * ZW) * (2 * ZW); // weight rows per cbuf, pairs of tiles
+  if (rbk < 2 * ZW) rbk = 2 * ZW;
   float *cbuf = bk_scratch((size_t)(rbk * ldc + (dtype == BK_F32 ? 0 : ZW * kc)));
   float *deq = cbuf + rbk * ldc;
   for (int64_t p0 = 0; p0 < npan; p0 += pb) {
@@ -215,7 +233,15 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
             }
             if (p < p1) zk1(xs + p * cols * 16, wr, k0, kl, c + (p - p0) * 16, ldc);
           }
-          if (kb + kbl >= cols) gemm_put512(out + r, rows, c, ldc, nw, 16 * p0, i1);
+          // Put in pairs of micro-tiles (see gemm_put512).
+          int64_t g = (r - rr) / ZW;
+          if (kb + kbl >= cols && g % 2 == 0)
+            for (int64_t i = 16 * p0; i < i1; i++)
+              _mm_prefetch((const char *)(out + r + i * rows), _MM_HINT_ET0);
+          if (kb + kbl >= cols && (g % 2 == 1 || r + ZW >= rr1)) {
+            int64_t rs = g % 2 == 1 ? r - ZW : r;
+            gemm_put512(out + rs, rows, cbuf + (rs - rr) * ldc, ldc, (int)(r + nw - rs), 16 * p0, i1);
+          }
         }
       }
     }
