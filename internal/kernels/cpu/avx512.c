@@ -170,6 +170,30 @@ AVX512 static void gemm_put512(float *out, int64_t rows, const float *tile, int6
 #undef PUT_ROW
 #undef TRANSPOSE8
 
+// bk_gemm_rows with F16 and BF16 rows widened 16 at a time (the AVX2
+// dequantiser takes 8): a prefill's conversion of each weight slice was
+// 4% of a 1.1B F16 model's 512-token prefill.
+AVX512 static void gemm_rows512(const float **wr, int nw, const uint8_t *w, int64_t rb, int dtype,
+                                int64_t cols, float *deq) {
+  if ((dtype != BK_F16 && dtype != BK_BF16) || cols % 16 != 0) {
+    bk_gemm_rows(wr, ZW, nw, w, rb, dtype, cols, deq);
+    return;
+  }
+  for (int j = 0; j < ZW; j++) {
+    wr[j] = deq + (j < nw ? j : 0) * cols; // past the end: repeat row 0, result dropped
+    if (j >= nw) continue;
+    const uint8_t *row = w + j * rb;
+    float *d = deq + j * cols;
+    if (dtype == BK_F16)
+      for (int64_t k = 0; k < cols; k += 16)
+        _mm512_storeu_ps(d + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * k))));
+    else
+      for (int64_t k = 0; k < cols; k += 16)
+        _mm512_storeu_ps(d + k, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * k))), 16)));
+  }
+}
+
 AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
                            int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   int64_t rb = bk_row_bytes(dtype, cols);
@@ -203,7 +227,7 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
         for (int64_t r = rr; r < rr1; r += ZW) {
           int nw = rr1 - r < ZW ? (int)(rr1 - r) : ZW;
           const float *wr[ZW];
-          bk_gemm_rows(wr, ZW, nw, w + r * rb + koff, rb, dtype, kbl, deq);
+          gemm_rows512(wr, nw, w + r * rb + koff, rb, dtype, kbl, deq);
           float *c = cbuf + (r - rr) * ldc;
           // A tile is zeroed before its first slice and written out after
           // its last, while it is in L1: done for the whole cbuf at once,
