@@ -51,6 +51,10 @@ const (
 	defaultMinWork = 1 << 15
 	// Matrix rows are split in multiples of this (the gemm's micro-tile).
 	rowAlign = 6
+	// rowAlign512 is rowAlign for the AVX-512 gemm: two of its 8-row
+	// micro-tiles, which it writes out together; a range of another size
+	// ends in a part tile whose missing rows are computed and dropped.
+	rowAlign512 = 16
 )
 
 var (
@@ -432,7 +436,11 @@ func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 	b.parallel(npan, 1, n*w.Cols, func(lo, hi int) {
 		C.bk_pack_x(b.simdFlag(), fptr(xp), fptr(x), C.int64_t(n), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})
-	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
+	align := rowAlign
+	if b.simdFlag() == 2 {
+		align = rowAlign512
+	}
+	b.parallel(w.Rows, align, work, func(lo, hi int) {
 		C.bk_gemm(b.simdFlag(), fptr(out), fptr(xp), C.int64_t(n), (*C.uint8_t)(wp), C.int(w.DType),
 			C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})
