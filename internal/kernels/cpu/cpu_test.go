@@ -60,6 +60,9 @@ func variants(t testing.TB) []variant {
 			b := mk(true, 3, 0, 1)
 			b.avx512 = false
 			v = append(v, variant{"avx2/3t/own", b})
+			split := mk(true, 2, 0, 1)
+			split.splitXPanels, split.splitXWeights = 1, 1
+			v = append(v, variant{"avx512/2t/split-x", split})
 			if cpuHasVNNI {
 				b := mk(true, 2, 0, 1)
 				b.vnni = false
