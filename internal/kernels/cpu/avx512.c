@@ -184,13 +184,13 @@ AVX512 static void gemm_rows512(const float **wr, int nw, const uint8_t *w, int6
     if (j >= nw) continue;
     const uint8_t *row = w + j * rb;
     float *d = deq + j * cols;
-    if (dtype == BK_F16)
-      for (int64_t k = 0; k < cols; k += 16)
-        _mm512_storeu_ps(d + k, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * k))));
-    else
-      for (int64_t k = 0; k < cols; k += 16)
-        _mm512_storeu_ps(d + k, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * k))), 16)));
+    for (int64_t k = 0; k < cols; k += 16) {
+      __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * k));
+      __m512 v = dtype == BK_F16
+                     ? _mm512_cvtph_ps(h)
+                     : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      _mm512_storeu_ps(d + k, v);
+    }
   }
 }
 
@@ -264,7 +264,8 @@ AVX512 void bk_gemm_avx512(float *out, const float *xp, int64_t n, const uint8_t
               _mm_prefetch((const char *)(out + r + i * rows), _MM_HINT_ET0);
           if (kb + kbl >= cols && (g % 2 == 1 || r + ZW >= rr1)) {
             int64_t rs = g % 2 == 1 ? r - ZW : r;
-            gemm_put512(out + rs, rows, cbuf + (rs - rr) * ldc, ldc, (int)(r + nw - rs), 16 * p0, i1);
+            gemm_put512(out + rs, rows, cbuf + (rs - rr) * ldc, ldc, (int)(r + nw - rs), 16 * p0,
+                        i1);
           }
         }
       }

@@ -69,21 +69,33 @@ static float max_scalar(const float *l, int64_t n) {
 #define ES512 __attribute__((target("avx512f")))
 #define ES256 __attribute__((target("avx2")))
 
-// Eight exponentials of x, as exp_neg.
-ES512 static inline __m512d exp8(__m512d x) {
-  const __m512d magic = _mm512_set1_pd(MAGIC);
-  __mmask8 ok = _mm512_cmp_pd_mask(x, _mm512_set1_pd(-708), _CMP_GT_OQ);
-  __m512d kf = _mm512_add_pd(_mm512_mul_pd(x, _mm512_set1_pd(LOG2E)), magic);
-  __m512i ki = _mm512_sub_epi64(_mm512_castpd_si512(kf), _mm512_castpd_si512(magic));
-  __m512d k = _mm512_sub_pd(kf, magic);
-  __m512d r = _mm512_sub_pd(_mm512_sub_pd(x, _mm512_mul_pd(k, _mm512_set1_pd(LN2HI))),
-                            _mm512_mul_pd(k, _mm512_set1_pd(LN2LO)));
-  __m512d q = _mm512_set1_pd(poly[0]);
-  for (int i = 1; i < 9; i++) q = _mm512_add_pd(_mm512_set1_pd(poly[i]), _mm512_mul_pd(r, q));
-  q = _mm512_add_pd(_mm512_set1_pd(1), _mm512_mul_pd(r, q));
-  __m512i e = _mm512_add_epi64(_mm512_castpd_si512(q), _mm512_slli_epi64(ki, 52));
-  return _mm512_maskz_mov_pd(ok, _mm512_castsi512_pd(e));
+// EXP_NEG_V defines NAME(x): exp_neg on each lane of x, a vector of W-bit
+// doubles (P is the intrinsics' prefix, VD and VI the double and integer
+// vector types); KEEP(x, e) is e where x > -708, else 0.
+#define EXP_NEG_V(NAME, ATTR, W, P, VD, VI, KEEP)                                             \
+  ATTR static inline VD NAME(VD x) {                                                          \
+    const VD magic = P##_set1_pd(MAGIC);                                                      \
+    VD kf = P##_add_pd(P##_mul_pd(x, P##_set1_pd(LOG2E)), magic);                             \
+    VI ki = P##_sub_epi64(P##_castpd_si##W(kf), P##_castpd_si##W(magic));                     \
+    VD k = P##_sub_pd(kf, magic);                                                             \
+    VD r = P##_sub_pd(P##_sub_pd(x, P##_mul_pd(k, P##_set1_pd(LN2HI))),                       \
+                      P##_mul_pd(k, P##_set1_pd(LN2LO)));                                     \
+    VD q = P##_set1_pd(poly[0]);                                                              \
+    for (int i = 1; i < 9; i++) q = P##_add_pd(P##_set1_pd(poly[i]), P##_mul_pd(r, q));       \
+    q = P##_add_pd(P##_set1_pd(1), P##_mul_pd(r, q));                                         \
+    VI e = P##_add_epi64(P##_castpd_si##W(q), P##_slli_epi64(ki, 52));                        \
+    return KEEP(x, P##_castsi##W##_pd(e));                                                    \
+  }
+
+ES512 static inline __m512d keep512(__m512d x, __m512d e) {
+  return _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(x, _mm512_set1_pd(-708), _CMP_GT_OQ), e);
 }
+ES256 static inline __m256d keep256(__m256d x, __m256d e) {
+  return _mm256_and_pd(_mm256_cmp_pd(x, _mm256_set1_pd(-708), _CMP_GT_OQ), e);
+}
+
+EXP_NEG_V(exp8, ES512, 512, _mm512, __m512d, __m512i, keep512)
+EXP_NEG_V(exp4, ES256, 256, _mm256, __m256d, __m256i, keep256)
 
 ES512 static double sum512(double *p, const float *l, int64_t n, double top, double inv) {
   __m512d acc = _mm512_setzero_pd(), vt = _mm512_set1_pd(top), vi = _mm512_set1_pd(inv);
@@ -110,22 +122,6 @@ ES512 static float max512(const float *l, int64_t n) {
   }
   if (nan) return __builtin_nanf("");
   return _mm512_reduce_max_ps(m);
-}
-
-// Four exponentials of x, as exp_neg.
-ES256 static inline __m256d exp4(__m256d x) {
-  const __m256d magic = _mm256_set1_pd(MAGIC);
-  __m256d ok = _mm256_cmp_pd(x, _mm256_set1_pd(-708), _CMP_GT_OQ);
-  __m256d kf = _mm256_add_pd(_mm256_mul_pd(x, _mm256_set1_pd(LOG2E)), magic);
-  __m256i ki = _mm256_sub_epi64(_mm256_castpd_si256(kf), _mm256_castpd_si256(magic));
-  __m256d k = _mm256_sub_pd(kf, magic);
-  __m256d r = _mm256_sub_pd(_mm256_sub_pd(x, _mm256_mul_pd(k, _mm256_set1_pd(LN2HI))),
-                            _mm256_mul_pd(k, _mm256_set1_pd(LN2LO)));
-  __m256d q = _mm256_set1_pd(poly[0]);
-  for (int i = 1; i < 9; i++) q = _mm256_add_pd(_mm256_set1_pd(poly[i]), _mm256_mul_pd(r, q));
-  q = _mm256_add_pd(_mm256_set1_pd(1), _mm256_mul_pd(r, q));
-  __m256i e = _mm256_add_epi64(_mm256_castpd_si256(q), _mm256_slli_epi64(ki, 52));
-  return _mm256_and_pd(ok, _mm256_castsi256_pd(e));
 }
 
 ES256 static double sum256(double *p, const float *l, int64_t n, double top, double inv) {
