@@ -219,11 +219,18 @@ func (b *Backend) parallel(total, align int, work int, fn func(lo, hi int)) {
 		fn(0, total)
 		return
 	}
+	b.pool.run(cut(total, align, parts), b.threads, fn)
+}
+
+// cut splits [0, total) into parts ranges of about equal size whose
+// bounds are multiples of align (the last ends at total).
+func cut(total, align, parts int) []int {
+	units := (total + align - 1) / align
 	bounds := make([]int, parts+1)
 	for p := 1; p <= parts; p++ {
 		bounds[p] = min(units*p/parts*align, total)
 	}
-	b.pool.run(bounds, b.threads, fn)
+	return bounds
 }
 
 func fptr(s []float32) *C.float { return (*C.float)(unsafe.Pointer(unsafe.SliceData(s))) }
@@ -442,11 +449,7 @@ func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 	})
 	if b.splitsX(npan, w) {
 		rows, cols := w.Rows, w.Cols
-		bounds := make([]int, b.threads+1)
-		for p := 1; p <= b.threads; p++ {
-			bounds[p] = npan * p / b.threads
-		}
-		b.pool.run(bounds, b.threads, func(lo, hi int) {
+		b.pool.run(cut(npan, 1, b.threads), b.threads, func(lo, hi int) {
 			C.bk_gemm(b.simdFlag(), fptr(out[16*lo*rows:]), fptr(xp[16*lo*cols:]), C.int64_t(min(16*hi, n)-16*lo),
 				(*C.uint8_t)(wp), C.int(w.DType), C.int64_t(rows), C.int64_t(cols), 0, C.int64_t(rows))
 		})
