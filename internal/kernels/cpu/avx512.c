@@ -10,6 +10,9 @@
 #if defined(__x86_64__) && !defined(BK_NO_SIMD)
 #include <immintrin.h>
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,prfchw")))
+#define AVX512_INLINE                                                                         \
+  static inline __attribute__((always_inline,                                                \
+                               target("avx512f,avx512bw,avx512vl,avx2,fma,f16c,prfchw")))
 
 // Weight rows per micro-tile and up to 3 panels (16 x rows each) per
 // micro-kernel call: 3 x 8 sums in 24 of the 32 registers; per column 3
@@ -108,40 +111,33 @@ AVX512 static void zk1(const float *xa, const float *const *wr, int64_t k0, int6
 // so the result rows fall on one cache set: a put per 8 weight rows wrote
 // half of each line and the line was evicted before the next put wrote the
 // other half (the put was 10% of the gemm's time in a 134M prefill).
-#define TRANSPOSE8(t, u)                                                                       \
-  __m512 u##0, u##1, u##2, u##3, u##4, u##5, u##6, u##7;                                       \
-  do {                                                                                         \
-    __m512 r0 = _mm512_loadu_ps(t), r1 = _mm512_loadu_ps(t + ldc),                             \
-           r2 = _mm512_loadu_ps(t + 2 * ldc), r3 = _mm512_loadu_ps(t + 3 * ldc),               \
-           r4 = _mm512_loadu_ps(t + 4 * ldc), r5 = _mm512_loadu_ps(t + 5 * ldc),               \
-           r6 = _mm512_loadu_ps(t + 6 * ldc), r7 = _mm512_loadu_ps(t + 7 * ldc);               \
-    __m512 t0 = _mm512_unpacklo_ps(r0, r1), t1 = _mm512_unpackhi_ps(r0, r1);                   \
-    __m512 t2 = _mm512_unpacklo_ps(r2, r3), t3 = _mm512_unpackhi_ps(r2, r3);                   \
-    __m512 t4 = _mm512_unpacklo_ps(r4, r5), t5 = _mm512_unpackhi_ps(r4, r5);                   \
-    __m512 t6 = _mm512_unpacklo_ps(r6, r7), t7 = _mm512_unpackhi_ps(r6, r7);                   \
-    u##0 = _mm512_shuffle_ps(t0, t2, 0x44), u##1 = _mm512_shuffle_ps(t0, t2, 0xEE);            \
-    u##2 = _mm512_shuffle_ps(t1, t3, 0x44), u##3 = _mm512_shuffle_ps(t1, t3, 0xEE);            \
-    u##4 = _mm512_shuffle_ps(t4, t6, 0x44), u##5 = _mm512_shuffle_ps(t4, t6, 0xEE);            \
-    u##6 = _mm512_shuffle_ps(t5, t7, 0x44), u##7 = _mm512_shuffle_ps(t5, t7, 0xEE);            \
-  } while (0)
-// Result row i + 4k + m: per 128-bit lane k, uM holds weight rows 0-3 of
-// column 4k+M and u(M+4) rows 4-7; a is rows 0-7, b rows 8-15.
+// u[m] = weight rows 0-3 of column 4k+m in 128-bit lane k, u[m+4] rows
+// 4-7, for the 8 tile rows t, t + ldc, ... (16 columns each).
+AVX512_INLINE void transpose8(const float *t, int64_t ldc, __m512 u[8]) {
+  __m512 r[8];
+  for (int j = 0; j < 8; j++) r[j] = _mm512_loadu_ps(t + j * ldc);
+  for (int j = 0; j < 8; j += 2) {
+    __m512 lo = _mm512_unpacklo_ps(r[j], r[j + 1]), hi = _mm512_unpackhi_ps(r[j], r[j + 1]);
+    r[j] = lo, r[j + 1] = hi;
+  }
+  for (int h = 0; h < 8; h += 4) {
+    u[h] = _mm512_shuffle_ps(r[h], r[h + 2], 0x44);
+    u[h + 1] = _mm512_shuffle_ps(r[h], r[h + 2], 0xEE);
+    u[h + 2] = _mm512_shuffle_ps(r[h + 1], r[h + 3], 0x44);
+    u[h + 3] = _mm512_shuffle_ps(r[h + 1], r[h + 3], 0xEE);
+  }
+}
+// Result row i + 4k + m from lane k of a (weight rows 0-7) and, for a
+// pair of tiles, b (rows 8-15). The lane is an immediate, hence a macro.
 #define PUT_ROW(k, m)                                                                          \
   do {                                                                                         \
     float *o_ = out + (i + 4 * (k) + (m)) * rows;                                              \
-    _mm_storeu_ps(o_, _mm512_extractf32x4_ps(a##m, k));                                        \
-    _mm_storeu_ps(o_ + 4, _mm512_extractf32x4_ps(a##m##4, k));                                 \
+    _mm_storeu_ps(o_, _mm512_extractf32x4_ps(a[m], k));                                        \
+    _mm_storeu_ps(o_ + 4, _mm512_extractf32x4_ps(a[(m) + 4], k));                              \
     if (two) {                                                                                 \
-      _mm_storeu_ps(o_ + 8, _mm512_extractf32x4_ps(b##m, k));                                  \
-      _mm_storeu_ps(o_ + 12, _mm512_extractf32x4_ps(b##m##4, k));                              \
+      _mm_storeu_ps(o_ + 8, _mm512_extractf32x4_ps(b[m], k));                                  \
+      _mm_storeu_ps(o_ + 12, _mm512_extractf32x4_ps(b[(m) + 4], k));                           \
     }                                                                                          \
-  } while (0)
-#define PUT_COL(m)                                                                             \
-  do {                                                                                         \
-    PUT_ROW(0, m);                                                                             \
-    PUT_ROW(1, m);                                                                             \
-    PUT_ROW(2, m);                                                                             \
-    PUT_ROW(3, m);                                                                             \
   } while (0)
 
 AVX512 static void gemm_put512(float *out, int64_t rows, const float *tile, int64_t ldc, int nw,
@@ -151,24 +147,20 @@ AVX512 static void gemm_put512(float *out, int64_t rows, const float *tile, int6
   if (nw == ZW || two) {
     for (; i + 16 <= i1; i += 16) {
       const float *t = tile + (i - i0);
-      TRANSPOSE8(t, a);
-      __m512 a04 = a4, a14 = a5, a24 = a6, a34 = a7;
-      __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b04 = a0, b14 = a0, b24 = a0, b34 = a0;
-      if (two) {
-        TRANSPOSE8(t + ZW * ldc, c);
-        b0 = c0, b1 = c1, b2 = c2, b3 = c3, b04 = c4, b14 = c5, b24 = c6, b34 = c7;
+      __m512 a[8], b[8];
+      transpose8(t, ldc, a);
+      if (two) transpose8(t + ZW * ldc, ldc, b);
+      for (int m = 0; m < 4; m++) {
+        PUT_ROW(0, m);
+        PUT_ROW(1, m);
+        PUT_ROW(2, m);
+        PUT_ROW(3, m);
       }
-      PUT_COL(0);
-      PUT_COL(1);
-      PUT_COL(2);
-      PUT_COL(3);
     }
   }
   if (i < i1) bk_gemm_put(out, rows, tile + (i - i0), ldc, nw, i, i1);
 }
-#undef PUT_COL
 #undef PUT_ROW
-#undef TRANSPOSE8
 
 // bk_gemm_rows with F16 and BF16 rows widened 16 at a time (the AVX2
 // dequantiser takes 8): a prefill's conversion of each weight slice was
