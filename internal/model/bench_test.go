@@ -65,13 +65,18 @@ func benchKV(c *Config, seqs, tokens, pageSize int) (kernels.PagedKV, [][]int32)
 	return kv, tables
 }
 
-// BenchmarkPrefill measures prompt tokens per second: batch sequences of 128
-// prompt tokens each, in one forward pass.
+// BenchmarkPrefill measures prompt tokens per second: batch sequences of
+// plen prompt tokens each, in one forward pass.
 func BenchmarkPrefill(b *testing.B) {
+	// BATON_BENCH_PROMPT sets the prompt length (default 128), e.g. 512
+	// to set a model file's prefill next to llama-bench's pp512.
+	plen := 128
+	if n, err := strconv.Atoi(os.Getenv("BATON_BENCH_PROMPT")); err == nil && n > 0 {
+		plen = n
+	}
 	for _, m := range benchModels(b) {
 		for _, batch := range []int{1, 16} {
 			b.Run(fmt.Sprintf("%s/batch%d", m.Config.Name, batch), func(b *testing.B) {
-				const plen = 128
 				kv, tables := benchKV(&m.Config, batch, plen, 16)
 				bt := &Batch{}
 				for s := 0; s < batch; s++ {

@@ -135,6 +135,28 @@ func BenchmarkMatMul(b *testing.B) {
 	}
 }
 
+// BenchmarkMatMul1B: the products of a 512-token prefill of a 1.1B llama
+// (TinyLlama's shapes: Q and O 2048x2048, K and V 256x2048, gate and up
+// 5632x2048, down 2048x5632) with F16 weights, on all threads, as set
+// next to llama.cpp's prompt processing on the same model.
+func BenchmarkMatMul1B(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	const n = 512
+	be := New(0)
+	be.blasMinN = 0
+	for _, sh := range [][2]int{{2048, 2048}, {256, 2048}, {5632, 2048}, {2048, 5632}} {
+		w := randMatrix(rng, kernels.F16, sh[0], sh[1])
+		x := randVec(rng, n*sh[1], 1)
+		out := make([]float32, n*sh[0])
+		b.Run(fmt.Sprintf("f16/%dx%d/n=%d", sh[0], sh[1], n), func(b *testing.B) {
+			for b.Loop() {
+				be.MatMul(out, x, n, w)
+			}
+			b.ReportMetric(float64(b.N)*2*float64(n*sh[0]*sh[1])/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
+
 // BenchmarkAttention: decode is 16 sequences at 512 positions each (one
 // query row each), 12 heads of 64 (MHA and GQA with 4 KV heads), page size
 // 16, over an F32 pool and over an F16 one (--kv-cache-dtype f16, the

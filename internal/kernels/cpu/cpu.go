@@ -75,9 +75,10 @@ type Backend struct {
 	blasMinN int  // f32 MatMul with n >= blasMinN uses OpenBLAS; 0: never
 	minWork  int  // least work per thread (tests set 1 to force splitting)
 	// The AVX-512 gemm splits x between threads from splitXPanels panels
-	// per thread and splitXWeights weight elements on (tests set 1, 1).
-	splitXPanels, splitXWeights int
-	pool                        *pool
+	// per thread and splitXWeights weight elements on (tests set 1, 1),
+	// splitXRows weight rows per C call (tests set 16).
+	splitXPanels, splitXWeights, splitXRows int
+	pool                                    *pool
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -95,7 +96,7 @@ func New(threads int) *Backend {
 	b := &Backend{threads: threads, simd: cpuHasSIMD, avx512: cpuHasAVX512 && os.Getenv("BATON_CPU_AVX512") != "0",
 		vnni:     cpuHasVNNI && os.Getenv("BATON_CPU_VNNI") != "0",
 		blasMinN: defaultBLASMinN, minWork: defaultMinWork, pool: poolFor(threads),
-		splitXPanels: gemmSplitXPanels, splitXWeights: gemmSplitXWeights}
+		splitXPanels: gemmSplitXPanels, splitXWeights: gemmSplitXWeights, splitXRows: gemmSplitXRows}
 	if b.simd && b.avx512 {
 		// Debian's OpenBLAS runs its AVX2 (Haswell) kernels on these CPUs;
 		// the own AVX-512 gemm is 1.2-2x faster at every n measured
@@ -450,8 +451,16 @@ func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 	if b.splitsX(npan, w) {
 		rows, cols := w.Rows, w.Cols
 		b.pool.run(cut(npan, 1, b.threads), b.threads, func(lo, hi int) {
-			C.bk_gemm(b.simdFlag(), fptr(out[16*lo*rows:]), fptr(xp[16*lo*cols:]), C.int64_t(min(16*hi, n)-16*lo),
-				(*C.uint8_t)(wp), C.int(w.DType), C.int64_t(rows), C.int64_t(cols), 0, C.int64_t(rows))
+			// A thread's share is tens of ms of C: it goes a few hundred
+			// rows at a time and through the scheduler between them (see
+			// yieldEvery).
+			for r0 := 0; r0 < rows; r0 += b.splitXRows {
+				if r0 > 0 {
+					runtime.Gosched()
+				}
+				C.bk_gemm(b.simdFlag(), fptr(out[16*lo*rows:]), fptr(xp[16*lo*cols:]), C.int64_t(min(16*hi, n)-16*lo),
+					(*C.uint8_t)(wp), C.int(w.DType), C.int64_t(rows), C.int64_t(cols), C.int64_t(r0), C.int64_t(min(r0+b.splitXRows, rows)))
+			}
 		})
 		return
 	}
@@ -475,15 +484,23 @@ func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 // (293-303) -> 321 (309-321), 2048x5632 283 (276-299) -> 304 (290-316),
 // 2048x2048 274 -> 276. Fewer rows (128) and the 134M's 768-wide products
 // measured as fast or faster with the rows split.
+//
+// gemmSplitXRows: each thread's share is gemmSplitXRows weight rows per C
+// call (a multiple of 16, and of the rows one cbuf holds at these shapes;
+// 1.5-4 ms each). As one call of 30 ms per thread the share ran into the
+// runtime's 10 ms preemption (see yieldEvery): F16, 512 rows, 2 threads,
+// medians of four interleaved rounds (BenchmarkMatMul1B), 5632x2048 304 ->
+// 344 GFLOP/s, 2048x5632 299 -> 327.
 const (
 	gemmSplitXPanels  = 16
 	gemmSplitXWeights = 8 << 20
+	gemmSplitXRows    = 256
 )
 
 // splitsX reports whether gemm splits x (not the weight rows) between the
 // threads.
 func (b *Backend) splitsX(npan int, w *kernels.Matrix) bool {
-	return b.threads > 1 && b.simdFlag() == 2 && b.splitXPanels > 0 &&
+	return b.threads > 1 && b.simdFlag() == 2 && b.splitXPanels > 0 && b.splitXRows > 0 &&
 		npan >= b.splitXPanels*b.threads && w.Rows*w.Cols >= b.splitXWeights
 }
 

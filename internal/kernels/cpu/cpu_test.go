@@ -61,7 +61,7 @@ func variants(t testing.TB) []variant {
 			b.avx512 = false
 			v = append(v, variant{"avx2/3t/own", b})
 			split := mk(true, 2, 0, 1)
-			split.splitXPanels, split.splitXWeights = 1, 1
+			split.splitXPanels, split.splitXWeights, split.splitXRows = 1, 1, 16
 			v = append(v, variant{"avx512/2t/split-x", split})
 			if cpuHasVNNI {
 				b := mk(true, 2, 0, 1)

@@ -31,6 +31,7 @@ import (
 type pool struct {
 	mu      sync.Mutex // held by the one caller dispatching on the pool
 	workers []*worker
+	yield   yielder // the caller's, under mu
 }
 
 type job struct {
@@ -50,6 +51,7 @@ type worker struct {
 	job    atomic.Pointer[job] // posted, not yet taken
 	parked atomic.Bool
 	wake   chan struct{}
+	yield  yielder
 }
 
 const spinFor = 200 * time.Microsecond
@@ -84,13 +86,13 @@ func newPool(threads int) *pool {
 func (w *worker) loop() {
 	for {
 		j := w.wait()
-		j.help()
+		j.help(&w.yield)
 	}
 }
 
 // help runs ranges of j until none is left, then says it is done (also when
 // a range panicked: the panic goes to the caller).
-func (j *job) help() {
+func (j *job) help(y *yielder) {
 	defer func() {
 		if r := recover(); r != nil {
 			j.failed.CompareAndSwap(nil, &workerPanic{r})
@@ -98,10 +100,10 @@ func (j *job) help() {
 		}
 		j.pending.Add(-1)
 	}()
-	j.work()
+	j.work(y)
 }
 
-func (j *job) work() {
+func (j *job) work(y *yielder) {
 	n := len(j.bounds) - 1
 	for {
 		i := int(j.next.Add(1)) - 1
@@ -109,7 +111,34 @@ func (j *job) work() {
 			return
 		}
 		j.fn(j.bounds[i], j.bounds[i+1])
+		y.maybe(time.Now())
 	}
+}
+
+// yieldEvery: a goroutine running ranges goes through the scheduler
+// (runtime.Gosched) at least this often. The runtime's sysmon thread
+// treats a goroutine that has not been rescheduled for 10 ms as hogging
+// its P: it preempts it (a signal), takes the P while the goroutine is in
+// C, and drops back to polling every 20 µs. A worker that finds the next
+// job in its spin never reschedules, so during a prefill sysmon woke 1800
+// times a second and each wake-up took a core from a gemm thread (perf
+// sched: sysmon's usleep in 45% of the context switches). F16, 512 rows,
+// 2 threads, medians of four interleaved rounds (BenchmarkMatMul1B):
+// 2048x2048 241 -> 333 GFLOP/s, 256x2048 245 -> 281.
+const yieldEvery = time.Millisecond
+
+// yielder remembers when one goroutine (a worker, or the callers of a
+// pool, one at a time under its mutex) last went through the scheduler.
+type yielder struct{ last time.Time }
+
+// maybe yields if yieldEvery has passed since the last time.
+func (y *yielder) maybe(now time.Time) bool {
+	if now.Sub(y.last) < yieldEvery {
+		return false
+	}
+	runtime.Gosched()
+	y.last = now
+	return true
 }
 
 // spinChecks: the spinning loops (a worker waiting for a job, a caller
@@ -191,7 +220,7 @@ func (p *pool) run(bounds []int, threads int, fn func(lo, hi int)) {
 	for _, w := range p.workers[:helpers] {
 		w.post(j)
 	}
-	j.work()
+	j.work(&p.yield)
 }
 
 // retract takes j back from the workers that have not taken it yet, so

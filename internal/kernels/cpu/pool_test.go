@@ -163,3 +163,46 @@ func TestPoolRunsWithoutAbsentHelper(t *testing.T) {
 		t.Fatal("the job is still posted to the absent helper")
 	}
 }
+
+// TestYielderEveryMillisecond: maybe yields on the first call and then
+// once yieldEvery has passed, not before.
+func TestYielderEveryMillisecond(t *testing.T) {
+	var y yielder
+	t0 := time.Now()
+	if !y.maybe(t0) {
+		t.Fatal("first call did not yield")
+	}
+	if y.maybe(t0.Add(yieldEvery / 2)) {
+		t.Fatal("yielded within yieldEvery of the last yield")
+	}
+	if !y.maybe(t0.Add(yieldEvery)) {
+		t.Fatal("did not yield yieldEvery after the last yield")
+	}
+}
+
+// TestPoolRangesYield: a goroutine running long ranges goes through the
+// scheduler between them, the caller included (the runtime preempts and
+// takes the P of one that does not for 10 ms; see yieldEvery).
+func TestPoolRangesYield(t *testing.T) {
+	p := newPool(2)
+	caller := goid()
+	var helped atomic.Bool
+	before := time.Now()
+	p.run(cut(8, 1, 8), 2, func(lo, hi int) {
+		if goid() != caller {
+			helped.Store(true)
+		}
+		time.Sleep(2 * time.Millisecond)
+	})
+	if p.yield.last.Before(before) {
+		t.Fatal("the caller ran 2 ms ranges without yielding")
+	}
+	// The helper may not have been scheduled before the caller ran every
+	// range (then the job was taken back from it).
+	if w := p.workers[0]; helped.Load() && w.yield.last.Before(before) {
+		t.Fatal("the helper ran 2 ms ranges without yielding")
+	}
+	if !helped.Load() {
+		t.Log("the helper took no range")
+	}
+}
