@@ -126,22 +126,22 @@ stop
 field() { jq -r "$2 // empty" "$outdir/$1.json" 2>/dev/null || true; }
 # A request that fails is left out of its server's tok/s (the client got no
 # answer) but its time is not. llama-server on random-weight models ends
-# some streams with an error event ("Failed to parse input") after
-# generating every token (its log shows them finished), so the table also
-# gives the ratio to llama's tok/s with those requests counted as completed
-# ("l+failed"). Failures of another kind (a connection closed before an
-# answer) took no generation time and are not added back.
+# some streams with an error event ("Failed to parse input"), some after
+# every token, some a few tokens in, so the table also gives the ratio to
+# llama's tok/s with the tokens its failed streams delivered added back
+# ("l+failed": failed_streamed_chunks, one token per chunk). A connection
+# closed before an answer delivered none.
 printf '| %-7s | %-10s | %-10s | %-6s | %-14s | %-8s | %-19s | %-19s |\n' streams "llama tok/s" "baton tok/s" ratio "failed (l / b)" "ratio to l+failed" "TTFT p50 ms (l / b)" "ITL p50 ms (l / b)"
 printf '|---------|------------|------------|--------|----------------|-------------------|---------------------|---------------------|\n'
 for s in $streams; do
 	lt=$(field llama-s$s .output_throughput)
 	bt=$(field baton-s$s .output_throughput)
 	lf=$(field llama-s$s .failed)
-	lg=$(jq -r '[.errors[]? | select(.message | startswith("error event")) | .count] | add // 0' "$outdir/llama-s$s.json" 2>/dev/null || echo 0)
-	lc=$(field llama-s$s .completed)
+	lx=$(field llama-s$s .failed_streamed_chunks)
+	ld=$(field llama-s$s .duration_s)
 	bf=$(field baton-s$s .failed)
 	ratio=$(awk -v a="${lt:-0}" -v b="${bt:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", b / a; else print "-" }')
-	fair=$(awk -v a="${lt:-0}" -v b="${bt:-0}" -v c="${lc:-0}" -v f="${lg:-0}" 'BEGIN { if (a > 0 && b > 0 && c > 0) printf "%.2f", b / (a * (c + f) / c); else print "-" }')
+	fair=$(awk -v a="${lt:-0}" -v b="${bt:-0}" -v x="${lx:-0}" -v d="${ld:-0}" 'BEGIN { if (a > 0 && b > 0 && d > 0) printf "%.2f", b / (a + x / d); else print "-" }')
 	ttft=$(printf '%.0f / %.0f' "$(field llama-s$s .ttft_ms.p50)" "$(field baton-s$s .ttft_ms.p50)" 2>/dev/null || echo -)
 	itl=$(printf '%.1f / %.1f' "$(field llama-s$s .itl_ms.p50)" "$(field baton-s$s .itl_ms.p50)" 2>/dev/null || echo -)
 	printf '| %-7s | %-10.1f | %-10.1f | %-6s | %-14s | %-17s | %-19s | %-19s |\n' "$s" "${lt:-0}" "${bt:-0}" "$ratio" "${lf:-0} / ${bf:-0}" "$fair" "$ttft" "$itl"

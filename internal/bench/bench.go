@@ -89,6 +89,12 @@ type Report struct {
 
 	Completed int `json:"completed"`
 	Failed    int `json:"failed"`
+	// FailedStreamedChunks counts the text chunks (a token or a few each)
+	// that failed requests streamed before they failed: work the server
+	// did that the output counts leave out. A server that ends some streams
+	// with an error event is then set against the others by the tokens it
+	// delivered, however far into a stream its error came.
+	FailedStreamedChunks int `json:"failed_streamed_chunks"`
 	// Errors are the distinct failure messages (at most 10), each with
 	// how often it happened.
 	Errors []ErrorCount `json:"errors,omitempty"`
@@ -151,6 +157,7 @@ type result struct {
 	promptTokens int
 	outputTokens int
 	cachedTokens int
+	chunks       int // text chunks streamed
 	usage        bool
 	ttft, e2e    time.Duration
 	itl          []time.Duration
@@ -480,6 +487,7 @@ func stream(ctx context.Context, client *http.Client, endpoint string, cfg Confi
 		}
 		last = now
 		chunks++
+		res.chunks = chunks
 	}
 	if err := sc.Err(); err != nil {
 		res.err = fmt.Errorf("reading the stream: %w", err)
@@ -562,6 +570,7 @@ func summarise(cfg Config, results []result, elapsed time.Duration) *Report {
 	for _, r := range results {
 		if r.err != nil {
 			rep.Failed++
+			rep.FailedStreamedChunks += r.chunks
 			msg := r.err.Error()
 			if errs[msg] == 0 {
 				order = append(order, msg)

@@ -506,6 +506,11 @@ func TestBrokenStreamsFail(t *testing.T) {
 			if err == nil || rep.Completed != 0 || rep.Failed != 2 {
 				t.Errorf("err %v, report %+v", err, rep)
 			}
+			// The error event comes after the first chunk; the other
+			// stream carries all three before it just stops.
+			if want := map[bool]int{true: 2, false: 6}[f.midError]; rep.FailedStreamedChunks != want {
+				t.Errorf("failed streams carried %d chunks, want %d", rep.FailedStreamedChunks, want)
+			}
 			t.Log(err)
 		})
 	}
