@@ -409,13 +409,22 @@ func (b *Backend) qdot(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 	sp := (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(qb.s)))
 	nd, nb := cols/block, cols/32
 	b.parallel(n, 1, 8*n*cols, func(lo, hi int) {
-		C.bk_quant_x((*C.int8_t)(unsafe.Add(unsafe.Pointer(qp), lo*cols)), fptr(qb.d[lo*nd:]),
+		C.bk_quant_x(b.simdFlag(), (*C.int8_t)(unsafe.Add(unsafe.Pointer(qp), lo*cols)), fptr(qb.d[lo*nd:]),
 			(*C.int32_t)(unsafe.Pointer(&qb.s[lo*nb])), fptr(x[lo*cols:]), C.int64_t(hi-lo), C.int64_t(cols), C.int64_t(block))
 	})
 	b.parallel(w.Rows, rowAlign, work, func(lo, hi int) {
 		C.bk_qdot(b.simdFlag(), fptr(out), qp, dp, sp, C.int64_t(n), (*C.uint8_t)(wp),
 			C.int(w.DType), C.int64_t(w.Rows), C.int64_t(w.Cols), C.int64_t(lo), C.int64_t(hi))
 	})
+}
+
+// quantX is bk_quant_x on the given path (0 scalar, 1 SIMD) over n rows
+// of x, for tests to set the paths against each other.
+func quantX(simd int, x []float32, n, cols, block int) ([]int8, []float32, []int32) {
+	qs, d, s := make([]int8, n*cols), make([]float32, n*cols/block), make([]int32, n*cols/32)
+	C.bk_quant_x(C.int(simd), (*C.int8_t)(unsafe.Pointer(unsafe.SliceData(qs))), fptr(d),
+		(*C.int32_t)(unsafe.Pointer(unsafe.SliceData(s))), fptr(x), C.int64_t(n), C.int64_t(cols), C.int64_t(block))
+	return qs, d, s
 }
 
 // gemmMinN: from this many x rows on, products use the packed-x gemm;

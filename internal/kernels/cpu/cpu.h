@@ -41,8 +41,8 @@ void bk_quant_dequant_row_avx2(float *dst, const uint8_t *row, int dtype, int64_
 // and s (the sum of the quants of each 32 elements: n*cols/32). block is
 // bk_quant_x_block of the weight dtype.
 int bk_quant_x_block(int dtype);
-void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols,
-                int64_t block);
+void bk_quant_x(int simd, int8_t *qs, float *d, int32_t *s, const float *x, int64_t n,
+                int64_t cols, int64_t block);
 
 // bk_qdot computes out[i*rows + r] for r0 <= r < r1 and i < n from x
 // quantised by bk_quant_x, for the ggml block formats other than Q8_0:

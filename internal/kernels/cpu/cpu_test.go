@@ -690,3 +690,67 @@ func TestMatMulPropagatesNaN(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantXPathsAgree: the SIMD quantiser of x is the scalar one bit for
+// bit (quants, scales, sums), for the 32- and 256-element blocks, on
+// ordinary rows and on blocks with a NaN, an infinity, all zeros, tiny
+// subnormals, values near FLT_MAX and halves that round to even.
+func TestQuantXPathsAgree(t *testing.T) {
+	initCPU()
+	if !cpuHasSIMD {
+		t.Skip("no SIMD path on this CPU")
+	}
+	rng := rand.New(rand.NewPCG(41, 42))
+	const cols = 1024
+	for _, block := range []int{32, 256} {
+		var x []float32
+		add := func(f func(j int) float32) {
+			for j := 0; j < cols; j++ {
+				x = append(x, f(j))
+			}
+		}
+		add(func(int) float32 { return float32(rng.NormFloat64()) })
+		add(func(int) float32 { return float32(rng.NormFloat64() * 1e30) })
+		add(func(j int) float32 { // scale 1: every other quant is a tie to round to even
+			if j%32 == 0 {
+				return 127
+			}
+			return float32(j%200-100) + 0.5
+		})
+		add(func(int) float32 { return 0 })
+		add(func(j int) float32 { return math.Float32frombits(uint32(j%3) * 200) }) // subnormals: 1/scale is +Inf
+		add(func(j int) float32 { return math.MaxFloat32 * float32(j%5-2) / 2 })
+		bad := func(v float32) {
+			add(func(j int) float32 {
+				if j%(2*block) == 7 {
+					return v
+				}
+				return float32(rng.NormFloat64())
+			})
+		}
+		bad(float32(math.NaN()))
+		bad(float32(math.Inf(1)))
+		bad(float32(math.Inf(-1)))
+		n := len(x) / cols
+		qs0, d0, s0 := quantX(0, x, n, cols, block)
+		qs1, d1, s1 := quantX(1, x, n, cols, block)
+		for i := range qs0 {
+			if qs0[i] != qs1[i] {
+				t.Fatalf("block %d: quant %d (row %d) is %d on the SIMD path, %d on the scalar", block, i, i/cols, qs1[i], qs0[i])
+			}
+		}
+		for i := range d0 {
+			if math.Float32bits(d0[i]) != math.Float32bits(d1[i]) {
+				t.Fatalf("block %d: scale %d is %v on the SIMD path, %v on the scalar", block, i, d1[i], d0[i])
+			}
+		}
+		for i := range s0 {
+			if s0[i] != s1[i] {
+				t.Fatalf("block %d: sum %d is %d on the SIMD path, %d on the scalar", block, i, s1[i], s0[i])
+			}
+		}
+		if !math.IsNaN(float64(d1[6*cols/block])) {
+			t.Errorf("block %d: a block with a NaN has scale %v, want NaN", block, d1[6*cols/block])
+		}
+	}
+}

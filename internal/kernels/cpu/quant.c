@@ -177,39 +177,106 @@ void bk_quant_dequant_row(float *dst, const uint8_t *row, int dt, int64_t cols) 
 
 int bk_quant_x_block(int dt) { return lay(dt).block == 256 ? 256 : 32; }
 
-void bk_quant_x(int8_t *qs, float *d, int32_t *s, const float *x, int64_t n, int64_t cols,
-                int64_t block) {
-  int64_t nb = cols / 32, nd = cols / block;
-  for (int64_t i = 0; i < n; i++) {
-    for (int64_t g = 0; g < nd; g++) {
-      const float *xg = x + i * cols + block * g;
-      float amax = 0;
-      int bad = 0;
-      for (int64_t j = 0; j < block; j++) {
-        float a = fabsf(xg[j]);
-        bad |= !(a <= FLT_MAX);
-        amax = fmaxf(amax, a);
-      }
-      // A NaN or infinity in x makes the block's scale NaN, so every
-      // product with it is NaN as in float (fmaxf alone would drop a NaN,
-      // and a read of poisoned KV would come out as finite logits).
-      float dd = bad ? NAN : amax / 127, id = !bad && dd != 0 ? 1 / dd : 0;
-      d[i * nd + g] = dd;
-      for (int64_t b = g * block / 32; b < (g + 1) * block / 32; b++) {
-        const float *xb = x + i * cols + 32 * b;
-        int8_t *qb = qs + i * cols + 32 * b;
-        int32_t sum = 0;
-        for (int j = 0; j < 32; j++) {
-          float t = xb[j] * id;
-          int v = t == t ? (int)lrintf(t) : 0;
-          v = v > 127 ? 127 : v < -127 ? -127 : v;
-          qb[j] = (int8_t)v;
-          sum += v;
-        }
-        s[i * nb + b] = sum;
-      }
-    }
+// One group of `block` elements (a multiple of 32): its scale, quants and
+// sums of 32.
+static void quant_group(int8_t *qs, float *d, int32_t *s, const float *xg, int64_t block) {
+  float amax = 0;
+  int bad = 0;
+  for (int64_t j = 0; j < block; j++) {
+    float a = fabsf(xg[j]);
+    bad |= !(a <= FLT_MAX);
+    amax = fmaxf(amax, a);
   }
+  // A NaN or infinity in x makes the block's scale NaN, so every
+  // product with it is NaN as in float (fmaxf alone would drop a NaN,
+  // and a read of poisoned KV would come out as finite logits).
+  float dd = bad ? NAN : amax / 127, id = !bad && dd != 0 ? 1 / dd : 0;
+  *d = dd;
+  for (int64_t b = 0; b < block / 32; b++) {
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j++) {
+      float t = xg[32 * b + j] * id;
+      int v = t == t ? (int)lrintf(t) : 0;
+      v = v > 127 ? 127 : v < -127 ? -127 : v;
+      qs[32 * b + j] = (int8_t)v;
+      sum += v;
+    }
+    s[b] = sum;
+  }
+}
+
+#ifdef QX86
+// quant_group with 8 lanes, bit for bit the same: the same maximum, the
+// same scale and product, and cvtps rounds to nearest even as lrintf does
+// in the default rounding mode. A group with a NaN or an infinity (or an
+// infinite 1/scale) goes to quant_group. A decode step quantises one x
+// row per product, on one thread while the other waits: the scalar loop
+// (lrintf a call per element) took 3.4 ms of a 30 ms 1.1B Q4_K_M step.
+// Three interleaved rounds in process: 21.7-23.1 -> 20.2-21.6 ms a step.
+QAVX2 static void quant_group_avx2(int8_t *qs, float *d, int32_t *s, const float *xg,
+                                   int64_t block) {
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 big = _mm256_set1_ps(FLT_MAX);
+  __m256 am = _mm256_setzero_ps();
+  int bad = 0;
+  for (int64_t j = 0; j < block; j += 8) {
+    __m256 a = _mm256_and_ps(_mm256_loadu_ps(xg + j), absm);
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_NLE_UQ)); // NaN or above FLT_MAX
+    am = _mm256_max_ps(am, a);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float amax = _mm_cvtss_f32(m4);
+  float dd = amax / 127, id = dd != 0 ? 1 / dd : 0;
+  // An infinite id (a block of tiny subnormals) makes products infinite or
+  // NaN, which cvtps and lrintf convert differently.
+  if (bad || !(id <= FLT_MAX)) {
+    quant_group(qs, d, s, xg, block);
+    return;
+  }
+  *d = dd;
+  const __m256 idv = _mm256_set1_ps(id);
+  const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < block / 32; b++) {
+    __m256i v[4];
+    for (int k = 0; k < 4; k++) {
+      __m256i t = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 32 * b + 8 * k), idv));
+      v[k] = _mm256_max_epi32(_mm256_min_epi32(t, hi), lo);
+    }
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    s[b] = _mm_cvtsi128_si32(s4);
+    // Narrowing packs within 128-bit lanes; the permute puts the 32 bytes
+    // back in element order.
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256((__m256i *)(qs + 32 * b), _mm256_permutevar8x32_epi32(p, order));
+  }
+}
+#endif
+
+void bk_quant_x(int simd, int8_t *qs, float *d, int32_t *s, const float *x, int64_t n,
+                int64_t cols, int64_t block) {
+  int64_t nb = cols / 32, nd = cols / block;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t g = 0; g < nd; g++) {
+      int8_t *qg = qs + i * cols + block * g;
+      float *dg = d + i * nd + g;
+      int32_t *sg = s + i * nb + g * block / 32;
+      const float *xg = x + i * cols + block * g;
+#ifdef QX86
+      if (simd >= 1 && g_have_simd) {
+        quant_group_avx2(qg, dg, sg, xg, block);
+        continue;
+      }
+#else
+      (void)simd;
+#endif
+      quant_group(qg, dg, sg, xg, block);
+    }
 }
 
 static void qdot_scalar(float *out, const int8_t *qs, const float *d, const int32_t *s, int64_t n,
