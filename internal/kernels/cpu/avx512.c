@@ -162,6 +162,16 @@ AVX512 static void gemm_put512(float *out, int64_t rows, const float *tile, int6
 }
 #undef PUT_ROW
 
+// Sixteen F16 or BF16 elements at p widened to float32 (the gemm's weight
+// slices, the gemv's rows).
+AVX512 static inline __m512 z_f16(const uint8_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+AVX512 static inline __m512 z_bf16(const uint8_t *p) {
+  __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
 // bk_gemm_rows with F16 and BF16 rows widened 16 at a time (the AVX2
 // dequantiser takes 8): a prefill's conversion of each weight slice was
 // 4% of a 1.1B F16 model's 512-token prefill.
@@ -176,13 +186,8 @@ AVX512 static void gemm_rows512(const float **wr, int nw, const uint8_t *w, int6
     if (j >= nw) continue;
     const uint8_t *row = w + j * rb;
     float *d = deq + j * cols;
-    for (int64_t k = 0; k < cols; k += 16) {
-      __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * k));
-      __m512 v = dtype == BK_F16
-                     ? _mm512_cvtph_ps(h)
-                     : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-      _mm512_storeu_ps(d + k, v);
-    }
+    for (int64_t k = 0; k < cols; k += 16)
+      _mm512_storeu_ps(d + k, dtype == BK_F16 ? z_f16(row + 2 * k) : z_bf16(row + 2 * k));
   }
 }
 
@@ -313,13 +318,6 @@ AVX512 int64_t bk_pack_x_avx512(float *xp, const float *x, int64_t n, int64_t co
 // bytes ahead: a decode step streams them from memory, and the converts
 // and FMAs between loads leave too few misses in flight otherwise.
 #define ZPF 4096
-AVX512 static inline __m512 z_f16(const uint8_t *p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-AVX512 static inline __m512 z_bf16(const uint8_t *p) {
-  __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-}
 AVX512 static inline __m512 z_f32(const uint8_t *p) { return _mm512_loadu_ps((const float *)p); }
 AVX512 static inline __m512 z_q8(const uint8_t *p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
