@@ -19,6 +19,10 @@ import (
 	"unsafe"
 )
 
+// The path is chosen once, here: es_simd's first call sets it, and two
+// goroutines sampling at once must not both be the first.
+func init() { C.es_simd() }
+
 // Sum writes exp((v-top)·inv) of each logit v into probs (unless nil; it
 // must then be as long as logits) and returns their sum. Arguments at or
 // below -708, and NaN, give 0. Logit i is added to partial sum i mod 8 in
