@@ -6,9 +6,8 @@ import (
 	"github.com/batonlm/baton/internal/model"
 )
 
-// --kv-cache-dtype takes auto, f32, f16 and bf16 (not on the router, and
-// not with the ucx transport, which puts f32 rows), and anything else is
-// refused by name.
+// --kv-cache-dtype takes auto, f32, f16 and bf16 (not on the router, on
+// either transport), and anything else is refused by name.
 func TestKVCacheDTypeFlag(t *testing.T) {
 	router := []string{"--role", "router", "--prefill", "http://a:1", "--decode", "http://b:2"}
 	for _, c := range []struct {
@@ -20,7 +19,6 @@ func TestKVCacheDTypeFlag(t *testing.T) {
 		{[]string{"--role", "decode", "--kv-cache-dtype", "bf16"}, ""},
 		{[]string{"--kv-cache-dtype", "q8_0"}, `unknown --kv-cache-dtype "q8_0"`},
 		{append(router, "--kv-cache-dtype", "f16"), "--kv-cache-dtype (standalone, prefill, decode only)"},
-		{[]string{"--role", "decode", "--transport", "ucx", "--kv-cache-dtype", "f16"}, "the ucx transport moves f32 KV only"},
 	} {
 		dryRun(t, c.args, c.err, "")
 	}

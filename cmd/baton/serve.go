@@ -279,10 +279,6 @@ func (f *serveFlags) validate() error {
 		// held pages are not to be written, which only a receiver that
 		// checks each frame can refuse.
 		return fmt.Errorf("--disaggregation-decode-enable-radix-cache needs --transport tcp")
-	case f.transport == "ucx" && !strings.EqualFold(f.kvCacheDType, "auto") && !strings.EqualFold(f.kvCacheDType, "f32"):
-		// UCX puts a page straight into the decode pool, at offsets of f32
-		// rows; it does not address half-width pages yet.
-		return fmt.Errorf("--kv-cache-dtype %s: the ucx transport moves f32 KV only (use --transport tcp)", f.kvCacheDType)
 	case f.cacheScope != string(prefixcache.ScopeKey) && f.cacheScope != string(prefixcache.ScopeGlobal):
 		return fmt.Errorf("unknown --prefix-cache-scope %q (key, global)", f.cacheScope)
 	case f.hicache.check(f) != nil:

@@ -15,8 +15,22 @@ import (
 // server's with the same dtype, the workers report the dtype, and the
 // handoff moves 2 bytes per K or V element: half of f32's.
 func TestPDKVDTypeF16MatchesStandalone(t *testing.T) {
+	pdF16MatchesStandalone(t, "")
+}
+
+// pdF16MatchesStandalone is TestPDKVDTypeF16MatchesStandalone's check for
+// the workers' --transport (tcp for ""), run by bin ("" for the default
+// build).
+func pdF16MatchesStandalone(t *testing.T, transport string) {
+	t.Helper()
 	args := []string{"--kv-cache-dtype", "f16", "--page-size", "4", "--chunked-prefill-size", "8"}
-	c := startCluster(t, 1, 1, args, nil)
+	bin := ""
+	workerArgs := args
+	if transport != "" {
+		bin = harness.Build(t, transport)
+		workerArgs = append([]string{"--transport", transport}, args...)
+	}
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: bin, WorkerArgs: workerArgs})
 	sa := startServer(t, append([]string{"--kv-poison"}, args...)...)
 	for _, w := range append(c.Workers(), sa) {
 		var info struct {
@@ -48,9 +62,15 @@ func TestPDKVDTypeF16MatchesStandalone(t *testing.T) {
 	c.WaitClean(t)
 	// stories260K: 5 layers, K and V rows of 4 KV heads x 8 dims.
 	const perToken = 5 * 2 * 4 * 8
+	// The prefill worker counts what its sessions landed; a decode worker
+	// counts the frames it unpacked, which one-sided puts do not send.
 	m := metricsOf(t, c.Decode[0])
-	if bytes := m["baton_kv_transfer_bytes_total"]; bytes <= 0 || int(bytes)%(2*perToken) != 0 || int(bytes) > 2*perToken*promptTokens {
-		t.Fatalf("decode received %v KV bytes for %d prompt tokens; f16 is %d bytes a token", bytes, promptTokens, 2*perToken)
+	sent := metricsOf(t, c.Prefill[0])["baton_kv_transfer_bytes_total"]
+	if sent <= 0 || int(sent)%(2*perToken) != 0 || int(sent) > 2*perToken*promptTokens {
+		t.Fatalf("prefill landed %v KV bytes for %d prompt tokens; f16 is %d bytes a token", sent, promptTokens, 2*perToken)
+	}
+	if got := m["baton_kv_transfer_bytes_total"]; transport == "" && got != sent {
+		t.Fatalf("decode received %v KV bytes, prefill landed %v", got, sent)
 	}
 	if m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
 		t.Fatalf("handoff failures %v, NaN logits %v", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])

@@ -29,6 +29,13 @@ func TestPDOverUCX(t *testing.T) {
 	}
 }
 
+// f16 KV over UCX: the puts land half-width rows at half-width offsets,
+// so greedy output through the router equals a standalone f16 server's,
+// and the handoff moves 2 bytes an element.
+func TestPDOverUCXF16(t *testing.T) {
+	pdF16MatchesStandalone(t, "ucx")
+}
+
 func serverInfoOf(t *testing.T, s *server) map[string]any {
 	t.Helper()
 	code, b := get(t, s.URL+"/server_info")

@@ -352,10 +352,19 @@ func smallLayout(ps int) kernels.PagedKV {
 	return kernels.PagedKV{PageSize: ps, Layers: 2, KVHeads: 2, HeadDim: 8}
 }
 
+// testExact runs every KV dtype: a half-width pool's rows are half the
+// bytes at half the offsets, which a transport that addresses pages
+// itself (one-sided puts) must get right.
 func testExact(t *testing.T, mk suite) {
-	for _, ps := range []int{1, 4, 16} {
-		t.Run(fmt.Sprintf("page%d", ps), func(t *testing.T) {
-			h := newHarness(t, mk, smallLayout(ps), 64)
+	for _, c := range []struct {
+		ps int
+		dt kernels.DType
+	}{{1, kernels.F32}, {4, kernels.F32}, {16, kernels.F32}, {1, kernels.F16}, {4, kernels.F16}, {16, kernels.BF16}} {
+		ps := c.ps
+		t.Run(fmt.Sprintf("page%d/%s", ps, c.dt), func(t *testing.T) {
+			layout := smallLayout(ps)
+			layout.DType = c.dt
+			h := newHarness(t, mk, layout, 64)
 			for _, tokens := range []int{1, ps, 2*ps + 1, 5*ps - 1} {
 				if tokens < 1 {
 					continue

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -14,7 +15,7 @@ import (
 // an 8-byte header, little endian:
 //
 //	0     magic 0xBC
-//	1     version 1
+//	1     version 3
 //	2     type
 //	3     flags, must be 0
 //	4..8  payload length (uint32)
@@ -25,7 +26,8 @@ import (
 //	         capability (bytes, 32)
 //	WELCOME  receiver to sender: worker address (bytes), rkey (bytes), base u64,
 //	         length u64, page size u32, layers u32, KV heads u32, head dim u32,
-//	         host id (bytes), page count u32, then that many page ids (i32)
+//	         KV dtype u32 (kernels.DType: f32, f16 or bf16), host id (bytes),
+//	         page count u32, then that many page ids (i32)
 //	REFUSE   receiver to sender: the reason (text); the session has no key
 //	END      sender to receiver: every put of the session is remotely complete and
 //	         its endpoint closed; the receiver calls Sink.Closed and closes
@@ -37,7 +39,7 @@ import (
 const (
 	ctlHdr     = 8
 	ctlMagic   = 0xBC
-	ctlVersion = 2
+	ctlVersion = 3
 
 	msgHello   = 1
 	msgWelcome = 2
@@ -70,8 +72,11 @@ type welcome struct {
 	Layers     uint32
 	KVHeads    uint32
 	HeadDim    uint32
-	Host       string
-	Pages      []int32
+	// DType is the pool's element type: a put's offsets and lengths are
+	// in its element size.
+	DType uint32
+	Host  string
+	Pages []int32
 }
 
 type enc struct{ b []byte }
@@ -169,6 +174,7 @@ func (w welcome) marshal() []byte {
 	e.u32(w.Layers)
 	e.u32(w.KVHeads)
 	e.u32(w.HeadDim)
+	e.u32(w.DType)
 	e.bytes([]byte(w.Host))
 	e.u32(uint32(len(w.Pages)))
 	for _, p := range w.Pages {
@@ -188,6 +194,7 @@ func parseWelcome(p []byte) (welcome, error) {
 		Layers:     d.u32(),
 		KVHeads:    d.u32(),
 		HeadDim:    d.u32(),
+		DType:      d.u32(),
 		Host:       string(d.bytes(256)),
 	}
 	n := d.u32()
@@ -215,6 +222,9 @@ func (w welcome) check() error {
 	if w.PageSize == 0 || w.Layers == 0 || w.KVHeads == 0 || w.HeadDim == 0 {
 		return fmt.Errorf("%w: layout %d/%d/%d/%d", errMalformed, w.PageSize, w.Layers, w.KVHeads, w.HeadDim)
 	}
+	if !kernels.ValidKVDType(kernels.DType(w.DType)) {
+		return fmt.Errorf("%w: KV dtype %d", errMalformed, w.DType)
+	}
 	pb := w.pageBytes()
 	if pb == 0 || pb > math.MaxInt32*uint64(4) || w.Length < pb || len(w.WorkerAddr) == 0 || len(w.RKey) == 0 {
 		return fmt.Errorf("%w: page of %d bytes, %d registered, %d-byte address, %d-byte key", errMalformed, pb, w.Length, len(w.WorkerAddr), len(w.RKey))
@@ -231,10 +241,19 @@ func (w welcome) check() error {
 	return nil
 }
 
-// pageBytes is one page in bytes, 0 on overflow.
+// layout is the decode pool's layout the welcome describes (no memory);
+// its DType must be valid (check).
+func (w welcome) layout() kernels.PagedKV {
+	return kernels.PagedKV{PageSize: int(w.PageSize), Layers: int(w.Layers), KVHeads: int(w.KVHeads), HeadDim: int(w.HeadDim), DType: kernels.DType(w.DType)}
+}
+
+// pageBytes is one page in bytes, 0 on overflow or an unknown dtype.
 func (w welcome) pageBytes() uint64 {
+	if !kernels.ValidKVDType(kernels.DType(w.DType)) {
+		return 0
+	}
 	v := uint64(2)
-	for _, f := range []uint32{w.PageSize, w.Layers, w.KVHeads, w.HeadDim, 4} {
+	for _, f := range []uint32{w.PageSize, w.Layers, w.KVHeads, w.HeadDim, uint32(w.layout().ElemBytes())} {
 		if v > math.MaxUint64/uint64(f) {
 			return 0
 		}

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
 )
 
 func goodWelcome() welcome {
@@ -57,6 +59,9 @@ func TestWelcomeChecks(t *testing.T) {
 		"Wraps":         func(w *welcome) { w.Base = ^uint64(0) - 100 },
 		"NoKey":         func(w *welcome) { w.RKey = nil },
 		"NoWorkerAddr":  func(w *welcome) { w.WorkerAddr = nil },
+		"Q8_0DType":     func(w *welcome) { w.DType = uint32(kernels.Q8_0) },
+		"UnknownDType":  func(w *welcome) { w.DType = 1 << 20 },
+		"F16Outside":    func(w *welcome) { w.DType, w.Pages = uint32(kernels.F16), []int32{8} },
 		"TrailingBytes": nil,
 	}
 	for name, mut := range cases {

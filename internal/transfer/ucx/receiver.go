@@ -209,7 +209,7 @@ func Listen(addr string, sink transfer.Sink, kv kernels.PagedKV, opts ...Option)
 		return fail(err)
 	}
 	r.wel = welcome{WorkerAddr: waddr, RKey: rkey, Base: uint64(p), Length: uint64(n),
-		PageSize: uint32(kv.PageSize), Layers: uint32(kv.Layers), KVHeads: uint32(kv.KVHeads), HeadDim: uint32(kv.HeadDim), Host: hostID()}
+		PageSize: uint32(kv.PageSize), Layers: uint32(kv.Layers), KVHeads: uint32(kv.KVHeads), HeadDim: uint32(kv.HeadDim), DType: uint32(kv.DType), Host: hostID()}
 	if err := r.wel.check(); err != nil {
 		return fail(err)
 	}

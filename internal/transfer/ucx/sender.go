@@ -266,7 +266,7 @@ func (s *Sender) Open(ctx context.Context, addr string, k transfer.Key) (transfe
 			return fail(fmt.Errorf("ucx: welcome from %s for %v: %w", addr, k, err))
 		}
 		ss.wel = w
-		ss.kv = kernels.PagedKV{PageSize: int(w.PageSize), Layers: int(w.Layers), KVHeads: int(w.KVHeads), HeadDim: int(w.HeadDim)}
+		ss.kv = w.layout()
 		ss.pageBytes = w.pageBytes()
 		ss.npages = w.Length / ss.pageBytes
 		peer := false
@@ -375,12 +375,13 @@ func (s *Session) spans(w transfer.PageWrite) []span {
 	if w.Tokens == s.kv.PageSize {
 		return []span{{0, len(w.Data), uint64(w.Page) * s.pageBytes}}
 	}
-	n := w.Tokens * s.kv.RowFloats() * 4
+	eb := s.kv.ElemBytes()
+	n := w.Tokens * s.kv.RowFloats() * eb
 	out := make([]span, 0, 2*s.kv.Layers)
 	src := 0
 	for l := 0; l < s.kv.Layers; l++ {
 		for _, off := range []int{s.kv.KOffset(int(w.Page), l, 0), s.kv.VOffset(int(w.Page), l, 0)} {
-			out = append(out, span{src, n, uint64(off) * 4})
+			out = append(out, span{src, n, uint64(off) * uint64(eb)})
 			src += n
 		}
 	}
