@@ -3,6 +3,7 @@ package main
 import (
 	"testing"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/model"
 )
 
@@ -24,20 +25,34 @@ func TestKVCacheDTypeFlag(t *testing.T) {
 	}
 }
 
-// A --kv-cache-memory budget holds twice the pages of f16 or bf16 KV.
+// A --kv-cache-memory budget holds twice the pages of f16 or bf16 KV, and
+// auto is f16 on a backend that names no dtype of its own (the cpu
+// backend), that backend's on one that does (cuda's f32).
 func TestPlanPoolCountsKVDType(t *testing.T) {
 	c := &model.Config{Layers: 4, KVHeads: 2, HeadDim: 16, ContextLength: 1 << 20}
 	pages := map[string]int{}
 	for _, dt := range []string{"auto", "f32", "f16", "bf16"} {
 		f := &serveFlags{pageSize: 16, kvCacheMemory: "1MiB", maxRunning: 64, kvCacheDType: dt}
-		p, err := planPool(f, c)
+		kvdt, err := parseKVDType(dt, struct{ kernels.Backend }{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := planPool(f, c, kvdt)
 		if err != nil {
 			t.Fatal(err)
 		}
 		pages[dt] = p.pages
 	}
 	// f32: 4 layers x 2 x 32 floats x 4 bytes = 1 KiB a token, 64 pages.
-	if pages["auto"] != 64 || pages["f32"] != 64 || pages["f16"] != 128 || pages["bf16"] != 128 {
+	if pages["auto"] != 128 || pages["f32"] != 64 || pages["f16"] != 128 || pages["bf16"] != 128 {
 		t.Fatalf("pages from a 1MiB budget: %v", pages)
 	}
+	if dt, err := parseKVDType("auto", f32KVBackend{}); err != nil || dt != kernels.F32 {
+		t.Fatalf("auto on a backend whose KV dtype is f32: %v %v", dt, err)
+	}
 }
+
+// f32KVBackend names f32 as its KV dtype, as the cuda backend does.
+type f32KVBackend struct{ kernels.Backend }
+
+func (f32KVBackend) AutoKVDType() kernels.DType { return kernels.F32 }

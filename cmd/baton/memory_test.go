@@ -25,7 +25,7 @@ func TestMemFractionStatic(t *testing.T) {
 	// The budget, not --kv-cache-memory, sizes the pool.
 	c := &model.Config{Layers: 2, KVHeads: 2, HeadDim: 32, ContextLength: 1 << 20}
 	f := &serveFlags{pageSize: 16, kvCacheMemory: "1GiB", maxRunning: 1 << 20, kvCacheDType: "f32", memFractionStatic: 0.5, kvBudget: 1 << 20}
-	p, err := planPool(f, c)
+	p, err := planPool(f, c, kernels.F32)
 	if err != nil {
 		t.Fatal(err)
 	}

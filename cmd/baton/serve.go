@@ -198,7 +198,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.mmapWeights, "mmap", false, "cpu: serve the weights from the model file's mapping instead of a copy in huge pages (less memory where processes share a file; decode reads them through 4 KiB pages, up to 2x slower)")
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
-	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f32) | f32 | f16 | bf16; f16/bf16 halve the KV memory and the handoff bytes (cpu backend only); prefill and decode must agree")
+	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f16 on cpu, f32 on cuda) | f32 | f16 | bf16; f16/bf16 halve the KV memory and the handoff bytes (cpu backend only); prefill and decode must agree")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
 	fs.BoolVar(&f.noRadixCache, "disable-radix-cache", false, "standalone, prefill: turn the prefix cache off (every prompt is computed in full)")
 	fs.BoolVar(&f.decodeRadix, "disaggregation-decode-enable-radix-cache", false, "decode: keep finished requests' pages in a prefix cache; a reservation pins the prefix it holds for the tenant and prefill ships only the rest (tcp transport)")
@@ -318,7 +318,7 @@ func (f *serveFlags) validate() error {
 	if _, err := parseDType(f.dummyDType); err != nil {
 		return err
 	}
-	if _, err := parseKVDType(f.kvCacheDType); err != nil {
+	if _, err := parseKVDType(f.kvCacheDType, nil); err != nil {
 		return err
 	}
 	switch f.loadFormat {
@@ -368,13 +368,17 @@ func parseDType(s string) (kernels.DType, error) {
 	return 0, fmt.Errorf("unknown dtype %q (f32, f16, bf16, q8_0)", s)
 }
 
-// parseKVDType reads --kv-cache-dtype. auto is f32 on every backend: f16
-// KV keeps the bundled model's greedy tokens but moves its top-5
-// log-probabilities past the public reference's 1e-3, and the default must
-// reproduce that reference exactly.
-func parseKVDType(s string) (kernels.DType, error) {
+// parseKVDType reads --kv-cache-dtype for a pool on be: auto is the
+// backend's choice (kernels.AutoKVDType: f16 on the cpu backend, f32 on
+// cuda). be may be nil to check the flag alone.
+func parseKVDType(s string, be kernels.Backend) (kernels.DType, error) {
 	switch strings.ToLower(s) {
-	case "auto", "f32":
+	case "auto":
+		if be == nil {
+			return kernels.F32, nil
+		}
+		return kernels.AutoKVDType(be), nil
+	case "f32":
 		return kernels.F32, nil
 	case "f16":
 		return kernels.F16, nil
@@ -414,7 +418,8 @@ type poolPlan struct {
 
 func kvElemBytes(d kernels.DType) int { return kernels.PagedKV{DType: d}.ElemBytes() }
 
-func planPool(f *serveFlags, c *model.Config) (poolPlan, error) {
+// planPool sizes the pool for KV stored as kvdt.
+func planPool(f *serveFlags, c *model.Config, kvdt kernels.DType) (poolPlan, error) {
 	p := poolPlan{pageSize: f.pageSize, modelContext: c.ContextLength}
 	if f.pageSize <= 0 {
 		return p, fmt.Errorf("--page-size must be positive")
@@ -430,10 +435,6 @@ func planPool(f *serveFlags, c *model.Config) (poolPlan, error) {
 		}
 		if f.memFractionStatic > 0 {
 			budget = f.kvBudget
-		}
-		kvdt, err := parseKVDType(f.kvCacheDType)
-		if err != nil {
-			return p, err
 		}
 		// Pages of f16/bf16 KV take half the bytes, so a budget holds twice
 		// the tokens.
@@ -543,7 +544,12 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 			return nil, err
 		}
 	}
-	plan, err := planPool(f, c)
+	kvdt, err := parseKVDType(f.kvCacheDType, be)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	plan, err := planPool(f, c, kvdt)
 	if err != nil {
 		closeAll()
 		return nil, err
@@ -556,10 +562,6 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 	fail := func(err error) (*loadedEngine, error) {
 		le.close()
 		return nil, err
-	}
-	kvdt, err := parseKVDType(f.kvCacheDType)
-	if err != nil {
-		return fail(err)
 	}
 	layout := kernels.PagedKV{PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kvdt}
 	pc := kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, KVDType: kvdt, Poison: f.kvPoison}

@@ -449,6 +449,23 @@ type Backend interface {
 	Attention(out, q []float32, kv PagedKV, layer int, seqs []AttnSeq, heads int, scale float32)
 }
 
+// KVDTyper is a backend with its own KV dtype for --kv-cache-dtype auto:
+// the dtype its kernels compute in (the cuda backend's f32).
+type KVDTyper interface {
+	AutoKVDType() DType
+}
+
+// AutoKVDType is the KV dtype --kv-cache-dtype auto stores on be: the
+// backend's own (KVDTyper), else f16, as llama.cpp stores KV on a CPU:
+// half the memory and the handoff bytes of f32, and attention reads it
+// directly.
+func AutoKVDType(be Backend) DType {
+	if k, ok := be.(KVDTyper); ok {
+		return k.AutoKVDType()
+	}
+	return F16
+}
+
 // DTypeSupporter is a backend that multiplies only some weight dtypes;
 // one that does not implement it takes them all.
 type DTypeSupporter interface {

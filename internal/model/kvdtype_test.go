@@ -14,7 +14,7 @@ import (
 // reference and cpu backends, and each chosen token's log-probability
 // moves by no more than the KV rounding allows. (Not within the
 // reference's 1e-3, and a near-tie among the lower alternatives swaps:
-// why --kv-cache-dtype auto stays f32.)
+// why the tests that compare with the reference run f32 KV.)
 func TestGreedyKVDTypeMatchesReference(t *testing.T) {
 	ref0 := loadReference(t)
 	// Measured worst: 2.9e-3 (f16), 1.3e-2 (bf16).

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +13,8 @@ import (
 
 // With --kv-cache-dtype f16 on every engine, greedy output through
 // router, prefill and decode (both under --kv-poison) equals a standalone
-// server's with the same dtype, the workers report the dtype, and the
+// server's with the same dtype (auto's on the cpu backend), the workers
+// report the dtype, and the
 // handoff moves 2 bytes per K or V element: half of f32's.
 func TestPDKVDTypeF16MatchesStandalone(t *testing.T) {
 	pdF16MatchesStandalone(t, "")
@@ -31,7 +33,8 @@ func pdF16MatchesStandalone(t *testing.T, transport string) {
 		workerArgs = append([]string{"--transport", transport}, args...)
 	}
 	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: bin, WorkerArgs: workerArgs})
-	sa := startServer(t, append([]string{"--kv-poison"}, args...)...)
+	// The standalone server leaves the dtype to auto, f16 on the cpu backend.
+	sa := harness.StartWith(t, harness.Options{AutoKV: true}, append([]string{"--kv-poison"}, args[2:]...)...)
 	for _, w := range append(c.Workers(), sa) {
 		var info struct {
 			DType string `json:"kv_cache_dtype"`
@@ -74,6 +77,36 @@ func pdF16MatchesStandalone(t *testing.T, transport string) {
 	}
 	if m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
 		t.Fatalf("handoff failures %v, NaN logits %v", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])
+	}
+}
+
+// With no --kv-cache-dtype, a cpu engine stores f16 KV (auto), says so in
+// /server_info, sizes its pool for 2-byte elements, and still continues
+// the public reference (made with f32 KV) token for token, each chosen
+// token's log-probability within what f16 rounding moves it (measured
+// worst 2.9e-3 in internal/model).
+func TestDefaultKVDTypeIsF16OnCPU(t *testing.T) {
+	ref := loadReference(t)
+	s := harness.StartWith(t, harness.Options{AutoKV: true}, "--kv-poison", "--max-total-tokens", "1024", "--page-size", "4")
+	var info struct {
+		DType  string `json:"kv_cache_dtype"`
+		Tokens int    `json:"kv_pool_tokens"`
+	}
+	if code, b := harness.Get(t, s.URL+"/server_info"); code != 200 || json.Unmarshal(b, &info) != nil || info.DType != "f16" || info.Tokens != 1024 {
+		t.Fatalf("/server_info: %d %s; want kv_cache_dtype f16 and 1024 pool tokens", code, b)
+	}
+	code, _, b := post(t, s.URL+"/v1/completions", greedyBody(ref))
+	var c completion
+	if code != 200 || json.Unmarshal(b, &c) != nil || len(c.Choices) != 1 || c.Choices[0].Logprobs == nil {
+		t.Fatalf("greedy reference request: %d %s", code, b)
+	}
+	if got := c.Choices[0].Text; got != ref.GeneratedText {
+		t.Fatalf("f16 KV: text %q\nwant %q", got, ref.GeneratedText)
+	}
+	for i, top := range ref.Top5 {
+		if d := math.Abs(c.Choices[0].Logprobs.TokenLogprobs[i] - top[0].Logprob); d > 6e-3 {
+			t.Fatalf("f16 KV: position %d logprob %v, reference %v", i, c.Choices[0].Logprobs.TokenLogprobs[i], top[0].Logprob)
+		}
 	}
 }
 

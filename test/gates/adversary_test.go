@@ -308,7 +308,13 @@ func insiderAttacks(t *testing.T, secret string, d, p *harness.Server, v *violat
 	c, _ := transfer.CapabilityFrom(res.Capability)
 	k := transfer.Key{Room: res.Room, Epoch: res.Epoch, Cap: c}
 	if s, err := asPrefill.sessions.Open(ctx, transferAddr, k); err == nil {
-		rowBytes := 4 * int(layout.KvHeads*layout.HeadDim*layout.Layers) * 2 // K and V of one token, all layers, f32
+		elem := 4 // f32; f16 and bf16 elements are 2 bytes
+		if layout.GetDtype() != "f32" {
+			elem = 2
+		}
+		// K and V of one token, all layers: a payload of the right size, so
+		// only the session binding can refuse it.
+		rowBytes := elem * int(layout.KvHeads*layout.HeadDim*layout.Layers) * 2
 		_ = s.Write(transfer.PageWrite{Index: 0, Page: res.Pages[0], Tokens: 4, Data: make([]byte, 4*rowBytes)})
 		if err := s.Flush(ctx); err == nil {
 			v.add("a second transfer session into a reservation being written was admitted")

@@ -153,6 +153,33 @@ type Options struct {
 	// Unready returns once the server listens, without waiting for /health:
 	// for a router that is meant never to find a healthy pair.
 	Unready bool
+	// AutoKV leaves the KV dtype to the server's default (see withKVDType).
+	AutoKV bool
+}
+
+// withKVDType pins an engine (not a router) whose args name no
+// --kv-cache-dtype to f32 KV. The public reference was made with f32 KV,
+// and the tests tell a leak by answers equal to the byte across batch
+// shapes and cache hits: f16 KV, auto's choice on the cpu backend, rounds
+// each element to 2^-11, which moves a log-probability by ~1e-3 between
+// batch shapes, enough to flip a near-tie greedy token. Tests of the
+// default say AutoKV.
+func withKVDType(o Options, args []string) []string {
+	role := "standalone"
+	for i, a := range args {
+		switch {
+		case a == "--kv-cache-dtype" || strings.HasPrefix(a, "--kv-cache-dtype="):
+			return args
+		case a == "--role" && i+1 < len(args):
+			role = args[i+1]
+		case strings.HasPrefix(a, "--role="):
+			role = strings.TrimPrefix(a, "--role=")
+		}
+	}
+	if o.AutoKV || role == "router" {
+		return args
+	}
+	return append(args[:len(args):len(args)], "--kv-cache-dtype", "f32")
 }
 
 // StartWith is Start with options.
@@ -162,7 +189,7 @@ func StartWith(t testing.TB, o Options, args ...string) *Server {
 	if bin == "" {
 		bin = Binary(t)
 	}
-	argv := append([]string{"serve", "--role", "standalone", "--host", "127.0.0.1", "--port", "0"}, args...)
+	argv := append([]string{"serve", "--role", "standalone", "--host", "127.0.0.1", "--port", "0"}, withKVDType(o, args)...)
 	cmd := exec.Command(bin, argv...)
 	cmd.Env = append(CleanEnv(), o.Env...)
 	s := &Server{cmd: cmd, stderr: newWatchWriter(listenRE), stdout: newWatchWriter(nil), exited: make(chan struct{})}

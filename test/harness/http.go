@@ -94,6 +94,8 @@ type ClusterOptions struct {
 	// NoRouter starts the workers only, for tests that start their own
 	// routers in front of them.
 	NoRouter bool
+	// AutoKV: the workers keep their default KV dtype (Options.AutoKV).
+	AutoKV bool
 }
 
 // StartCluster starts the workers (in parallel) and then the router.
@@ -103,7 +105,7 @@ func StartCluster(t *testing.T, o ClusterOptions) *Cluster {
 	var wg sync.WaitGroup
 	start := func(dst **Server, env []string, args ...string) {
 		defer wg.Done()
-		*dst = StartWith(t, Options{Binary: o.Binary, Env: env}, args...)
+		*dst = StartWith(t, Options{Binary: o.Binary, Env: env, AutoKV: o.AutoKV}, args...)
 	}
 	for i := range c.Decode {
 		wg.Add(1)

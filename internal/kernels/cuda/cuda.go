@@ -514,6 +514,10 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 
 // ---- weights ----
 
+// AutoKVDType implements kernels.KVDTyper: the kernels compute in f32 and
+// store f32 KV (AllocKV refuses the others).
+func (*Backend) AutoKVDType() kernels.DType { return kernels.F32 }
+
 // SupportsDType implements kernels.DTypeSupporter: the kernels cover the
 // float types and Q8_0, not the other ggml block formats.
 func (*Backend) SupportsDType(dt kernels.DType) bool {
