@@ -15,6 +15,8 @@ func TestMisspelledEnvWarns(t *testing.T) {
 	t.Setenv("BATON_PAGE_SIZE", "32")
 	t.Setenv("BATON_FAULTS", "")
 	t.Setenv("BATON_ROUTER", "http://x") // baton check's flag
+	t.Setenv("BATON_CPU_AVX512", "1")    // the cpu backend's switches
+	t.Setenv("BATON_CPU_VNNI", "1")
 	cmd := serveCmd()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
@@ -32,7 +34,7 @@ func TestMisspelledEnvWarns(t *testing.T) {
 			t.Errorf("no warning %q in:\n%s", want, got)
 		}
 	}
-	for _, quiet := range []string{"BATON_PAGE_SIZE ", "BATON_FAULTS", "BATON_ROUTER"} {
+	for _, quiet := range []string{"BATON_PAGE_SIZE ", "BATON_FAULTS", "BATON_ROUTER", "BATON_CPU_AVX512", "BATON_CPU_VNNI"} {
 		if strings.Contains(got, quiet) {
 			t.Errorf("a warning about %s in:\n%s", quiet, got)
 		}

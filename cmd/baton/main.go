@@ -60,8 +60,10 @@ func applyEnv(fs *pflag.FlagSet) error {
 }
 
 // envNotFlags are BATON_ variables read by other means than a flag: fault
-// injection in test builds, and the test harnesses'.
-var envNotFlags = []string{"BATON_FAULTS", "BATON_GUARDS_OFF", "BATON_TEST_BINARY", "BATON_REQUIRE_GPU", "BATON_CHAOS_REQUESTS", "BATON_CUDA_CHILD"}
+// injection in test builds, the test harnesses', and the cpu backend's
+// switches of its AVX-512 and VNNI paths.
+var envNotFlags = []string{"BATON_FAULTS", "BATON_GUARDS_OFF", "BATON_TEST_BINARY", "BATON_REQUIRE_GPU", "BATON_CHAOS_REQUESTS", "BATON_CUDA_CHILD",
+	"BATON_CPU_AVX512", "BATON_CPU_VNNI"}
 
 func envKey(flag string) string {
 	return "BATON_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))

@@ -16,12 +16,19 @@ import "C"
 
 import (
 	"math"
+	"os"
 	"unsafe"
 )
 
 // The path is chosen once, here: es_simd's first call sets it, and two
 // goroutines sampling at once must not both be the first.
-func init() { C.es_simd() }
+// BATON_CPU_AVX512=0 keeps AVX2, as it does for the cpu backend's kernels.
+func init() {
+	C.es_simd()
+	if os.Getenv("BATON_CPU_AVX512") == "0" {
+		limit(1)
+	}
+}
 
 // Sum writes exp((v-top)·inv) of each logit v into probs (unless nil; it
 // must then be as long as logits) and returns their sum. Arguments at or

@@ -1,8 +1,12 @@
 package expsum
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -145,4 +149,23 @@ func BenchmarkSum(b *testing.B) {
 			sumRef(probs, logits, 10, 1)
 		}
 	})
+}
+
+// BATON_CPU_AVX512=0 keeps the AVX2 path, as it keeps the cpu backend's
+// kernels on AVX2 (to measure what a CPU without AVX-512 would run). The
+// path is chosen at package init, so a child process checks it.
+func TestAVX512SwitchKeepsAVX2(t *testing.T) {
+	if os.Getenv("EXPSUM_TEST_CHILD") == "1" {
+		fmt.Printf("path=%s\n", SIMD())
+		return
+	}
+	if SIMD() != "avx512" {
+		t.Skipf("the widest path here is %s, not avx512", SIMD())
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAVX512SwitchKeepsAVX2$")
+	cmd.Env = append(os.Environ(), "EXPSUM_TEST_CHILD=1", "BATON_CPU_AVX512=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "path=avx2\n") {
+		t.Fatalf("with BATON_CPU_AVX512=0: %v\n%s", err, out)
+	}
 }
