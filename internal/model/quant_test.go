@@ -195,9 +195,12 @@ func TestQuantizedModel(t *testing.T) {
 var ggmlType = map[kernels.DType]uint32{kernels.F32: 0, kernels.F16: 1, kernels.Q4_0: 2, kernels.Q4_1: 3, kernels.Q5_0: 6,
 	kernels.Q5_1: 7, kernels.Q8_0: 8, kernels.Q2_K: 10, kernels.Q3_K: 11, kernels.Q4_K: 12, kernels.Q5_K: 13, kernels.Q6_K: 14, kernels.BF16: 30}
 
-// writeGGUF writes a llama GGUF (version 3, no tokenizer) holding w.
+// writeGGUF writes a GGUF of c.Arch (version 3, no tokenizer) holding w,
+// with the Q/K/V biases (qwen2) and the per-head Q/K norms (qwen3) where w
+// has them.
 func writeGGUF(t *testing.T, path string, c Config, w *Weights) {
 	t.Helper()
+	arch := c.Arch
 	var hdr, data bytes.Buffer
 	le := binary.LittleEndian
 	str := func(b *bytes.Buffer, s string) {
@@ -209,12 +212,12 @@ func writeGGUF(t *testing.T, path string, c Config, w *Weights) {
 		typ uint32 // 4 u32, 6 f32, 8 string
 		val any
 	}
-	kvs := []kv{{"general.architecture", 8, "llama"}, {"general.name", 8, "quant-test"},
-		{"llama.embedding_length", 4, uint32(c.Dim)}, {"llama.block_count", 4, uint32(c.Layers)},
-		{"llama.attention.head_count", 4, uint32(c.Heads)}, {"llama.attention.head_count_kv", 4, uint32(c.KVHeads)},
-		{"llama.feed_forward_length", 4, uint32(c.FF)}, {"llama.context_length", 4, uint32(c.ContextLength)},
-		{"llama.vocab_size", 4, uint32(c.Vocab)}, {"llama.rope.freq_base", 6, c.RoPE.Theta},
-		{"llama.attention.layer_norm_rms_epsilon", 6, c.NormEps}}
+	kvs := []kv{{"general.architecture", 8, arch}, {"general.name", 8, "quant-test"},
+		{arch + ".embedding_length", 4, uint32(c.Dim)}, {arch + ".block_count", 4, uint32(c.Layers)},
+		{arch + ".attention.head_count", 4, uint32(c.Heads)}, {arch + ".attention.head_count_kv", 4, uint32(c.KVHeads)},
+		{arch + ".feed_forward_length", 4, uint32(c.FF)}, {arch + ".context_length", 4, uint32(c.ContextLength)},
+		{arch + ".vocab_size", 4, uint32(c.Vocab)}, {arch + ".rope.freq_base", 6, c.RoPE.Theta},
+		{arch + ".attention.layer_norm_rms_epsilon", 6, c.NormEps}}
 	type tensor struct {
 		name string
 		dims []uint64
@@ -246,6 +249,15 @@ func writeGGUF(t *testing.T, path string, c Config, w *Weights) {
 		mat(p+"ffn_gate.weight", ly.Gate)
 		mat(p+"ffn_up.weight", ly.Up)
 		mat(p+"ffn_down.weight", ly.Down)
+		for _, b := range []struct {
+			name string
+			v    []float32
+		}{{"attn_q.bias", ly.QBias}, {"attn_k.bias", ly.KBias}, {"attn_v.bias", ly.VBias},
+			{"attn_q_norm.weight", ly.QNorm}, {"attn_k_norm.weight", ly.KNorm}} {
+			if b.v != nil {
+				vec(p+b.name, b.v)
+			}
+		}
 	}
 	hdr.WriteString("GGUF")
 	_ = binary.Write(&hdr, le, uint32(3))
@@ -283,11 +295,35 @@ func writeGGUF(t *testing.T, path string, c Config, w *Weights) {
 }
 
 // TestQuantizedGGUF: a GGUF file mixing Q4_K and Q6_K (a Q4_K_M-style
-// mix) is described with its mix of tensor types, loads, and computes what
-// the same weights compute in memory.
+// mix) of each supported architecture is described with its mix of tensor
+// types, loads, and computes what the same weights compute in memory:
+// llama, qwen2 (Q/K/V biases, NeoX RoPE) and qwen3 (per-head Q/K norms).
 func TestQuantizedGGUF(t *testing.T) {
+	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
+		t.Run(arch, func(t *testing.T) { testQuantizedGGUF(t, arch) })
+	}
+}
+
+func testQuantizedGGUF(t *testing.T, arch string) {
 	c := quantConfig
-	w := quantWeights(t, q4KM)
+	c.Arch = arch
+	c.RoPE.NeoX = arch != "llama"
+	c.QKVBias = arch == "qwen2"
+	c.QKNorm = arch == "qwen3"
+	w, err := DummyWeights(&c, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requantize(w, q4KM)
+	// Biases and norms of distinct values, so that one read from the
+	// wrong tensor, or not at all, changes the logits.
+	for i := range w.Layers {
+		for j, v := range [][]float32{w.Layers[i].QBias, w.Layers[i].KBias, w.Layers[i].VBias, w.Layers[i].QNorm, w.Layers[i].KNorm} {
+			for k := range v {
+				v[k] += 0.01 * float32((i*5+j*3+k)%11-5)
+			}
+		}
+	}
 	path := filepath.Join(t.TempDir(), "mix.gguf")
 	writeGGUF(t, path, c, w)
 	d, err := Describe(path)
