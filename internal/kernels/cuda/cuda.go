@@ -184,6 +184,7 @@ type Backend struct {
 }
 
 var _ kernels.Backend = (*Backend)(nil)
+var _ kernels.KVDTyper = (*Backend)(nil)
 
 // Open starts the backend on GPU deviceIndex. The error says what is
 // missing: "libcuda.so.1 not found", "no CUDA device", "driver too old
