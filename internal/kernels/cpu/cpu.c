@@ -561,6 +561,13 @@ void bk_gemm_put(float *out, int64_t rows, const float *tile, int64_t ldc, int n
     for (int j = 0; j < nw; j++) out[i * rows + j] = tile[j * ldc + i - i0];
 }
 
+// Non-f32 weights are dequantised GD_BYTES of float32 rows at a time, once
+// for every block of x, which then read them from cache: dequantising
+// each six rows afresh for every block of 32 x rows (as the AVX-512 gemm
+// does in L1, where its blocks of x are larger) cost an F16 product a
+// quarter of its time on one core.
+#define GD_BYTES (1024 * 1024)
+
 AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t *w, int dtype,
                            int64_t rows, int64_t cols, int64_t r0, int64_t r1) {
   int64_t rb = row_bytes(dtype, cols);
@@ -569,28 +576,41 @@ AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t
   if (pb < 1) pb = 1;
   if (pb > npan) pb = npan;
   int64_t ldc = 16 * pb;
-  float *tile = scratch((size_t)(GW * ldc + (dtype == BK_F32 ? 0 : GW * cols)));
+  int64_t rc = r1 - r0; // weight rows per dequantised chunk
+  if (dtype != BK_F32) {
+    rc = GD_BYTES / (4 * cols) / GW * GW;
+    if (rc < GW) rc = GW;
+  }
+  float *tile = scratch((size_t)(GW * ldc + (dtype == BK_F32 ? 0 : rc * cols)));
   float *deq = tile + GW * ldc;
-  for (int64_t p0 = 0; p0 < npan; p0 += pb) {
-    int64_t p1 = p0 + pb < npan ? p0 + pb : npan;
-    for (int64_t r = r0; r < r1; r += GW) {
-      int nw = r1 - r < GW ? (int)(r1 - r) : GW;
-      const float *wr[GW];
-      bk_gemm_rows(wr, GW, nw, w + r * rb, rb, dtype, cols, deq);
-      memset(tile, 0, sizeof(float) * GW * ldc);
-      for (int64_t k0 = 0; k0 < cols; k0 += GK) {
-        int64_t kl = cols - k0 < GK ? cols - k0 : GK;
-        for (int64_t p = p0; p < p1; p++) {
-          const float *xs = xp + (p * cols + k0) * 16;
-          float *c = tile + (p - p0) * 16;
-          if (n - 16 * p > 8)
-            mk16(xs, wr, k0, kl, c, ldc);
-          else
-            mk8(xs, wr, k0, kl, c, ldc);
+  for (int64_t c0 = r0; c0 < r1; c0 += rc) {
+    int64_t c1 = c0 + rc < r1 ? c0 + rc : r1;
+    if (dtype != BK_F32)
+      for (int64_t r = c0; r < c1; r++) deq_row_avx2(deq + (r - c0) * cols, w + r * rb, dtype, cols);
+    for (int64_t p0 = 0; p0 < npan; p0 += pb) {
+      int64_t p1 = p0 + pb < npan ? p0 + pb : npan;
+      for (int64_t r = c0; r < c1; r += GW) {
+        int nw = c1 - r < GW ? (int)(c1 - r) : GW;
+        const float *wr[GW];
+        for (int j = 0; j < GW; j++) {
+          int64_t jj = j < nw ? j : 0; // past the end: repeat row 0, result dropped
+          wr[j] = dtype == BK_F32 ? (const float *)(w + (r + jj) * rb) : deq + (r - c0 + jj) * cols;
         }
+        memset(tile, 0, sizeof(float) * GW * ldc);
+        for (int64_t k0 = 0; k0 < cols; k0 += GK) {
+          int64_t kl = cols - k0 < GK ? cols - k0 : GK;
+          for (int64_t p = p0; p < p1; p++) {
+            const float *xs = xp + (p * cols + k0) * 16;
+            float *c = tile + (p - p0) * 16;
+            if (n - 16 * p > 8)
+              mk16(xs, wr, k0, kl, c, ldc);
+            else
+              mk8(xs, wr, k0, kl, c, ldc);
+          }
+        }
+        int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
+        bk_gemm_put(out + r, rows, tile, ldc, nw, 16 * p0, i1);
       }
-      int64_t i1 = 16 * p1 < n ? 16 * p1 : n;
-      bk_gemm_put(out + r, rows, tile, ldc, nw, 16 * p0, i1);
     }
   }
 }

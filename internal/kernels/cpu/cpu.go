@@ -39,10 +39,15 @@ const (
 	// 768..4096 columns: 1.5-3x at n=4..16, ~1.3x at n=32, even at n=64,
 	// while sgemm is ~1.3x faster at n=256).
 	defaultBLASMinN = 64
-	// deqBLASMinN: products of non-f32 weights with at least this many x
-	// rows (a prefill chunk) dequantise each weight row once and use
-	// sgemm; below it the own gemm, which dequantises a tile per block of
-	// x rows, is at least as fast.
+	// deqBLASMinN: on a CPU without AVX2 (the scalar kernels), products of
+	// non-f32 weights with at least this many x rows (a prefill chunk)
+	// dequantise each weight row once and use sgemm. With AVX2 the own gemm
+	// is faster at every n since it dequantises a megabyte of rows once for
+	// every block of x (GD_BYTES): 512 rows, 2 threads, medians of three
+	// interleaved rounds, own against dequantise-then-sgemm, F16 2048x2048
+	// 144 against 116 GFLOP/s, 5632x2048 156 against 137-148, 2048x5632 148
+	// against 122-130; Q4_K 174 against 116-145, 163 against 145-148, 138
+	// against 128-130.
 	deqBLASMinN = 128
 	// defaultMinWork is the least work worth giving to one more thread, in
 	// multiply-add equivalents (~1.3 µs of AVX2 work; a hot dispatch costs
@@ -131,7 +136,7 @@ func (*Backend) Name() string { return "cpu" }
 func (b *Backend) Threads() int { return b.threads }
 
 // Features describes what was chosen at run time, e.g.
-// "avx2+fma+f16c, openblas 0.3.21 (Zen) for f32 n>=64, dequantised n>=128, 2 threads".
+// "avx2+fma+f16c, openblas 0.3.21 (Zen) for f32 n>=64, 2 threads".
 func (b *Backend) Features() string {
 	isa := "scalar"
 	if b.simd && cpuHasSIMD {
@@ -154,8 +159,10 @@ func (b *Backend) Features() string {
 		if len(cfg) >= 2 && strings.EqualFold(cfg[0], "openblas") {
 			ver = "openblas " + cfg[1]
 		}
-		blas = fmt.Sprintf("%s (%s) for f32 n>=%d, dequantised n>=%d", ver, C.GoString(C.bk_blas_corename()), b.blasMinN,
-			max(b.blasMinN, deqBLASMinN))
+		blas = fmt.Sprintf("%s (%s) for f32 n>=%d", ver, C.GoString(C.bk_blas_corename()), b.blasMinN)
+		if !(b.simd && cpuHasSIMD) {
+			blas += fmt.Sprintf(", dequantised n>=%d", max(b.blasMinN, deqBLASMinN))
+		}
 	}
 	return fmt.Sprintf("%s, %s, %d threads", isa, blas, b.threads)
 }
@@ -286,7 +293,7 @@ func (b *Backend) matmulPath(dt kernels.DType, n, cols int, aligned bool) int {
 	switch {
 	case dt == kernels.F32 && b.blasMinN > 0 && n >= b.blasMinN && aligned:
 		return pathSgemm
-	case dt != kernels.F32 && b.blasMinN > 0 && n >= max(b.blasMinN, deqBLASMinN):
+	case dt != kernels.F32 && b.blasMinN > 0 && !(b.simd && cpuHasSIMD) && n >= max(b.blasMinN, deqBLASMinN):
 		return pathDeqSgemm
 	case b.useQGemm(dt, n, cols):
 		return pathQGemm

@@ -79,6 +79,8 @@ func variants(t testing.TB) []variant {
 	v = append(v,
 		variant{"scalar/1t/own", mk(false, 1, 0, defaultMinWork)},
 		variant{"scalar/3t/own", mk(false, 3, 0, 1)},
+		// Without AVX2, non-f32 prefill products dequantise and use sgemm.
+		variant{"scalar/2t/blas>=1", mk(false, 2, 1, 1)},
 	)
 	return v
 }
@@ -611,6 +613,35 @@ func TestMatMulBlocked(t *testing.T) {
 			cols = 1280 // whole 256-element super-blocks
 		}
 		checkMatMulRef(t, rng, dt, rows, cols, n)
+	}
+}
+
+// TestGemmAVX2DequantChunks: the AVX2 gemm dequantises non-f32 weights
+// GD_BYTES of rows at a time (102 rows of 2560 columns); one thread's 250
+// rows are three chunks, the last not a multiple of the 6-row tile.
+func TestGemmAVX2DequantChunks(t *testing.T) {
+	initCPU()
+	if !cpuHasSIMD {
+		t.Skip("no avx2+fma+f16c: the AVX2 gemm does not run here")
+	}
+	rng := rand.New(rand.NewPCG(37, 38))
+	b := New(1)
+	b.avx512, b.blasMinN = false, 0
+	const rows, cols, n = 250, 2560, 40
+	for _, dt := range []kernels.DType{kernels.F16, kernels.Q4_K} {
+		if b.matmulPath(dt, n, cols, true) != pathGemm {
+			t.Fatalf("%s, %d rows: not the gemm", dt, n)
+		}
+		w := randMatrix(rng, dt, rows, cols)
+		x := randVec(rng, n*cols, 1)
+		want := make([]float32, n*rows)
+		ref.New().MatMul(want, x, n, w)
+		got := make([]float32, n*rows)
+		b.MatMul(got, x, n, w)
+		c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [avx2/1t]", dt, rows, cols, n), Tol: tolMatMul}
+		for i := range want {
+			c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
+		}
 	}
 }
 
