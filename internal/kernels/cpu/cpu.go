@@ -490,7 +490,7 @@ func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 	})
 }
 
-// gemmSplitXPanels, gemmSplitXWeights: an AVX-512 gemm of at least
+// gemmSplitXPanels, gemmSplitXWeights: a gemm (AVX-512 or AVX2) of at least
 // gemmSplitXPanels x panels (of 16 rows) per thread and gemmSplitXWeights
 // weight elements gives each thread a contiguous share of x's panels and
 // every weight row, instead of a share of the weight rows and all of x.
@@ -499,7 +499,10 @@ func (b *Backend) gemm(out, x []float32, n int, w *kernels.Matrix, wp unsafe.Poi
 // median (min-max) GFLOP/s, weight rows split -> x split: 5632x2048 297
 // (293-303) -> 321 (309-321), 2048x5632 283 (276-299) -> 304 (290-316),
 // 2048x2048 274 -> 276. Fewer rows (128) and the 134M's 768-wide products
-// measured as fast or faster with the rows split.
+// measured as fast or faster with the rows split. The AVX2 gemm gains as
+// much (F16 and Q4_K, three interleaved rounds, rows split -> x split,
+// GFLOP/s: F16 5632x2048 152-155 -> 178-197, 2048x5632 152-156 -> 174-189;
+// Q4_K 5632x2048 146-166 -> 172-197, 2048x5632 144-147 -> 170-188).
 //
 // gemmSplitXRows: each thread's share is gemmSplitXRows weight rows per C
 // call (a multiple of 16, and of the rows one cbuf holds at these shapes;
@@ -516,7 +519,7 @@ const (
 // splitsX reports whether gemm splits x (not the weight rows) between the
 // threads.
 func (b *Backend) splitsX(npan int, w *kernels.Matrix) bool {
-	return b.threads > 1 && b.simdFlag() == 2 && b.splitXPanels > 0 && b.splitXRows > 0 &&
+	return b.threads > 1 && b.simdFlag() >= 1 && b.splitXPanels > 0 && b.splitXRows > 0 &&
 		npan >= b.splitXPanels*b.threads && w.Rows*w.Cols >= b.splitXWeights
 }
 

@@ -60,6 +60,10 @@ func variants(t testing.TB) []variant {
 			b := mk(true, 3, 0, 1)
 			b.avx512 = false
 			v = append(v, variant{"avx2/3t/own", b})
+			avx2Split := mk(true, 2, 0, 1)
+			avx2Split.avx512 = false
+			avx2Split.splitXPanels, avx2Split.splitXWeights, avx2Split.splitXRows = 1, 1, 16
+			v = append(v, variant{"avx2/2t/split-x", avx2Split})
 			split := mk(true, 2, 0, 1)
 			split.splitXPanels, split.splitXWeights, split.splitXRows = 1, 1, 16
 			v = append(v, variant{"avx512/2t/split-x", split})
