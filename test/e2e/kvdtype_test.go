@@ -20,9 +20,9 @@ func TestPDKVDTypeF16MatchesStandalone(t *testing.T) {
 	pdF16MatchesStandalone(t, "")
 }
 
-// pdF16MatchesStandalone is TestPDKVDTypeF16MatchesStandalone's check for
-// the workers' --transport (tcp for ""), run by bin ("" for the default
-// build).
+// pdF16MatchesStandalone is TestPDKVDTypeF16MatchesStandalone's check with
+// the workers on --transport transport, from a binary built with that
+// tag ("": tcp, the default binary).
 func pdF16MatchesStandalone(t *testing.T, transport string) {
 	t.Helper()
 	args := []string{"--kv-cache-dtype", "f16", "--page-size", "4", "--chunked-prefill-size", "8"}

@@ -538,7 +538,7 @@ AVX2 static void mk8(const float *xp, const float *const *wr, int64_t k0, int64_
     _mm256_storeu_ps(c + j * ldc, _mm256_add_ps(_mm256_loadu_ps(c + j * ldc), cs[j]));
 }
 
-// The two gemms' shared steps (see cpu.h).
+// The gemms' shared steps (see cpu.h).
 AVX2 void bk_gemm_rows(const float **wr, int gw, int nw, const uint8_t *w, int64_t rb, int dtype,
                        int64_t cols, float *deq) {
   for (int j = 0; j < gw; j++) {
@@ -591,11 +591,13 @@ AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t
       int64_t p1 = p0 + pb < npan ? p0 + pb : npan;
       for (int64_t r = c0; r < c1; r += GW) {
         int nw = c1 - r < GW ? (int)(c1 - r) : GW;
+        // The dequantised chunk is f32 rows of cols floats.
         const float *wr[GW];
-        for (int j = 0; j < GW; j++) {
-          int64_t jj = j < nw ? j : 0; // past the end: repeat row 0, result dropped
-          wr[j] = dtype == BK_F32 ? (const float *)(w + (r + jj) * rb) : deq + (r - c0 + jj) * cols;
-        }
+        if (dtype == BK_F32)
+          bk_gemm_rows(wr, GW, nw, w + r * rb, rb, BK_F32, cols, NULL);
+        else
+          bk_gemm_rows(wr, GW, nw, (const uint8_t *)(deq + (r - c0) * cols), 4 * cols, BK_F32, cols,
+                       NULL);
         memset(tile, 0, sizeof(float) * GW * ldc);
         for (int64_t k0 = 0; k0 < cols; k0 += GK) {
           int64_t kl = cols - k0 < GK ? cols - k0 : GK;

@@ -584,11 +584,17 @@ func TestMatMulPrefill(t *testing.T) {
 // checks each result against the float64 reference.
 func checkMatMulRef(t *testing.T, rng *rand.Rand, dt kernels.DType, rows, cols, n int) {
 	t.Helper()
+	checkMatMulRefOn(t, variants(t), rng, dt, rows, cols, n)
+}
+
+// checkMatMulRefOn is checkMatMulRef on the backends vs.
+func checkMatMulRefOn(t *testing.T, vs []variant, rng *rand.Rand, dt kernels.DType, rows, cols, n int) {
+	t.Helper()
 	w := randMatrix(rng, dt, rows, cols)
 	x := randVec(rng, n*cols, 1)
 	want := make([]float32, n*rows)
 	ref.New().MatMul(want, x, n, w)
-	for _, v := range variants(t) {
+	for _, v := range vs {
 		got := make([]float32, n*rows)
 		v.b.MatMul(got, x, n, w)
 		c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [%s]", dt, rows, cols, n, v.name), Tol: tolMatMul}
@@ -636,16 +642,7 @@ func TestGemmAVX2DequantChunks(t *testing.T) {
 		if b.matmulPath(dt, n, cols, true) != pathGemm {
 			t.Fatalf("%s, %d rows: not the gemm", dt, n)
 		}
-		w := randMatrix(rng, dt, rows, cols)
-		x := randVec(rng, n*cols, 1)
-		want := make([]float32, n*rows)
-		ref.New().MatMul(want, x, n, w)
-		got := make([]float32, n*rows)
-		b.MatMul(got, x, n, w)
-		c := &checker{T: t, What: fmt.Sprintf("MatMul %s %dx%d n=%d [avx2/1t]", dt, rows, cols, n), Tol: tolMatMul}
-		for i := range want {
-			c.Check(i, got[i], want[i], kernelstest.MatMag(w, x, i/rows, i%rows), 1e-30)
-		}
+		checkMatMulRefOn(t, []variant{{"avx2/1t", b}}, rng, dt, rows, cols, n)
 	}
 }
 
