@@ -3,6 +3,7 @@
 // and the V sums 16 lanes wide, and the K/V rows of the chunk ahead
 // prefetched through the page table. Compiled with a target attribute
 // like the AVX-512 gemm and chosen at run time.
+#include "attnspan.h"
 #include "cpu.h"
 #include "vexp.h"
 
@@ -29,6 +30,12 @@ typedef struct {
   float sc[ZCHUNK + 16];
   // Rows of the chunk: the stored rows, or float32 copies when packed.
   const void *kp[ZCHUNK + 16], *vp[ZCHUNK + 16];
+  // The next chunk's K and V rows (ncnt of them, rb bytes a head), which
+  // the kernels prefetch as they go; see cpu.c.
+  const char *nk[ZCHUNK], *nv[ZCHUNK];
+  int64_t ncnt, rb;
+  // Elements from a chunk row to the member's head (a run of heads).
+  int64_t koff[BK_ATTN_MAX_MEMBERS];
 } zattn;
 
 AVX512_INLINE __m512 zld_f32(const float *p) { return _mm512_loadu_ps(p); }
@@ -74,9 +81,12 @@ AVX512_INLINE __m512 zhsum16x16(const __m512 *v) {
   AVX512 static void NAME(zattn *s, int m, int64_t hd, int64_t cnt) {                          \
     const float *q = s->qs + m * hd;                                                          \
     float *acc = s->acc + m * hd;                                                             \
+    const int64_t ko = s->koff[m];                                                            \
     for (int64_t j0 = 0; j0 < cnt; j0 += 16) {                                                \
       const KT *k[16];                                                                        \
-      for (int t = 0; t < 16; t++) k[t] = (const KT *)s->kp[j0 + t < cnt ? j0 + t : cnt - 1]; \
+      for (int t = 0; t < 16; t++) k[t] = (const KT *)s->kp[j0 + t < cnt ? j0 + t : cnt - 1] + ko; \
+      for (int64_t t = j0; t < j0 + 16 && t < s->ncnt; t++)                                   \
+        bk_prefetch(s->nk[t] + ko * (int64_t)sizeof(KT), s->rb);                              \
       __m512 v[16];                                                                           \
       for (int t = 0; t < 16; t++) v[t] = _mm512_setzero_ps();                                \
       for (int64_t d = 0; d < hd; d += 16) {                                                  \
@@ -108,6 +118,7 @@ AVX512_INLINE __m512 zhsum16x16(const __m512 *v) {
       sum = _mm512_add_ps(sum, p);                                                            \
     }                                                                                         \
     s->l[m] += _mm512_reduce_add_ps(sum);                                                     \
+    for (int64_t t = 0; t < s->ncnt; t++) bk_prefetch(s->nv[t] + ko * (int64_t)sizeof(KT), s->rb); \
     /* acc += Σ p_j v_j, 64 dims at a time in two sets of sums (even and odd */              \
     /* positions) so that two FMA chains run per register. */                                 \
     int64_t d = 0;                                                                            \
@@ -118,7 +129,7 @@ AVX512_INLINE __m512 zhsum16x16(const __m512 *v) {
       int64_t j = 0;                                                                          \
       for (; j + 2 <= cnt; j += 2) {                                                          \
         __m512 p = _mm512_set1_ps(s->sc[j]), r = _mm512_set1_ps(s->sc[j + 1]);                \
-        const KT *v = (const KT *)s->vp[j] + d, *w = (const KT *)s->vp[j + 1] + d;            \
+        const KT *v = (const KT *)s->vp[j] + ko + d, *w = (const KT *)s->vp[j + 1] + ko + d;  \
         a0 = _mm512_fmadd_ps(p, LD16(v), a0);                                                 \
         a1 = _mm512_fmadd_ps(p, LD16(v + 16), a1);                                            \
         a2 = _mm512_fmadd_ps(p, LD16(v + 32), a2);                                            \
@@ -130,7 +141,7 @@ AVX512_INLINE __m512 zhsum16x16(const __m512 *v) {
       }                                                                                       \
       if (j < cnt) {                                                                          \
         __m512 p = _mm512_set1_ps(s->sc[j]);                                                  \
-        const KT *v = (const KT *)s->vp[j] + d;                                               \
+        const KT *v = (const KT *)s->vp[j] + ko + d;                                          \
         a0 = _mm512_fmadd_ps(p, LD16(v), a0);                                                 \
         a1 = _mm512_fmadd_ps(p, LD16(v + 16), a1);                                            \
         a2 = _mm512_fmadd_ps(p, LD16(v + 32), a2);                                            \
@@ -144,7 +155,7 @@ AVX512_INLINE __m512 zhsum16x16(const __m512 *v) {
     for (; d < hd; d += 16) {                                                                 \
       __m512 a0 = _mm512_loadu_ps(acc + d);                                                   \
       for (int64_t j = 0; j < cnt; j++)                                                       \
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(s->sc[j]), LD16((const KT *)s->vp[j] + d), a0);   \
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(s->sc[j]), LD16((const KT *)s->vp[j] + ko + d), a0); \
       _mm512_storeu_ps(acc + d, a0);                                                          \
     }                                                                                         \
   }
@@ -233,45 +244,6 @@ AVX512 static void zwiden(float *dst, const void *src, int64_t n, int dtype) {
     for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, zld_bf16(h + i));
 }
 
-// The cache lines of bytes at p.
-AVX512_INLINE void zprefetch(const char *p, int64_t bytes) {
-  const char *e = p + bytes;
-  for (p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < e; p += 64)
-    _mm_prefetch(p, _MM_HINT_T0);
-}
-
-// Where one item reads: its page table, the offset of its K rows within a
-// page, and the last position any member reads.
-typedef struct {
-  const int32_t *pg;
-  int64_t kbase, maxlast;
-} zspan;
-
-static zspan zitem_span(const int64_t *seqs, const int32_t *pages, const int32_t *item,
-                        const bk_attn_geom *g) {
-  const int64_t *seq = seqs + item[BK_IT_SEQ] * BK_SEQ_FIELDS;
-  zspan sp = {
-      .pg = pages + seq[BK_SEQ_PAGEOFF],
-      .kbase = g->layer * 2 * g->page_size * g->row_floats + item[BK_IT_KVH] * g->head_dim,
-      .maxlast = seq[BK_SEQ_KVLEN] - seq[BK_SEQ_QLEN] + item[BK_IT_ROW0] + item[BK_IT_NROWS] - 1,
-  };
-  return sp;
-}
-
-// Prefetches the K and V rows of positions [p0, p1] of a span. The rows of
-// a head are a KV row apart and pages are scattered, so the hardware
-// prefetchers see a few rows per 4 KiB page and little of a stream.
-AVX512_INLINE void zprefetch_rows(const char *kv, int64_t es, const zspan *sp, int64_t p0,
-                                  int64_t p1, const bk_attn_geom *g) {
-  const int64_t ps = g->page_size, rf = g->row_floats, rb = g->head_dim * es;
-  if (p1 > sp->maxlast) p1 = sp->maxlast;
-  for (int64_t p = p0; p <= p1; p++) {
-    int64_t off = sp->kbase + (int64_t)sp->pg[p / ps] * g->page_floats + (p % ps) * rf;
-    zprefetch(kv + off * es, rb);
-    zprefetch(kv + (off + ps * rf) * es, rb);
-  }
-}
-
 AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const int32_t *pages,
                                const int64_t *seqs, const int32_t *items, int64_t it0, int64_t it1,
                                const bk_attn_geom *g) {
@@ -284,19 +256,23 @@ AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const
   if (!s.qs) return -1;
   s.acc = s.qs + BK_ATTN_MAX_MEMBERS * hd;
   float *kw = s.acc + BK_ATTN_MAX_MEMBERS * hd, *vw = kw + ZCHUNK * hd, *pb = vw + ZCHUNK * hd;
-  zspan next = {0};
-  if (it0 < it1) next = zitem_span(seqs, pages, items + it0 * BK_ITEM_FIELDS, g);
-  for (int64_t it = it0; it < it1; it++) {
+  bk_span next = {0};
+  if (it0 < it1) next = bk_item_span(seqs, pages, items + it0 * BK_ITEM_FIELDS, g);
+  for (int64_t it = it0, run = 1; it < it1; it += run) {
     const int32_t *item = items + it * BK_ITEM_FIELDS;
     const int64_t *seq = seqs + item[BK_IT_SEQ] * BK_SEQ_FIELDS;
     int64_t qstart = seq[BK_SEQ_QSTART], qlen = seq[BK_SEQ_QLEN], kvlen = seq[BK_SEQ_KVLEN];
     int64_t row0 = item[BK_IT_ROW0], nrows = item[BK_IT_NROWS];
-    int64_t h0 = item[BK_IT_H0], nh = item[BK_IT_NH];
+    int64_t nh = item[BK_IT_NH];
     int members = (int)(nrows * nh);
-    const zspan cur = next;
-    if (it + 1 < it1) next = zitem_span(seqs, pages, items + (it + 1) * BK_ITEM_FIELDS, g);
+    // A run of heads (bk_head_run) is worked as one item.
+    run = bk_head_run(items, it, it1);
+    if (run > 1) members = (int)run;
+    const bk_span cur = next;
+    if (it + run < it1) next = bk_item_span(seqs, pages, items + (it + run) * BK_ITEM_FIELDS, g);
     for (int m = 0; m < members; m++) {
-      int64_t r = row0 + m / nh, h = h0 + m % nh;
+      const int32_t *im = run > 1 ? items + (it + m) * BK_ITEM_FIELDS : item;
+      int64_t r = row0 + (run > 1 ? 0 : m / nh), h = im[BK_IT_H0] + (run > 1 ? 0 : m % nh);
       int64_t row = qstart + r;
       const float *qm = q + (row * g->heads + h) * hd;
       __m512 sv = _mm512_set1_ps(g->scale);
@@ -308,12 +284,14 @@ AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const
       s.l[m] = 0;
       s.last[m] = kvlen - qlen + r;
       s.outp[m] = out + (row * g->heads + h) * hd;
+      s.koff[m] = run > 1 ? m * hd : 0;
     }
-    const int64_t maxlast = cur.maxlast;
+    const int64_t maxlast = cur.maxlast, width = run * hd;
     // As on the AVX2 path, several members read the chunk from contiguous
-    // float32 copies; one member reads the rows in place.
-    const int pack = members >= 4;
-    const int block = members > 8 && (hd == 64 || hd == 128);
+    // float32 copies; one member, or a run of heads, reads the rows in
+    // place.
+    const int pack = run == 1 && members >= 4;
+    const int block = run == 1 && members > 8 && (hd == 64 || hd == 128);
     __m512 bmx = _mm512_set1_ps(-INFINITY), bl = _mm512_setzero_ps();
     __m512i blast = _mm512_setzero_si512();
     if (block) {
@@ -328,15 +306,25 @@ AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const
       memcpy(s.qs, kw, sizeof(float) * 16 * hd); // qT
       blast = _mm512_loadu_si512(last);
     }
-    if (it == it0) zprefetch_rows(kvb, es, &cur, 0, ZCHUNK - 1, g);
+    if (it == it0) bk_prefetch_rows(kvb, es, &cur, 0, ZCHUNK - 1, width, g);
     for (int64_t c0 = 0; c0 <= maxlast; c0 += ZCHUNK) {
       int64_t c1 = c0 + ZCHUNK <= maxlast + 1 ? c0 + ZCHUNK : maxlast + 1;
       // The next chunk, or the next item's first, is on its way while
       // this one is worked on.
-      if (c1 <= maxlast)
-        zprefetch_rows(kvb, es, &cur, c1, c1 + ZCHUNK - 1, g);
-      else if (it + 1 < it1)
-        zprefetch_rows(kvb, es, &next, 0, ZCHUNK - 1, g);
+      s.ncnt = 0;
+      s.rb = hd * es;
+      if (c1 <= maxlast && !pack && !block) {
+        int64_t n1 = c1 + ZCHUNK <= maxlast + 1 ? c1 + ZCHUNK : maxlast + 1;
+        for (int64_t p = c1; p < n1; p++) {
+          int64_t off = cur.kbase + (int64_t)cur.pg[p / ps] * pf + (p % ps) * rf;
+          s.nk[p - c1] = kvb + off * es;
+          s.nv[p - c1] = kvb + (off + ps * rf) * es;
+        }
+        s.ncnt = n1 - c1;
+      } else if (c1 <= maxlast)
+        bk_prefetch_rows(kvb, es, &cur, c1, c1 + ZCHUNK - 1, width, g);
+      else if (it + run < it1)
+        bk_prefetch_rows(kvb, es, &next, 0, ZCHUNK - 1, width, g);
       for (int64_t p = c0; p < c1; p++) {
         int64_t off = cur.kbase + (int64_t)cur.pg[p / ps] * pf + (p % ps) * rf;
         const char *k = kvb + off * es, *v = kvb + (off + ps * rf) * es;
@@ -358,9 +346,12 @@ AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const
           zblock128(s.qs, s.acc, &bmx, &bl, blast, kw, vw, c0, c1 - c0, pb);
         continue;
       }
+      const int64_t ncnt = s.ncnt;
       for (int m = 0; m < members; m++) {
         int64_t e = s.last[m] + 1 < c1 ? s.last[m] + 1 : c1;
         if (e <= c0) continue;
+        // Members of one KV head share the rows: the first prefetches them.
+        s.ncnt = run > 1 || m == 0 ? ncnt : 0;
         if (pack || g->kv_dtype == BK_F32)
           zchunk_f32(&s, m, hd, e - c0);
         else if (g->kv_dtype == BK_F16)

@@ -7,9 +7,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/kernelstest"
+	"github.com/batonlm/baton/internal/mmap"
 )
 
 // benchBackends: the backend's own kernels with the SIMD path ("simd": AVX2,
@@ -215,9 +217,16 @@ func BenchmarkAttention(b *testing.B) {
 				ac.KV = narrowKV(ac.KV, c.dt)
 			}
 			if c.layers > 0 {
-				// Each page's two layers repeated.
+				// Each page's two layers repeated, in huge pages as a
+				// server's pool is (kvpool's prefault): in 4 KiB pages
+				// the scattered rows cost a TLB miss each.
 				pf := ac.KV.PageFloats()
-				data := make([]float32, 0, len(ac.KV.Data)/2*c.layers)
+				// Kept to the end of the run: every variant reads it.
+				buf, _, err := mmap.Anon(len(ac.KV.Data) / 2 * c.layers * 4)
+				if err != nil {
+					b.Fatal(err)
+				}
+				data := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(buf))), len(buf)/4)[:0]
 				for p := 0; p < len(ac.KV.Data); p += pf {
 					for range c.layers / 2 {
 						data = append(data, ac.KV.Data[p:p+pf]...)

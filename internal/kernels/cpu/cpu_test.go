@@ -368,14 +368,16 @@ func TestAttention(t *testing.T) {
 	// A QLen 0 sequence contributes nothing.
 	shapes := [][2]int{{1, 1}, {1, 17}, {1, 150}, {23, 23}, {5, 70}, {0, 5}, {17, 64}, {2, 3}}
 	type geo struct{ heads, kvh int }
-	// GQA groups of 1, 2, 4, 8, and 32 (more than one work item's worth).
-	geos := []geo{{8, 8}, {8, 4}, {8, 2}, {8, 1}, {32, 1}}
+	// GQA groups of 1, 2, 4, 8, and 32 (more than one work item's worth),
+	// and 24 heads without GQA (a decode row's heads are worked together,
+	// at most BK_ATTN_MAX_MEMBERS of them at a time).
+	geos := []geo{{8, 8}, {8, 4}, {8, 2}, {8, 1}, {32, 1}, {24, 24}}
 	worst := map[string]float64{}
 	for _, hd := range []int{8, 64, 128, 12} {
 		for _, gq := range geos {
 			kvh := gq.kvh
 			for _, ps := range []int{1, 16, 64} {
-				if testing.Short() && (ps == 16 || kvh == 4) || gq.heads == 32 && (ps != 16 || hd != 64) {
+				if testing.Short() && (ps == 16 || kvh == 4) || gq.heads > 8 && (ps != 16 || hd != 64) {
 					continue
 				}
 				c := kernelstest.NewAttnCase(rng, gq.heads, kvh, hd, ps, shapes)

@@ -1,0 +1,68 @@
+// Where one attention work item reads, and the prefetch of its K and V rows
+// ahead of use; shared by the AVX2 (cpu.c) and AVX-512 (attn512.c) paths.
+#ifndef BATON_ATTNSPAN_H
+#define BATON_ATTNSPAN_H
+
+#include "cpu.h"
+
+// The page table of one item, the offset of its K rows within a page, and
+// the last position any member reads.
+typedef struct {
+  const int32_t *pg;
+  int64_t kbase, maxlast;
+} bk_span;
+
+static inline bk_span bk_item_span(const int64_t *seqs, const int32_t *pages,
+                                   const int32_t *item, const bk_attn_geom *g) {
+  const int64_t *seq = seqs + item[BK_IT_SEQ] * BK_SEQ_FIELDS;
+  bk_span sp = {
+      .pg = pages + seq[BK_SEQ_PAGEOFF],
+      .kbase = g->layer * 2 * g->page_size * g->row_floats + item[BK_IT_KVH] * g->head_dim,
+      .maxlast = seq[BK_SEQ_KVLEN] - seq[BK_SEQ_QLEN] + item[BK_IT_ROW0] + item[BK_IT_NROWS] - 1,
+  };
+  return sp;
+}
+
+// The length of the run of items from it (before it1) that have one
+// member each, of one sequence and query row, over consecutive KV heads:
+// a decode row of a model without GQA. The kernels work such a run as one
+// item whose members read their own head's part of the same KV rows, so
+// each chunk reads whole rows, where one head at a time read hd elements
+// a KV row apart.
+static inline int64_t bk_head_run(const int32_t *items, int64_t it, int64_t it1) {
+  const int32_t *first = items + it * BK_ITEM_FIELDS;
+  if (first[BK_IT_NROWS] != 1 || first[BK_IT_NH] != 1) return 1;
+  int64_t run = 1;
+  while (it + run < it1 && run < BK_ATTN_MAX_MEMBERS) {
+    const int32_t *nx = items + (it + run) * BK_ITEM_FIELDS;
+    if (nx[BK_IT_SEQ] != first[BK_IT_SEQ] || nx[BK_IT_ROW0] != first[BK_IT_ROW0] ||
+        nx[BK_IT_NROWS] != 1 || nx[BK_IT_NH] != 1 || nx[BK_IT_KVH] != first[BK_IT_KVH] + run)
+      break;
+    run++;
+  }
+  return run;
+}
+
+// The cache lines of bytes at p.
+static inline void bk_prefetch(const char *p, int64_t bytes) {
+  const char *e = p + bytes;
+  for (p = (const char *)((uintptr_t)p & ~(uintptr_t)63); p < e; p += 64)
+    __builtin_prefetch(p, 0, 3);
+}
+
+// Prefetches width elements (es bytes each) of the K and V rows of
+// positions [p0, p1] of a span. The rows of a head are a KV row apart and pages are scattered,
+// so the hardware prefetchers see a few rows per 4 KiB page and little of
+// a stream.
+static inline void bk_prefetch_rows(const char *kv, int64_t es, const bk_span *sp, int64_t p0,
+                                    int64_t p1, int64_t width, const bk_attn_geom *g) {
+  const int64_t ps = g->page_size, rf = g->row_floats, rb = width * es;
+  if (p1 > sp->maxlast) p1 = sp->maxlast;
+  for (int64_t p = p0; p <= p1; p++) {
+    int64_t off = sp->kbase + (int64_t)sp->pg[p / ps] * g->page_floats + (p % ps) * rf;
+    bk_prefetch(kv + off * es, rb);
+    bk_prefetch(kv + (off + ps * rf) * es, rb);
+  }
+}
+
+#endif
