@@ -67,14 +67,15 @@ bench-spec-echo:
 	$(GO) test -run '^$$' -bench SpecEcho -benchtime 1x -timeout 60m ./test/e2e/
 
 # baton next to llama.cpp's llama-server on one GGUF (deploy/bench/peer.sh):
-#   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf [THREADS=2] [STREAMS="1 8 32"]
+#   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf [THREADS=2] [STREAMS="1 8 32"] [ROUNDS=1]
 #   (LLAMA_ARGS / BATON_ARGS in the environment add flags to either server)
 LLAMA_SERVER ?=
 MODEL ?=
 THREADS ?= $(shell nproc)
 STREAMS ?= 1 8 32
+ROUNDS ?= 1
 bench-peer: build
-	./deploy/bench/peer.sh -t $(THREADS) -s "$(STREAMS)" $(LLAMA_SERVER) $(MODEL)
+	./deploy/bench/peer.sh -t $(THREADS) -s "$(STREAMS)" -r $(ROUNDS) $(LLAMA_SERVER) $(MODEL)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # peer.sh: baton next to llama.cpp's llama-server on the same GGUF, the same
-# threads and the same client (baton bench serve), one server after the
-# other in one run, and one table of output tokens/s, TTFT and ITL with the
-# ratio baton / llama-server per number of streams.
+# threads and the same client (baton bench serve), both servers up and
+# taking turns (at each number of streams, in each of ROUNDS rounds), and
+# one table of output tokens/s, TTFT and ITL with the ratio baton /
+# llama-server per number of streams.
 #
 #   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf
 #   deploy/bench/peer.sh [-b BATON] [-t THREADS] [-s "1 8 32"] [-i INPUT_LEN] [-o OUTPUT_LEN]
-#                        [-n PROMPTS_PER_STREAM] [-d OUTDIR] LLAMA_SERVER MODEL.gguf
+#                        [-n PROMPTS_PER_STREAM] [-r ROUNDS] [-d OUTDIR] LLAMA_SERVER MODEL.gguf
 #
 # LLAMA_ARGS and BATON_ARGS add flags to either server (e.g. LLAMA_ARGS="--poll 0"
 # on a machine shared with other work, where llama.cpp's spinning threads
@@ -17,7 +18,7 @@ set -euo pipefail
 usage() {
 	cat >&2 <<'USAGE'
 usage: deploy/bench/peer.sh [-b BATON] [-t THREADS] [-s "1 8 32"] [-i INPUT_LEN] [-o OUTPUT_LEN]
-                            [-n PROMPTS_PER_STREAM] [-d OUTDIR] LLAMA_SERVER MODEL.gguf
+                            [-n PROMPTS_PER_STREAM] [-r ROUNDS] [-d OUTDIR] LLAMA_SERVER MODEL.gguf
 USAGE
 }
 
@@ -46,8 +47,9 @@ streams="1 8 32"
 in_len=128
 out_len=128
 per=2
+rounds=1
 outdir=
-while getopts "b:t:s:i:o:n:d:h" opt; do
+while getopts "b:t:s:i:o:n:r:d:h" opt; do
 	case $opt in
 	b) baton=$OPTARG ;;
 	t) threads=$OPTARG ;;
@@ -55,6 +57,7 @@ while getopts "b:t:s:i:o:n:d:h" opt; do
 	i) in_len=$OPTARG ;;
 	o) out_len=$OPTARG ;;
 	n) per=$OPTARG ;;
+	r) rounds=$OPTARG ;;
 	d) outdir=$OPTARG ;;
 	*) usage; exit 2 ;;
 	esac
@@ -75,53 +78,80 @@ maxs=0
 for s in $streams; do [ "$s" -gt "$maxs" ] && maxs=$s; done
 ctx=$((maxs * (in_len + out_len + 64)))
 [ "$ctx" -lt 4096 ] && ctx=4096
-port=$((20000 + RANDOM % 20000))
-url=http://127.0.0.1:$port
+lport=$((20000 + RANDOM % 20000))
+bport=$((lport + 1))
 
-pid=
+lpid=
+bpid=
 stop() {
-	if [ -n "$pid" ]; then
-		kill "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-		pid=
-	fi
+	for p in $lpid $bpid; do
+		kill "$p" 2>/dev/null || true
+		wait "$p" 2>/dev/null || true
+	done
+	lpid= bpid=
 }
 trap stop EXIT
 
+# wait_up PID PORT
 wait_up() {
 	for _ in $(seq 1 1200); do
-		kill -0 "$pid" 2>/dev/null || return 1
-		curl -fsS -m 2 "$url/health" >/dev/null 2>&1 && return 0
+		kill -0 "$1" 2>/dev/null || return 1
+		curl -fsS -m 2 "http://127.0.0.1:$2/health" >/dev/null 2>&1 && return 0
 		sleep 0.5
 	done
 	return 1
 }
 
-# bench NAME STREAMS: one baton bench serve run, its JSON report kept.
+# bench NAME PORT STREAMS ROUND: one baton bench serve run, its JSON report
+# kept.
 bench() {
-	local n=$(($2 * per))
+	local n=$(($3 * per))
 	[ "$n" -lt 4 ] && n=4
-	"$baton" bench serve --url "$url" --concurrency "$2" --num-prompts "$n" --input-len "$in_len" \
-		--output-len "$out_len" --seed 7 --json --progress=false --allow-failures >"$outdir/$1-s$2.json" 2>"$outdir/$1-s$2.err" ||
-		echo "peer.sh: $1 at $2 streams failed (see $outdir/$1-s$2.err)" >&2
+	"$baton" bench serve --url "http://127.0.0.1:$2" --concurrency "$3" --num-prompts "$n" --input-len "$in_len" \
+		--output-len "$out_len" --seed 7 --json --progress=false --allow-failures >"$outdir/$1-s$3-r$4.json" 2>"$outdir/$1-s$3-r$4.err" ||
+		echo "peer.sh: $1 at $3 streams, round $4 failed (see $outdir/$1-s$3-r$4.err)" >&2
 }
 
-echo "model $model, $threads threads, streams: $streams, prompts $in_len tokens, outputs $out_len; logs in $outdir" >&2
+echo "model $model, $threads threads, streams: $streams, prompts $in_len tokens, outputs $out_len, $rounds round(s); logs in $outdir" >&2
 echo "load average now: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores" >&2
+# Both servers stay up and take turns, llama-server then baton at each
+# number of streams in each round: on a machine shared with other work the
+# load drifts over minutes, and one server's whole run after the other's
+# put that drift into the ratio. A server waiting for requests uses no CPU.
 # shellcheck disable=SC2086 # LLAMA_ARGS and BATON_ARGS are word lists
-"$llama" -m "$model" -t "$threads" -tb "$threads" -c "$ctx" -np "$maxs" --host 127.0.0.1 --port "$port" \
+"$llama" -m "$model" -t "$threads" -tb "$threads" -c "$ctx" -np "$maxs" --host 127.0.0.1 --port "$lport" \
 	${LLAMA_ARGS:-} >"$outdir/llama-server.log" 2>&1 &
-pid=$!
-wait_up || { echo "peer.sh: llama-server did not start:" >&2; tail -5 "$outdir/llama-server.log" >&2; exit 1; }
-for s in $streams; do bench llama $s; done
+lpid=$!
+wait_up "$lpid" "$lport" || { echo "peer.sh: llama-server did not start:" >&2; tail -5 "$outdir/llama-server.log" >&2; exit 1; }
+# shellcheck disable=SC2086
+"$baton" serve --role standalone --model "$model" --threads "$threads" --host 127.0.0.1 --port "$bport" \
+	--max-running-requests "$maxs" ${BATON_ARGS:-} >"$outdir/baton.log" 2>&1 &
+bpid=$!
+wait_up "$bpid" "$bport" || { echo "peer.sh: baton did not start:" >&2; tail -5 "$outdir/baton.log" >&2; exit 1; }
+for r in $(seq 1 "$rounds"); do
+	for s in $streams; do
+		bench llama "$lport" "$s" "$r"
+		bench baton "$bport" "$s" "$r"
+	done
+done
 stop
 
-"$baton" serve --role standalone --model "$model" --threads "$threads" --host 127.0.0.1 --port "$port" \
-	--max-running-requests "$maxs" ${BATON_ARGS:-} >"$outdir/baton.log" 2>&1 &
-pid=$!
-wait_up || { echo "peer.sh: baton did not start:" >&2; tail -5 "$outdir/baton.log" >&2; exit 1; }
-for s in $streams; do bench baton $s; done
-stop
+# Each server's rounds at one number of streams in one report: output
+# tok/s is all rounds' tokens over all their time, the failures and the
+# tokens failed streams delivered are summed, and TTFT and ITL are the
+# median of the rounds' p50s.
+for name in llama baton; do
+	for s in $streams; do
+		jq -s '{
+			output_throughput: ((map(.total_output_tokens // 0) | add) / ((map(.duration_s // 0) | add) + 1e-9)),
+			duration_s: (map(.duration_s // 0) | add),
+			failed: (map(.failed // 0) | add),
+			failed_streamed_chunks: (map(.failed_streamed_chunks // 0) | add),
+			ttft_ms: {p50: (map(.ttft_ms.p50 // empty) | sort | if length > 0 then .[(length - 1) / 2 | floor] else null end)},
+			itl_ms: {p50: (map(.itl_ms.p50 // empty) | sort | if length > 0 then .[(length - 1) / 2 | floor] else null end)}
+		}' "$outdir/$name-s$s"-r*.json >"$outdir/$name-s$s.json" 2>/dev/null || rm -f "$outdir/$name-s$s.json"
+	done
+done
 
 field() { jq -r "$2 // empty" "$outdir/$1.json" 2>/dev/null || true; }
 # A request that fails is left out of its server's tok/s (the client got no
