@@ -103,12 +103,14 @@ wait_up() {
 }
 
 # bench NAME PORT STREAMS ROUND: one baton bench serve run, its JSON report
-# kept.
+# kept. Each number of streams in each round has prompts of its own (the
+# seed), the same for both servers: repeated, they would be served from
+# either server's prompt cache.
 bench() {
 	local n=$(($3 * per))
 	[ "$n" -lt 4 ] && n=4
 	"$baton" bench serve --url "http://127.0.0.1:$2" --concurrency "$3" --num-prompts "$n" --input-len "$in_len" \
-		--output-len "$out_len" --seed 7 --json --progress=false --allow-failures >"$outdir/$1-s$3-r$4.json" 2>"$outdir/$1-s$3-r$4.err" ||
+		--output-len "$out_len" --seed $((7 + 1000 * $4 + $3)) --json --progress=false --allow-failures >"$outdir/$1-s$3-r$4.json" 2>"$outdir/$1-s$3-r$4.err" ||
 		echo "peer.sh: $1 at $3 streams, round $4 failed (see $outdir/$1-s$3-r$4.err)" >&2
 }
 
@@ -142,13 +144,14 @@ stop
 # median of the rounds' p50s.
 for name in llama baton; do
 	for s in $streams; do
-		jq -s '{
+		jq -s 'def median: sort | length as $n | if $n == 0 then null elif $n % 2 == 1 then .[($n - 1) / 2] else (.[$n / 2 - 1] + .[$n / 2]) / 2 end;
+		{
 			output_throughput: ((map(.total_output_tokens // 0) | add) / ((map(.duration_s // 0) | add) + 1e-9)),
 			duration_s: (map(.duration_s // 0) | add),
 			failed: (map(.failed // 0) | add),
 			failed_streamed_chunks: (map(.failed_streamed_chunks // 0) | add),
-			ttft_ms: {p50: (map(.ttft_ms.p50 // empty) | sort | if length > 0 then .[(length - 1) / 2 | floor] else null end)},
-			itl_ms: {p50: (map(.itl_ms.p50 // empty) | sort | if length > 0 then .[(length - 1) / 2 | floor] else null end)}
+			ttft_ms: {p50: (map(.ttft_ms.p50 // empty) | median)},
+			itl_ms: {p50: (map(.itl_ms.p50 // empty) | median)}
 		}' "$outdir/$name-s$s"-r*.json >"$outdir/$name-s$s.json" 2>/dev/null || rm -f "$outdir/$name-s$s.json"
 	done
 done
