@@ -141,7 +141,8 @@ stop
 # Each server's rounds at one number of streams in one report: output
 # tok/s is all rounds' tokens over all their time, the failures and the
 # tokens failed streams delivered are summed, and TTFT and ITL are the
-# median of the rounds' p50s.
+# median of the p50s of the rounds where a request completed (a round
+# whose requests all failed reports 0).
 for name in llama baton; do
 	for s in $streams; do
 		jq -s 'def median: sort | length as $n | if $n == 0 then null elif $n % 2 == 1 then .[($n - 1) / 2] else (.[$n / 2 - 1] + .[$n / 2]) / 2 end;
@@ -150,8 +151,8 @@ for name in llama baton; do
 			duration_s: (map(.duration_s // 0) | add),
 			failed: (map(.failed // 0) | add),
 			failed_streamed_chunks: (map(.failed_streamed_chunks // 0) | add),
-			ttft_ms: {p50: (map(.ttft_ms.p50 // empty) | median)},
-			itl_ms: {p50: (map(.itl_ms.p50 // empty) | median)}
+			ttft_ms: {p50: (map(select((.completed // 0) > 0) | .ttft_ms.p50 // empty) | median)},
+			itl_ms: {p50: (map(select((.completed // 0) > 0) | .itl_ms.p50 // empty) | median)}
 		}' "$outdir/$name-s$s"-r*.json >"$outdir/$name-s$s.json" 2>/dev/null || rm -f "$outdir/$name-s$s.json"
 	done
 done
