@@ -247,7 +247,7 @@ AVX512 static void zwiden(float *dst, const void *src, int64_t n, int dtype) {
 AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const int32_t *pages,
                                const int64_t *seqs, const int32_t *items, int64_t it0, int64_t it1,
                                const bk_attn_geom *g) {
-  const int64_t hd = g->head_dim, ps = g->page_size, rf = g->row_floats, pf = g->page_floats;
+  const int64_t hd = g->head_dim, ps = g->page_size, rf = g->row_floats;
   const int64_t es = g->kv_dtype == BK_F32 ? 4 : 2;
   const char *kvb = kv;
   zattn s;
@@ -262,17 +262,14 @@ AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const
     const int32_t *item = items + it * BK_ITEM_FIELDS;
     const int64_t *seq = seqs + item[BK_IT_SEQ] * BK_SEQ_FIELDS;
     int64_t qstart = seq[BK_SEQ_QSTART], qlen = seq[BK_SEQ_QLEN], kvlen = seq[BK_SEQ_KVLEN];
-    int64_t row0 = item[BK_IT_ROW0], nrows = item[BK_IT_NROWS];
-    int64_t nh = item[BK_IT_NH];
-    int members = (int)(nrows * nh);
     // A run of heads (bk_head_run) is worked as one item.
     run = bk_head_run(items, it, it1);
-    if (run > 1) members = (int)run;
+    int members = run > 1 ? (int)run : item[BK_IT_NROWS] * item[BK_IT_NH];
     const bk_span cur = next;
     if (it + run < it1) next = bk_item_span(seqs, pages, items + (it + run) * BK_ITEM_FIELDS, g);
     for (int m = 0; m < members; m++) {
-      const int32_t *im = run > 1 ? items + (it + m) * BK_ITEM_FIELDS : item;
-      int64_t r = row0 + (run > 1 ? 0 : m / nh), h = im[BK_IT_H0] + (run > 1 ? 0 : m % nh);
+      int64_t r, h;
+      bk_member(items, it, run, m, &r, &h);
       int64_t row = qstart + r;
       const float *qm = q + (row * g->heads + h) * hd;
       __m512 sv = _mm512_set1_ps(g->scale);
@@ -313,20 +310,14 @@ AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const
       // this one is worked on.
       s.ncnt = 0;
       s.rb = hd * es;
-      if (c1 <= maxlast && !pack && !block) {
-        int64_t n1 = c1 + ZCHUNK <= maxlast + 1 ? c1 + ZCHUNK : maxlast + 1;
-        for (int64_t p = c1; p < n1; p++) {
-          int64_t off = cur.kbase + (int64_t)cur.pg[p / ps] * pf + (p % ps) * rf;
-          s.nk[p - c1] = kvb + off * es;
-          s.nv[p - c1] = kvb + (off + ps * rf) * es;
-        }
-        s.ncnt = n1 - c1;
-      } else if (c1 <= maxlast)
+      if (c1 <= maxlast && !pack && !block)
+        s.ncnt = bk_next_rows(s.nk, s.nv, kvb, es, &cur, c1, ZCHUNK, g);
+      else if (c1 <= maxlast)
         bk_prefetch_rows(kvb, es, &cur, c1, c1 + ZCHUNK - 1, width, g);
       else if (it + run < it1)
         bk_prefetch_rows(kvb, es, &next, 0, ZCHUNK - 1, width, g);
       for (int64_t p = c0; p < c1; p++) {
-        int64_t off = cur.kbase + (int64_t)cur.pg[p / ps] * pf + (p % ps) * rf;
+        int64_t off = bk_row_off(&cur, p, g);
         const char *k = kvb + off * es, *v = kvb + (off + ps * rf) * es;
         if (pack) {
           float *kd = kw + (p - c0) * hd, *vd = vw + (p - c0) * hd;

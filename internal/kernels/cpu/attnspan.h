@@ -23,6 +23,13 @@ static inline bk_span bk_item_span(const int64_t *seqs, const int32_t *pages,
   return sp;
 }
 
+// The offset (in elements) of position p's K row in a span; its V row is
+// page_size rows further on.
+static inline int64_t bk_row_off(const bk_span *sp, int64_t p, const bk_attn_geom *g) {
+  return sp->kbase + (int64_t)sp->pg[p / g->page_size] * g->page_floats +
+         (p % g->page_size) * g->row_floats;
+}
+
 // The length of the run of items from it (before it1) that have one
 // member each, of one sequence and query row, over consecutive KV heads:
 // a decode row of a model without GQA. The kernels work such a run as one
@@ -43,6 +50,22 @@ static inline int64_t bk_head_run(const int32_t *items, int64_t it, int64_t it1)
   return run;
 }
 
+// The query row (within its sequence) and the head of member m of the
+// item at it, worked as a run of run items (bk_head_run): a run's members
+// are its items' one member each; an item's own are its rows times its
+// heads.
+static inline void bk_member(const int32_t *items, int64_t it, int64_t run, int m, int64_t *r,
+                             int64_t *h) {
+  const int32_t *item = items + it * BK_ITEM_FIELDS;
+  if (run > 1) {
+    *r = item[BK_IT_ROW0];
+    *h = items[(it + m) * BK_ITEM_FIELDS + BK_IT_H0];
+    return;
+  }
+  *r = item[BK_IT_ROW0] + m / item[BK_IT_NH];
+  *h = item[BK_IT_H0] + m % item[BK_IT_NH];
+}
+
 // The cache lines of bytes at p.
 static inline void bk_prefetch(const char *p, int64_t bytes) {
   const char *e = p + bytes;
@@ -56,13 +79,28 @@ static inline void bk_prefetch(const char *p, int64_t bytes) {
 // a stream.
 static inline void bk_prefetch_rows(const char *kv, int64_t es, const bk_span *sp, int64_t p0,
                                     int64_t p1, int64_t width, const bk_attn_geom *g) {
-  const int64_t ps = g->page_size, rf = g->row_floats, rb = width * es;
+  const int64_t rb = width * es;
   if (p1 > sp->maxlast) p1 = sp->maxlast;
   for (int64_t p = p0; p <= p1; p++) {
-    int64_t off = sp->kbase + (int64_t)sp->pg[p / ps] * g->page_floats + (p % ps) * rf;
+    int64_t off = bk_row_off(sp, p, g);
     bk_prefetch(kv + off * es, rb);
-    bk_prefetch(kv + (off + ps * rf) * es, rb);
+    bk_prefetch(kv + (off + g->page_size * g->row_floats) * es, rb);
   }
+}
+
+// The K and V rows (nk, nv) of positions p0 to p0+n-1 of a span, at most
+// to its last position; returns how many. The kernels prefetch a member's
+// part of them while they work on the chunk before.
+static inline int64_t bk_next_rows(const char **nk, const char **nv, const char *kv, int64_t es,
+                                   const bk_span *sp, int64_t p0, int64_t n,
+                                   const bk_attn_geom *g) {
+  int64_t p1 = p0 + n <= sp->maxlast + 1 ? p0 + n : sp->maxlast + 1;
+  for (int64_t p = p0; p < p1; p++) {
+    int64_t off = bk_row_off(sp, p, g);
+    nk[p - p0] = kv + off * es;
+    nv[p - p0] = kv + (off + g->page_size * g->row_floats) * es;
+  }
+  return p1 > p0 ? p1 - p0 : 0;
 }
 
 #endif

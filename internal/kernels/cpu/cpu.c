@@ -594,11 +594,8 @@ AVX2 static void gemm_avx2(float *out, const float *xp, int64_t n, const uint8_t
         int nw = c1 - r < GW ? (int)(c1 - r) : GW;
         // The dequantised chunk is f32 rows of cols floats.
         const float *wr[GW];
-        if (dtype == BK_F32)
-          bk_gemm_rows(wr, GW, nw, w + r * rb, rb, BK_F32, cols, NULL);
-        else
-          bk_gemm_rows(wr, GW, nw, (const uint8_t *)(deq + (r - c0) * cols), 4 * cols, BK_F32, cols,
-                       NULL);
+        const uint8_t *w0 = dtype == BK_F32 ? w + r * rb : (const uint8_t *)(deq + (r - c0) * cols);
+        bk_gemm_rows(wr, GW, nw, w0, dtype == BK_F32 ? rb : 4 * cols, BK_F32, cols, NULL);
         memset(tile, 0, sizeof(float) * GW * ldc);
         for (int64_t k0 = 0; k0 < cols; k0 += GK) {
           int64_t kl = cols - k0 < GK ? cols - k0 : GK;
@@ -1102,7 +1099,7 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
                  const int64_t *seqs, const int32_t *items, int64_t it0, int64_t it1,
                  const bk_attn_geom *g) {
   UNUSED_SIMD(simd);
-  const int64_t hd = g->head_dim, ps = g->page_size, rf = g->row_floats, pf = g->page_floats;
+  const int64_t hd = g->head_dim, ps = g->page_size, rf = g->row_floats;
 #ifdef BK_X86
   if (simd >= 2 && g_have_avx512 && hd % 16 == 0)
     return bk_attention_avx512(out, q, kv, pages, seqs, items, it0, it1, g);
@@ -1126,18 +1123,13 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
   for (int64_t it = it0, run = 1; it < it1; it += run) {
     const int32_t *item = items + it * BK_ITEM_FIELDS;
     const int64_t *seq = seqs + item[BK_IT_SEQ] * BK_SEQ_FIELDS;
-    const int32_t *pg = pages + seq[BK_SEQ_PAGEOFF];
     int64_t qstart = seq[BK_SEQ_QSTART], qlen = seq[BK_SEQ_QLEN], kvlen = seq[BK_SEQ_KVLEN];
-    int64_t kh = item[BK_IT_KVH], row0 = item[BK_IT_ROW0], nrows = item[BK_IT_NROWS];
-    int64_t nh = item[BK_IT_NH];
-    int members = (int)(nrows * nh);
     // A run of heads (bk_head_run) is worked as one item.
     run = vec ? bk_head_run(items, it, it1) : 1;
-    if (run > 1) members = (int)run;
-    int64_t maxlast = 0;
+    int members = run > 1 ? (int)run : item[BK_IT_NROWS] * item[BK_IT_NH];
     for (int m = 0; m < members; m++) {
-      const int32_t *im = run > 1 ? items + (it + m) * BK_ITEM_FIELDS : item;
-      int64_t r = row0 + (run > 1 ? 0 : m / nh), h = im[BK_IT_H0] + (run > 1 ? 0 : m % nh);
+      int64_t r, h;
+      bk_member(items, it, run, m, &r, &h);
       int64_t row = qstart + r;
       const float *qm = q + (row * g->heads + h) * hd;
       for (int64_t d = 0; d < hd; d++) {
@@ -1149,11 +1141,9 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
       s.last[m] = kvlen - qlen + r;
       s.outp[m] = out + (row * g->heads + h) * hd;
       s.koff[m] = run > 1 ? m * hd : 0;
-      if (s.last[m] > maxlast) maxlast = s.last[m];
     }
-    const int64_t kbase = g->layer * 2 * ps * rf + kh * hd;
     const bk_span cur = next;
-    const int64_t width = run * hd; // elements of a KV row read
+    const int64_t maxlast = cur.maxlast, width = run * hd; // elements of a KV row read
     if (it + run < it1) next = bk_item_span(seqs, pages, items + (it + run) * BK_ITEM_FIELDS, g);
     if (it == it0) bk_prefetch_rows(kvb, es, &cur, 0, CHUNK - 1, width, g);
     // With several members (prefill rows, GQA groups) the chunk's K and V
@@ -1168,30 +1158,25 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
       int64_t c1 = c0 + CHUNK <= maxlast + 1 ? c0 + CHUNK : maxlast + 1;
       // The next chunk, or the next item's first, is on its way while
       // this one is worked on. With rows read in place, each member's
-      // kernel prefetches its head's part of the next chunk a few rows at
-      // a time as it works: a whole chunk's rows asked for at once (all
-      // heads of a run) overflow the core's outstanding misses, and that
-      // alone left decode attention latency-bound. Decode of 32 sequences
+      // kernel prefetches its head's part of the next chunk as it works
+      // (K rows eight at a time among the scores, V rows before the
+      // weighted sums): a whole chunk's rows asked for at once (all heads
+      // of a run) overflow the core's outstanding misses, and that alone
+      // left decode attention latency-bound. Decode of 32 sequences
       // x 130-260 positions, 12 layers of an F16 pool, 2 threads, AVX2,
       // two interleaved rounds (BenchmarkAttention): 13.5 and 9.9 -> 27.4
       // and 18.5 GB/s; a 32-row decode step of the 134M model at 512
       // positions (BenchmarkDecodeKVDType, f16): 98-130 -> 74-107 ms.
       s.ncnt = 0;
       s.rb = hd * es;
-      if (c1 <= cur.maxlast && vec && !pack) {
-        int64_t n1 = c1 + CHUNK <= cur.maxlast + 1 ? c1 + CHUNK : cur.maxlast + 1;
-        for (int64_t p = c1; p < n1; p++) {
-          int64_t off = kbase + (int64_t)pg[p / ps] * pf + (p % ps) * rf;
-          s.nk[p - c1] = kvb + off * es;
-          s.nv[p - c1] = kvb + (off + ps * rf) * es;
-        }
-        s.ncnt = n1 - c1;
-      } else if (c1 <= cur.maxlast)
+      if (c1 <= maxlast && vec && !pack)
+        s.ncnt = bk_next_rows(s.nk, s.nv, kvb, es, &cur, c1, CHUNK, g);
+      else if (c1 <= maxlast)
         bk_prefetch_rows(kvb, es, &cur, c1, c1 + CHUNK - 1, width, g);
       else if (it + run < it1)
         bk_prefetch_rows(kvb, es, &next, 0, CHUNK - 1, width, g);
       for (int64_t p = c0; p < c1; p++) {
-        int64_t off = kbase + (int64_t)pg[p / ps] * pf + (p % ps) * rf;
+        int64_t off = bk_row_off(&cur, p, g);
         if (pack) {
           float *kd = kw + (p - c0) * hd, *vd = vw + (p - c0) * hd;
           if (half) {
