@@ -466,6 +466,27 @@ func AutoKVDType(be Backend) DType {
 	return F16
 }
 
+// Paralleler is a backend whose threads host code may borrow between its
+// operations: Parallel calls fn on ranges covering [0, n), some of them on
+// the backend's other threads, and returns when every range has run (a
+// panic in any range is raised again on the caller).
+type Paralleler interface {
+	Parallel(n int, fn func(lo, hi int))
+}
+
+// Parallel runs fn over [0, n) on be's threads where it lends them, else as
+// one range on the caller.
+func Parallel(be Backend, n int, fn func(lo, hi int)) {
+	if n <= 0 {
+		return
+	}
+	if p, ok := be.(Paralleler); ok {
+		p.Parallel(n, fn)
+		return
+	}
+	fn(0, n)
+}
+
 // DTypeSupporter is a backend that multiplies only some weight dtypes;
 // one that does not implement it takes them all.
 type DTypeSupporter interface {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
+	"github.com/batonlm/baton/internal/model/expsum"
 	"github.com/batonlm/baton/internal/prefixcache"
 )
 
@@ -95,9 +97,13 @@ type Engine struct {
 	ready   []*Request
 	running []*Request
 	sampler model.Sampler
-	drafter drafter
-	eog     []int32  // the tokens IsEOG accepts, banned before min_tokens
-	allow   []uint64 // the constraint mask of the request being sampled
+	// samplers are the scratch of sampleDraws' ranges, one per range
+	// running at a time.
+	samplers sync.Pool
+	draws    []pendingDraw // the step's tokens to sample (step only)
+	drafter  drafter
+	eog      []int32  // the tokens IsEOG accepts, banned before min_tokens
+	allow    []uint64 // the constraint mask of the request being sampled
 }
 
 // NewEngine makes an engine; Run drives it.
@@ -119,6 +125,7 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	ms.KVPagesFree.Set(float64(pool.Free()))
 	ms.TokenUsage.Set(1 - float64(pool.Free())/float64(max(1, pool.NumPages())))
 	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1), drafter: newDrafter(cfg.Spec)}
+	e.samplers.New = func() any { return new(model.Sampler) }
 	for id := range int32(m.Config.Vocab) {
 		if cfg.IsEOG(id) {
 			e.eog = append(e.eog, id)
@@ -631,8 +638,18 @@ func (e *Engine) step() bool {
 			e.fail(r, err)
 			continue
 		}
-		h.Allow = allow
-		tok := e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, h)
+		d := pendingDraw{r: r, row: row, h: h}
+		if allow != nil {
+			// The mask lives in e.allow until the next request's: draw now.
+			d.h.Allow = allow
+			d.tok, d.done = e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, d.h), true
+		}
+		e.draws = append(e.draws, d)
+	}
+	e.sampleDraws()
+	for i := range e.draws {
+		r, tok := e.draws[i].r, e.draws[i].tok
+		e.draws[i] = pendingDraw{}
 		if err := e.follow(r, tok.ID); err != nil {
 			e.remove(r)
 			e.fail(r, err)
@@ -644,8 +661,53 @@ func (e *Engine) step() bool {
 		}
 		e.deliver(r, tok)
 	}
+	e.draws = e.draws[:0]
 	e.gauges()
 	return true
+}
+
+// pendingDraw is a token a step still has to sample for r from row.
+type pendingDraw struct {
+	r    *Request
+	row  []float32
+	h    model.History
+	tok  model.Sampled
+	done bool
+}
+
+// sampleDraws samples the step's pending draws on the backend's threads:
+// each draw reads its own row and history and advances its own request's
+// generator, so they are independent of each other and of the order they
+// run in. One by one on the engine's goroutine they were 4% of a
+// 32-sequence decode step's time (2.6 ms at a 32K vocabulary) while the
+// backend's other threads waited for the next step.
+func (e *Engine) sampleDraws() {
+	todo := 0
+	for i := range e.draws {
+		if !e.draws[i].done {
+			todo++
+		}
+	}
+	switch {
+	case todo == 0:
+		return
+	case todo == 1:
+		for i := range e.draws {
+			if d := &e.draws[i]; !d.done {
+				d.tok = e.sampler.SampleAfter(d.row, d.r.Params.Sampling, d.r.rng, d.h)
+			}
+		}
+		return
+	}
+	kernels.Parallel(e.model.Backend(), len(e.draws), func(lo, hi int) {
+		s := e.samplers.Get().(*model.Sampler)
+		defer e.samplers.Put(s)
+		for i := lo; i < hi; i++ {
+			if d := &e.draws[i]; !d.done {
+				d.tok = s.SampleAfter(d.row, d.r.Params.Sampling, d.r.rng, d.h)
+			}
+		}
+	})
 }
 
 // scorePrompt records the logprobs of the prompt tokens that rows (the
@@ -739,13 +801,11 @@ func (e *Engine) deliver(r *Request, tok model.Sampled) {
 	}
 }
 
+// hasNaN: a row of logits holds a NaN. The vector max is NaN exactly then,
+// and takes a 32K row in a few µs where a Go loop took 20, once for each
+// sequence of every step, while the other cores waited for the next one.
 func hasNaN(v []float32) bool {
-	for _, x := range v {
-		if x != x {
-			return true
-		}
-	}
-	return false
+	return len(v) > 0 && math.IsNaN(float64(expsum.Max(v)))
 }
 
 func containsToken(ids []int32, id int32) bool {

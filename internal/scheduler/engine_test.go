@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batonlm/baton/internal/kernels/cpu"
 	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -377,5 +378,90 @@ func TestQueueFullIs429(t *testing.T) {
 	}
 	if r.State() != StateRejected {
 		t.Fatalf("state %s", r.State())
+	}
+}
+
+// The NaN gate finds a NaN wherever it sits in a row (the vector loops
+// have a tail), and only a NaN: infinities are not poison.
+func TestHasNaN(t *testing.T) {
+	for _, n := range []int{1, 7, 8, 9, 31, 32000} {
+		row := make([]float32, n)
+		for i := range row {
+			row[i] = float32(i%13) - 6
+		}
+		row[n/2] = float32(math.Inf(1))
+		row[0] = float32(math.Inf(-1))
+		if hasNaN(row) {
+			t.Fatalf("n %d: NaN reported in a row without one", n)
+		}
+		for _, at := range []int{0, n / 2, n - 1} {
+			old := row[at]
+			row[at] = float32(math.NaN())
+			if !hasNaN(row) {
+				t.Fatalf("n %d: NaN at %d not found", n, at)
+			}
+			row[at] = old
+		}
+	}
+	if hasNaN(nil) {
+		t.Fatal("an empty row has no NaN")
+	}
+}
+
+// A step's draws run on the backend's threads, each with its own scratch
+// (sampleDraws): a seeded request samples the same tokens, with the same
+// logprobs, alone and in a batch of twelve others drawing at once.
+func TestSeededDrawsAreTheSameInABatch(t *testing.T) {
+	l, err := model.Load(model.LoadOptions{}, cpu.New(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.Model.Config
+	pool, err := kvpool.New(kvpool.Config{NumPages: 400, PageSize: 16, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, MaxRunning: 16}, metrics.New("standalone"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	want := loadRef(t)
+	params := func(seed uint64) Params {
+		return Params{MaxTokens: 24, Seed: &seed, Sampling: model.Sampling{Temperature: 1, TopLogprobs: 2}}
+	}
+	run := func(rs ...*Request) [][]model.Sampled {
+		for _, r := range rs {
+			if err := e.Submit(r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := make([][]model.Sampled, len(rs))
+		for i, r := range rs {
+			out[i], _ = collect(t, r)
+		}
+		return out
+	}
+	alone := run(NewRequest("alone", want.PromptIDs, params(42)))[0]
+	batch := []*Request{NewRequest("seeded", want.PromptIDs, params(42))}
+	for i := range 12 {
+		batch = append(batch, NewRequest(fmt.Sprintf("other%d", i), want.PromptIDs, params(uint64(1000+i))))
+	}
+	got := run(batch...)
+	if len(alone) != 24 || len(got[0]) != 24 {
+		t.Fatalf("%d and %d tokens, want 24", len(alone), len(got[0]))
+	}
+	differ := false
+	for j := range alone {
+		a, b := alone[j], got[0][j]
+		if a.ID != b.ID || math.Abs(float64(a.Logprob-b.Logprob)) > 1e-3 || len(a.Top) != len(b.Top) {
+			t.Fatalf("token %d: alone %+v, in a batch %+v", j, a, b)
+		}
+		for _, o := range got[1:] {
+			differ = differ || o[j].ID != a.ID
+		}
+	}
+	if !differ {
+		t.Fatal("twelve other seeds drew the seeded request's very tokens")
 	}
 }

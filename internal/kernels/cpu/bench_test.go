@@ -280,3 +280,43 @@ func BenchmarkAttention(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMatMulStep: the products of one decode step of n rows of the
+// 134M llama (12 layers of Q, K, V, O 768x768, gate and up 2048x768, down
+// 768x2048, and the 32000x768 output), f32 weights: 536 MB, far more than
+// L3, so every product streams its weights from memory as a served step
+// does (BenchmarkMatMul's matrices stay in cache). GFLOP/s of the step.
+func BenchmarkMatMulStep(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	var ws []*kernels.Matrix
+	for range 12 {
+		for _, sh := range [][2]int{{768, 768}, {768, 768}, {768, 768}, {768, 768}, {2048, 768}, {2048, 768}, {768, 2048}} {
+			ws = append(ws, randMatrix(rng, kernels.F32, sh[0], sh[1]))
+		}
+	}
+	ws = append(ws, randMatrix(rng, kernels.F32, 32000, 768))
+	flops := 0
+	for _, w := range ws {
+		flops += 2 * w.Rows * w.Cols
+	}
+	for _, n := range []int{8, 32, 512} {
+		x := randVec(rng, n*2048, 1)
+		out := make([]float32, n*32000)
+		bl := New(0)
+		bl.blasMinN = 1
+		for _, v := range append(benchBackends(), variant{"blas", bl}) {
+			if v.name == "scalar" || v.name == "blas" && n < 32 {
+				continue
+			}
+			b.Run(fmt.Sprintf("f32/n=%d/%s", n, v.name), func(b *testing.B) {
+				for b.Loop() {
+					for _, w := range ws {
+						v.b.MatMul(out[:n*w.Rows], x[:n*w.Cols], n, w)
+					}
+				}
+				b.ReportMetric(float64(b.N)*float64(n*flops)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/step")
+			})
+		}
+	}
+}

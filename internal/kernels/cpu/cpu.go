@@ -230,6 +230,20 @@ func (b *Backend) parallel(total, align int, work int, fn func(lo, hi int)) {
 	b.pool.run(cut(total, align, parts), b.threads, fn)
 }
 
+// Parallel implements kernels.Paralleler: n items of host work (a decode
+// step's sampling) on the pool's threads, a few ranges per thread.
+func (b *Backend) Parallel(n int, fn func(lo, hi int)) {
+	if n <= 0 {
+		return
+	}
+	parts := min(n, b.threads*rangesPerThread)
+	if parts <= 1 || b.threads <= 1 {
+		fn(0, n)
+		return
+	}
+	b.pool.run(cut(n, 1, parts), b.threads, fn)
+}
+
 // cut splits [0, total) into parts ranges of about equal size whose
 // bounds are multiples of align (the last ends at total).
 func cut(total, align, parts int) []int {

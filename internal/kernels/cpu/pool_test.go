@@ -206,3 +206,24 @@ func TestPoolRangesYield(t *testing.T) {
 		t.Log("the helper took no range")
 	}
 }
+
+// Parallel (host work on the pool's threads) covers [0, n) once, whatever
+// n is against the ranges a pool cuts.
+func TestParallelCoversEachItemOnce(t *testing.T) {
+	for _, th := range []int{1, 2, 3} {
+		b := New(th)
+		for _, n := range []int{0, 1, 2, 5, 13, 100} {
+			seen := make([]atomic.Int32, n)
+			b.Parallel(n, func(lo, hi int) {
+				for i := lo; i < hi; i++ {
+					seen[i].Add(1)
+				}
+			})
+			for i := range seen {
+				if v := seen[i].Load(); v != 1 {
+					t.Fatalf("threads %d, n %d: item %d ran %d times", th, n, i, v)
+				}
+			}
+		}
+	}
+}
