@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cpu"
 	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/kvpool"
@@ -27,7 +28,13 @@ func loadRef(t *testing.T) reference { return testref.Load(t) }
 // it.
 func storiesPool(t *testing.T, pageSize, pages int) (*model.Model, *kvpool.Pool) {
 	t.Helper()
-	l, err := model.Load(model.LoadOptions{}, ref.New())
+	return storiesPoolOn(t, ref.New(), pageSize, pages)
+}
+
+// storiesPoolOn is storiesPool on backend be.
+func storiesPoolOn(t *testing.T, be kernels.Backend, pageSize, pages int) (*model.Model, *kvpool.Pool) {
+	t.Helper()
+	l, err := model.Load(model.LoadOptions{}, be)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,20 +419,9 @@ func TestHasNaN(t *testing.T) {
 // (sampleDraws): a seeded request samples the same tokens, with the same
 // logprobs, alone and in a batch of twelve others drawing at once.
 func TestSeededDrawsAreTheSameInABatch(t *testing.T) {
-	l, err := model.Load(model.LoadOptions{}, cpu.New(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := l.Model.Config
-	pool, err := kvpool.New(kvpool.Config{NumPages: 400, PageSize: 16, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, MaxRunning: 16}, metrics.New("standalone"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	lm, pool := storiesPoolOn(t, cpu.New(2), 16, 400)
+	e := NewEngine(lm, pool, Config{ContextLength: lm.Config.ContextLength, MaxRunning: 16}, metrics.New("standalone"))
+	startEngine(t, e)
 	want := loadRef(t)
 	params := func(seed uint64) Params {
 		return Params{MaxTokens: 24, Seed: &seed, Sampling: model.Sampling{Temperature: 1, TopLogprobs: 2}}
