@@ -679,6 +679,9 @@ func checkQGemmMatchesQdot(t *testing.T, rng *rand.Rand, dt kernels.DType) {
 	w := randMatrix(rng, dt, rows, cols)
 	x := randVec(rng, n*cols, 1)
 	b := New(2)
+	// The CPU has VNNI (the caller checks): compare the two kernels even
+	// where BATON_CPU_AVX512=0 or BATON_CPU_VNNI=0 keeps a backend off them.
+	b.avx512, b.vnni = true, true
 	if !b.useQGemm(dt, n, cols) {
 		t.Fatalf("%s: the int8 gemm does not take %d rows of %d", dt, n, cols)
 	}
