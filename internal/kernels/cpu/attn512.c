@@ -256,6 +256,7 @@ AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const
   if (!s.qs) return -1;
   s.acc = s.qs + BK_ATTN_MAX_MEMBERS * hd;
   float *kw = s.acc + BK_ATTN_MAX_MEMBERS * hd, *vw = kw + ZCHUNK * hd, *pb = vw + ZCHUNK * hd;
+  s.rb = hd * es;
   bk_span next = {0};
   if (it0 < it1) next = bk_item_span(seqs, pages, items + it0 * BK_ITEM_FIELDS, g);
   for (int64_t it = it0, run = 1; it < it1; it += run) {
@@ -308,14 +309,8 @@ AVX512 int bk_attention_avx512(float *out, const float *q, const void *kv, const
       int64_t c1 = c0 + ZCHUNK <= maxlast + 1 ? c0 + ZCHUNK : maxlast + 1;
       // The next chunk, or the next item's first, is on its way while
       // this one is worked on.
-      s.ncnt = 0;
-      s.rb = hd * es;
-      if (c1 <= maxlast && !pack && !block)
-        s.ncnt = bk_next_rows(s.nk, s.nv, kvb, es, &cur, c1, ZCHUNK, g);
-      else if (c1 <= maxlast)
-        bk_prefetch_rows(kvb, es, &cur, c1, c1 + ZCHUNK - 1, width, g);
-      else if (it + run < it1)
-        bk_prefetch_rows(kvb, es, &next, 0, ZCHUNK - 1, width, g);
+      s.ncnt = bk_ahead(s.nk, s.nv, kvb, es, &cur, it + run < it1 ? &next : NULL, c1, ZCHUNK,
+                        !pack && !block, width, g);
       for (int64_t p = c0; p < c1; p++) {
         int64_t off = bk_row_off(&cur, p, g);
         const char *k = kvb + off * es, *v = kvb + (off + ps * rf) * es;

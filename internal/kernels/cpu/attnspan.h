@@ -103,4 +103,21 @@ static inline int64_t bk_next_rows(const char **nk, const char **nv, const char 
   return p1 > p0 ? p1 - p0 : 0;
 }
 
+// What is on its way while a chunk ending before c1 of span cur is worked
+// on: with rows read in place, the next chunk's rows go into nk and nv for
+// the kernels to prefetch a head's part at a time (the count is returned);
+// otherwise the next chunk's rows, or after the span's last chunk the next
+// item's first (next, or NULL for none), are asked for at once.
+static inline int64_t bk_ahead(const char **nk, const char **nv, const char *kv, int64_t es,
+                               const bk_span *cur, const bk_span *next, int64_t c1, int64_t chunk,
+                               int in_place, int64_t width, const bk_attn_geom *g) {
+  if (c1 <= cur->maxlast) {
+    if (in_place) return bk_next_rows(nk, nv, kv, es, cur, c1, chunk, g);
+    bk_prefetch_rows(kv, es, cur, c1, c1 + chunk - 1, width, g);
+  } else if (next) {
+    bk_prefetch_rows(kv, es, next, 0, chunk - 1, width, g);
+  }
+  return 0;
+}
+
 #endif

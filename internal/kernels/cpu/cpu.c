@@ -493,7 +493,7 @@ AVX2 static void dotmm_avx2(float *out, const float *x, int64_t n, const uint8_t
 // peak (a standalone loop over 536 MB in huge pages: 129-151 -> 152-173
 // GFLOP/s with it).
 AVX2_INLINE void pf_tile(const float *const *w, int64_t k, int64_t pfd) {
-  for (int j = 0; j < 6; j++) _mm_prefetch((const char *)(w[j] + k + pfd), _MM_HINT_T0);
+  for (int j = 0; j < GW; j++) _mm_prefetch((const char *)(w[j] + k + pfd), _MM_HINT_T0);
 }
 
 AVX2 static void mk16(const float *xp, const float *const *wr, int64_t k0, int64_t kl, float *c,
@@ -1141,6 +1141,7 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
   float *kw = s.acc + BK_ATTN_MAX_MEMBERS * hd, *vw = kw + CHUNK * hd;
   const int64_t es = half ? 2 : 4;
   const char *kvb = kv;
+  s.rb = hd * es;
   bk_span next = {0};
   if (it0 < it1) next = bk_item_span(seqs, pages, items + it0 * BK_ITEM_FIELDS, g);
   for (int64_t it = it0, run = 1; it < it1; it += run) {
@@ -1190,14 +1191,8 @@ int bk_attention(int simd, float *out, const float *q, const void *kv, const int
       // two interleaved rounds (BenchmarkAttention): 13.5 and 9.9 -> 27.4
       // and 18.5 GB/s; a 32-row decode step of the 134M model at 512
       // positions (BenchmarkDecodeKVDType, f16): 98-130 -> 74-107 ms.
-      s.ncnt = 0;
-      s.rb = hd * es;
-      if (c1 <= maxlast && vec && !pack)
-        s.ncnt = bk_next_rows(s.nk, s.nv, kvb, es, &cur, c1, CHUNK, g);
-      else if (c1 <= maxlast)
-        bk_prefetch_rows(kvb, es, &cur, c1, c1 + CHUNK - 1, width, g);
-      else if (it + run < it1)
-        bk_prefetch_rows(kvb, es, &next, 0, CHUNK - 1, width, g);
+      s.ncnt = bk_ahead(s.nk, s.nv, kvb, es, &cur, it + run < it1 ? &next : NULL, c1, CHUNK,
+                        vec && !pack, width, g);
       for (int64_t p = c0; p < c1; p++) {
         int64_t off = bk_row_off(&cur, p, g);
         if (pack) {
