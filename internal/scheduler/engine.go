@@ -647,9 +647,8 @@ func (e *Engine) step() bool {
 		e.draws = append(e.draws, d)
 	}
 	e.sampleDraws()
-	for i := range e.draws {
-		r, tok := e.draws[i].r, e.draws[i].tok
-		e.draws[i] = pendingDraw{}
+	for _, d := range e.draws {
+		r, tok := d.r, d.tok
 		if err := e.follow(r, tok.ID); err != nil {
 			e.remove(r)
 			e.fail(r, err)
@@ -661,6 +660,7 @@ func (e *Engine) step() bool {
 		}
 		e.deliver(r, tok)
 	}
+	clear(e.draws) // the requests and rows are not kept past the step
 	e.draws = e.draws[:0]
 	e.gauges()
 	return true
@@ -680,25 +680,9 @@ type pendingDraw struct {
 // generator, so they are independent of each other and of the order they
 // run in. One by one on the engine's goroutine they were 4% of a
 // 32-sequence decode step's time (2.6 ms at a 32K vocabulary) while the
-// backend's other threads waited for the next step.
+// backend's other threads waited for the next step. A single draw (one
+// sequence decoding) runs on the caller: Parallel does not split one item.
 func (e *Engine) sampleDraws() {
-	todo := 0
-	for i := range e.draws {
-		if !e.draws[i].done {
-			todo++
-		}
-	}
-	switch {
-	case todo == 0:
-		return
-	case todo == 1:
-		for i := range e.draws {
-			if d := &e.draws[i]; !d.done {
-				d.tok = e.sampler.SampleAfter(d.row, d.r.Params.Sampling, d.r.rng, d.h)
-			}
-		}
-		return
-	}
 	kernels.Parallel(e.model.Backend(), len(e.draws), func(lo, hi int) {
 		s := e.samplers.Get().(*model.Sampler)
 		defer e.samplers.Put(s)
