@@ -3,7 +3,7 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-spec-echo bench-peer lint proto clean deps-run deps-test
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-spec-echo bench-peer bench-profile lint proto clean deps-run deps-test
 
 # What the machine needs beyond Go: installed from Debian's packages when
 # run as root, else the command to run is printed (deploy/local/deps.sh).
@@ -76,6 +76,11 @@ STREAMS ?= 1 8 32
 ROUNDS ?= 1
 bench-peer: build
 	./deploy/bench/peer.sh -t $(THREADS) -s "$(STREAMS)" -r $(ROUNDS) $(LLAMA_SERVER) $(MODEL)
+
+# where a standalone baton's CPU time goes while serving (deploy/bench/profile.sh, needs perf):
+#   make bench-profile MODEL=model.gguf [THREADS=2] [STREAMS=32]   (the last of STREAMS)
+bench-profile: build
+	./deploy/bench/profile.sh -t $(THREADS) -s $(lastword $(STREAMS)) $(MODEL)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
