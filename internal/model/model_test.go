@@ -3,6 +3,7 @@ package model
 import (
 	"math"
 	"testing"
+	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/ref"
@@ -67,6 +68,65 @@ func TestDummyDeterministic(t *testing.T) {
 		for i := range x {
 			if x[i] != y[i] {
 				t.Fatalf("%s: dummy weights not deterministic: %v vs %v", dt, x, y)
+			}
+		}
+	}
+}
+
+// TestReserveKeepsScratch: after Reserve, steps up to the reserved size run
+// in the same scratch (no step allocates it again), and give the logits a
+// model without a reserve gives.
+func TestReserveKeepsScratch(t *testing.T) {
+	load := func() *Model {
+		l, err := Load(LoadOptions{}, ref.New())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Model.Close() })
+		return l.Model
+	}
+	reserved, plain := load(), load()
+	reserved.Reserve(48, 3)
+	bases := func(m *Model) []*float32 {
+		s := &m.s
+		var ps []*float32
+		for _, b := range [][]float32{s.x, s.h, s.q, s.k, s.v, s.attn, s.o, s.gate, s.up, s.last, s.logits} {
+			ps = append(ps, unsafe.SliceData(b))
+		}
+		return ps
+	}
+	before := bases(reserved)
+	for i, p := range before {
+		if p == nil {
+			t.Fatalf("scratch %d not reserved", i)
+		}
+	}
+	c := &reserved.Config
+	for _, shape := range [][2]int{{1, 5}, {2, 16}, {3, 16}} { // growing steps, the last 48 rows
+		nseq, plen := shape[0], shape[1]
+		kv, tables := benchKV(c, nseq, plen, 4)
+		kv2, _ := benchKV(c, nseq, plen, 4)
+		bt := prefillBatch(c, tables, nseq, plen)
+		got, err := reserved.Forward(bt, kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append([]float32(nil), got...)
+		want, err := plain.Forward(bt, kv2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != nseq*c.Vocab || len(want) != len(got) {
+			t.Fatalf("%d x %d: %d logits, want %d", nseq, plen, len(got), nseq*c.Vocab)
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("%d x %d: logit %d = %v, without the reserve %v", nseq, plen, i, got[i], want[i])
+			}
+		}
+		for i, p := range bases(reserved) {
+			if p != before[i] {
+				t.Fatalf("%d x %d: scratch %d was allocated again", nseq, plen, i)
 			}
 		}
 	}

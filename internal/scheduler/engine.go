@@ -124,6 +124,7 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	ms.KVPagesCapacity.Set(float64(pool.NumPages()))
 	ms.KVPagesFree.Set(float64(pool.Free()))
 	ms.TokenUsage.Set(1 - float64(pool.Free())/float64(max(1, pool.NumPages())))
+	m.Reserve(stepRows(cfg), cfg.MaxRunning)
 	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1), drafter: newDrafter(cfg.Spec)}
 	e.samplers.New = func() any { return new(model.Sampler) }
 	for id := range int32(m.Config.Vocab) {
@@ -132,6 +133,20 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 		}
 	}
 	return e
+}
+
+// stepRows is the most rows an ordinary step of a cfg engine runs: a
+// prompt chunk (standalone and prefill) and one row of each running
+// request (standalone and decode). Speculative steps and prompts that
+// want every row's logits may run more; the model grows for those.
+func stepRows(cfg Config) int {
+	switch cfg.Role {
+	case RolePrefill:
+		return cfg.ChunkSize
+	case RoleDecode:
+		return cfg.MaxRunning
+	}
+	return cfg.ChunkSize + cfg.MaxRunning
 }
 
 // Pool is the engine's KV pool.
