@@ -41,27 +41,11 @@ HOWTO
 }
 
 here=$(cd "$(dirname "$0")" && pwd)
-baton=$here/../../bin/baton
-threads=$(nproc)
+# shellcheck source=deploy/bench/lib.sh
+. "$here/lib.sh"
+bench_defaults
 streams="1 8 32"
-in_len=128
-out_len=128
-per=2
-rounds=1
-outdir=
-while getopts "b:t:s:i:o:n:r:d:h" opt; do
-	case $opt in
-	b) baton=$OPTARG ;;
-	t) threads=$OPTARG ;;
-	s) streams=$OPTARG ;;
-	i) in_len=$OPTARG ;;
-	o) out_len=$OPTARG ;;
-	n) per=$OPTARG ;;
-	r) rounds=$OPTARG ;;
-	d) outdir=$OPTARG ;;
-	*) usage; exit 2 ;;
-	esac
-done
+bench_args "$@"
 shift $((OPTIND - 1))
 llama=${1:-}
 model=${2:-}
@@ -69,8 +53,7 @@ model=${2:-}
 [ -x "$llama" ] || { echo "peer.sh: $llama is not an executable llama-server" >&2; no_llama; }
 [ -n "$model" ] && [ -f "$model" ] || { echo "peer.sh: MODEL=$model is not a GGUF file" >&2; usage; exit 2; }
 [ -x "$baton" ] || { echo "peer.sh: no baton binary at $baton (make build)" >&2; exit 2; }
-command -v jq >/dev/null || { echo "peer.sh: needs jq" >&2; exit 2; }
-command -v curl >/dev/null || { echo "peer.sh: needs curl" >&2; exit 2; }
+needs jq curl
 [ -n "$outdir" ] || outdir=$(mktemp -d "${TMPDIR:-/tmp}/baton-peer.XXXXXX")
 mkdir -p "$outdir"
 
@@ -91,16 +74,6 @@ stop() {
 	lpid= bpid=
 }
 trap stop EXIT
-
-# wait_up PID PORT
-wait_up() {
-	for _ in $(seq 1 1200); do
-		kill -0 "$1" 2>/dev/null || return 1
-		curl -fsS -m 2 "http://127.0.0.1:$2/health" >/dev/null 2>&1 && return 0
-		sleep 0.5
-	done
-	return 1
-}
 
 # bench NAME PORT STREAMS ROUND: one baton bench serve run, its JSON report
 # kept. Each number of streams in each round has prompts of its own (the

@@ -26,32 +26,17 @@ USAGE
 }
 
 here=$(cd "$(dirname "$0")" && pwd)
-baton=$here/../../bin/baton
-threads=$(nproc)
+# shellcheck source=deploy/bench/lib.sh
+. "$here/lib.sh"
+bench_defaults
 streams=32
-in_len=128
-out_len=128
-per=2
-outdir=
-while getopts "b:t:s:i:o:n:d:h" opt; do
-	case $opt in
-	b) baton=$OPTARG ;;
-	t) threads=$OPTARG ;;
-	s) streams=$OPTARG ;;
-	i) in_len=$OPTARG ;;
-	o) out_len=$OPTARG ;;
-	n) per=$OPTARG ;;
-	d) outdir=$OPTARG ;;
-	*) usage; exit 2 ;;
-	esac
-done
+bench_args "$@"
 shift $((OPTIND - 1))
 model=${1:-}
 [ -n "$model" ] && [ -f "$model" ] || { echo "profile.sh: MODEL=$model is not a GGUF file" >&2; usage; exit 2; }
 [ -x "$baton" ] || { echo "profile.sh: no baton binary at $baton (make build)" >&2; exit 2; }
 command -v perf >/dev/null || { echo "profile.sh: needs perf (Debian: apt-get install linux-perf)" >&2; exit 2; }
-command -v jq >/dev/null || { echo "profile.sh: needs jq" >&2; exit 2; }
-command -v curl >/dev/null || { echo "profile.sh: needs curl" >&2; exit 2; }
+needs jq curl
 [ -n "$outdir" ] || outdir=$(mktemp -d "${TMPDIR:-/tmp}/baton-profile.XXXXXX")
 mkdir -p "$outdir"
 
@@ -71,13 +56,7 @@ trap stop EXIT
 "$baton" serve --role standalone --model "$model" --threads "$threads" --host 127.0.0.1 --port "$port" \
 	--max-running-requests "$streams" ${BATON_ARGS:-} >"$outdir/baton.log" 2>&1 &
 spid=$!
-up=0
-for _ in $(seq 1 1200); do
-	kill -0 "$spid" 2>/dev/null || break
-	curl -fsS -m 2 "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { up=1; break; }
-	sleep 0.5
-done
-[ "$up" = 1 ] || { echo "profile.sh: baton did not start:" >&2; tail -5 "$outdir/baton.log" >&2; exit 1; }
+wait_up "$spid" "$port" || { echo "profile.sh: baton did not start:" >&2; tail -5 "$outdir/baton.log" >&2; exit 1; }
 
 ticks=$(getconf CLK_TCK)
 cpu_s() { awk -v t="$ticks" '{printf "%.1f", ($14 + $15) / t}' "/proc/$spid/stat"; }
