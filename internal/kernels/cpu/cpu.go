@@ -668,7 +668,6 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 	}
 	defer attnScratches.Put(sc)
 	pages, sdesc, items, cost, total := sc.pages[:0], sc.sdesc[:0], sc.items[:0], sc.cost[:0], 0
-	defer func() { sc.pages, sc.sdesc, sc.items, sc.cost = pages, sdesc, items, cost }()
 	for si, s := range seqs {
 		if s.QLen <= 0 {
 			sdesc = append(sdesc, 0, 0, 0, 0)
@@ -690,6 +689,7 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 			}
 		}
 	}
+	sc.pages, sc.sdesc, sc.items, sc.cost = pages, sdesc, items, cost // grown, for the next call
 	nitems := len(cost)
 	if nitems == 0 {
 		return
@@ -718,7 +718,6 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 	}
 	// Contiguous ranges of items with about equal cost.
 	bounds := append(sc.bounds[:0], 0)
-	defer func() { sc.bounds = bounds }()
 	acc, hi := 0, 0
 	for p := 1; p < parts; p++ {
 		target := total * p / parts
@@ -733,5 +732,6 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 		bounds = append(bounds, hi)
 	}
 	bounds = append(bounds, nitems)
+	sc.bounds = bounds
 	b.pool.run(bounds, b.threads, run)
 }
