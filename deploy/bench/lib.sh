@@ -2,7 +2,7 @@
 
 # bench_defaults sets what bench_args may change, but for the streams.
 bench_defaults() {
-	baton=$here/../../bin/baton
+	baton=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../../bin/baton
 	threads=$(nproc)
 	in_len=128
 	out_len=128
@@ -35,6 +35,7 @@ bench_args() {
 # wait_up PID PORT: until the server answers /health (0), or its process
 # is gone or ten minutes have passed (1).
 wait_up() {
+	local _
 	for _ in $(seq 1 1200); do
 		kill -0 "$1" 2>/dev/null || return 1
 		curl -fsS -m 2 "http://127.0.0.1:$2/health" >/dev/null 2>&1 && return 0
@@ -45,6 +46,7 @@ wait_up() {
 
 # needs TOOL...: exits 2 naming the first tool not on PATH.
 needs() {
+	local t
 	for t in "$@"; do
 		command -v "$t" >/dev/null || { echo "$(basename "$0"): needs $t" >&2; exit 2; }
 	done
