@@ -59,7 +59,7 @@ var flagRoles = map[string][]string{
 	"disable-radix-cache": {"standalone", "prefill"}, "prefix-cache-scope": {"standalone", "router"},
 	"disaggregation-decode-enable-radix-cache": {"decode"},
 	"hicache-size": engineRoles, "hicache-write-policy": engineRoles, "hicache-storage-backend": engineRoles,
-	"hicache-storage-dir": engineRoles, "hicache-storage-size": engineRoles,
+	"hicache-storage-dir": engineRoles, "hicache-storage-size": engineRoles, "hicache-storage-key-file": engineRoles,
 
 	"spec-guard": {"standalone", "decode"}, "spec-guard-min-tokens": {"standalone", "decode"},
 	"spec-guard-min-accept-length": {"standalone", "decode"}, "spec-guard-max-accept-rate": {"standalone", "decode"},

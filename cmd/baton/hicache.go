@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/batonlm/baton/internal/hicache"
@@ -19,6 +20,7 @@ type hicacheFlags struct {
 	policy      string
 	backend     string // L3: "" (none) or file
 	dir         string
+	keyFile     string  // L3's key; "": DIR.key beside --hicache-storage-dir
 	storageSize float64 // L3, GiB
 }
 
@@ -27,6 +29,7 @@ func (h *hicacheFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&h.policy, "hicache-write-policy", "write_through", "standalone, prefill, decode: when a cached page is copied to L2: write_through (when it is published) | write_back (when the pool evicts it)")
 	fs.StringVar(&h.backend, "hicache-storage-backend", "", "standalone, prefill, decode: the third tier (L3), where L2 evicts to: file (pages as files under --hicache-storage-dir, reused after a restart with the same model, layout and dtype)")
 	fs.StringVar(&h.dir, "hicache-storage-dir", "", "standalone, prefill, decode: directory of --hicache-storage-backend file")
+	fs.StringVar(&h.keyFile, "hicache-storage-key-file", "", "standalone, prefill, decode: file of the 32-byte key the L3 page files are sealed with (mode 0600, outside the directory); default DIR.key beside --hicache-storage-dir, created at first start")
 	fs.Float64Var(&h.storageSize, "hicache-storage-size", 16, "standalone, prefill, decode: GiB the file store may hold before it evicts its oldest pages")
 }
 
@@ -46,6 +49,8 @@ func (h *hicacheFlags) check(f *serveFlags) error {
 		return errors.New("--hicache-storage-backend file needs --hicache-storage-dir")
 	case h.backend == "" && h.dir != "":
 		return errors.New("--hicache-storage-dir needs --hicache-storage-backend file")
+	case h.backend == "" && h.keyFile != "":
+		return errors.New("--hicache-storage-key-file needs --hicache-storage-backend file")
 	case !h.on():
 		return nil
 	case (f.role == "standalone" || f.role == "prefill") && f.noRadixCache:
@@ -59,11 +64,23 @@ func (h *hicacheFlags) check(f *serveFlags) error {
 // openFileStore opens L3 for --hicache-storage-backend file: the store of
 // internal/hicache/filestore, which checks every file against meta (a
 // file of another model, layout or dtype is foreign: counted, never
-// read). It returns the store, its size in bytes for the gauge, and what
-// closes it.
-func openFileStore(dir string, meta hicache.Meta, capacity int64) (hicache.Store, func() int64, io.Closer, error) {
-	st, err := filestore.Open(dir, filestore.Meta{Fingerprint: meta.Fingerprint, Layout: meta.Layout, DType: meta.DType}, capacity)
-	if err != nil {
+// read) and against its key (a file that fails its MAC is removed and
+// counted in forged). It returns the store, its size in bytes for the
+// gauge, and what closes it.
+//
+// The key is the store's own, in a file, rather than derived from the
+// cluster secret: a standalone server has no secret, and a worker's L3 is
+// local to it, so no other member needs the key.
+func openFileStore(dir, keyFile string, meta hicache.Meta, capacity int64, forged prometheus.Counter) (hicache.Store, func() int64, io.Closer, error) {
+	opts := []filestore.Option{filestore.OnForged(forged.Inc)}
+	if keyFile != "" {
+		opts = append(opts, filestore.WithKeyFile(keyFile))
+	}
+	st, err := filestore.Open(dir, filestore.Meta{Fingerprint: meta.Fingerprint, Layout: meta.Layout, DType: meta.DType}, capacity, opts...)
+	switch {
+	case errors.Is(err, filestore.ErrKeyFile) && keyFile != "":
+		return nil, nil, nil, fmt.Errorf("--hicache-storage-key-file: %w", err)
+	case err != nil:
 		return nil, nil, nil, fmt.Errorf("--hicache-storage-dir: %w", err)
 	}
 	return st, func() int64 { return st.Stats().Bytes }, st, nil
@@ -80,7 +97,7 @@ func (le *loadedEngine) tiers(f *serveFlags, cache *prefixcache.Cache, ms *metri
 	var closer io.Closer
 	if h.backend == "file" {
 		meta := hicache.MetaOf(le.pool, le.fingerprint(f))
-		if cfg.Store, cfg.StoreBytes, closer, err = openFileStore(h.dir, meta, int64(h.storageSize*(1<<30))); err != nil {
+		if cfg.Store, cfg.StoreBytes, closer, err = openFileStore(h.dir, h.keyFile, meta, int64(h.storageSize*(1<<30)), ms.HiCacheL3Forged); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -265,8 +265,11 @@ func (t *Tiers) Stats() Stats {
 // records it at publish and as decode's Commit check computes it.
 func Checksum(packed []byte) uint64 { return xxh3.Hash(packed) }
 
-// SaltHash is what L3 keeps of a tenant: a hash of its salt, never the
-// salt the process matches requests with.
+// SaltHash is what the tiers compare of a tenant: a hash of its salt,
+// never the salt the process matches requests with. It is unkeyed, so a
+// Store must not write it as it is where others can read it (a guess of
+// the API key could be tested against it); the file store keeps an HMAC
+// of it under its own key.
 func SaltHash(s prefixcache.Salt) [16]byte {
 	b := append([]byte("baton hicache tenant\x00"), s[:]...)
 	return xxh3.Hash128(b).Bytes()

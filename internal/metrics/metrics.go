@@ -47,6 +47,7 @@ type Set struct {
 	HiCacheLoadFailures *prometheus.CounterVec // reason
 	HiCacheBytes        *prometheus.GaugeVec   // tier
 	HiCacheL3Dropped    prometheus.Counter
+	HiCacheL3Forged     prometheus.Counter // L3 files whose MAC failed under the store key, removed
 	KVReadBeforeReady   prometheus.Counter
 	Requests            *prometheus.CounterVec // role, outcome
 	Rejected            *prometheus.CounterVec // role, reason
@@ -59,6 +60,8 @@ type Set struct {
 	GenerationTokens    prometheus.Counter
 	ReadGateFailures    prometheus.Counter
 	NaNLogits           prometheus.Counter
+	GrammarMaskSeconds  prometheus.Histogram
+	GrammarRefusals     *prometheus.CounterVec // reason
 	Preemptions         prometheus.Counter
 	ReleaseErrors       prometheus.Gauge
 	QueuedTotal         prometheus.Counter
@@ -143,19 +146,25 @@ func ForModel(role, model string) *Set {
 			Help: "Bytes of KV pages kept in a lower tier: l2 (host memory), l3 (files).", ConstLabels: c}, []string{"tier"}),
 		HiCacheL3Dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_hicache_l3_dropped_pages_total",
 			Help: "Pages L2 evicted that L3 never got: its write queue was full, or the store refused the write.", ConstLabels: c}),
+		HiCacheL3Forged: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_hicache_forged_files_total",
+			Help: "L3 page files whose MAC did not verify under the store key (written or altered without the key, or damaged): each was removed and its page computed instead.", ConstLabels: c}),
 		KVReadBeforeReady: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_before_ready_total",
 			Help: "Reads the read gate refused because a page was still loading from a lower tier; anything but 0 is a bug.", ConstLabels: c}),
-		Requests:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_total", Help: "Requests by outcome."}, []string{"role", "outcome"}),
-		Rejected:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_rejected_total", Help: "Requests rejected at the door, by reason."}, []string{"role", "reason"}),
-		Running:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_num_running_reqs", Help: "Requests in the running batch.", ConstLabels: c}),
-		Queued:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_num_queue_reqs", Help: "Requests waiting for admission.", ConstLabels: c}),
-		TTFT:               prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_time_to_first_token_seconds", Help: "Time from arrival to the first generated token.", Buckets: latencyBuckets, ConstLabels: c}),
-		ITL:                prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_inter_token_latency_seconds", Help: "Time between consecutive generated tokens.", Buckets: latencyBuckets, ConstLabels: c}),
-		E2E:                prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_e2e_request_latency_seconds", Help: "Time from arrival to the last token.", Buckets: latencyBuckets, ConstLabels: c}),
-		PromptTokens:       prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_prompt_tokens_total", Help: "Prompt tokens prefilled.", ConstLabels: c}),
-		GenerationTokens:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_generation_tokens_total", Help: "Tokens generated.", ConstLabels: c}),
-		ReadGateFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_gate_failures_total", Help: "Batch entries refused because a page was not the request's own or not written.", ConstLabels: c}),
-		NaNLogits:          prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_nan_logits_total", Help: "Forward passes whose logits held NaN (poisoned KV was read); the request fails instead of sampling.", ConstLabels: c}),
+		Requests:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_total", Help: "Requests by outcome."}, []string{"role", "outcome"}),
+		Rejected:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_requests_rejected_total", Help: "Requests rejected at the door, by reason."}, []string{"role", "reason"}),
+		Running:          prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_num_running_reqs", Help: "Requests in the running batch.", ConstLabels: c}),
+		Queued:           prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_num_queue_reqs", Help: "Requests waiting for admission.", ConstLabels: c}),
+		TTFT:             prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_time_to_first_token_seconds", Help: "Time from arrival to the first generated token.", Buckets: latencyBuckets, ConstLabels: c}),
+		ITL:              prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_inter_token_latency_seconds", Help: "Time between consecutive generated tokens.", Buckets: latencyBuckets, ConstLabels: c}),
+		E2E:              prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_e2e_request_latency_seconds", Help: "Time from arrival to the last token.", Buckets: latencyBuckets, ConstLabels: c}),
+		PromptTokens:     prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_prompt_tokens_total", Help: "Prompt tokens prefilled.", ConstLabels: c}),
+		GenerationTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_generation_tokens_total", Help: "Tokens generated.", ConstLabels: c}),
+		ReadGateFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_read_gate_failures_total", Help: "Batch entries refused because a page was not the request's own or not written.", ConstLabels: c}),
+		NaNLogits:        prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_nan_logits_total", Help: "Forward passes whose logits held NaN (poisoned KV was read); the request fails instead of sampling.", ConstLabels: c}),
+		GrammarMaskSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_grammar_mask_seconds",
+			Help: "Time to compute one constrained request's mask of allowed next tokens (off the engine loop).", Buckets: latencyBuckets, ConstLabels: c}),
+		GrammarRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_grammar_refusals_total",
+			Help: "Constrained requests failed with 400: their grammar admits no token, outgrew its states, or used up its mask work.", ConstLabels: c}, []string{"reason"}),
 		Preemptions:        prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_preemptions_total", Help: "Running requests taken off a full batch for one that waited too long; they keep their pages and resume.", ConstLabels: c}),
 		ReleaseErrors:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_release_errors", Help: "Page releases the pool refused (double or wrong-owner releases); anything but 0 is a bug.", ConstLabels: c}),
 		QueuedTotal:        prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_requests_queued_total", Help: "Requests that entered the admission queue.", ConstLabels: c}),
@@ -194,7 +203,11 @@ func ForModel(role, model string) *Set {
 			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.IllegalMoves,
 			s.KVPagesCached, s.KVSharedWriteRefusals, s.PrefixCacheQueried, s.PrefixCacheHit, s.PrefixCacheHitRate,
 			s.HiCacheHits, s.HiCacheLoadedBytes, s.HiCacheLoadSeconds, s.HiCacheLoadWaits, s.HiCacheLoadFailures, s.HiCacheBytes,
-			s.HiCacheL3Dropped, s.KVReadBeforeReady)
+			s.HiCacheL3Dropped, s.KVReadBeforeReady, s.GrammarMaskSeconds, s.GrammarRefusals)
+		for _, r := range []string{"no_token", "too_complex", "budget"} {
+			s.GrammarRefusals.WithLabelValues(r)
+		}
+		reg.MustRegister(s.HiCacheL3Forged)
 		for _, t := range []string{"l1", "l2", "l3"} {
 			s.HiCacheHits.WithLabelValues(t)
 		}

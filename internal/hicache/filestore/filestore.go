@@ -7,6 +7,14 @@
 // and dtype, for the same tenant; anything else is a miss, counted, and
 // never data the caller could take for a page.
 //
+// Against whoever may write the directory: every file is sealed with
+// HMAC-SHA-256 under a store key kept outside it (header.go, seal.go), by
+// default in DIR.key beside it, created mode 0600 at the first Open. A
+// file that fails its MAC (forged, moved to another name, or damaged) is
+// a miss, counted as Forged, and removed; the tenant is kept only as a
+// keyed tag, so the files give no offline test of an API key. What the
+// key cannot stop: reading the pages, deleting them, or filling the disk.
+//
 // One file per page, written to a temporary name and renamed, so a crash
 // never leaves a half-written file under a page's name. Put does not fsync:
 // this is a cache, and a file that a power loss leaves short or zeroed
@@ -29,6 +37,7 @@ package filestore
 
 import (
 	"container/list"
+	"crypto/hmac"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -54,11 +63,12 @@ type Meta struct {
 
 // Stats counts what the store did. Every Get is one Hit or one Miss;
 // Corrupt and Foreign count files (at Open and at Get) and are part of the
-// misses when a Get met them. Bytes is what this store's files take on
-// disk, headers included.
+// misses when a Get met them. Forged counts the corrupt files whose MAC
+// did not verify under the store key. Bytes is what this store's files
+// take on disk, headers included.
 type Stats struct {
-	Hits, Misses, Corrupt, Foreign, Written, Evicted uint64
-	Bytes                                            int64
+	Hits, Misses, Corrupt, Forged, Foreign, Written, Evicted uint64
+	Bytes                                                    int64
 }
 
 // Errors.
@@ -72,6 +82,8 @@ var (
 type Store struct {
 	root     *os.Root
 	lock     *os.File
+	key      *sealKey
+	onForged func()
 	meta     Meta
 	metaHex  string
 	hdrLen   int
@@ -92,12 +104,35 @@ type entry struct {
 	size int64
 }
 
+// Option changes how Open sets a store up.
+type Option func(*options)
+
+type options struct {
+	keyFile  string
+	onForged func()
+}
+
+// WithKeyFile seals the files under the key in path (KeyLen bytes, mode
+// 0600 or stricter, this user's or root's, outside dir), which must exist.
+// Without it the key is DefaultKeyFile(dir), created if absent.
+func WithKeyFile(path string) Option { return func(o *options) { o.keyFile = path } }
+
+// OnForged has f called once for every file removed because its MAC did
+// not verify (at Open and at Get), outside the store's lock. f must not
+// block.
+func OnForged(f func()) Option { return func(o *options) { o.onForged = f } }
+
 // Open opens (creating it, mode 0700) the store in dir for pages of meta,
 // holding at most capacityBytes of files. It indexes the files of meta
-// already there (header checked; payload checked at Get), removes those
-// that are truncated or corrupt and temporary files left by a crash, and
-// evicts the least recently written if they exceed capacityBytes.
-func Open(dir string, meta Meta, capacityBytes int64) (*Store, error) {
+// already there (header and its MAC checked; payload checked at Get),
+// removes those that are truncated, corrupt or forged and temporary files
+// left by a crash, and evicts the least recently written if they exceed
+// capacityBytes.
+func Open(dir string, meta Meta, capacityBytes int64, opts ...Option) (*Store, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if capacityBytes <= 0 {
 		return nil, fmt.Errorf("filestore: capacity %d: want > 0", capacityBytes)
 	}
@@ -109,12 +144,25 @@ func Open(dir string, meta Meta, capacityBytes int64) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("filestore: %w", err)
 	}
+	keyFile, create := o.keyFile, o.keyFile == ""
+	if create {
+		var err error
+		if keyFile, err = DefaultKeyFile(dir); err != nil {
+			return nil, err
+		}
+	}
+	key, err := loadKey(dir, keyFile, create)
+	if err != nil {
+		return nil, err
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("filestore: %w", err)
 	}
 	s := &Store{
 		root:     root,
+		key:      key,
+		onForged: o.onForged,
 		meta:     meta,
 		metaHex:  metaHash(meta),
 		hdrLen:   headerLen(meta),
@@ -126,11 +174,13 @@ func Open(dir string, meta Meta, capacityBytes int64) (*Store, error) {
 		root.Close()
 		return nil, err
 	}
-	if err := s.scan(); err != nil {
+	forged, err := s.scan()
+	if err != nil {
 		s.lock.Close()
 		root.Close()
 		return nil, err
 	}
+	s.reportForged(forged)
 	s.mu.Lock()
 	s.evictLocked()
 	s.mu.Unlock()
@@ -161,12 +211,22 @@ func (s *Store) tmpName(key [2]uint64) string {
 	return k[:2] + "/." + k + "-" + s.metaHex + ".tmp"
 }
 
+func (s *Store) reportForged(n uint64) {
+	if s.onForged == nil {
+		return
+	}
+	for range n {
+		s.onForged()
+	}
+}
+
 // scan indexes this Meta's files, oldest first by modification time, so
-// that after a restart the least recently written go first.
-func (s *Store) scan() error {
+// that after a restart the least recently written go first. It returns
+// how many it removed as forged.
+func (s *Store) scan() (uint64, error) {
 	top, err := readDir(s.root, ".")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	type found struct {
 		key  [2]uint64
@@ -180,7 +240,7 @@ func (s *Store) scan() error {
 		}
 		files, err := readDir(s.root, d.Name())
 		if err != nil {
-			return err
+			return 0, err
 		}
 		for _, f := range files {
 			p := d.Name() + "/" + f.Name()
@@ -198,9 +258,12 @@ func (s *Store) scan() error {
 				s.root.Remove(p) // a Put cut short by a crash; the lock says no Put is running
 				continue
 			}
-			size, mod, ok := s.checkFile(p, f, key)
-			if !ok {
+			size, mod, out := s.checkFile(p, f, key)
+			if out != hit {
 				s.st.Corrupt++
+				if out == forged {
+					s.st.Forged++
+				}
 				s.root.Remove(p)
 				continue
 			}
@@ -217,30 +280,35 @@ func (s *Store) scan() error {
 		s.index[f.key] = s.lru.PushFront(&entry{key: f.key, size: f.size})
 		s.st.Bytes += f.size
 	}
-	return nil
+	return s.st.Forged, nil
 }
 
-// checkFile reads the header of a file found at Open and reports whether
-// it is a page of this store whose length is right. A foreign Meta under
-// this Meta's name (a copied or altered file) is corrupt here.
-func (s *Store) checkFile(p string, d fs.DirEntry, key [2]uint64) (int64, time.Time, bool) {
+// checkFile reads the header of a file found at Open and says whether it
+// is a page of this store (hit) whose length is right, forged (its header
+// MAC fails), or corrupt. A foreign Meta under this Meta's name (a copied
+// or altered file) is corrupt here.
+func (s *Store) checkFile(p string, d fs.DirEntry, key [2]uint64) (int64, time.Time, outcome) {
 	if !d.Type().IsRegular() {
-		return 0, time.Time{}, false
+		return 0, time.Time{}, corrupt
 	}
 	f, err := s.root.Open(p)
 	if err != nil {
-		return 0, time.Time{}, false
+		return 0, time.Time{}, corrupt
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil || !fi.Mode().IsRegular() {
-		return 0, time.Time{}, false
+		return 0, time.Time{}, corrupt
 	}
-	h, n, err := readHeader(f)
-	if err != nil || h.meta != s.meta || h.key != key || int64(n)+int64(h.payloadLen) != fi.Size() {
-		return 0, time.Time{}, false
+	var buf [maxHeaderLen]byte
+	h, n, err := readHeader(f, &buf, s.key)
+	switch {
+	case errors.Is(err, errForged):
+		return 0, time.Time{}, forged
+	case err != nil || h.meta != s.meta || h.key != key || int64(n)+int64(h.payloadLen) != fi.Size():
+		return 0, time.Time{}, corrupt
 	}
-	return fi.Size(), fi.ModTime(), true
+	return fi.Size(), fi.ModTime(), hit
 }
 
 func readDir(root *os.Root, p string) ([]fs.DirEntry, error) {
@@ -290,9 +358,8 @@ func mustHexByte(s string) uint64 {
 	return uint64(b[0])
 }
 
-// readHeader reads exactly one header from r.
-func readHeader(r io.Reader) (header, int, error) {
-	var buf [maxHeaderLen]byte
+// readHeader reads exactly one header from r into buf and parses it.
+func readHeader(r io.Reader, buf *[maxHeaderLen]byte, k *sealKey) (header, int, error) {
 	if _, err := io.ReadFull(r, buf[:prefixLen]); err != nil {
 		return header{}, 0, errShort
 	}
@@ -303,7 +370,7 @@ func readHeader(r io.Reader) (header, int, error) {
 	if _, err := io.ReadFull(r, buf[prefixLen:n]); err != nil {
 		return header{}, 0, errShort
 	}
-	return parseHeader(buf[:n])
+	return parseHeader(buf[:n], k)
 }
 
 // Put stores page under key for the tenant saltHash, with the caller's
@@ -371,13 +438,16 @@ func (s *Store) writeTemp(key [2]uint64, saltHash [16]byte, page []byte, checksu
 	}
 	h := header{
 		meta:       s.meta,
-		salt:       saltHash,
+		tenant:     s.key.tenant(saltHash),
 		key:        key,
 		pageSum:    checksum,
 		payloadLen: uint64(len(page)),
-		payloadSum: xxh3.Hash(page),
 	}
-	hb := appendHeader(make([]byte, 0, s.hdrLen), &h)
+	hb := appendFields(make([]byte, 0, s.hdrLen), &h)
+	pm := s.key.payloadMAC(hb)
+	pm.Write(page)
+	pm.Sum(h.payloadMAC[:0])
+	hb = appendHeader(hb[:0], &h, s.key)
 	tmp := s.tmpName(key)
 	// O_EXCL never follows a symlink planted under the temporary name; a
 	// stale temporary file (only ours can match) is removed once.
@@ -440,6 +510,7 @@ const (
 	hit outcome = iota
 	miss
 	corrupt
+	forged // corrupt, and its MAC failed
 	foreign
 	gone
 )
@@ -447,9 +518,9 @@ const (
 // Get fills dst with the page stored under key for the tenant saltHash and
 // returns the caller's checksum kept with it. ok is true only when the
 // file is whole, of this store's Meta, for this key and tenant, len(dst)
-// bytes long and its payload checksum matches; otherwise dst is zeroed
-// (whatever was read into it is not left there) and the miss is counted.
-// Corrupt files are removed.
+// bytes long and both its MACs verify; otherwise dst is zeroed (whatever
+// was read into it is not left there) and the miss is counted. Corrupt
+// and forged files are removed.
 func (s *Store) Get(key [2]uint64, saltHash [16]byte, dst []byte) (checksum uint64, ok bool) {
 	s.mu.Lock()
 	el, found := s.index[key]
@@ -468,14 +539,20 @@ func (s *Store) Get(key [2]uint64, saltHash [16]byte, dst []byte) (checksum uint
 		clear(dst)
 	}
 
+	if out == forged && s.onForged != nil {
+		defer s.onForged() // after the unlock deferred below: never under s.mu
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch out {
 	case hit:
 		s.st.Hits++
 		return sum, true
-	case corrupt:
+	case corrupt, forged:
 		s.st.Corrupt++
+		if out == forged {
+			s.st.Forged++
+		}
 		// Only if the index still holds the entry this Get read: a newer
 		// Put of the same key after an eviction has its own file.
 		if cur, ok := s.index[key]; ok && cur == el {
@@ -517,15 +594,18 @@ func (s *Store) read(key [2]uint64, saltHash [16]byte, dst []byte) (uint64, outc
 	if !fi.Mode().IsRegular() {
 		return 0, corrupt, false
 	}
-	h, n, err := readHeader(f)
+	var buf [maxHeaderLen]byte
+	h, n, err := readHeader(f, &buf, s.key)
 	switch {
+	case errors.Is(err, errForged):
+		return 0, forged, false
 	case err != nil:
 		return 0, corrupt, false
 	case h.meta != s.meta:
 		return 0, foreign, false
 	case h.key != key || int64(n)+int64(h.payloadLen) != fi.Size():
 		return 0, corrupt, false
-	case h.salt != saltHash || h.payloadLen != uint64(len(dst)):
+	case h.tenant != s.key.tenant(saltHash) || h.payloadLen != uint64(len(dst)):
 		// Another tenant's page under a colliding key, or a page of another
 		// size than the caller's: intact, just not this caller's.
 		return 0, miss, false
@@ -533,8 +613,10 @@ func (s *Store) read(key [2]uint64, saltHash [16]byte, dst []byte) (uint64, outc
 	if _, err := io.ReadFull(f, dst); err != nil {
 		return 0, corrupt, true
 	}
-	if xxh3.Hash(dst) != h.payloadSum {
-		return 0, corrupt, true
+	pm := s.key.payloadMAC(buf[:n-2*tagLen])
+	pm.Write(dst)
+	if !hmac.Equal(pm.Sum(nil), h.payloadMAC[:]) {
+		return 0, forged, true
 	}
 	return h.pageSum, hit, true
 }
