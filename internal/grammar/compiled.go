@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"errors"
 	"math/bits"
 	"sync"
 
@@ -14,6 +15,20 @@ import (
 const ctxFrames = 5
 
 type ctxKey [ctxFrames]int32
+
+// ErrTooComplex: the grammar met more distinct contexts than one grammar
+// may keep masks for (contextBudget). Each context holds up to a bit per
+// token, so a pattern whose every position is a new state (a bounded
+// repetition in the thousands) would otherwise grow without end.
+var ErrTooComplex = errors.New("grammar: too many distinct states to follow (simplify the schema, pattern or grammar)")
+
+// tooComplex is the panic value that carries ErrTooComplex out of a deep
+// context derivation to the API boundary.
+type tooComplex struct{}
+
+// contextBudget is the most bytes of context masks one compiled grammar
+// keeps; a context past it fails the request instead.
+var contextBudget = 64 << 20
 
 // keyOf is the context of the top n frames of f.
 func keyOf(f *frame, n int) ctxKey {
@@ -68,6 +83,8 @@ type Compiled struct {
 
 	mu   sync.RWMutex
 	ctxs map[ctxKey]*ctxMask
+	// ctxBytes is what ctxs hold, counted as each is added.
+	ctxBytes int
 }
 
 // Compile binds g to the vocabulary of tok.
@@ -108,6 +125,12 @@ func (c *Compiled) ctxN(f *frame, n int, w *walker) *ctxMask {
 	c.mu.RUnlock()
 	if m != nil {
 		return m
+	}
+	c.mu.RLock()
+	full := c.ctxBytes >= contextBudget
+	c.mu.RUnlock()
+	if full {
+		panic(tooComplex{})
 	}
 	var base *ctxMask
 	if n > 1 {
@@ -156,6 +179,7 @@ func (c *Compiled) ctxN(f *frame, n int, w *walker) *ctxMask {
 		m = old
 	} else {
 		c.ctxs[k] = m
+		c.ctxBytes += 8*len(m.dense) + 4*len(m.sparse) + 4*len(m.unc) + 64
 	}
 	c.mu.Unlock()
 	return m

@@ -38,7 +38,8 @@ func (m *Matcher) IsTerminated() bool { return m.terminated }
 func (m *Matcher) CanEnd() bool { return !m.terminated && hasEmpty(m.stacks) }
 
 // Err reports why the matcher gave up, if it did: the grammar turned out
-// too ambiguous to follow (ErrAmbiguous). From then on FillMask allows
+// too ambiguous to follow (ErrAmbiguous) or met too many states to keep
+// masks for (ErrTooComplex). From then on FillMask allows
 // only end-of-generation tokens, so the output stops short instead of
 // breaking the grammar, and the engine should report the error.
 func (m *Matcher) Err() error { return m.err }

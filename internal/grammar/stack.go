@@ -179,13 +179,18 @@ func (g *Grammar) initial() (s stackSet, err error) {
 	return s, nil
 }
 
-// catchAmbiguous turns the ambiguous panic into ErrAmbiguous.
+// catchAmbiguous turns the ambiguous and tooComplex panics into their
+// errors.
 func catchAmbiguous(err *error) {
 	if p := recover(); p != nil {
-		if _, ok := p.(ambiguous); !ok {
+		switch p.(type) {
+		case ambiguous:
+			*err = ErrAmbiguous
+		case tooComplex:
+			*err = ErrTooComplex
+		default:
 			panic(p)
 		}
-		*err = ErrAmbiguous
 	}
 }
 

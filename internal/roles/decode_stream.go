@@ -1,6 +1,9 @@
 package roles
 
 import (
+	"errors"
+	"net/http"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -43,6 +46,10 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			te.Error, te.Code = "request aborted: "+errString(ev.Err), 499
 		default:
 			te.Error, te.Code = errString(ev.Err), 500
+			var hs interface{ HTTPStatus() int }
+			if errors.As(ev.Err, &hs) && hs.HTTPStatus() == http.StatusBadRequest {
+				te.Code = http.StatusBadRequest // the request's own fault: the router says so
+			}
 		}
 		if err := out.Send(te); err != nil {
 			d.abortReserved(res, "router stream broken")

@@ -2,6 +2,8 @@ package roles
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -103,15 +105,20 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		if ok && ev.Err != nil {
 			why = ev.Err.Error()
 		}
-		r.Cancel()
-		p.wait(r) // the engine has let go of r: no more pages will be queued
+		if !ok {
+			// The caller left before the engine ended r: ask it to, and
+			// wait until it has let go (no more pages will be queued).
+			// A last event read above already says it has.
+			r.Cancel()
+			p.wait(r)
+		}
 		_ = sess.Close()
 		_ = ship.finish()
 		p.end(id, r, nil, res, key, why)
 		if !ok {
 			return nil, status.Error(codes.Canceled, why)
 		}
-		return nil, status.Error(codes.Internal, why)
+		return nil, failStatus(ev.Err, why)
 	}
 	// Every write must have landed before Commit claims it did.
 	err = ship.finish()
@@ -163,4 +170,15 @@ func (p *Prefill) wait(r *scheduler.Request) {
 			return
 		}
 	}
+}
+
+// failStatus is the status of a prefill the engine failed: the request's
+// own fault (a constraint that admits no token) is InvalidArgument, which
+// the router answers with 400 and the message; anything else is Internal.
+func failStatus(err error, why string) error {
+	var hs interface{ HTTPStatus() int }
+	if errors.As(err, &hs) && hs.HTTPStatus() == http.StatusBadRequest {
+		return status.Error(codes.InvalidArgument, why)
+	}
+	return status.Error(codes.Internal, why)
 }

@@ -47,6 +47,9 @@ type Config struct {
 	// Constrain makes the matchers of requests with a Constraint
 	// (structured output); nil refuses such requests.
 	Constrain Constrainer
+	// MaskBudget bounds a constrained request's mask work beyond a small
+	// allowance per token (grammarwork.go); 0 means a second.
+	MaskBudget time.Duration
 	// PrefixCache, when set (standalone only), lets a request read the
 	// shared pages of an earlier request of its tenant with the same
 	// prefix, and publishes its own complete prompt pages for later ones.
@@ -102,8 +105,9 @@ type Engine struct {
 	samplers sync.Pool
 	draws    []pendingDraw // the step's tokens to sample (step only)
 	drafter  drafter
-	eog      []int32  // the tokens IsEOG accepts, banned before min_tokens
-	allow    []uint64 // the constraint mask of the request being sampled
+	eog      []int32 // the tokens IsEOG accepts, banned before min_tokens
+	// maskSlots bounds the mask workers running at once (grammarwork.go).
+	maskSlots chan struct{}
 }
 
 // NewEngine makes an engine; Run drives it.
@@ -125,7 +129,8 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	ms.KVPagesFree.Set(float64(pool.Free()))
 	ms.TokenUsage.Set(1 - float64(pool.Free())/float64(max(1, pool.NumPages())))
 	m.Reserve(stepRows(cfg), cfg.MaxRunning)
-	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1), drafter: newDrafter(cfg.Spec)}
+	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1), drafter: newDrafter(cfg.Spec),
+		maskSlots: make(chan struct{}, maskWorkers())}
 	e.samplers.New = func() any { return new(model.Sampler) }
 	for id := range int32(m.Config.Vocab) {
 		if cfg.IsEOG(id) {
@@ -309,9 +314,9 @@ func (e *Engine) Run(ctx context.Context) {
 			e.shutdown()
 			return
 		}
-		if !e.step() && e.allLoading() {
-			// Every running request waits for a load: the loader pokes
-			// the loop when one ends.
+		if !e.step() && e.allWaiting() {
+			// Every running request waits for a load or a mask: the
+			// loader and the mask workers poke the loop when one ends.
 			select {
 			case <-ctx.Done():
 				e.shutdown()
@@ -515,9 +520,23 @@ func (e *Engine) step() bool {
 	budget := e.cfg.ChunkSize
 	b := &model.Batch{}
 	var members []*Request
+	e.drawDeferred()
 	e.drafter.prepare(e)
 	for i := 0; i < len(e.running); i++ {
 		r := e.running[i]
+		if r.grammar.deferred {
+			continue // its last draw waits for its mask
+		}
+		if constrained(r) {
+			// The mask is made while the forward pass runs.
+			e.askMask(r)
+			if err := e.maskFailed(r); err != nil {
+				e.running = append(e.running[:i], e.running[i+1:]...)
+				i--
+				e.fail(r, err)
+				continue
+			}
+		}
 		if r.loading > 0 {
 			if !loadsEnded(e, r) {
 				if !r.loadWait {
@@ -607,7 +626,8 @@ func (e *Engine) step() bool {
 		return true
 	}
 	vocab := e.model.Config.Vocab
-	at := 0 // the first logit row of member i
+	var maskBy time.Time // how long this step waits for masks
+	at := 0              // the first logit row of member i
 	for i, r := range members {
 		s := b.Seqs[i]
 		rows := b.Rows(i)
@@ -646,34 +666,28 @@ func (e *Engine) step() bool {
 			e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
 			continue
 		}
-		h := e.history(r)
-		allow, err := e.allowed(r)
-		if err != nil {
-			e.remove(r)
-			e.fail(r, err)
-			continue
-		}
-		d := pendingDraw{r: r, row: row, h: h}
-		if allow != nil {
-			// The mask lives in e.allow until the next request's: draw now.
-			d.h.Allow = allow
-			d.tok, d.done = e.sampler.SampleAfter(row, r.Params.Sampling, r.rng, d.h), true
+		d := pendingDraw{r: r, row: row, h: e.history(r)}
+		if constrained(r) {
+			if maskBy.IsZero() {
+				maskBy = time.Now().Add(maskWait)
+			}
+			mask, ready, err := e.takeMask(r, maskBy)
+			if err != nil {
+				e.remove(r)
+				e.fail(r, err)
+				continue
+			}
+			if !ready {
+				e.deferDraw(r, row)
+				continue
+			}
+			d.h.Allow = mask
 		}
 		e.draws = append(e.draws, d)
 	}
 	e.sampleDraws()
 	for _, d := range e.draws {
-		r, tok := d.r, d.tok
-		if err := e.follow(r, tok.ID); err != nil {
-			e.remove(r)
-			e.fail(r, err)
-			continue
-		}
-		if e.cfg.Role == RolePrefill {
-			e.prefilled(r, tok)
-			continue
-		}
-		e.deliver(r, tok)
+		e.settle(d.r, d.tok)
 	}
 	clear(e.draws) // the requests and rows are not kept past the step
 	e.draws = e.draws[:0]
@@ -683,11 +697,10 @@ func (e *Engine) step() bool {
 
 // pendingDraw is a token a step still has to sample for r from row.
 type pendingDraw struct {
-	r    *Request
-	row  []float32
-	h    model.History
-	tok  model.Sampled
-	done bool
+	r   *Request
+	row []float32
+	h   model.History
+	tok model.Sampled
 }
 
 // sampleDraws samples the step's pending draws on the backend's threads:
@@ -702,9 +715,8 @@ func (e *Engine) sampleDraws() {
 		s := e.samplers.Get().(*model.Sampler)
 		defer e.samplers.Put(s)
 		for i := lo; i < hi; i++ {
-			if d := &e.draws[i]; !d.done {
-				d.tok = s.SampleAfter(d.row, d.r.Params.Sampling, d.r.rng, d.h)
-			}
+			d := &e.draws[i]
+			d.tok = s.SampleAfter(d.row, d.r.Params.Sampling, d.r.rng, d.h)
 		}
 	})
 }

@@ -91,6 +91,7 @@ type Request struct {
 	seq       []int32         // prompt then generated tokens
 	first     *model.Sampled  // decode: the token prefill sampled, until delivered
 	matcher   Matcher         // follows the output through Params.Constraint
+	grammar   grammarState    // its masks, made off the loop
 	promptLP  []model.Sampled // the prompt's logprobs, until delivered
 	generated int
 	computed  int // positions whose KV is in the pages

@@ -45,17 +45,6 @@ func (e *Engine) startLoads(a kvpool.Allocation, hit int, found []hicache.Found,
 	return n
 }
 
-// allLoading reports whether every running request waits for a load
-// (and at least one runs).
-func (e *Engine) allLoading() bool {
-	for _, r := range e.running {
-		if r.loading == 0 {
-			return false
-		}
-	}
-	return len(e.running) > 0
-}
-
 // loadsEnded is the scheduler's wait: may r step, all its loads ended? It
 // is a variable only so that the faults build (tiers_faults.go,
 // BATON_GUARDS_OFF=load_wait) can take it away: it sits in batch building,

@@ -81,10 +81,10 @@ func loadReference(t *testing.T) reference { return testref.Load(t) }
 
 // greedy asks for the reference continuation; it returns the status and the
 // text (empty unless 200).
-func greedy(t *testing.T, url string, ref reference) (int, string, []byte) {
+func greedy(t *testing.T, url string, ref reference, header ...string) (int, string, []byte) {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":%d,"temperature":0}`, ref.Prompt, len(ref.GeneratedIDs))
-	code, _, b := harness.Post(t, url+"/v1/completions", body)
+	code, _, b := harness.Post(t, url+"/v1/completions", body, header...)
 	var c struct {
 		Choices []struct {
 			Text string `json:"text"`
