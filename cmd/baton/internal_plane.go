@@ -1,18 +1,25 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
+	"math"
+	"net"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
 	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/roles"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
 // internalFlags say how router, prefill and decode prove themselves to
-// each other: mutual TLS, a shared cluster secret, or nothing (loopback).
+// each other: mutual TLS, role keys derived from a cluster master secret,
+// or nothing (loopback).
 type internalFlags struct {
 	tlsCert, tlsKey, tlsCA string
 	secretFile             string
@@ -23,7 +30,8 @@ func (f *internalFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.tlsCert, "internal-tls-cert", "", "router/prefill/decode: this member's certificate (PEM), signed by the cluster CA, with its role as a URI SAN baton://role/<role>")
 	fs.StringVar(&f.tlsKey, "internal-tls-key", "", "router/prefill/decode: the private key of --internal-tls-cert (PEM)")
 	fs.StringVar(&f.tlsCA, "internal-tls-ca", "", "router/prefill/decode: the cluster CA that signs every member's certificate (PEM)")
-	fs.StringVar(&f.secretFile, "cluster-secret-file", "", "router/prefill/decode: a file holding the cluster's shared secret (32 bytes or more), for clusters without a CA")
+	fs.StringVar(&f.secretFile, "cluster-secret-file", "", "router/prefill/decode: this member's role key file (baton keys derive), for clusters without a CA; "+
+		"or the cluster master secret itself (32 bytes or more), which lets the member act as every role")
 	fs.BoolVar(&f.insecure, "insecure-internal", false, "prefill/decode: listen beyond loopback with no internal authentication (anyone who reaches the ports can read, write or abort any request)")
 }
 
@@ -72,4 +80,65 @@ var decorate = struct {
 	sender:        func(s transfer.Sender) transfer.Sender { return s },
 	dialOptions:   func() []grpc.DialOption { return nil },
 	serverOptions: func() []grpc.ServerOption { return nil },
+}
+
+// listenGRPC opens a worker's gRPC port, closing connections past
+// roles.DefaultPlaneLimits.MaxConns: the port is reachable by more than
+// members, and each connection costs before anything on it is checked.
+func listenGRPC(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return roles.LimitListener(ln, roles.DefaultPlaneLimits.MaxConns), nil
+}
+
+// peerPages is --max-pages-per-peer: a number of pages, or a share of the
+// pool ("50%"); 0 is no bound.
+type peerPages struct {
+	pages   int
+	percent float64 // > 0: a share of the pool, and pages is unused
+}
+
+// defaultPeerPages leaves half of a decode worker's pool to the callers
+// other than the one that holds most: a member gone wrong, or holding a
+// stolen key, cannot take it all while /health says 200.
+var defaultPeerPages = peerPages{percent: 50}
+
+func (v *peerPages) String() string {
+	if v.percent > 0 {
+		return strconv.FormatFloat(v.percent, 'f', -1, 64) + "%"
+	}
+	return strconv.Itoa(v.pages)
+}
+
+func (v *peerPages) Set(s string) error {
+	if p, ok := strings.CutSuffix(strings.TrimSpace(s), "%"); ok {
+		f, err := strconv.ParseFloat(p, 64)
+		if err != nil || !(f > 0 && f <= 100) {
+			return fmt.Errorf("%q: a share of the pool is more than 0%% and at most 100%%", s)
+		}
+		*v = peerPages{percent: f}
+		return nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q: want a number of pages (0: no bound) or a share of the pool such as 50%%", s)
+	}
+	*v = peerPages{pages: n}
+	return nil
+}
+
+func (v *peerPages) Type() string { return "pages|share%" }
+
+// of is the bound in pages for a pool of total pages whose longest request
+// takes perRequest. A share is never less than one such request: below it,
+// a request the pool can hold would be refused forever. A number of pages
+// is the operator's to choose.
+func (v peerPages) of(total, perRequest int) int {
+	if v.percent <= 0 {
+		return v.pages
+	}
+	share := int(math.Floor(float64(total) * v.percent / 100))
+	return max(1, min(total, max(share, perRequest)))
 }

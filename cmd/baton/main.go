@@ -29,7 +29,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), versionCmd(), envCmd(), checkCmd(), modelCmd(), benchCmd())
+	root.AddCommand(serveCmd(), versionCmd(), envCmd(), checkCmd(), modelCmd(), benchCmd(), keysCmd())
 	return root
 }
 

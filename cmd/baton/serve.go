@@ -102,7 +102,7 @@ type serveFlags struct {
 	transport      string
 	handoffTimeout time.Duration
 	maxResPerPeer  int
-	maxPagesPeer   int
+	maxPagesPeer   peerPages
 
 	// internal plane (router, prefill, decode)
 	internal internalFlags
@@ -224,7 +224,8 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp)")
 	fs.DurationVar(&f.handoffTimeout, "handoff-timeout", 60*time.Second, "decode: abort a reservation whose commit has not come by then; a writer still holding its session that long after an abort is cut off")
 	fs.IntVar(&f.maxResPerPeer, "max-reservations-per-peer", 256, "decode: most reservations one caller may hold at once (0: no bound)")
-	fs.IntVar(&f.maxPagesPeer, "max-pages-per-peer", 0, "decode: most KV pages one caller's reservations may hold at once (0: the pool)")
+	f.maxPagesPeer = defaultPeerPages
+	fs.Var(&f.maxPagesPeer, "max-pages-per-peer", "decode: most KV pages one caller's reservations may hold at once: a number, or a share of the pool such as 50%, never less than one request of the whole context (0: no bound)")
 	f.internal.register(fs)
 	fs.StringSliceVar(&f.prefillURLs, "prefill", nil, "router: prefill worker URLs (repeatable or comma separated)")
 	fs.StringSliceVar(&f.decodeURLs, "decode", nil, "router: decode worker URLs (repeatable or comma separated)")

@@ -54,7 +54,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	le.log.Info("internal plane", "auth", plane.Describe())
 	xfer := roles.TransferHandshake(plane)
 
-	gln, err := net.Listen("tcp", net.JoinHostPort(f.host, strconv.Itoa(f.grpcPort)))
+	gln, err := listenGRPC(net.JoinHostPort(f.host, strconv.Itoa(f.grpcPort)))
 	if err != nil {
 		return err
 	}
@@ -111,7 +111,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		eng = le.engine(f, scheduler.RoleDecode, ms, cache, tiers)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Cache: cache,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Transport: f.transport,
-			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer, Auth: plane, Identity: le.identity(), Log: le.log})
+			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer.of(le.pool.NumPages(), le.pool.PagesFor(le.plan.context)), Auth: plane, Identity: le.identity(), Log: le.log})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver
 		if f.transport == "ucx" {

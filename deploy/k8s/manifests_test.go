@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
+	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/test/harness"
 )
 
@@ -815,7 +816,7 @@ func withAuthFiles(t *testing.T, args []string, env []corev1.EnvVar) ([]string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := map[string]string{clusterSecretFlag: filepath.Join(dir, clusterSecretKey)}
+	files := map[string]string{clusterSecretFlag: filepath.Join(dir, roleKeyKey)}
 	secret := make([]byte, 48)
 	_, _ = rand.Read(secret)
 	write := func(path string, b []byte) {
@@ -823,8 +824,19 @@ func withAuthFiles(t *testing.T, args []string, env []corev1.EnvVar) ([]string, 
 			t.Fatal(err)
 		}
 	}
-	write(files[clusterSecretFlag], []byte(base64.StdEncoding.EncodeToString(secret)))
-	pems := testCerts(t, last(f, "role", "standalone"))
+	role := last(f, "role", "standalone")
+	// The role's key file, as `baton keys derive` writes it: baton refuses
+	// another role's, so a manifest that mounts the wrong one fails here.
+	if r, err := auth.ParseRole(role); err == nil {
+		key, err := auth.RoleKeyFile([]byte(base64.StdEncoding.EncodeToString(secret)), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(files[clusterSecretFlag], key)
+	} else {
+		write(files[clusterSecretFlag], []byte(base64.StdEncoding.EncodeToString(secret)))
+	}
+	pems := testCerts(t, role)
 	for _, tf := range tlsFlags {
 		files[tf.flag] = filepath.Join(dir, tf.key)
 		write(files[tf.flag], pems[tf.key])
@@ -899,7 +911,7 @@ func testCerts(t *testing.T, role string) map[string][]byte {
 // every auth flag's, a secret long enough, and a certificate that verifies
 // against the CA for both ends with the role's URI SAN.
 func TestAuthFilesForDryRun(t *testing.T) {
-	in := []string{"serve", "--role=decode", "--host=0.0.0.0", "--cluster-secret-file=/etc/baton/cluster-secret/secret",
+	in := []string{"serve", "--role=decode", "--host=0.0.0.0", "--cluster-secret-file=/etc/baton/role-key/key",
 		"--internal-tls-cert=/etc/baton/tls/tls.crt", "--internal-tls-key=/etc/baton/tls/tls.key", "--internal-tls-ca=/etc/baton/tls/ca.crt"}
 	args, env := withAuthFiles(t, in, []corev1.EnvVar{{Name: envName(clusterSecretFlag), Value: "/nowhere"}})
 	f, err := flags(args)
@@ -913,8 +925,11 @@ func TestAuthFilesForDryRun(t *testing.T) {
 		}
 		return b
 	}
-	if b := read(last(f, clusterSecretFlag, "")); len(b) < 32 {
-		t.Errorf("cluster secret of %d bytes, baton wants at least 32", len(b))
+	if _, err := auth.New(auth.Options{Role: auth.RoleDecode, Name: "d", SecretFile: last(f, clusterSecretFlag, "")}); err != nil {
+		t.Errorf("the decode key file: %v", err)
+	}
+	if _, err := auth.New(auth.Options{Role: auth.RolePrefill, Name: "p", SecretFile: last(f, clusterSecretFlag, "")}); err == nil {
+		t.Error("the decode key file made a prefill member")
 	}
 	if env[0].Value != last(f, clusterSecretFlag, "") {
 		t.Errorf("env %s=%s, want the written secret", env[0].Name, env[0].Value)
@@ -1018,15 +1033,16 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"kv pool", "decode.yaml", "--transfer-port=8202", "--transfer-port=8202\n            - --kv-cache-memory=4GiB", "does not fit the memory limit"},
 
 		// Internal auth.
-		{"no auth", "router.yaml", "            - --cluster-secret-file=/etc/baton/cluster-secret/secret\n", "", "Deployment baton-router: no internal auth"},
+		{"no auth", "router.yaml", "            - --cluster-secret-file=/etc/baton/role-key/key\n", "", "Deployment baton-router: no internal auth"},
 		{"insecure", "prefill.yaml", "--threads=2", "--threads=2\n            - --insecure-internal=true", "--insecure-internal lets any pod"},
 		{"insecure by env", "decode.yaml", "          env:\n", "          env:\n            - name: BATON_INSECURE_INTERNAL\n              value: \"true\"\n", "Deployment baton-decode: --insecure-internal lets any pod"},
-		{"secret not mounted", "decode.yaml", "mountPath: /etc/baton/cluster-secret", "mountPath: /etc/baton/secret", "is on no mounted Secret volume"},
-		{"wrong key", "prefill.yaml", "--cluster-secret-file=/etc/baton/cluster-secret/secret", "--cluster-secret-file=/etc/baton/cluster-secret/token", `want key "secret"`},
-		{"other secret", "router.yaml", "secretName: baton-cluster-secret", "secretName: baton-router-secret", "want baton-cluster-secret"},
+		{"secret not mounted", "decode.yaml", "mountPath: /etc/baton/role-key", "mountPath: /etc/baton/secret", "is on no mounted Secret volume"},
+		{"wrong key", "prefill.yaml", "--cluster-secret-file=/etc/baton/role-key/key", "--cluster-secret-file=/etc/baton/role-key/token", `want key "key"`},
+		{"another role's key", "router.yaml", "secretName: baton-router-key", "secretName: baton-prefill-key", "role key from Secret baton-prefill-key, want baton-router-key"},
+		{"one secret for all", "decode.yaml", "secretName: baton-decode-key", "secretName: baton-cluster-secret", "role key from Secret baton-cluster-secret, want baton-decode-key"},
 		{"optional secret", "decode.yaml", "optional: false", "optional: true", "is optional"},
-		{"secret in the build", "kustomization.yaml", "resources:\n", "secretGenerator:\n  - name: baton-cluster-secret\n    literals: [secret=0123456789abcdef0123456789abcdef]\nresources:\n", "a Secret in a kustomization"},
-		{"half of mTLS", "decode.yaml", "--shutdown-timeout=120s", "--shutdown-timeout=120s\n            - --internal-tls-cert=/etc/baton/cluster-secret/tls.crt", "both --cluster-secret-file and [internal-tls-cert]"},
+		{"secret in the build", "kustomization.yaml", "resources:\n", "secretGenerator:\n  - name: baton-prefill-key\n    literals: [key=0123456789abcdef0123456789abcdef]\nresources:\n", "a Secret in a kustomization"},
+		{"half of mTLS", "decode.yaml", "--shutdown-timeout=120s", "--shutdown-timeout=120s\n            - --internal-tls-cert=/etc/baton/role-key/tls.crt", "both --cluster-secret-file and [internal-tls-cert]"},
 
 		// NetworkPolicy.
 		{"transfer open", "networkpolicy.yaml", "    - from:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: prefill\n      ports:\n        - port: transfer", "    - ports:\n        - port: transfer", "decode port transfer (8202): reachable from [decode outside prefill router stranger], want [prefill]"},
@@ -1096,17 +1112,19 @@ func TestChecksCatchMistakes(t *testing.T) {
 }
 
 // Internal auth: off loopback, baton serves only cluster members, which
-// prove themselves with a shared secret or with mTLS (DESIGN.md, "Who may
+// prove themselves with their role's key or with mTLS (DESIGN.md, "Who may
 // talk to a worker"). Without either it refuses to start, so every role
 // must be given exactly one, and each file it names must be in a mounted
 // Secret.
 const (
 	clusterSecretFlag = "cluster-secret-file"
-	clusterSecretName = "baton-cluster-secret" // deploy/README.md creates it
-	clusterSecretKey  = "secret"
+	roleKeyKey        = "key" // the Secret baton-<role>-key's one key (deploy/README.md creates them)
 	insecureFlag      = "insecure-internal"
 	roleURIPrefix     = "baton://role/"
 )
+
+// roleKeySecret is the Secret that holds role's key.
+func roleKeySecret(role string) string { return "baton-" + role + "-key" }
 
 // tlsFlags are the mTLS flags and the key cert-manager gives each file in
 // the Secrets it writes.
@@ -1174,7 +1192,7 @@ func secretFile(p *pod, path string) (v *corev1.SecretVolumeSource, key string, 
 // authProblems checks that each role runs in exactly one internal-auth
 // mode, that the modes agree (a secret-mode router cannot talk to mTLS
 // workers), and that each file is the right key of a mounted Secret: in
-// secret mode the one every member shares, in mTLS mode a Certificate of
+// secret mode the pod's own role's key, in mTLS mode a Certificate of
 // the build whose URI SAN is the pod's role, from the CA every member
 // trusts.
 func authProblems(m *manifests, pods []*pod) []string {
@@ -1224,8 +1242,9 @@ func authProblems(m *manifests, pods []*pod) []string {
 			bad("Deployment %s: both --%s and %v: give one internal-auth mode", name, clusterSecretFlag, tls)
 		case secret:
 			modes["secret"] = append(modes["secret"], name)
-			if sv := file(clusterSecretFlag, clusterSecretKey); sv != nil && sv.SecretName != clusterSecretName {
-				bad("Deployment %s: cluster secret from Secret %s, want %s (every member holds the same one)", name, sv.SecretName, clusterSecretName)
+			if sv := file(clusterSecretFlag, roleKeyKey); sv != nil && sv.SecretName != roleKeySecret(p.role) {
+				bad("Deployment %s: role key from Secret %s, want %s (each role mounts its own key and no other: baton refuses "+
+					"another role's, and with the master secret the pod could act as every role)", name, sv.SecretName, roleKeySecret(p.role))
 			}
 		case len(tls) == len(tlsFlags):
 			modes["mTLS"] = append(modes["mTLS"], name)

@@ -1,15 +1,44 @@
 // Package auth decides who may talk on the internal plane: the gRPC control
 // plane between router, prefill and decode workers, and the KV transfer
 // sessions between prefill and decode. A member proves its role with a
-// certificate from the cluster CA (mtls), or with a key derived from a
-// shared cluster secret (secret); on loopback it may prove nothing (none).
+// certificate from the cluster CA (mtls), or with its role's key (secret);
+// on loopback it may prove nothing (none).
+//
+// # Role keys (secret mode)
+//
+// Whoever deploys the cluster holds one master secret. Each role's key is
+// an Ed25519 key whose seed is HKDF-SHA256(master, salt "baton role key
+// v1", info = the role). A member mounts a role key file (baton keys
+// derive): its own role's private key and the three roles' public keys.
+// Every gRPC call is signed with the caller's key over the method, the
+// claimed role and name, a timestamp, a nonce, the kind of call and, for
+// a unary call, the SHA-256 of the request; the callee verifies it with the
+// public key of the role the caller claims. A transfer session is a signed
+// X25519 exchange: each end signs both challenges, both names and both
+// ephemeral keys, and the session ID is keyed by the shared secret, so no
+// one who only watches the wire can compute it.
+//
+// Verifying needs public keys only, so a member can check every role's
+// calls and sign as its own role alone: a prefill pod cannot sign as the
+// router or as decode, towards anyone. Symmetric keys could not give this:
+// whoever checks a router's MAC holds the router's key. Members of one role
+// share one key; the claimed name is for logs, and per-peer quotas key on
+// the role, the key that verified and the caller's address (Peer.ID), so a
+// new name per call is the same peer.
+//
+// --cluster-secret-file also takes the master secret itself, for a single
+// file on every member (development, one host): then every member holds
+// every role's key and can act as any role, as before role keys existed.
+// The plane works, but roles bind nobody who holds the file.
+//
+// Secret mode authenticates, it does not encrypt: KV pages and tokens cross
+// the network in clear, and a stream's messages are not signed (its
+// credentials leave before the first one).
 package auth
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"log/slog"
@@ -70,7 +99,9 @@ type Options struct {
 	Name string // this member's name for logs and quotas (default: os.Hostname()); in mtls the certificate names us instead
 
 	CertFile, KeyFile, CAFile string
-	SecretFile                string
+	// SecretFile is a role key file (baton keys derive) or, in one-file
+	// set-ups, the cluster master secret.
+	SecretFile string
 
 	Insecure bool // --insecure-internal: allow ModeNone on non-loopback listeners
 
@@ -102,9 +133,9 @@ type Plane struct {
 	creds    atomic.Pointer[tlsCreds]
 	checked  atomic.Int64 // when the files were last looked at, unix ns
 
-	// secret: one key per use, so a MAC made for one can never pass for the other.
-	kGRPC, kXfer []byte
-	replay       *replayCache
+	// secret
+	keys   *keyring
+	replay *replayCache
 
 	lastWarn atomic.Int64
 }
@@ -156,12 +187,15 @@ func New(o Options) (*Plane, error) {
 		}
 		p.mode = ModeMTLS
 	case o.SecretFile != "":
-		secret, err := readSecret(o.SecretFile)
+		keys, err := loadSecretFile(o.SecretFile, p.role)
 		if err != nil {
 			return nil, err
 		}
-		p.kGRPC = derive(secret, "baton grpc v1")
-		p.kXfer = derive(secret, "baton transfer v1")
+		p.keys = keys
+		if keys.master {
+			p.log.Warn("internal plane: "+FlagClusterSecret+" holds the cluster master secret, so this member holds every role's key "+
+				"and anyone who reads the file can act as any role; mount a role key file instead (baton keys derive)", "role", p.role)
+		}
 		n := o.ReplayNonces
 		if n <= 0 {
 			n = defaultReplayNonces
@@ -175,34 +209,6 @@ func New(o Options) (*Plane, error) {
 		p.log.Info("internal plane: "+FlagInsecure+" has no effect when credentials are configured", "mode", p.mode)
 	}
 	return p, nil
-}
-
-func readSecret(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("auth: %s: %w", FlagClusterSecret, err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxSecretFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("auth: %s: %w", FlagClusterSecret, err)
-	}
-	if len(b) > maxSecretFileBytes {
-		return nil, fmt.Errorf("auth: %s %s: larger than %d bytes; is it the right file?", FlagClusterSecret, path, maxSecretFileBytes)
-	}
-	// Editors and `echo` leave a newline; it must not make two members disagree.
-	b = []byte(strings.TrimRight(string(b), " \t\r\n"))
-	if len(b) < minSecretLen {
-		return nil, fmt.Errorf("auth: %s %s: the secret is %d bytes, want at least %d (e.g. `head -c 32 /dev/urandom | base64`)",
-			FlagClusterSecret, path, len(b), minSecretLen)
-	}
-	return b, nil
-}
-
-func derive(secret []byte, label string) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte(label))
-	return m.Sum(nil)
 }
 
 // validName keeps peer-supplied names safe to put in logs, metric labels
@@ -280,22 +286,38 @@ func isLoopback(h string) bool {
 
 // Peer is the other end of a call or session.
 type Peer struct {
-	Role          Role
-	Name          string
+	Role Role
+	// Name is the certificate's name in mtls; in secret mode it is what
+	// the caller says, covered by its signature but chosen by it.
+	Name string
+	// Key is the KeyID of the role key that verified a secret-mode call.
+	Key           string
 	Addr          string
 	Authenticated bool
 }
 
-// ID keys per-peer quotas: a proven identity when there is one, else the
-// address, since a claimed name costs nothing to change.
+// ID keys per-peer quotas. For a proven member it is its role, the
+// credential that proved it (the certificate's name, or the role key) and
+// its host: never a name the caller merely claims, which costs nothing to
+// change, and the host because the replicas of one Deployment share one
+// credential and are each a peer. Unproven, it is the host alone.
 func (p Peer) ID() string {
-	if p.Authenticated {
-		return string(p.Role) + "/" + p.Name
-	}
+	host := p.Addr
 	if h, _, err := net.SplitHostPort(p.Addr); err == nil {
-		return h
+		host = h
 	}
-	return p.Addr
+	if !p.Authenticated {
+		return host
+	}
+	cred := p.Name
+	if p.Key != "" {
+		cred = "key:" + p.Key
+	}
+	id := string(p.Role) + "/" + cred
+	if host != "" {
+		id += "@" + host
+	}
+	return id
 }
 
 type peerKey struct{}

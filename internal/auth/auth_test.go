@@ -197,7 +197,10 @@ func TestPeerID(t *testing.T) {
 		p    auth.Peer
 		want string
 	}{
-		{auth.Peer{Role: auth.RolePrefill, Name: "p-0", Addr: "10.0.0.1:5000", Authenticated: true}, "prefill/p-0"},
+		{auth.Peer{Role: auth.RolePrefill, Name: "p-0", Addr: "10.0.0.1:5000", Authenticated: true}, "prefill/p-0@10.0.0.1"},
+		// A role key: the name is the caller's to choose, so it is not in the ID.
+		{auth.Peer{Role: auth.RoleRouter, Name: "r-0", Key: "0123abcd", Addr: "10.0.0.2:5000", Authenticated: true}, "router/key:0123abcd@10.0.0.2"},
+		{auth.Peer{Role: auth.RoleRouter, Name: "fresh-1", Key: "0123abcd", Addr: "10.0.0.2:6000", Authenticated: true}, "router/key:0123abcd@10.0.0.2"},
 		{auth.Peer{Role: auth.RolePrefill, Name: "p-0", Addr: "10.0.0.1:5000"}, "10.0.0.1"},
 		{auth.Peer{Addr: "[fd00::1]:5000"}, "fd00::1"},
 		{auth.Peer{Addr: "pipe"}, "pipe"},

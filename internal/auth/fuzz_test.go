@@ -2,6 +2,7 @@ package auth_test
 
 import (
 	"bytes"
+	"crypto/ecdh"
 	"log/slog"
 	"net"
 	"testing"
@@ -52,11 +53,17 @@ func FuzzAcceptSession(f *testing.F) {
 
 	zero := make([]byte, 32)
 	b := bytes.Repeat([]byte{7}, 32)
-	openFrame := func(role, name string, proof []byte) []byte {
+	// eph follows the proof in secret mode only.
+	openFrame := func(role, name string, proof []byte, eph ...[]byte) []byte {
 		open := append(auth.Fields([]byte(role), []byte(name)), b...)
-		return auth.Frame(auth.TypeOpen, append(open, auth.Fields(proof)...))
+		return auth.Frame(auth.TypeOpen, append(open, auth.Fields(append([][]byte{proof}, eph...)...)...))
 	}
-	good := openFrame("prefill", "prefill-test", auth.OpenerProof(opener, zero, b, auth.RolePrefill, "prefill-test"))
+	ephKey, err := ecdh.X25519().NewPrivateKey(bytes.Repeat([]byte{9}, 32))
+	if err != nil {
+		f.Fatal(err)
+	}
+	eph := ephKey.PublicKey().Bytes()
+	good := openFrame("prefill", "prefill-test", auth.OpenerProof(opener, zero, b, auth.RolePrefill, "prefill-test", eph), eph)
 	// The seeds must reach the accepting path, or the fuzzer starts blind.
 	for i, in := range [][]byte{openFrame("prefill", "p-0", nil), good} {
 		if _, _, err := acceptors[i].AcceptSession(&fuzzConn{bytes.NewReader(in)}, time.Now().Add(time.Second)); err != nil {
@@ -67,7 +74,7 @@ func FuzzAcceptSession(f *testing.F) {
 	f.Add(append([]byte{1}, good...))
 	f.Add(append([]byte{1}, good[:len(good)-5]...))
 	f.Add(append([]byte{0}, openFrame("router", "r", nil)...))
-	f.Add(append([]byte{1}, openFrame("prefill", "prefill-test", zero)...))
+	f.Add(append([]byte{1}, openFrame("prefill", "prefill-test", zero, eph)...))
 	f.Add([]byte{2, 0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5})
 	f.Add([]byte{0, 'B', 'T', 'N', 'S', 1, 2, 0xff, 0xff})
 	f.Add([]byte{1, 'B', 'T', 'N', 'S', 1, 4, 0, 3, 2, 'h', 'i'})

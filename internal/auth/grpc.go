@@ -1,14 +1,15 @@
 package auth
 
 import (
+	"bytes"
 	"container/heap"
 	"context"
+	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
-	"hash"
 	"io"
 	"net"
 	"strconv"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -33,7 +35,7 @@ const (
 	mdTS    = "baton-auth-ts" // unix milliseconds
 	mdNonce = "baton-auth-nonce"
 	mdBody  = "baton-auth-body" // unary only: SHA-256 of the deterministic marshal of the request
-	mdMAC   = "baton-auth-mac"
+	mdSig   = "baton-auth-sig"  // Ed25519 signature by the caller's role key over callMessage
 )
 
 const (
@@ -45,13 +47,35 @@ var b64 = base64.RawURLEncoding
 
 // ServerOptions authenticate every call before any handler sees it and leave
 // the caller in the context for Caller and Allow. Add them before other
-// interceptors so those see the caller too.
+// interceptors so those see the caller too. They install the server's tap
+// handle in secret mode, so no other option may.
 func (p *Plane) ServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(p.unaryServer), grpc.ChainStreamInterceptor(p.streamServer)}
-	if p.mode == ModeMTLS {
+	switch p.mode {
+	case ModeMTLS:
 		opts = append(opts, grpc.Creds(countingCreds{credentials.NewTLS(p.serverTLS("tls")), p}))
+	case ModeSecret:
+		opts = append(opts, grpc.InTapHandle(p.tap))
 	}
 	return opts
+}
+
+// tap refuses a secret-mode call whose headers carry no valid signature
+// before a stream exists. A unary handler runs only once the request has
+// arrived, so without it a stranger could send headers and never the body,
+// and hold an open stream, which keeps its connection from ever being idle.
+// The body and the nonce are checked later, by the interceptors.
+func (p *Plane) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	kind := byte(kindStream)
+	if len(info.Header.Get(mdBody)) > 0 {
+		kind = kindUnary
+	}
+	c, _, reason := p.verifyHeaders(info.Header, Caller(ctx), info.FullMethodName, kind)
+	if reason != "" {
+		p.fail(shortName(info.FullMethodName), reason, "peer", c.ID())
+		return ctx, status.Error(codes.Unauthenticated, "internal plane: "+reason)
+	}
+	return ctx, nil
 }
 
 // DialOptions make a client that proves this member's role. In mtls it also
@@ -122,7 +146,7 @@ func (p *Plane) sign(ctx context.Context, method string, kind byte, body []byte)
 		return nil, status.Errorf(codes.Internal, "internal plane: no randomness: %v", err)
 	}
 	ts := p.now().UnixMilli()
-	mac := p.callMAC(method, p.role, p.name, ts, nonce[:], kind, body)
+	sig := ed25519.Sign(p.keys.sign, callMessage(method, p.role, p.name, ts, nonce[:], kind, body))
 	md, _ := metadata.FromOutgoingContext(ctx)
 	md = md.Copy()
 	// Set, not append: a forwarded context must not carry two sets of credentials.
@@ -130,7 +154,7 @@ func (p *Plane) sign(ctx context.Context, method string, kind byte, body []byte)
 	md.Set(mdName, p.name)
 	md.Set(mdTS, strconv.FormatInt(ts, 10))
 	md.Set(mdNonce, b64.EncodeToString(nonce[:]))
-	md.Set(mdMAC, b64.EncodeToString(mac))
+	md.Set(mdSig, b64.EncodeToString(sig))
 	if kind == kindUnary {
 		md.Set(mdBody, b64.EncodeToString(body))
 	} else {
@@ -139,27 +163,31 @@ func (p *Plane) sign(ctx context.Context, method string, kind byte, body []byte)
 	return metadata.NewOutgoingContext(ctx, md), nil
 }
 
-func (p *Plane) callMAC(method string, role Role, name string, ts int64, nonce []byte, kind byte, body []byte) []byte {
-	m := hmac.New(sha256.New, p.kGRPC)
-	m.Write([]byte("baton grpc call v1\x00"))
-	writeLP(m, []byte(method))
-	writeLP(m, []byte(role))
-	writeLP(m, []byte(name))
+// callMessage is what a call's signature covers. The method keeps a
+// signature made for one RPC from passing for another that takes the same
+// request (Finish and Abort); the body hash keeps an on-path attacker, who
+// sees the plaintext, from rewriting the request and its claimed hash.
+func callMessage(method string, role Role, name string, ts int64, nonce []byte, kind byte, body []byte) []byte {
+	var m bytes.Buffer
+	m.WriteString("baton grpc call v2\x00")
+	writeLP(&m, []byte(method))
+	writeLP(&m, []byte(role))
+	writeLP(&m, []byte(name))
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], uint64(ts))
 	m.Write(b[:])
-	writeLP(m, nonce)
-	m.Write([]byte{kind})
-	writeLP(m, body)
-	return m.Sum(nil)
+	writeLP(&m, nonce)
+	m.WriteByte(kind)
+	writeLP(&m, body)
+	return m.Bytes()
 }
 
 // writeLP length-prefixes each field so no two field lists share an encoding.
-func writeLP(h hash.Hash, b []byte) {
+func writeLP(w io.Writer, b []byte) {
 	var n [4]byte
 	binary.BigEndian.PutUint32(n[:], uint32(len(b)))
-	h.Write(n[:])
-	h.Write(b)
+	_, _ = w.Write(n[:])
+	_, _ = w.Write(b)
 }
 
 func bodyHash(req any) ([]byte, error) {
@@ -230,49 +258,70 @@ func (p *Plane) authenticate(ctx context.Context, method string, kind byte, req 
 // names what failed without revealing anything an attacker could use.
 func (p *Plane) checkCall(ctx context.Context, c Peer, method string, kind byte, req any) (Peer, string) {
 	md, _ := metadata.FromIncomingContext(ctx)
+	c, cl, reason := p.verifyHeaders(md, c, method, kind)
+	if reason != "" {
+		return c, reason
+	}
+	if kind == kindUnary {
+		// The signature covers the hash the caller claimed; this ties it to what arrived.
+		got, err := bodyHash(req)
+		if err != nil || !hmac.Equal(got, cl.body) {
+			return c, "body mismatch"
+		}
+	}
+	// Only after the signature: strangers must not be able to fill the cache.
+	if r := p.replay.add([16]byte(cl.nonce), cl.ts+window.Milliseconds(), p.now().UnixMilli()); r != "" {
+		return c, r
+	}
+	c.Role, c.Name, c.Key, c.Authenticated = cl.role, cl.name, p.keys.ids[cl.role], true
+	return c, ""
+}
+
+// claims are what a call's metadata says and its signature proves.
+type claims struct {
+	role  Role
+	name  string
+	ts    int64
+	nonce []byte
+	body  []byte // unary: the request hash the caller signed
+}
+
+// verifyHeaders checks a call's signature and timestamp: everything but
+// the body and the nonce, which the tap handle cannot see or must not spend.
+func (p *Plane) verifyHeaders(md metadata.MD, c Peer, method string, kind byte) (Peer, claims, string) {
 	one := func(k string) string {
 		if v := md.Get(k); len(v) == 1 {
 			return v[0]
 		}
 		return ""
 	}
-	roleS, name, tsS, nonceS, macS := one(mdRole), one(mdName), one(mdTS), one(mdNonce), one(mdMAC)
-	if roleS == "" || name == "" || tsS == "" || nonceS == "" || macS == "" {
-		return c, "missing credentials"
+	var cl claims
+	roleS, name, tsS, nonceS, sigS := one(mdRole), one(mdName), one(mdTS), one(mdNonce), one(mdSig)
+	if roleS == "" || name == "" || tsS == "" || nonceS == "" || sigS == "" {
+		return c, cl, "missing credentials"
 	}
 	role := Role(roleS)
 	ts, err := strconv.ParseInt(tsS, 10, 64)
 	nonce, err1 := b64.DecodeString(nonceS)
-	mac, err2 := b64.DecodeString(macS)
-	if !role.valid() || !validName(name) || err != nil || err1 != nil || err2 != nil || len(nonce) != 16 || len(mac) != sha256.Size {
-		return c, "malformed credentials"
+	sig, err2 := b64.DecodeString(sigS)
+	if !role.valid() || !validName(name) || err != nil || err1 != nil || err2 != nil || len(nonce) != 16 || len(sig) != ed25519.SignatureSize {
+		return c, cl, "malformed credentials"
 	}
 	var body []byte
 	if kind == kindUnary {
 		if body, err = b64.DecodeString(one(mdBody)); err != nil || len(body) != sha256.Size {
-			return c, "malformed credentials"
+			return c, cl, "malformed credentials"
 		}
 	}
-	if !hmac.Equal(mac, p.callMAC(method, role, name, ts, nonce, kind, body)) {
-		return c, "bad mac"
+	// The claimed role picks the key: a call signed with any other role's
+	// key, or claiming another role than the key's, fails here.
+	if !ed25519.Verify(p.keys.public[role], callMessage(method, role, name, ts, nonce, kind, body), sig) {
+		return c, cl, "bad signature"
 	}
-	now := p.now().UnixMilli()
-	if d := now - ts; d > window.Milliseconds() || d < -window.Milliseconds() {
-		return c, "stale timestamp"
+	if d := p.now().UnixMilli() - ts; d > window.Milliseconds() || d < -window.Milliseconds() {
+		return c, cl, "stale timestamp"
 	}
-	if kind == kindUnary {
-		// The MAC covers the hash the caller claimed; this ties it to what arrived.
-		got, err := bodyHash(req)
-		if err != nil || !hmac.Equal(got, body) {
-			return c, "body mismatch"
-		}
-	}
-	// Only after the MAC: strangers must not be able to fill the cache.
-	if r := p.replay.add([16]byte(nonce), ts+window.Milliseconds(), now); r != "" {
-		return c, r
-	}
-	c.Role, c.Name, c.Authenticated = role, name, true
-	return c, ""
+	return c, claims{role: role, name: name, ts: ts, nonce: nonce, body: body}, ""
 }
 
 // shortName turns "/baton.pd.v1.Decode/Reserve" into "Reserve" for the

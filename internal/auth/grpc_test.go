@@ -182,10 +182,23 @@ func TestGRPCMTLS(t *testing.T) {
 	t.Run("good", func(t *testing.T) {
 		cli := newPlane(t, ca.Options(t, auth.RoleRouter), &f)
 		passes(t, s, dial(t, s.addr, cli, auth.RolePrefill), auth.Peer{Role: auth.RoleRouter, Name: "router-test", Authenticated: true})
-		if id := s.last(t).ID(); id != "router/router-test" {
+		if id := s.last(t).ID(); id != "router/router-test@127.0.0.1" {
 			t.Errorf("ID = %q", id)
 		}
 		f.none(t)
+	})
+	t.Run("the certificate names the caller, not its metadata", func(t *testing.T) {
+		cli := newPlane(t, ca.Options(t, auth.RoleRouter), &f)
+		claim := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			ctx = metadata.AppendToOutgoingContext(ctx, "baton-auth-role", "decode", "baton-auth-name", "someone-else")
+			return invoker(ctx, method, req, reply, cc, opts...)
+		})
+		if err := check(t, dialWith(t, s.addr, append(cli.DialOptions(auth.RolePrefill), claim)...), ctx(t), "kv"); err != nil {
+			t.Fatal(err)
+		}
+		if got := s.last(t); got.Role != auth.RoleRouter || got.Name != "router-test" || got.ID() != "router/router-test@127.0.0.1" {
+			t.Errorf("a claim in metadata changed who called: %+v, ID %q", got, got.ID())
+		}
 	})
 
 	refused := func(t *testing.T, c healthpb.HealthClient) {
@@ -304,9 +317,9 @@ func TestGRPCSecret(t *testing.T) {
 		cli := newPlane(t, authtest.SecretOptions(authtest.SecretFile(t), auth.RoleRouter), nil)
 		c := dial(t, s.addr, cli, auth.RolePrefill)
 		wantCode(t, check(t, c, ctx(t), "kv"), codes.Unauthenticated)
-		f.want(t, "Check", "bad mac")
+		f.want(t, "Check", "bad signature")
 		wantCode(t, watch(t, c, ctx(t)), codes.Unauthenticated)
-		f.want(t, "Watch", "bad mac")
+		f.want(t, "Watch", "bad signature")
 	})
 	t.Run("stale timestamp", func(t *testing.T) {
 		for _, skew := range []time.Duration{-31 * time.Second, 31 * time.Second} {
@@ -331,7 +344,7 @@ func TestGRPCSecret(t *testing.T) {
 		forged := md.Copy()
 		forged.Set("baton-auth-role", "decode")
 		wantCode(t, check(t, plain, metadata.NewOutgoingContext(ctx(t), forged), "kv"), codes.Unauthenticated)
-		f.want(t, "Check", "bad mac")
+		f.want(t, "Check", "bad signature")
 
 		if err := check(t, plain, signed(), "kv"); err != nil {
 			t.Fatalf("the signed call itself: %v", err)
@@ -346,7 +359,7 @@ func TestGRPCSecret(t *testing.T) {
 			t.Fatal(err)
 		}
 		wantCode(t, watch(t, plain, metadata.NewOutgoingContext(ctx(t), md)), codes.Unauthenticated)
-		f.want(t, "Watch", "bad mac")
+		f.want(t, "Watch", "bad signature")
 	})
 	t.Run("replay cache full", func(t *testing.T) {
 		var sf failures

@@ -2,6 +2,8 @@ package auth
 
 import (
 	"bytes"
+	"crypto/ecdh"
+	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/tls"
@@ -17,8 +19,9 @@ import (
 type Session struct {
 	// ID is the same at both ends and new for every session. With
 	// credentials it cannot be computed from what crosses the wire (secret:
-	// a MAC over both challenges; mtls: exported from the TLS session), so
-	// it can key per-session state an eavesdropper must not predict.
+	// keyed by the X25519 secret of the two ends' ephemeral keys; mtls:
+	// exported from the TLS session), so it can key per-session state an
+	// eavesdropper must not predict.
 	ID   [32]byte
 	Peer Peer
 }
@@ -29,9 +32,14 @@ type Session struct {
 //	"BTNS" | version 1 | type | payload length uint16 BE (<= maxPayload) | payload
 //
 //	acceptor -> opener  challenge: mode | A[32]
-//	opener -> acceptor  open:      role | name | B[32] | proof    (role, name, proof: uint8 length + bytes)
-//	acceptor -> opener  accept:    role | name | proof
+//	opener -> acceptor  open:      role | name | B[32] | proof [| eph]   (role, name, proof, eph: uint8 length + bytes)
+//	acceptor -> opener  accept:    role | name | proof [| eph]
 //	acceptor -> opener  refuse:    reason
+//
+// In secret mode proof is an Ed25519 signature by the sender's role key and
+// eph the sender's ephemeral X25519 public key; both signatures cover A, B,
+// the opener's role, name and eph, and the acceptor's also its own. In the
+// other modes proof and eph are empty and eph is left out.
 //
 // Frames are read with exact lengths and no buffering, so nothing past the
 // handshake is consumed: the transfer protocol starts on the next byte.
@@ -53,7 +61,10 @@ const (
 
 var frameMagic = [4]byte{'B', 'T', 'N', 'S'}
 
-var modeByte = map[Mode]byte{ModeNone: 0, ModeMTLS: 1, ModeSecret: 2}
+// modeByte tells the opener how the acceptor authenticates. 2 was secret
+// mode with one key shared by every role; a member of that kind and one of
+// this are told apart by it instead of refusing each other's proofs.
+var modeByte = map[Mode]byte{ModeNone: 0, ModeMTLS: 1, ModeSecret: 3}
 
 // sessionError is a refused or broken handshake. The reason is safe to show
 // the other side and to count.
@@ -142,16 +153,24 @@ func (p *Plane) accept(c net.Conn, deadline time.Time, allow []Role) (net.Conn, 
 	}
 	r := reader{b: payload}
 	role, name, b, proof := Role(r.field()), string(r.field()), r.fixed(challengeLen), r.field()
+	var theirEph []byte
+	if p.mode == ModeSecret {
+		theirEph = r.field()
+	}
 	if r.bad || len(r.b) != 0 || !role.valid() || !validName(name) {
 		return nil, s, p.refuse(conn, "malformed open")
 	}
 	peer := Peer{Role: role, Name: name, Addr: c.RemoteAddr().String()}
+	var openerPub *ecdh.PublicKey
 	switch p.mode {
 	case ModeSecret:
-		if !hmac.Equal(proof, p.openerProof(a[:], b, role, name)) {
+		if !ed25519.Verify(p.keys.public[role], openerMessage(a[:], b, role, name, theirEph), proof) {
 			return nil, s, p.refuse(conn, "bad proof")
 		}
-		peer.Authenticated = true
+		if openerPub, err = ecdh.X25519().NewPublicKey(theirEph); err != nil {
+			return nil, s, p.refuse(conn, "bad key exchange")
+		}
+		peer.Authenticated, peer.Key = true, p.keys.ids[role]
 	case ModeMTLS:
 		proven, ok := tlsPeer(tc.ConnectionState(), peer.Addr)
 		if !ok || proven.Role != role || proven.Name != name {
@@ -162,14 +181,28 @@ func (p *Plane) accept(c net.Conn, deadline time.Time, allow []Role) (net.Conn, 
 	if len(allow) > 0 && !slices.Contains(allow, role) {
 		return nil, s, p.refuse(conn, "role")
 	}
-	var mine []byte
+	accept := fields([]byte(p.role), []byte(p.name))
+	var x *exchange
 	if p.mode == ModeSecret {
-		mine = p.acceptorProof(a[:], b, role, name, p.role, p.name)
+		eph, err := ecdh.X25519().GenerateKey(p.rand)
+		if err != nil {
+			return nil, s, &sessionError{"randomness", err}
+		}
+		shared, err := eph.ECDH(openerPub)
+		if err != nil { // a low-order point: only a key holder gets this far
+			return nil, s, p.refuse(conn, "bad key exchange")
+		}
+		mine := eph.PublicKey().Bytes()
+		x = &exchange{shared: shared, openerEph: theirEph, acceptorEph: mine}
+		sig := ed25519.Sign(p.keys.sign, acceptorMessage(a[:], b, role, name, theirEph, p.role, p.name, mine))
+		accept = append(accept, fields(sig, mine)...)
+	} else {
+		accept = append(accept, fields(nil)...)
 	}
-	if err := writeFrame(conn, typeAccept, fields([]byte(p.role), []byte(p.name), mine)); err != nil {
+	if err := writeFrame(conn, typeAccept, accept); err != nil {
 		return nil, s, &sessionError{"write", err}
 	}
-	if s.ID, err = p.sessionID(tc, a[:], b); err != nil {
+	if s.ID, err = p.sessionID(tc, a[:], b, x); err != nil {
 		return nil, s, &sessionError{"session id", err}
 	}
 	s.Peer = peer
@@ -208,13 +241,19 @@ func (p *Plane) open(c net.Conn, deadline time.Time, expect Role) (net.Conn, Ses
 	if _, err := io.ReadFull(p.rand, b[:]); err != nil {
 		return nil, s, &sessionError{"randomness", err}
 	}
-	var proof []byte
-	if p.mode == ModeSecret {
-		proof = p.openerProof(a, b[:], p.role, p.name)
-	}
 	open := fields([]byte(p.role), []byte(p.name))
 	open = append(open, b[:]...)
-	open = append(open, fields(proof)...)
+	var eph *ecdh.PrivateKey
+	var mine []byte
+	if p.mode == ModeSecret {
+		if eph, err = ecdh.X25519().GenerateKey(p.rand); err != nil {
+			return nil, s, &sessionError{"randomness", err}
+		}
+		mine = eph.PublicKey().Bytes()
+		open = append(open, fields(ed25519.Sign(p.keys.sign, openerMessage(a, b[:], p.role, p.name, mine)), mine)...)
+	} else {
+		open = append(open, fields(nil)...)
+	}
 	if err := writeFrame(conn, typeOpen, open); err != nil {
 		return nil, s, &sessionError{"write", err}
 	}
@@ -223,16 +262,30 @@ func (p *Plane) open(c net.Conn, deadline time.Time, expect Role) (net.Conn, Ses
 	}
 	r := reader{b: payload}
 	role, name, theirs := Role(r.field()), string(r.field()), r.field()
+	var theirEph []byte
+	if p.mode == ModeSecret {
+		theirEph = r.field()
+	}
 	if r.bad || len(r.b) != 0 || !role.valid() || !validName(name) {
 		return nil, s, &sessionError{reason: "malformed accept"}
 	}
 	peer := Peer{Role: role, Name: name, Addr: c.RemoteAddr().String()}
+	var x *exchange
 	switch p.mode {
 	case ModeSecret:
-		if !hmac.Equal(theirs, p.acceptorProof(a, b[:], p.role, p.name, role, name)) {
+		if !ed25519.Verify(p.keys.public[role], acceptorMessage(a, b[:], p.role, p.name, mine, role, name, theirEph), theirs) {
 			return nil, s, &sessionError{reason: "bad acceptor proof"}
 		}
-		peer.Authenticated = true
+		pub, err := ecdh.X25519().NewPublicKey(theirEph)
+		if err != nil {
+			return nil, s, &sessionError{reason: "bad key exchange"}
+		}
+		shared, err := eph.ECDH(pub)
+		if err != nil {
+			return nil, s, &sessionError{reason: "bad key exchange"}
+		}
+		x = &exchange{shared: shared, openerEph: mine, acceptorEph: theirEph}
+		peer.Authenticated, peer.Key = true, p.keys.ids[role]
 	case ModeMTLS:
 		proven, ok := tlsPeer(tc.ConnectionState(), peer.Addr)
 		if !ok || proven.Role != role || proven.Name != name {
@@ -243,7 +296,7 @@ func (p *Plane) open(c net.Conn, deadline time.Time, expect Role) (net.Conn, Ses
 	if role != expect {
 		return nil, s, &sessionError{reason: fmt.Sprintf("acceptor is %s, want %s", role, expect)}
 	}
-	if s.ID, err = p.sessionID(tc, a, b[:]); err != nil {
+	if s.ID, err = p.sessionID(tc, a, b[:], x); err != nil {
 		return nil, s, &sessionError{"session id", err}
 	}
 	s.Peer = peer
@@ -259,31 +312,33 @@ func (p *Plane) refuse(conn net.Conn, reason string) error {
 	return &sessionError{reason: reason}
 }
 
-// The two proofs carry different labels so that neither end's proof can be
-// reflected back as the other's.
-func (p *Plane) openerProof(a, b []byte, role Role, name string) []byte {
-	m := hmac.New(sha256.New, p.kXfer)
-	m.Write([]byte("baton transfer opener v1\x00"))
-	writeLP(m, a)
-	writeLP(m, b)
-	writeLP(m, []byte(role))
-	writeLP(m, []byte(name))
-	return m.Sum(nil)
+// exchange is a secret-mode session's X25519 agreement.
+type exchange struct {
+	shared                 []byte
+	openerEph, acceptorEph []byte
 }
 
-func (p *Plane) acceptorProof(a, b []byte, openerRole Role, openerName string, role Role, name string) []byte {
-	m := hmac.New(sha256.New, p.kXfer)
-	m.Write([]byte("baton transfer acceptor v1\x00"))
-	writeLP(m, a)
-	writeLP(m, b)
-	writeLP(m, []byte(openerRole))
-	writeLP(m, []byte(openerName))
-	writeLP(m, []byte(role))
-	writeLP(m, []byte(name))
-	return m.Sum(nil)
+// The two signed messages carry different labels so that neither end's
+// proof can be reflected back as the other's.
+func openerMessage(a, b []byte, role Role, name string, eph []byte) []byte {
+	var m bytes.Buffer
+	m.WriteString("baton transfer opener v2\x00")
+	for _, f := range [][]byte{a, b, []byte(role), []byte(name), eph} {
+		writeLP(&m, f)
+	}
+	return m.Bytes()
 }
 
-func (p *Plane) sessionID(tc *tls.Conn, a, b []byte) ([32]byte, error) {
+func acceptorMessage(a, b []byte, openerRole Role, openerName string, openerEph []byte, role Role, name string, eph []byte) []byte {
+	var m bytes.Buffer
+	m.WriteString("baton transfer acceptor v2\x00")
+	for _, f := range [][]byte{a, b, []byte(openerRole), []byte(openerName), openerEph, []byte(role), []byte(name), eph} {
+		writeLP(&m, f)
+	}
+	return m.Bytes()
+}
+
+func (p *Plane) sessionID(tc *tls.Conn, a, b []byte, x *exchange) ([32]byte, error) {
 	var id [32]byte
 	switch p.mode {
 	case ModeMTLS:
@@ -294,10 +349,11 @@ func (p *Plane) sessionID(tc *tls.Conn, a, b []byte) ([32]byte, error) {
 		}
 		copy(id[:], k)
 	case ModeSecret:
-		m := hmac.New(sha256.New, p.kXfer)
-		m.Write([]byte("baton transfer session v1\x00"))
-		writeLP(m, a)
-		writeLP(m, b)
+		m := hmac.New(sha256.New, x.shared)
+		m.Write([]byte("baton transfer session v2\x00"))
+		for _, f := range [][]byte{a, b, x.openerEph, x.acceptorEph} {
+			writeLP(m, f)
+		}
 		copy(id[:], m.Sum(nil))
 	default:
 		id = sha256.Sum256(append(slices.Clone(a), b...))

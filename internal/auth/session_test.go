@@ -2,6 +2,7 @@ package auth_test
 
 import (
 	"bytes"
+	"crypto/ecdh"
 	"crypto/rand"
 	"crypto/tls"
 	"errors"
@@ -330,6 +331,16 @@ func readChallenge(t *testing.T, c net.Conn) []byte {
 	return b[auth.HeaderLen+1:]
 }
 
+// ephemeral is a valid X25519 public key, as an opener would send.
+func ephemeral(t *testing.T) []byte {
+	t.Helper()
+	k, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.PublicKey().Bytes()
+}
+
 // recorder keeps what the opener wrote.
 type recorder struct {
 	net.Conn
@@ -360,15 +371,16 @@ func TestSessionAttacks(t *testing.T) {
 		}
 	})
 	t.Run("acceptor's proof reflected as the opener's", func(t *testing.T) {
+		eph := ephemeral(t)
 		err := attack(t, acceptor, time.Second, func(c net.Conn) {
 			a := readChallenge(t, c)
 			b := make([]byte, 32)
 			_, _ = rand.Read(b)
 			// Forged with the real key, under the acceptor's label: what an
 			// attacker could get an acceptor to say.
-			proof := auth.AcceptorProof(opener, a, b, auth.RolePrefill, "prefill-test", auth.RoleDecode, "decode-test")
+			proof := auth.AcceptorProof(opener, a, b, auth.RolePrefill, "prefill-test", eph, auth.RoleDecode, "decode-test", eph)
 			open := append(auth.Fields([]byte("prefill"), []byte("prefill-test")), b...)
-			_, _ = c.Write(auth.Frame(auth.TypeOpen, append(open, auth.Fields(proof)...)))
+			_, _ = c.Write(auth.Frame(auth.TypeOpen, append(open, auth.Fields(proof, eph)...)))
 		})
 		if !strings.Contains(err.Error(), "bad proof") {
 			t.Fatalf("got %v", err)
@@ -383,7 +395,7 @@ func TestSessionAttacks(t *testing.T) {
 		a := readChallenge(t, c)
 		b := make([]byte, 32)
 		open := append(auth.Fields([]byte("prefill"), []byte("prefill-test")), b...)
-		_, _ = c.Write(auth.Frame(auth.TypeOpen, append(open, auth.Fields(auth.OpenerProof(opener, a, b, auth.RolePrefill, "prefill-test"))...)))
+		_, _ = c.Write(auth.Frame(auth.TypeOpen, append(open, auth.Fields(auth.OpenerProof(opener, a, b, auth.RolePrefill, "prefill-test", eph), eph)...)))
 		if err := <-done; err != nil {
 			t.Fatalf("the honest proof was refused: %v", err)
 		}
@@ -397,7 +409,7 @@ func TestSessionAttacks(t *testing.T) {
 			done <- err
 		}()
 		a := make([]byte, 32)
-		_, _ = s.Write(auth.Frame(auth.TypeChallenge, append([]byte{2}, a...)))
+		_, _ = s.Write(auth.Frame(auth.TypeChallenge, append([]byte{auth.SecretModeByte}, a...)))
 		_ = s.SetDeadline(time.Now().Add(2 * time.Second))
 		h := make([]byte, auth.HeaderLen)
 		if _, err := io.ReadFull(s, h); err != nil {
@@ -407,8 +419,10 @@ func TestSessionAttacks(t *testing.T) {
 		if _, err := io.ReadFull(s, payload); err != nil {
 			t.Fatal(err)
 		}
-		proof := payload[len(payload)-32:]
-		_, _ = s.Write(auth.Frame(auth.TypeAccept, auth.Fields([]byte("decode"), []byte("decode-test"), proof)))
+		// The open ends with the opener's signature and its ephemeral key.
+		eph := payload[len(payload)-32:]
+		proof := payload[len(payload)-33-64 : len(payload)-33]
+		_, _ = s.Write(auth.Frame(auth.TypeAccept, auth.Fields([]byte("decode"), []byte("decode-test"), proof, eph)))
 		if err := <-done; err == nil || !strings.Contains(err.Error(), "bad acceptor proof") {
 			t.Fatalf("opener took a mirrored proof: %v", err)
 		}

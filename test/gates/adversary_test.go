@@ -87,7 +87,10 @@ func member(t *testing.T, secret string, role auth.Role, d, p *harness.Server) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	return dialWorkers(t, "a member playing "+string(role), d, p, plane.DialOptions(auth.RoleDecode), plane.DialOptions(auth.RolePrefill), roles.TransferHandshake(plane))
+	// From another host than the real members: decode's bounds are per
+	// credential and host, and this member must not share the router's.
+	return dialWorkers(t, "a member playing "+string(role), d, p, append(plane.DialOptions(auth.RoleDecode), fromHost(intruderHost)),
+		append(plane.DialOptions(auth.RolePrefill), fromHost(intruderHost)), roles.TransferHandshake(plane))
 }
 
 // guesses are the reservations an attacker names: rooms count up from 1 and

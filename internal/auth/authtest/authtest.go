@@ -1,7 +1,8 @@
 // Package authtest makes credentials for tests of the internal plane: a
 // cluster CA and certificates for each role (good, expired, without the role
-// SAN, from a stranger CA), and cluster secret files, all written as files in
-// t.TempDir() the way the workers read them.
+// SAN, from a stranger CA), cluster master secrets and the role key files
+// derived from them, all written as files in t.TempDir() the way the
+// workers read them.
 package authtest
 
 import (
@@ -18,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -190,6 +192,69 @@ func WriteSecret(t testing.TB, content string) string {
 // SecretOptions are secret-mode options for a member of role.
 func SecretOptions(file string, role auth.Role) auth.Options {
 	return auth.Options{Role: role, Name: string(role) + "-test", SecretFile: file}
+}
+
+// RoleKeys writes the role key file of every role derived from the master
+// secret in masterFile, as `baton keys derive` would: the files a cluster's
+// members mount when each holds only its own role's key.
+func RoleKeys(t testing.TB, masterFile string) map[auth.Role]string {
+	t.Helper()
+	master, err := auth.ReadMaster(masterFile, "master")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	out := map[auth.Role]string{}
+	for _, r := range auth.Roles {
+		b, err := auth.RoleKeyFile(master, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[r] = filepath.Join(dir, string(r)+".key")
+		if err := os.WriteFile(out[r], b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// ForgeRoleKey rewrites the role key file keyFile, as its holder could, to
+// claim role as: the same private key, with the public key of role as
+// replaced by the holder's own. A member built from it signs its claims to
+// be as honestly as it can; only its peers' copy of as's public key can
+// tell.
+func ForgeRoleKey(t testing.TB, keyFile string, as auth.Role) string {
+	t.Helper()
+	b, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var own auth.Role
+	lines := strings.Split(string(b), "\n")
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "role" {
+			own = auth.Role(f[1])
+		}
+	}
+	var ownPub string
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "public" && f[1] == string(own) {
+			ownPub = f[2]
+		}
+	}
+	for i, l := range lines {
+		switch f := strings.Fields(l); {
+		case len(f) == 2 && f[0] == "role":
+			lines[i] = "role " + string(as)
+		case len(f) == 3 && f[0] == "public" && f[1] == string(as):
+			lines[i] = "public " + string(as) + " " + ownPub
+		}
+	}
+	out := filepath.Join(t.TempDir(), "forged-"+string(as)+".key")
+	if err := os.WriteFile(out, []byte(strings.Join(lines, "\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func newKey(t testing.TB) *ecdsa.PrivateKey {
