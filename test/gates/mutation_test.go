@@ -31,6 +31,8 @@ var guardGates = []struct {
 	{faults.GuardSessionBind, scenarioAdversary},
 	{faults.GuardDialKnown, scenarioAdversary},
 	{faults.GuardPeerQuota, scenarioAdversary},
+	{faults.GuardPeerAuth, scenarioAdversaryIdentity},
+	{faults.GuardPeerQuota, scenarioAdversaryIdentity},
 }
 
 // handoffScenario is the transfer/read scenario of the named fault.
@@ -48,8 +50,12 @@ func handoffScenario(name string) func(*testing.T, string) violations {
 func TestMutationProof(t *testing.T) {
 	covered := map[string]bool{}
 	for _, g := range guardGates {
+		name := g.guard
+		if covered[name] {
+			name += "_second_gate"
+		}
 		covered[g.guard] = true
-		t.Run(g.guard, func(t *testing.T) {
+		t.Run(name, func(t *testing.T) {
 			v := g.scenario(t, g.guard)
 			if len(v) == 0 {
 				t.Fatalf("with the %s guard off, its gate still passes", g.guard)
