@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
 // Error types as OpenAI spells them; clients switch on the HTTP status, but
@@ -91,6 +92,23 @@ func (e *Error) UnmarshalJSON(data []byte) error {
 }
 
 func strPtr(s string) *string { return &s }
+
+// maxEcho is how much of a name from a request an error repeats.
+const maxEcho = 64
+
+// Cut shortens a name from a request to echo it in an error: its first
+// 64 bytes (whole characters) and "…". A whole 100 kB model name sent
+// back in a 404 is bandwidth for the sender and noise in logs.
+func Cut(s string) string {
+	if len(s) <= maxEcho {
+		return s
+	}
+	n := maxEcho
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
 
 // BadRequest is a 400 invalid_request_error; param names the offending field,
 // or is "" when no single field is at fault.

@@ -3,7 +3,6 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -118,9 +117,14 @@ type Given struct {
 	Temperature, TopP, TopK, MinP bool
 }
 
+// samplingEps is the smallest temperature that samples, as vLLM's
+// _SAMPLING_EPS: dividing logits by less overflows them, so a smaller one
+// is greedy (the engine's model.SamplingEps).
+const samplingEps = 1e-5
+
 // Greedy reports whether sampling reduces to argmax, so an engine can skip
 // the random draw and return reproducible output.
-func (s Sampling) Greedy() bool { return s.Temperature == 0 || s.TopK == 1 }
+func (s Sampling) Greedy() bool { return s.Temperature < samplingEps || s.TopK == 1 }
 
 // CompletionRequest is a validated POST /v1/completions body.
 type CompletionRequest struct {
@@ -181,15 +185,28 @@ type ChatRequest struct {
 // max_tokens left out stays 0: the server fills in the model's default, or
 // DefaultCompletionMaxTokens.
 func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
-	f, e := decodeObject(body)
+	return ParseCompletionRequestLimited(body, Limits{})
+}
+
+// ParseCompletionRequestLimited is ParseCompletionRequest for a server
+// that knows its limits: a prompt of more token ids than lim admits is
+// refused (400, code context_length_exceeded) as soon as the decoding
+// passes the bound.
+func ParseCompletionRequestLimited(body []byte, lim Limits) (*CompletionRequest, *Error) {
+	f, e := decodeObject(body, lim)
 	if e != nil {
 		return nil, e
 	}
+	return parseCompletion(f, lim)
+}
+
+func parseCompletion(f fields, lim Limits) (*CompletionRequest, *Error) {
 	r := &CompletionRequest{}
+	var e *Error
 	if r.Model, e = f.model(); e != nil {
 		return nil, e
 	}
-	if r.Prompt, r.PromptTokenIDs, e = f.prompt(); e != nil {
+	if r.Prompt, r.PromptTokenIDs, e = f.prompt(lim.promptTokens()); e != nil {
 		return nil, e
 	}
 	if r.Stream, r.IncludeUsage, e = f.stream(); e != nil {
@@ -229,21 +246,37 @@ func ParseCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 // separator; any other part type (images, audio, files) is a 400. The
 // legacy functions field is rejected; tools are served.
 func ParseChatRequest(body []byte) (*ChatRequest, *Error) {
-	f, e := decodeObject(body)
+	return ParseChatRequestLimited(body, Limits{})
+}
+
+// ParseChatRequestLimited is ParseChatRequest for a server that knows its
+// limits: every message costs at least one token of the context, so a
+// conversation of more messages than the context admits tokens is
+// refused before its messages are decoded.
+func ParseChatRequestLimited(body []byte, lim Limits) (*ChatRequest, *Error) {
+	f, e := decodeObject(body, lim)
 	if e != nil {
 		return nil, e
 	}
+	return parseChat(f, lim)
+}
+
+func parseChat(f fields, lim Limits) (*ChatRequest, *Error) {
 	r := &ChatRequest{}
+	var e *Error
 	if r.Model, e = f.model(); e != nil {
 		return nil, e
 	}
-	if r.Messages, e = f.messages(); e != nil {
+	if r.Messages, e = f.messages(lim.promptTokens()); e != nil {
 		return nil, e
 	}
 	if r.Stream, r.IncludeUsage, e = f.stream(); e != nil {
 		return nil, e
 	}
 	if r.Sampling, e = f.sampling(); e != nil {
+		return nil, e
+	}
+	if e = f.templateValues(r.Messages); e != nil {
 		return nil, e
 	}
 	if r.TemplateKwargs, e = f.object("chat_template_kwargs"); e != nil {
@@ -284,25 +317,6 @@ func ParseChatRequest(body []byte) (*ChatRequest, *Error) {
 // rather than through encoding/json's case-insensitive struct matching,
 // keeps "Max_Tokens" from being taken for max_tokens.
 type fields map[string]json.RawMessage
-
-func decodeObject(body []byte) (fields, *Error) {
-	body = bytes.TrimSpace(body)
-	if len(body) == 0 {
-		return nil, BadRequest("request body is empty; expected a JSON object", "")
-	}
-	var f fields
-	if err := json.Unmarshal(body, &f); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, BadRequest("request body must be a JSON object", "")
-		}
-		return nil, BadRequest("request body is not valid JSON: "+err.Error(), "")
-	}
-	if f == nil { // the body was the literal null
-		return nil, BadRequest("request body must be a JSON object", "")
-	}
-	return f, nil
-}
 
 // get returns a field's raw value; JSON null counts as absent because many
 // clients serialise unset options as null.
@@ -449,8 +463,8 @@ func (f fields) stream() (stream, includeUsage bool, e *Error) {
 	if !ok {
 		return stream, false, nil
 	}
-	var opts fields
-	if raw[0] != '{' || json.Unmarshal(raw, &opts) != nil {
+	opts, ok := objectFields(raw)
+	if !ok {
 		return false, false, BadRequest("stream_options must be an object", "stream_options")
 	}
 	// OpenAI and vLLM reject this combination; doing the same avoids a client
@@ -534,7 +548,7 @@ func (f fields) sampling() (Sampling, *Error) {
 	if s.Stop, e = f.stop(); e != nil {
 		return s, e
 	}
-	if s.StopTokenIDs, e = f.tokenIDs("stop_token_ids"); e != nil {
+	if s.StopTokenIDs, e = f.tokenIDs("stop_token_ids", MaxStopTokenIDs); e != nil {
 		return s, e
 	}
 	if s.IgnoreEOS, _, e = f.bool("ignore_eos"); e != nil {
@@ -573,8 +587,8 @@ func (f fields) constraint() (Constraint, *Error) {
 		return nil
 	}
 	if raw, ok := f.get("response_format"); ok {
-		var rf fields
-		if raw[0] != '{' || json.Unmarshal(raw, &rf) != nil {
+		rf, ok := objectFields(raw)
+		if !ok {
 			return c, BadRequest("response_format must be an object", "response_format")
 		}
 		switch t, _ := parseString(rf["type"]); t {
@@ -585,7 +599,13 @@ func (f fields) constraint() (Constraint, *Error) {
 			}
 		case "json_schema":
 			var js fields
-			if raw, ok := rf.get("json_schema"); !ok || raw[0] != '{' || json.Unmarshal(raw, &js) != nil {
+			if raw, ok := rf.get("json_schema"); ok {
+				js, ok = objectFields(raw)
+				if !ok {
+					js = nil
+				}
+			}
+			if js == nil {
 				return c, BadRequest("response_format.json_schema must be an object with a schema", "response_format.json_schema")
 			}
 			schema, ok := js.get("schema")
@@ -596,7 +616,7 @@ func (f fields) constraint() (Constraint, *Error) {
 				return c, e
 			}
 		default:
-			return c, BadRequest(fmt.Sprintf("response_format type %q is not supported (text, json_object, json_schema)", t), "response_format.type")
+			return c, BadRequest(fmt.Sprintf("response_format type %q is not supported (text, json_object, json_schema)", Cut(t)), "response_format.type")
 		}
 	}
 	for _, kind := range []string{"regex", "ebnf"} {
@@ -663,12 +683,15 @@ func (f fields) logitBias() (map[int32]float64, *Error) {
 	if !ok {
 		return nil, nil
 	}
-	var m map[string]json.RawMessage
-	if raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
+	m := map[string]json.RawMessage{}
+	if !eachMember(raw, func(k string, v json.RawMessage) bool {
+		m[k] = v
+		return len(m) <= MaxLogitBias
+	}) {
 		return nil, BadRequest("logit_bias must be an object mapping token ids to numbers", "logit_bias")
 	}
 	if len(m) > MaxLogitBias {
-		return nil, BadRequest(fmt.Sprintf("logit_bias may hold at most %d tokens, got %d", MaxLogitBias, len(m)), "logit_bias")
+		return nil, BadRequest(fmt.Sprintf("logit_bias may hold at most %d tokens", MaxLogitBias), "logit_bias")
 	}
 	if len(m) == 0 {
 		return nil, nil
@@ -701,6 +724,29 @@ func (f fields) object(name string) (map[string]any, *Error) {
 		return nil, BadRequest(name+" must be an object", name)
 	}
 	return integers(m).(map[string]any), nil
+}
+
+// templateValues refuses a request that would hand its chat template
+// more than MaxTemplateValues JSON values, before any is decoded.
+func (f fields) templateValues(msgs []Message) *Error {
+	n := 0
+	for _, k := range []string{"chat_template_kwargs", "tools"} {
+		if raw, ok := f.get(k); ok {
+			n += countValues(raw, MaxTemplateValues)
+		}
+	}
+	for _, m := range msgs {
+		for _, c := range m.ToolCalls {
+			n += countValues(c.Function.Arguments, MaxTemplateValues)
+		}
+		if n > MaxTemplateValues {
+			break
+		}
+	}
+	if n > MaxTemplateValues {
+		return BadRequest(fmt.Sprintf("chat_template_kwargs, tools and the arguments of tool calls may hold at most %d JSON values together", MaxTemplateValues), "")
+	}
+	return nil
 }
 
 // integers turns JSON numbers into int64 where they are whole and float64
@@ -738,7 +784,10 @@ func (f fields) stop() ([]string, *Error) {
 		return []string{s}, nil
 	}
 	var list []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &list) != nil || len(list) > MaxStop {
+	if !eachElement(raw, func(_ int, el json.RawMessage) bool {
+		list = append(list, el)
+		return len(list) <= MaxStop
+	}) || len(list) > MaxStop {
 		return nil, BadRequest(msg, "stop")
 	}
 	var out []string
@@ -754,46 +803,28 @@ func (f fields) stop() ([]string, *Error) {
 	return out, nil
 }
 
-func (f fields) tokenIDs(name string) ([]int32, *Error) {
+func (f fields) tokenIDs(name string, max int) ([]int32, *Error) {
 	raw, ok := f.get(name)
 	if !ok {
 		return nil, nil
 	}
-	ids, bad := parseTokenIDs(raw)
-	if bad >= 0 {
+	ids, bad, tooMany, ok := decodeIDs(raw, max)
+	switch {
+	case tooMany:
+		return nil, BadRequest(fmt.Sprintf("%s may hold at most %d token ids", name, max), name)
+	case bad >= 0:
 		return nil, BadRequest(name+" must be an array of non-negative integer token ids", fmt.Sprintf("%s[%d]", name, bad))
-	}
-	if ids == nil {
+	case !ok:
 		return nil, BadRequest(name+" must be an array of non-negative integer token ids", name)
 	}
 	return ids, nil
 }
 
-// parseTokenIDs decodes a JSON array of token ids. It returns nil ids when
-// raw is not an array, and bad >= 0 as the index of the first element that is
-// not an id.
-func parseTokenIDs(raw json.RawMessage) (ids []int32, bad int) {
-	raw = bytes.TrimSpace(raw)
-	var list []json.RawMessage
-	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
-		return nil, -1
-	}
-	ids = make([]int32, 0, len(list))
-	for i, el := range list {
-		n, ok := parseInt(el)
-		if !ok || n < 0 || n > math.MaxInt32 {
-			return nil, i
-		}
-		ids = append(ids, int32(n))
-	}
-	return ids, -1
-}
-
 // prompt accepts the prompt forms OpenAI's completions API does, less
 // batches: a string, one string in an array, token ids, or one array of ids.
 // An empty prompt is rejected because a vocabulary without a BOS token would
-// leave nothing to prefill.
-func (f fields) prompt() (string, []int32, *Error) {
+// leave nothing to prefill; one of more than max ids is too long.
+func (f fields) prompt(max int) (string, []int32, *Error) {
 	raw, ok := f.get("prompt")
 	if !ok {
 		return "", nil, BadRequest("you must provide a prompt parameter", "prompt")
@@ -805,16 +836,27 @@ func (f fields) prompt() (string, []int32, *Error) {
 		}
 		return s, nil, nil
 	}
-	var list []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+	var first json.RawMessage
+	n := 0
+	if raw[0] != '[' || !eachElement(raw, func(i int, el json.RawMessage) bool {
+		if i == 0 {
+			first = el
+		}
+		n = i + 1
+		// A second element is all a batch needs to be told apart; ids
+		// are read by decodeIDs.
+		return i == 0
+	}) {
 		return "", nil, BadRequest(kinds, "prompt")
 	}
-	if len(list) == 0 {
+	if n == 0 {
 		return "", nil, BadRequest("prompt must not be empty", "prompt")
 	}
-	first := bytes.TrimSpace(list[0])
-	if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
-		if len(list) > 1 {
+	tooLong := func() *Error {
+		return PromptTooLong(fmt.Sprintf("this model's maximum context length is %d tokens; the prompt has more than %d token ids", max+1, max), "prompt")
+	}
+	if first[0] == '"' || first[0] == '[' {
+		if n > 1 {
 			return "", nil, BadRequest("batched prompts are not supported; send one prompt per request", "prompt")
 		}
 		if s, ok := parseString(first); ok {
@@ -823,51 +865,69 @@ func (f fields) prompt() (string, []int32, *Error) {
 			}
 			return s, nil, nil
 		}
-		ids, bad := parseTokenIDs(first)
-		if bad >= 0 {
+		ids, bad, tooMany, ok := decodeIDs(first, max)
+		switch {
+		case tooMany:
+			return "", nil, tooLong()
+		case bad >= 0:
 			return "", nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[0][%d]", bad))
-		}
-		if ids == nil {
+		case !ok:
 			return "", nil, BadRequest(kinds, "prompt")
-		}
-		if len(ids) == 0 {
+		case len(ids) == 0:
 			return "", nil, BadRequest("prompt must not be empty", "prompt")
 		}
 		return "", ids, nil
 	}
-	ids, bad := parseTokenIDs(raw)
-	if bad >= 0 {
+	ids, bad, tooMany, ok := decodeIDs(raw, max)
+	switch {
+	case tooMany:
+		return "", nil, tooLong()
+	case bad >= 0:
 		return "", nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[%d]", bad))
+	case !ok:
+		return "", nil, BadRequest(kinds, "prompt")
 	}
 	return "", ids, nil
 }
 
-func (f fields) messages() ([]Message, *Error) {
+// messages reads the conversation. Every message takes at least one token
+// of the context in any chat template, so more than max of them cannot
+// fit and are refused before they are decoded.
+func (f fields) messages(max int) ([]Message, *Error) {
 	raw, ok := f.get("messages")
 	if !ok {
 		return nil, BadRequest("you must provide a messages parameter", "messages")
 	}
-	var list []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+	var out []Message
+	var e *Error
+	if !eachElement(raw, func(i int, el json.RawMessage) bool {
+		if i == max {
+			e = PromptTooLong(fmt.Sprintf("this model's maximum context length is %d tokens; the request has more than %d messages", max+1, max), "messages")
+			return false
+		}
+		var m Message
+		if m, e = parseMessage(el, fmt.Sprintf("messages[%d]", i), max); e != nil {
+			return false
+		}
+		out = append(out, m)
+		return true
+	}) {
 		return nil, BadRequest("messages must be an array of message objects", "messages")
 	}
-	if len(list) == 0 {
-		return nil, BadRequest("messages must contain at least one message", "messages")
+	if e != nil {
+		return nil, e
 	}
-	out := make([]Message, len(list))
-	for i, el := range list {
-		m, e := parseMessage(bytes.TrimSpace(el), fmt.Sprintf("messages[%d]", i))
-		if e != nil {
-			return nil, e
-		}
-		out[i] = m
+	if len(out) == 0 {
+		return nil, BadRequest("messages must contain at least one message", "messages")
 	}
 	return out, nil
 }
 
-func parseMessage(raw json.RawMessage, at string) (Message, *Error) {
-	var f fields
-	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &f) != nil {
+// parseMessage reads one message; max bounds its content parts and tool
+// calls, each of which takes at least a token.
+func parseMessage(raw json.RawMessage, at string, max int) (Message, *Error) {
+	f, ok := objectFields(raw)
+	if !ok {
 		return Message{}, BadRequest(at+" must be an object", at)
 	}
 	var m Message
@@ -891,7 +951,7 @@ func parseMessage(raw json.RawMessage, at string) (Message, *Error) {
 			return m, BadRequest(at+".tool_calls is only allowed in assistant messages", at+".tool_calls")
 		}
 		var e *Error
-		if m.ToolCalls, e = parseToolCalls(raw, at+".tool_calls"); e != nil {
+		if m.ToolCalls, e = parseToolCalls(raw, at+".tool_calls", max); e != nil {
 			return m, e
 		}
 	}
@@ -913,27 +973,36 @@ func parseMessage(raw json.RawMessage, at string) (Message, *Error) {
 		m.Content = s
 		return m, nil
 	}
-	var parts []json.RawMessage
-	if content[0] != '[' || json.Unmarshal(content, &parts) != nil {
-		return m, BadRequest(at+".content must be a string or an array of content parts", at+".content")
-	}
 	var b strings.Builder
-	for j, p := range parts {
+	var e *Error
+	if !eachElement(content, func(j int, p json.RawMessage) bool {
 		pat := fmt.Sprintf("%s.content[%d]", at, j)
-		var pf fields
-		p = bytes.TrimSpace(p)
-		if len(p) == 0 || p[0] != '{' || json.Unmarshal(p, &pf) != nil {
-			return m, BadRequest(pat+" must be an object", pat)
+		if j == max {
+			e = BadRequest(fmt.Sprintf("%s.content has more than %d parts", at, max), at+".content")
+			return false
+		}
+		pf, ok := objectFields(p)
+		if !ok {
+			e = BadRequest(pat+" must be an object", pat)
+			return false
 		}
 		typ, _ := parseString(pf["type"])
 		if typ != "text" {
-			return m, BadRequest(fmt.Sprintf("%s.type %q is not supported; only text parts are", pat, typ), pat+".type")
+			e = BadRequest(fmt.Sprintf("%s.type %q is not supported; only text parts are", pat, Cut(typ)), pat+".type")
+			return false
 		}
 		text, ok := parseString(pf["text"])
 		if !ok {
-			return m, BadRequest(pat+".text must be a string", pat+".text")
+			e = BadRequest(pat+".text must be a string", pat+".text")
+			return false
 		}
 		b.WriteString(text)
+		return true
+	}) {
+		return m, BadRequest(at+".content must be a string or an array of content parts", at+".content")
+	}
+	if e != nil {
+		return m, e
 	}
 	m.Content = b.String()
 	return m, nil

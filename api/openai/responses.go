@@ -1,7 +1,6 @@
 package openai
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -34,7 +33,13 @@ type ResponsesEcho struct {
 
 // ParseResponsesRequest decodes and validates a /v1/responses body.
 func ParseResponsesRequest(body []byte) (*ResponsesRequest, *Error) {
-	f, e := decodeObject(body)
+	return ParseResponsesRequestLimited(body, Limits{})
+}
+
+// ParseResponsesRequestLimited is ParseResponsesRequest within a
+// server's limits (see ParseChatRequestLimited).
+func ParseResponsesRequestLimited(body []byte, lim Limits) (*ResponsesRequest, *Error) {
+	f, e := decodeObject(body, lim)
 	if e != nil {
 		return nil, e
 	}
@@ -67,16 +72,23 @@ func ParseResponsesRequest(body []byte) (*ResponsesRequest, *Error) {
 		r.Echo.Instructions = &instr
 		msgs = append(msgs, map[string]any{"role": RoleSystem, "content": instr})
 	}
-	in, e2 := f.input()
+	in, e2 := f.input(lim.promptTokens())
 	if e2 != nil {
 		return nil, e2
 	}
 	msgs = append(msgs, in...)
 	chat["messages"], _ = json.Marshal(msgs)
 	if raw, ok := f.get("tools"); ok {
-		var list []map[string]json.RawMessage
-		if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+		var list []fields
+		if !eachElement(raw, func(_ int, el json.RawMessage) bool {
+			t, ok := objectFields(el)
+			list = append(list, t)
+			return ok && len(list) <= maxTools
+		}) || (len(list) > 0 && list[len(list)-1] == nil) {
 			return nil, BadRequest("tools must be an array of tool objects", "tools")
+		}
+		if len(list) > maxTools {
+			return nil, BadRequest(fmt.Sprintf("tools may list at most %d functions", maxTools), "tools")
 		}
 		out := make([]map[string]any, len(list))
 		for i, t := range list {
@@ -125,12 +137,12 @@ func ParseResponsesRequest(body []byte) (*ResponsesRequest, *Error) {
 			case "json_schema":
 				chat["response_format"], _ = json.Marshal(map[string]any{"type": "json_schema", "json_schema": text.Format})
 			default:
-				return nil, BadRequest(fmt.Sprintf("text.format type %q is not supported (text, json_object, json_schema)", typ), "text.format.type")
+				return nil, BadRequest(fmt.Sprintf("text.format type %q is not supported (text, json_object, json_schema)", Cut(typ)), "text.format.type")
 			}
 		}
 	}
 	b, _ := json.Marshal(chat)
-	cr, e2 := ParseChatRequest(b)
+	cr, e2 := ParseChatRequestLimited(b, lim)
 	if e2 != nil {
 		if e2.Param != nil {
 			p := *e2.Param
@@ -167,7 +179,8 @@ func ParseResponsesRequest(body []byte) (*ResponsesRequest, *Error) {
 // array of items: messages (content a string or input_text/output_text
 // parts), function_call and function_call_output; reasoning items are
 // skipped, as the chat template rebuilds what it needs from messages.
-func (f fields) input() ([]map[string]any, *Error) {
+// Each item takes at least a token, so more than max are refused unread.
+func (f fields) input(max int) ([]map[string]any, *Error) {
 	raw, ok := f.get("input")
 	if !ok {
 		return nil, BadRequest("you must provide an input parameter", "input")
@@ -176,15 +189,20 @@ func (f fields) input() ([]map[string]any, *Error) {
 		return []map[string]any{{"role": RoleUser, "content": s}}, nil
 	}
 	var items []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &items) != nil || len(items) == 0 {
+	if !eachElement(raw, func(_ int, el json.RawMessage) bool {
+		items = append(items, el)
+		return len(items) <= max
+	}) || len(items) == 0 {
 		return nil, BadRequest("input must be a string or a non-empty array of input items", "input")
+	}
+	if len(items) > max {
+		return nil, PromptTooLong(fmt.Sprintf("this model's maximum context length is %d tokens; the input has more than %d items", max+1, max), "input")
 	}
 	var out []map[string]any
 	for i, el := range items {
 		at := fmt.Sprintf("input[%d]", i)
-		var it fields
-		el = bytes.TrimSpace(el)
-		if len(el) == 0 || el[0] != '{' || json.Unmarshal(el, &it) != nil {
+		it, ok := objectFields(el)
+		if !ok {
 			return nil, BadRequest(at+" must be an object", at)
 		}
 		typ, _ := parseString(it["type"])
@@ -218,15 +236,20 @@ func (f fields) input() ([]map[string]any, *Error) {
 				content = s
 			} else {
 				var parts []fields
-				if raw, ok := it.get("content"); !ok || raw[0] != '[' || json.Unmarshal(raw, &parts) != nil {
-					return nil, BadRequest(at+".content must be a string or an array of content parts", at+".content")
+				raw, ok := it.get("content")
+				if !ok || !eachElement(raw, func(_ int, el json.RawMessage) bool {
+					p, ok := objectFields(el)
+					parts = append(parts, p)
+					return ok && len(parts) <= max
+				}) || (len(parts) > 0 && parts[len(parts)-1] == nil) || len(parts) > max {
+					return nil, BadRequest(at+".content must be a string or an array of at most "+fmt.Sprint(max)+" content parts", at+".content")
 				}
 				var sb strings.Builder
 				for j, p := range parts {
 					pt, _ := parseString(p["type"])
 					text, ok := parseString(p["text"])
 					if (pt != "input_text" && pt != "output_text" && pt != "text") || !ok {
-						return nil, BadRequest(fmt.Sprintf("%s.content[%d]: only text parts are supported, got %q", at, j, pt), fmt.Sprintf("%s.content[%d].type", at, j))
+						return nil, BadRequest(fmt.Sprintf("%s.content[%d]: only text parts are supported, got %q", at, j, Cut(pt)), fmt.Sprintf("%s.content[%d].type", at, j))
 					}
 					sb.WriteString(text)
 				}
@@ -234,7 +257,7 @@ func (f fields) input() ([]map[string]any, *Error) {
 			}
 			out = append(out, map[string]any{"role": role, "content": content})
 		default:
-			return nil, BadRequest(fmt.Sprintf("%s: input items of type %q are not supported", at, typ), at+".type")
+			return nil, BadRequest(fmt.Sprintf("%s: input items of type %q are not supported", at, Cut(typ)), at+".type")
 		}
 	}
 	return out, nil

@@ -34,9 +34,9 @@ func NoRoute(mux *http.ServeMux) http.HandlerFunc {
 		}
 		if len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
-			WriteError(w, MethodNotAllowed("invalid method for URL ("+r.Method+" "+r.URL.Path+"); it takes "+strings.Join(allow, ", ")))
+			WriteError(w, MethodNotAllowed("invalid method for URL ("+Cut(r.Method)+" "+Cut(r.URL.Path)+"); it takes "+strings.Join(allow, ", ")))
 			return
 		}
-		WriteError(w, NotFound("unknown route "+r.Method+" "+r.URL.Path, "not_found"))
+		WriteError(w, NotFound("unknown route "+Cut(r.Method)+" "+Cut(r.URL.Path), "not_found"))
 	}
 }

@@ -74,11 +74,11 @@ const FinishToolCalls = "tool_calls"
 // function_call back, which is not served.
 func (f fields) tools(r *ChatRequest) *Error {
 	if raw, ok := f.get("functions"); ok {
-		var list []json.RawMessage
-		if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+		n := 0
+		if !eachElement(raw, func(int, json.RawMessage) bool { n++; return false }) {
 			return BadRequest("functions must be an array", "functions")
 		}
-		if len(list) > 0 {
+		if n > 0 {
 			return BadRequest("functions is deprecated and not supported; send tools", "functions")
 		}
 	}
@@ -89,11 +89,14 @@ func (f fields) tools(r *ChatRequest) *Error {
 	}
 	if raw, ok := f.get("tools"); ok {
 		var list []json.RawMessage
-		if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
+		if !eachElement(raw, func(_ int, el json.RawMessage) bool {
+			list = append(list, el)
+			return len(list) <= maxTools
+		}) {
 			return BadRequest("tools must be an array of tool objects", "tools")
 		}
 		if len(list) > maxTools {
-			return BadRequest(fmt.Sprintf("tools may list at most %d functions, got %d", maxTools, len(list)), "tools")
+			return BadRequest(fmt.Sprintf("tools may list at most %d functions", maxTools), "tools")
 		}
 		seen := map[string]bool{}
 		for i, el := range list {
@@ -120,7 +123,7 @@ func (f fields) tools(r *ChatRequest) *Error {
 		case ToolChoiceAuto, ToolChoiceNone, ToolChoiceRequired:
 			r.ToolChoice.Mode = s
 		default:
-			return BadRequest(fmt.Sprintf("tool_choice must be none, auto, required or a function, got %.32q", s), "tool_choice")
+			return BadRequest(fmt.Sprintf("tool_choice must be none, auto, required or a function, got %q", Cut(s)), "tool_choice")
 		}
 	} else {
 		var tc struct {
@@ -139,10 +142,29 @@ func (f fields) tools(r *ChatRequest) *Error {
 			return BadRequest("tool_choice "+r.ToolChoice.Mode+" needs tools", "tool_choice")
 		}
 		if r.ToolChoice.Mode == ToolChoiceFunction && !toolNamed(r.Tools, r.ToolChoice.Name) {
-			return BadRequest(fmt.Sprintf("tool_choice names function %q, which is not in tools", r.ToolChoice.Name), "tool_choice")
+			return BadRequest(fmt.Sprintf("tool_choice names function %q, which is not in tools", Cut(r.ToolChoice.Name)), "tool_choice")
 		}
 	}
 	return nil
+}
+
+// maxToolName is the longest function name OpenAI accepts.
+const maxToolName = 64
+
+// ValidToolName reports whether name is a function name OpenAI accepts,
+// ^[a-zA-Z0-9_-]{1,64}$: names go into chat templates and tool-call
+// grammars as they are, where anything else could end a string or a turn.
+func ValidToolName(name string) bool {
+	if len(name) == 0 || len(name) > maxToolName {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func toolNamed(ts []Tool, name string) bool {
@@ -173,6 +195,10 @@ func parseTool(raw json.RawMessage, at string) (Tool, *Error) {
 	if tf.Function.Name == "" {
 		return t, BadRequest(at+".function.name is required", at+".function.name")
 	}
+	if !ValidToolName(tf.Function.Name) {
+		return t, BadRequest(fmt.Sprintf("%s.function.name %q must be 1 to %d letters, digits, underscores or dashes", at, Cut(tf.Function.Name), maxToolName),
+			at+".function.name")
+	}
 	t.Name, t.Description = tf.Function.Name, tf.Function.Description
 	if p, ok := present(tf.Function.Parameters); ok {
 		if p[0] != '{' {
@@ -184,10 +210,17 @@ func parseTool(raw json.RawMessage, at string) (Tool, *Error) {
 	return t, nil
 }
 
-// parseToolCalls reads an assistant message's tool_calls.
-func parseToolCalls(raw json.RawMessage, at string) ([]ToolCall, *Error) {
+// parseToolCalls reads an assistant message's tool_calls, at most max.
+func parseToolCalls(raw json.RawMessage, at string, max int) ([]ToolCall, *Error) {
 	var calls []ToolCall
-	if raw[0] != '[' || json.Unmarshal(raw, &calls) != nil {
+	n := 0
+	if !eachElement(raw, func(int, json.RawMessage) bool { n++; return n <= max }) {
+		return nil, BadRequest(at+" must be an array of tool calls", at)
+	}
+	if n > max {
+		return nil, BadRequest(fmt.Sprintf("%s has more than %d calls", at, max), at)
+	}
+	if json.Unmarshal(raw, &calls) != nil {
 		return nil, BadRequest(at+" must be an array of tool calls", at)
 	}
 	for i, c := range calls {

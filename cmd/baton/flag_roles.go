@@ -27,6 +27,8 @@ var flagRoles = map[string][]string{
 	"role": allRoles, "model": allRoles, "host": allRoles, "port": allRoles, "tokenizer": allRoles,
 	"served-model-name": allRoles, "api-key": allRoles, "metrics-require-key": allRoles,
 	"request-read-timeout": allRoles, "shutdown-timeout": allRoles,
+	"http-idle-timeout": allRoles, "max-connections": allRoles,
+	"allow-special-tokens-in-prompt": {"standalone", "router"},
 
 	"chat-template":    {"standalone", "router"},
 	"tool-call-parser": {"standalone", "router"}, "reasoning-parser": {"standalone", "router"},

@@ -93,7 +93,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	srv := server.New(server.Options{
 		ModelName: name, APIKey: f.apiKey, PrefixCacheScope: prefixcache.Scope(f.cacheScope), Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
 		Constraints: newConstraints(tok).check, ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser,
-		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
+		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout, AllowSpecialTokensInPrompt: f.allowSpecial,
 		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,
 		MaxModelLen: func() int { _, seq := rt.Capacity(); return seq },
 		Info: map[string]any{"role": "router", "model": name, "tokenizer_fingerprint": tok.Fingerprint(), "policy": f.policy,

@@ -71,6 +71,9 @@ type serveFlags struct {
 	apiKey            string
 	metricsKey        bool
 	readTimeout       time.Duration
+	idleTimeout       time.Duration
+	maxConns          int
+	allowSpecial      bool
 	loadFormat        string
 	mmapWeights       bool
 	dummyDType        string
@@ -194,6 +197,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.Float64Var(&f.specGuardMinLength, "spec-guard-min-accept-length", scheduler.DefaultSpecGuard.MinAcceptLength, "standalone, decode: the spec guard stops a generation drafted by a model whose tokens per verifying step fall below this (not applied to ngram drafts)")
 	fs.Float64Var(&f.specGuardMaxRate, "spec-guard-max-accept-rate", scheduler.DefaultSpecGuard.MaxAcceptRate, "standalone, decode: the spec guard stops a generation whose share of accepted draft tokens rises above this (a loop)")
 	fs.DurationVar(&f.readTimeout, "request-read-timeout", 60*time.Second, "how long a client may take to send a request body; a slower upload gets 408")
+	fs.DurationVar(&f.idleTimeout, "http-idle-timeout", 60*time.Second, "close a keep-alive HTTP connection that has sent no request for this long (0: never)")
+	fs.IntVar(&f.maxConns, "max-connections", 4096, "most open HTTP connections; at the bound a new client takes the place of the one idle longest, or waits (0: no bound)")
+	fs.BoolVar(&f.allowSpecial, "allow-special-tokens-in-prompt", false, "standalone/router: parse control tokens written in a completions prompt (\"</s>\", \"<|im_start|>\") as those tokens; by default they are text (chat messages always are)")
 	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
 	fs.BoolVar(&f.mmapWeights, "mmap", false, "cpu: serve the weights from the model file's mapping instead of a copy in huge pages (less memory where processes share a file; decode reads them through 4 KiB pages, up to 2x slower)")
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
@@ -275,6 +281,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--chunked-prefill-size, --max-running-requests and --max-queued-requests must be positive")
 	case f.readTimeout <= 0:
 		return fmt.Errorf("--request-read-timeout must be positive")
+	case f.idleTimeout < 0 || f.maxConns < 0:
+		return fmt.Errorf("--http-idle-timeout and --max-connections must not be negative")
 	case f.decodeRadix && f.transport == "ucx":
 		// A one-sided writer holds the address of every page it was given;
 		// held pages are not to be written, which only a receiver that
@@ -726,7 +734,7 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		PrefixCacheScope: prefixcache.Scope(f.cacheScope),
 		ModelName:        le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
 		Constraints: le.constraints.check, ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser,
-		Defaults: samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout,
+		Defaults: samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout, AllowSpecialTokensInPrompt: f.allowSpecial,
 		MaxPromptTokens: func() int { return le.plan.context - 1 }, Logger: le.log,
 		MaxModelLen: func() int { return le.plan.context },
 		Metrics:     ms, Info: map[string]any{"role": "standalone", "context_length": le.plan.modelContext, "effective_context_length": le.plan.context,
@@ -772,10 +780,7 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Logger, ln net.Listener, h http.Handler, setReady func(bool), drain func(context.Context)) error {
 	ctx, stop := signal.NotifyContext(ctxOrBackground(ctx), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// No ReadTimeout: it stays on the connection while an answer streams,
-	// and net/http cancels a request whose connection read times out.
-	// Bodies get a deadline of their own instead (see bodyDeadline).
-	hs := &http.Server{Handler: bodyDeadline(h, f.readTimeout), ReadHeaderTimeout: 10 * time.Second}
+	hs, ln := server.NewHTTPServer(h, ln, server.HTTPLimits{IdleTimeout: f.idleTimeout, MaxConnections: f.maxConns, BodyReadTimeout: f.readTimeout})
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	setReady(true)
@@ -799,22 +804,6 @@ func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Log
 		log.Warn("shutdown timeout reached; aborting what is still running")
 	}
 	return nil
-}
-
-// bodyDeadline bounds how long a request's body may take to arrive, so
-// that a slow or endless upload ends even on a route that never reads it
-// (net/http then reads what is left before answering). A handler that
-// reads its body lifts the deadline once it has it (server.Options.BodyReadTimeout).
-func bodyDeadline(h http.Handler, d time.Duration) http.Handler {
-	if d <= 0 {
-		return h
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ContentLength != 0 {
-			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(d))
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 func ctxOrBackground(ctx context.Context) context.Context {

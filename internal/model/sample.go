@@ -23,10 +23,16 @@ type Sampling struct {
 	PresencePenalty, FrequencyPenalty, RepetitionPenalty float64
 }
 
+// SamplingEps is the smallest temperature that samples (vLLM's
+// _SAMPLING_EPS); below it a request is greedy. Dividing logits by a
+// temperature near zero overflows them: at 1e-320 every probability came
+// out NaN and every token <unk>.
+const SamplingEps = 1e-5
+
 // Draws reports whether sampling a token under p takes a random draw (one
 // Float64): greedy choices take none. A request that moves from one engine
 // to another mid-stream uses it to carry on the same random stream.
-func (p Sampling) Draws() bool { return p.Temperature > 0 && p.TopK != 1 }
+func (p Sampling) Draws() bool { return p.Temperature >= SamplingEps && p.TopK != 1 }
 
 // TokenLogprob is one candidate and its log-probability under the model's
 // raw distribution (before temperature and truncation, as llama.cpp reports).

@@ -12,7 +12,7 @@ import (
 // object (or its stream of events) with reasoning, message and
 // function-call items in the order the model produced them.
 func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
-	req, ok := parseRequest(s, w, r, openai.ParseResponsesRequest, func(c *openai.ResponsesRequest) string { return c.Chat.Model })
+	req, ok := parseRequest(s, w, r, openai.ParseResponsesRequestLimited, func(c *openai.ResponsesRequest) string { return c.Chat.Model })
 	if !ok {
 		return
 	}

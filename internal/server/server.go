@@ -106,6 +106,11 @@ type Options struct {
 	// ReasoningParser splits <think> blocks into reasoning_content (a name
 	// of reasoning.Formats); empty leaves them in the content.
 	ReasoningParser string
+	// AllowSpecialTokensInPrompt parses control tokens written in a
+	// completions prompt (and a /tokenize prompt) as those tokens, as
+	// llama.cpp's server does; by default a prompt's "</s>" is text. Chat
+	// messages are text either way.
+	AllowSpecialTokensInPrompt bool
 }
 
 // SamplingDefaults are a model's default sampling parameters.
@@ -243,7 +248,7 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) unknownModel(name string) *openai.Error {
-	return openai.NotFound("the model `"+name+"` does not exist; this server serves `"+s.o.ModelName+"`", "model_not_found")
+	return openai.NotFound("the model `"+openai.Cut(name)+"` does not exist; this server serves `"+s.o.ModelName+"`", "model_not_found")
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -271,7 +276,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *open
 	if rc.SetReadDeadline(time.Now().Add(s.o.BodyReadTimeout)) == nil {
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	b, err := readAll(http.MaxBytesReader(w, r.Body, maxBodyBytes), r.ContentLength)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		var ne net.Error
@@ -288,9 +293,54 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *open
 	return b, nil
 }
 
+// readAll reads a body whose declared length (at most maxBodyBytes,
+// checked before) sizes the buffer once: io.ReadAll's doubling would
+// allocate twice a large body's size on its way.
+func readAll(r io.Reader, declared int64) ([]byte, error) {
+	if declared <= 0 {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, 0, declared+1)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			// Longer than declared, which net/http's server never hands
+			// over (it stops at Content-Length); a reader that does is
+			// read to its end all the same.
+			rest, err := io.ReadAll(r)
+			return append(b, rest...), err
+		}
+	}
+}
+
+// limits are what a request must fit now, for the request parsers.
+func (s *Server) limits() openai.Limits {
+	var l openai.Limits
+	if s.o.MaxPromptTokens != nil {
+		l.MaxPromptTokens = s.o.MaxPromptTokens()
+	}
+	return l
+}
+
+// refused counts a request the parser refused for its length as the
+// engine counts those it refuses, so that the rejections show either way.
+func (s *Server) refused(e *openai.Error) {
+	if s.o.Metrics != nil && e.Code != nil && *e.Code == openai.CodeContextLength {
+		s.o.Metrics.Reject("too_long")
+		s.o.Metrics.Outcome("rejected")
+	}
+}
+
 // parseRequest reads a request body with parse and checks that it names
 // the served model; on failure it has written the error and returns false.
-func parseRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte) (T, *openai.Error), model func(T) string) (T, bool) {
+func parseRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, parse func([]byte, openai.Limits) (T, *openai.Error), model func(T) string) (T, bool) {
 	fail := func(e *openai.Error) (T, bool) {
 		openai.WriteError(w, e)
 		var zero T
@@ -300,8 +350,9 @@ func parseRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, pars
 	if e != nil {
 		return fail(e)
 	}
-	req, e := parse(body)
+	req, e := parse(body, s.limits())
 	if e != nil {
+		s.refused(e)
 		return fail(e)
 	}
 	if m := model(req); m != s.o.ModelName {
@@ -311,7 +362,7 @@ func parseRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, pars
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	req, ok := parseRequest(s, w, r, openai.ParseCompletionRequest, func(c *openai.CompletionRequest) string { return c.Model })
+	req, ok := parseRequest(s, w, r, openai.ParseCompletionRequestLimited, func(c *openai.CompletionRequest) string { return c.Model })
 	if !ok {
 		return
 	}
@@ -328,7 +379,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			openai.WriteError(w, e)
 			return
 		}
-		prompt = s.o.Tokenizer.Encode(req.Prompt, true, true)
+		prompt = s.o.Tokenizer.Encode(req.Prompt, true, s.o.AllowSpecialTokensInPrompt)
 	}
 	g := &generation{s: s, chat: false, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
 		id: openai.NewID("cmpl-"), promptParam: "prompt", tenant: s.Tenant(r, req.Sampling.CacheSalt)}
@@ -347,7 +398,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	req, ok := parseRequest(s, w, r, openai.ParseChatRequest, func(c *openai.ChatRequest) string { return c.Model })
+	req, ok := parseRequest(s, w, r, openai.ParseChatRequestLimited, func(c *openai.ChatRequest) string { return c.Model })
 	if !ok {
 		return
 	}
@@ -418,7 +469,8 @@ func (s *Server) cannotFit(text, param string) *openai.Error {
 	if limit <= 0 {
 		return nil
 	}
-	least := (len(text) + s.maxTokenBytes - 1) / s.maxTokenBytes
+	n := tokenizer.UnescapedLen(text)
+	least := (n + s.maxTokenBytes - 1) / s.maxTokenBytes
 	if least <= limit {
 		return nil
 	}
@@ -426,6 +478,6 @@ func (s *Server) cannotFit(text, param string) *openai.Error {
 		s.o.Metrics.Reject("too_long")
 		s.o.Metrics.Outcome("rejected")
 	}
-	return openai.BadRequest(fmt.Sprintf("this model's maximum context length is %d tokens; the prompt is %d bytes long, which is at least %d tokens",
-		limit+1, len(text), least), param)
+	return openai.PromptTooLong(fmt.Sprintf("this model's maximum context length is %d tokens; the prompt is %d bytes long, which is at least %d tokens",
+		limit+1, n, least), param)
 }

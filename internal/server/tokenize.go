@@ -1,8 +1,6 @@
 package server
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -22,45 +20,36 @@ type tokenizeResponse struct {
 // would tokenize it, {"messages"} as chat would (template and all), so a
 // client can count what a request will cost before sending it.
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
-	f, e := s.readFields(w, r)
+	body, e := s.readBody(w, r)
 	if e != nil {
 		openai.WriteError(w, e)
 		return
 	}
-	addSpecial := true
-	if raw, ok := f["add_special_tokens"]; ok && !isNull(raw) {
-		if err := json.Unmarshal(raw, &addSpecial); err != nil {
-			openai.WriteError(w, openai.BadRequest("add_special_tokens must be a boolean", "add_special_tokens"))
-			return
-		}
+	req, e := openai.ParseTokenizeRequest(body, s.limits())
+	if e == nil {
+		e = s.checkModelName(req.Model)
+	}
+	if e != nil {
+		s.refused(e)
+		openai.WriteError(w, e)
+		return
 	}
 	var ids []int32
-	switch _, hasMsgs := f["messages"]; {
-	case hasMsgs:
-		req, e := openai.ParseChatRequest(withModel(f))
-		if e != nil {
-			openai.WriteError(w, e)
-			return
-		}
-		text, e := s.renderChat(req)
+	if req.Chat != nil {
+		text, e := s.renderChat(req.Chat)
 		if e != nil {
 			openai.WriteError(w, e)
 			return
 		}
 		ids = s.encodeChat(text)
-	default:
-		req, e := openai.ParseCompletionRequest(withModel(f))
-		if e != nil {
-			openai.WriteError(w, e)
-			return
-		}
-		ids = req.PromptTokenIDs
+	} else {
+		ids = req.Completion.PromptTokenIDs
 		if ids == nil {
-			if e := s.cannotFit(req.Prompt, "prompt"); e != nil {
+			if e := s.cannotFit(req.Completion.Prompt, "prompt"); e != nil {
 				openai.WriteError(w, e)
 				return
 			}
-			ids = s.o.Tokenizer.Encode(req.Prompt, addSpecial, true)
+			ids = s.o.Tokenizer.Encode(req.Completion.Prompt, req.AddSpecialTokens, s.o.AllowSpecialTokensInPrompt)
 		}
 	}
 	writeJSON(w, http.StatusOK, tokenizeResponse{Tokens: nonNil(ids), Count: len(ids), MaxModelLen: s.maxModelLen()})
@@ -68,26 +57,27 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 
 // detokenize answers POST /detokenize: {"tokens"} back to text.
 func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
-	f, e := s.readFields(w, r)
+	body, e := s.readBody(w, r)
 	if e != nil {
 		openai.WriteError(w, e)
 		return
 	}
-	var ids []int64
-	if raw, ok := f["tokens"]; !ok || isNull(raw) || json.Unmarshal(raw, &ids) != nil {
-		openai.WriteError(w, openai.BadRequest("tokens must be an array of token ids", "tokens"))
+	req, e := openai.ParseDetokenizeRequest(body, s.limits())
+	if e == nil {
+		e = s.checkModelName(req.Model)
+	}
+	if e != nil {
+		openai.WriteError(w, e)
 		return
 	}
 	vocab := s.o.Tokenizer.VocabSize()
-	toks := make([]int32, len(ids))
-	for i, id := range ids {
-		if id < 0 || id >= int64(vocab) {
+	for i, id := range req.Tokens {
+		if int(id) >= vocab {
 			openai.WriteError(w, openai.BadRequest(fmt.Sprintf("token id %d is outside the vocabulary (0..%d)", id, vocab-1), fmt.Sprintf("tokens[%d]", i)))
 			return
 		}
-		toks[i] = int32(id)
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"prompt": s.promptText(toks)})
+	writeJSON(w, http.StatusOK, map[string]string{"prompt": s.promptText(req.Tokens)})
 }
 
 // promptText turns prompt tokens back into the text they came from, as
@@ -100,31 +90,14 @@ func (s *Server) promptText(ids []int32) string {
 	return s.o.Tokenizer.Detokenize(ids, false, false)
 }
 
-// checkModelField accepts an absent model (these endpoints do not need
-// one) or the served one.
-func (s *Server) checkModelField(raw json.RawMessage) *openai.Error {
-	if len(raw) == 0 || isNull(raw) {
-		return nil
-	}
-	var m string
-	if json.Unmarshal(raw, &m) != nil {
-		return openai.BadRequest("model must be a string", "model")
-	}
-	if m != s.o.ModelName {
+// checkModelName accepts no model (these endpoints do not need one) or
+// the served one.
+func (s *Server) checkModelName(m string) *openai.Error {
+	if m != "" && m != s.o.ModelName {
 		return s.unknownModel(m)
 	}
 	return nil
 }
-
-// withModel gives the body a model so that the request parsers, which
-// require one, can read the rest; the model was checked already.
-func withModel(f map[string]json.RawMessage) []byte {
-	f["model"] = json.RawMessage(`"m"`)
-	b, _ := json.Marshal(f)
-	return b
-}
-
-func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
 
 func nonNil[T any](s []T) []T {
 	if s == nil {
@@ -158,7 +131,10 @@ func (s *Server) renderChatWith(req *openai.ChatRequest, vars map[string]any) (s
 			msgs[i].ToolCalls = append(msgs[i].ToolCalls, chat.ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
 		}
 	}
-	text, err := s.o.Template.RenderWith(msgs, true, vars)
+	// What the client wrote is escaped, so that its control-token text
+	// stays text while the template's markup becomes control tokens
+	// (encodeChat).
+	text, err := s.o.Template.RenderEscaped(msgs, true, vars, s.o.Tokenizer.EscapeSpecial)
 	if err != nil {
 		return "", openai.BadRequest("the chat template could not render these messages: "+err.Error(), "messages")
 	}
@@ -168,27 +144,12 @@ func (s *Server) renderChatWith(req *openai.ChatRequest, vars map[string]any) (s
 	return text, nil
 }
 
-// encodeChat tokenizes a rendered conversation. Templates that write the
-// BOS text themselves must not get a second one.
+// encodeChat tokenizes a conversation rendered by renderChatWith: control
+// tokens of the template's own text are parsed, those of the client's
+// text spelled out. Templates that write the BOS text themselves must
+// not get a second one.
 func (s *Server) encodeChat(text string) []int32 {
 	bos := s.o.Tokenizer.TokenText(s.o.Tokenizer.BOS())
 	addBOS := bos == "" || !strings.HasPrefix(text, bos)
-	return s.o.Tokenizer.Encode(text, addBOS, true)
-}
-
-// readFields reads a /tokenize or /detokenize body: a JSON object whose
-// optional model must be this server's.
-func (s *Server) readFields(w http.ResponseWriter, r *http.Request) (map[string]json.RawMessage, *openai.Error) {
-	body, e := s.readBody(w, r)
-	if e != nil {
-		return nil, e
-	}
-	var f map[string]json.RawMessage
-	if err := json.Unmarshal(body, &f); err != nil || f == nil {
-		return nil, openai.BadRequest("request body must be a JSON object", "")
-	}
-	if e := s.checkModelField(f["model"]); e != nil {
-		return nil, e
-	}
-	return f, nil
+	return s.o.Tokenizer.EncodeEscaped(text, addBOS)
 }

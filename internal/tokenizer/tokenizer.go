@@ -73,6 +73,9 @@ type Tokenizer struct {
 	// special lists the tokens matched literally in the input before BPE,
 	// longest first so that a longer token wins over its own prefix.
 	special []int32
+	// controlByFirst lists the control and unknown tokens (those that
+	// parseSpecial governs) by their first byte, for EscapeSpecial.
+	controlByFirst [256][]int32
 
 	byteTok [256]int32 // byte fallback ids, -1 where the vocab lacks one
 
@@ -230,10 +233,15 @@ func FromGGUF(f *gguf.File) (*Tokenizer, error) {
 // splitting (control, user-defined, unknown), longest first.
 func (t *Tokenizer) indexSpecial() {
 	t.special = t.special[:0]
+	t.controlByFirst = [256][]int32{}
 	for i := range t.tokens {
 		switch t.types[i] {
 		case typeControl, typeUserDefined, typeUnknown:
 			t.special = append(t.special, int32(i))
+		}
+		if ty := t.types[i]; (ty == typeControl || ty == typeUnknown) && t.tokens[i] != "" && !strings.Contains(t.tokens[i], specialMark) {
+			b := t.tokens[i][0]
+			t.controlByFirst[b] = append(t.controlByFirst[b], int32(i))
 		}
 	}
 	slices.SortStableFunc(t.special, func(a, b int32) int {
@@ -407,11 +415,25 @@ func (t *Tokenizer) TokenID(text string) (int32, bool) {
 // such as "<|im_start|>", become their token instead of being spelled out;
 // user-defined tokens are always matched, as llama.cpp does.
 func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
+	return t.encode(text, addSpecial, parseSpecial, false)
+}
+
+// encode is Encode; escaped says text was built with EscapeSpecial's
+// marks (see EncodeEscaped).
+func (t *Tokenizer) encode(text string, addSpecial, parseSpecial, escaped bool) []int32 {
 	out := make([]int32, 0, len(text)/3+2)
 	if addSpecial && t.addBOS {
 		out = append(out, t.bos)
 	}
-	frags := t.partition(text, parseSpecial)
+	frags := t.partition(text, parseSpecial, escaped)
+	// span is a text fragment's text, its marks taken out when escaped; a
+	// fragment of nothing but marks is no text at all.
+	span := func(fr fragment) string {
+		if escaped {
+			return unescape(text[fr.start:fr.end])
+		}
+		return text[fr.start:fr.end]
+	}
 	switch {
 	case t.hf != nil:
 		for _, fr := range frags {
@@ -419,7 +441,11 @@ func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
 				out = append(out, fr.tok)
 				continue
 			}
-			s := t.hf.normalize(text[fr.start:fr.end], fr.start == 0)
+			raw := span(fr)
+			if raw == "" {
+				continue
+			}
+			s := t.hf.normalize(raw, fr.start == 0)
 			if t.kind == kindBPE {
 				out = t.encodeBPE(s, out)
 				continue
@@ -437,11 +463,15 @@ func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
 				prevSpecial = true
 				continue
 			}
+			raw := span(fr)
+			if raw == "" {
+				continue
+			}
 			sb.Reset()
 			if t.addSpacePrefix && prevSpecial {
 				sb.WriteString("▁")
 			}
-			for _, c := range []byte(text[fr.start:fr.end]) {
+			for _, c := range []byte(raw) {
 				if c == ' ' {
 					sb.WriteString("▁")
 				} else {
@@ -457,7 +487,9 @@ func (t *Tokenizer) Encode(text string, addSpecial, parseSpecial bool) []int32 {
 				out = append(out, fr.tok)
 				continue
 			}
-			out = t.encodeBPE(text[fr.start:fr.end], out)
+			if raw := span(fr); raw != "" {
+				out = t.encodeBPE(raw, out)
+			}
 		}
 	}
 	if addSpecial && t.addEOS {
@@ -473,14 +505,17 @@ type fragment struct {
 }
 
 // partition splits text around literal occurrences of special tokens.
-func (t *Tokenizer) partition(text string, parseSpecial bool) []fragment {
+// With escaped, a control token that EscapeSpecial marked is left in the
+// text.
+func (t *Tokenizer) partition(text string, parseSpecial, escaped bool) []fragment {
 	if text == "" {
 		return nil
 	}
 	frags := []fragment{{tok: -1, start: 0, end: len(text)}}
 	for _, id := range t.special {
 		ty := t.types[id]
-		if !parseSpecial && (ty == typeControl || ty == typeUnknown) {
+		control := ty == typeControl || ty == typeUnknown
+		if !parseSpecial && control {
 			continue
 		}
 		s := t.tokens[id]
@@ -493,17 +528,23 @@ func (t *Tokenizer) partition(text string, parseSpecial bool) []fragment {
 				next = append(next, fr)
 				continue
 			}
-			start := fr.start
-			for start < fr.end {
-				i := strings.Index(text[start:fr.end], s)
+			start, from := fr.start, fr.start
+			for from < fr.end {
+				i := strings.Index(text[from:fr.end], s)
 				if i < 0 {
 					break
 				}
-				if i > 0 {
-					next = append(next, fragment{tok: -1, start: start, end: start + i})
+				at := from + i
+				if escaped && control && marked(text, at) {
+					from = at + 1
+					continue
+				}
+				if at > start {
+					next = append(next, fragment{tok: -1, start: start, end: at})
 				}
 				next = append(next, fragment{tok: id})
-				start += i + len(s)
+				start = at + len(s)
+				from = start
 			}
 			if start < fr.end {
 				next = append(next, fragment{tok: -1, start: start, end: fr.end})

@@ -48,9 +48,14 @@ type Message struct {
 	ToolCallID string
 }
 
-// Reserved are the variables Render sets itself; extra variables may not
-// replace them.
-var Reserved = []string{"messages", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
+// Reserved are the variables a request's chat_template_kwargs may not set:
+// those Render sets itself (messages, add_generation_prompt, bos_token,
+// eos_token and the functions), and those a server fills from a request's
+// own fields after checking them (tools; documents, which transformers
+// passes the same way). Set from the kwargs, tools would reach the
+// template unchecked.
+var Reserved = []string{"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
+	"raise_exception", "strftime_now", "range"}
 
 // Template renders conversations. It is safe for concurrent use.
 type Template struct {
@@ -168,9 +173,25 @@ func (t *Template) Render(messages []Message, addGenerationPrompt bool) (out str
 }
 
 // RenderWith is Render with extra template variables (a request's
-// chat_template_kwargs, such as enable_thinking). Variables named in
-// Reserved are ignored: the conversation is not theirs to replace.
+// chat_template_kwargs, such as enable_thinking, and its tools). The
+// variables Render sets itself cannot be replaced: the conversation is
+// not theirs to replace.
 func (t *Template) RenderWith(messages []Message, addGenerationPrompt bool, vars map[string]any) (out string, err error) {
+	return t.RenderEscaped(messages, addGenerationPrompt, vars, nil)
+}
+
+// RenderEscaped is RenderWith that passes every string of the messages and
+// of vars (names and values, however deep) through escape first, and none
+// of the template's own text: with the tokenizer's EscapeSpecial, the
+// template's markup becomes control tokens and the same markup written by
+// a client stays text. A nil escape changes nothing.
+func (t *Template) RenderEscaped(messages []Message, addGenerationPrompt bool, vars map[string]any, escape func(string) string) (out string, err error) {
+	if escape != nil {
+		messages = escapeMessages(messages, escape)
+		if vars != nil {
+			vars = escapeValue(vars, escape, 0).(map[string]any)
+		}
+	}
 	if t.tpl == nil {
 		return renderPlain(messages, addGenerationPrompt), nil
 	}

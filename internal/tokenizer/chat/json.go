@@ -14,6 +14,9 @@ import (
 // templates (most write them with tojson).
 type ToolCall struct {
 	ID, Name, Arguments string
+	// escape, when set, is applied to the arguments' strings once they
+	// are decoded (RenderEscaped).
+	escape func(string) string
 }
 
 // DecodeJSON decodes a JSON text into template values, objects keeping
@@ -80,6 +83,64 @@ func decodeValue(d *json.Decoder, depth int) (any, error) {
 	return t, nil
 }
 
+// escapeMessages is messages with escape applied to all their text.
+func escapeMessages(msgs []Message, escape func(string) string) []Message {
+	out := make([]Message, len(msgs))
+	for i, m := range msgs {
+		m.Role, m.Content, m.Name, m.ToolCallID = escape(m.Role), escape(m.Content), escape(m.Name), escape(m.ToolCallID)
+		if len(m.ToolCalls) > 0 {
+			calls := make([]ToolCall, len(m.ToolCalls))
+			for j, c := range m.ToolCalls {
+				calls[j] = ToolCall{ID: escape(c.ID), Name: escape(c.Name), Arguments: c.Arguments, escape: escape}
+			}
+			m.ToolCalls = calls
+		}
+		out[i] = m
+	}
+	return out
+}
+
+// escapeValue is v with escape applied to every string in it, names of
+// members included; v is built of what DecodeJSON and the request decoder
+// make (maps, lists, dicts, template values, scalars), depth bounded as
+// theirs is.
+func escapeValue(v any, escape func(string) string, depth int) any {
+	if depth > maxEscapeDepth {
+		return v
+	}
+	switch x := v.(type) {
+	case string:
+		return escape(x)
+	case *exec.Value:
+		if x == nil {
+			return x
+		}
+		return exec.AsValue(escapeValue(x.Interface(), escape, depth+1))
+	case exec.Dict:
+		pairs := make([]*exec.Pair, len(x.Pairs))
+		for i, p := range x.Pairs {
+			pairs[i] = &exec.Pair{Key: escapeValue(p.Key, escape, depth+1).(*exec.Value), Value: escapeValue(p.Value, escape, depth+1).(*exec.Value)}
+		}
+		return exec.Dict{Pairs: pairs}
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[escape(k)] = escapeValue(e, escape, depth+1)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = escapeValue(e, escape, depth+1)
+		}
+		return out
+	}
+	return v
+}
+
+// maxEscapeDepth is deeper than anything DecodeJSON decodes.
+const maxEscapeDepth = 200
+
 func toolCallsValue(calls []ToolCall) []any {
 	out := make([]any, len(calls))
 	for i, c := range calls {
@@ -88,6 +149,9 @@ func toolCallsValue(calls []ToolCall) []any {
 			if _, ok := v.(exec.Dict); ok {
 				args = v
 			}
+		}
+		if c.escape != nil {
+			args = escapeValue(args, c.escape, 0)
 		}
 		fn := exec.Dict{Pairs: []*exec.Pair{
 			{Key: exec.AsValue("name"), Value: exec.AsValue(c.Name)},

@@ -213,6 +213,10 @@ func (e *jsonEncoder) encodeObject(keys []string, vals []any, depth int) error {
 	return nil
 }
 
+// escapeMark is the tokenizer's escape mark (tokenizer.EscapeSpecial), a
+// noncharacter no client text holds unescaped.
+const escapeMark = '\uFDD0'
+
 // encodeString escapes as Python's json module does.
 func (e *jsonEncoder) encodeString(s string) {
 	sb := &e.sb
@@ -235,6 +239,10 @@ func (e *jsonEncoder) encodeString(s string) {
 			sb.WriteString(`\f`)
 		default:
 			switch {
+			case r == escapeMark:
+				// The tokenizer's mark for a client's control-token text
+				// (RenderEscaped) must reach it as it is, not as \ufdd0.
+				sb.WriteRune(r)
 			case r < 0x20 || (e.ensureASCII && r >= 0x7f):
 				if r > 0xFFFF {
 					r -= 0x10000
