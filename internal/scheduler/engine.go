@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/batonlm/baton/internal/hicache"
-	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
@@ -105,7 +104,8 @@ type Engine struct {
 	samplers sync.Pool
 	draws    []pendingDraw // the step's tokens to sample (step only)
 	drafter  drafter
-	eog      []int32 // the tokens IsEOG accepts, banned before min_tokens
+	eog      []int32    // the tokens IsEOG accepts, banned before min_tokens
+	traits   roleTraits // what the role changes in the loop (step.go)
 	// maskSlots bounds the mask workers running at once (grammarwork.go).
 	maskSlots chan struct{}
 }
@@ -124,12 +124,11 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	if cfg.IsEOG == nil {
 		cfg.IsEOG = func(int32) bool { return false }
 	}
-	ms.KVPagesTotal.Set(float64(pool.NumPages()))
 	ms.KVPagesCapacity.Set(float64(pool.NumPages()))
 	ms.KVPagesFree.Set(float64(pool.Free()))
 	ms.TokenUsage.Set(1 - float64(pool.Free())/float64(max(1, pool.NumPages())))
 	m.Reserve(stepRows(cfg), cfg.MaxRunning)
-	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1), drafter: newDrafter(cfg.Spec),
+	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1), drafter: newDrafter(cfg.Spec), traits: traitsOf(cfg.Role),
 		maskSlots: make(chan struct{}, maskWorkers())}
 	e.samplers.New = func() any { return new(model.Sampler) }
 	for id := range int32(m.Config.Vocab) {
@@ -274,7 +273,7 @@ func (e *Engine) checkDoor(r *Request) *RejectError {
 	case n >= ctx:
 		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens; the prompt has %d tokens, leaving no room to generate", ctx, n)}
-	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx && e.cfg.Role != RolePrefill: // prefill holds only the prompt
+	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx && !e.traits.handsOn: // prefill holds only the prompt
 		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens; you requested %d tokens (%d in the prompt, %d for the completion)",
 			ctx, n+r.Params.MaxTokens, n, r.Params.MaxTokens)}
@@ -469,7 +468,7 @@ func (e *Engine) needPages(r *Request) int {
 // waiting request can then be admitted (its pages are free), so preemption
 // can never leave the batch empty and the queue stuck.
 func (e *Engine) maybePreempt() {
-	if e.cfg.PreemptAfter <= 0 || e.cfg.Role != RoleStandalone || len(e.waiting) == 0 || len(e.running) < e.cfg.MaxRunning {
+	if e.cfg.PreemptAfter <= 0 || !e.traits.preempts || len(e.waiting) == 0 || len(e.running) < e.cfg.MaxRunning {
 		return
 	}
 	head := e.waiting[0]
@@ -502,223 +501,13 @@ func (e *Engine) maybePreempt() {
 // maxSeqLen is the longest r can grow: its prompt plus max_tokens, or the
 // context length when max_tokens was not given.
 func (e *Engine) maxSeqLen(r *Request) int {
-	if e.cfg.Role == RolePrefill {
+	if e.traits.handsOn {
 		return len(r.Prompt)
 	}
 	if r.Params.MaxTokens > 0 {
 		return min(len(r.Prompt)+r.Params.MaxTokens, e.cfg.ContextLength)
 	}
 	return e.cfg.ContextLength
-}
-
-// step runs one forward pass over the running batch: one token for each
-// decoding request and prompt chunks for prefilling ones, within ChunkSize.
-// Requests whose pages are still loading sit it out. It reports whether a
-// forward pass ran.
-func (e *Engine) step() bool {
-	ps := e.pool.PageSize()
-	budget := e.cfg.ChunkSize
-	b := &model.Batch{}
-	var members []*Request
-	e.drawDeferred()
-	e.drafter.prepare(e)
-	for i := 0; i < len(e.running); i++ {
-		r := e.running[i]
-		if r.grammar.deferred {
-			continue // its last draw waits for its mask
-		}
-		if constrained(r) {
-			// The mask is made while the forward pass runs.
-			e.askMask(r)
-			if err := e.maskFailed(r); err != nil {
-				e.running = append(e.running[:i], e.running[i+1:]...)
-				i--
-				e.fail(r, err)
-				continue
-			}
-		}
-		if r.loading > 0 {
-			if !loadsEnded(e, r) {
-				if !r.loadWait {
-					r.loadWait = true
-					e.m.HiCacheLoadWaits.Inc()
-				}
-				continue
-			}
-			e.loaded(r)
-		}
-		todo := len(r.seq) - r.computed
-		spec := todo == 1 && e.speculates(r)
-		if spec {
-			e.propose(r)
-			todo += len(r.spec.draft)
-		} else {
-			r.spec.draft = r.spec.draft[:0]
-		}
-		if todo > 1 && !spec { // prefill
-			if budget <= 0 {
-				continue
-			}
-			todo = min(todo, budget)
-			budget -= todo
-		}
-		end := r.computed + todo
-		// The read gate: every position this step attends over, beyond the
-		// ones it writes itself, must be in pages tagged as this request's own
-		// and already written.
-		if err := readable(e, r); err != nil {
-			e.m.ReadGateFailures.Inc()
-			if errors.Is(err, kvpool.ErrLoading) {
-				e.m.KVReadBeforeReady.Inc()
-			}
-			e.running = append(e.running[:i], e.running[i+1:]...)
-			i--
-			e.fail(r, fmt.Errorf("KV read gate refused the batch: %w", err))
-			continue
-		}
-		// The write gate: the positions this step stores must fall in the
-		// request's own pages, never in a shared page others read.
-		if err := writable(e, r, r.computed, end); err != nil {
-			e.m.ReadGateFailures.Inc()
-			e.running = append(e.running[:i], e.running[i+1:]...)
-			i--
-			e.fail(r, fmt.Errorf("KV write gate refused the batch: %w", err))
-			continue
-		}
-		if r.life.State() == StateAdmitted {
-			e.must(r, r.life.To(StatePrefilling, ""))
-		}
-		q0 := len(b.Tokens)
-		for p := r.computed; p < end; p++ {
-			tok := r.seq[min(p, len(r.seq)-1)]
-			if p >= len(r.seq) { // a draft token: its KV is rolled back if rejected
-				tok = r.spec.draft[p-len(r.seq)]
-			}
-			b.Tokens = append(b.Tokens, tok)
-			b.Positions = append(b.Positions, int32(p))
-			b.Slots = append(b.Slots, r.pages[p/ps]*int32(ps)+int32(p%ps))
-		}
-		if spec {
-			r.spec.steps++
-		}
-		b.Seqs = append(b.Seqs, kernels.AttnSeq{Pages: r.pages, QStart: q0, QLen: todo, KVLen: end})
-		// A prompt's own logprobs and a draft's verification need the
-		// prediction of every row.
-		if (r.Params.PromptLogprobs && r.computed < len(r.Prompt)) || len(r.spec.draft) > 0 {
-			if b.Every == nil {
-				b.Every = make([]bool, len(b.Seqs)-1, len(e.running))
-			}
-			b.Every = append(b.Every, true)
-		} else if b.Every != nil {
-			b.Every = append(b.Every, false)
-		}
-		members = append(members, r)
-	}
-	if len(members) == 0 {
-		return false
-	}
-	logits, err := e.model.Forward(b, e.pool.KV())
-	if err != nil {
-		for _, r := range members {
-			e.remove(r)
-			e.fail(r, err)
-		}
-		return true
-	}
-	vocab := e.model.Config.Vocab
-	var maskBy time.Time // how long this step waits for masks
-	at := 0              // the first logit row of member i
-	for i, r := range members {
-		s := b.Seqs[i]
-		rows := b.Rows(i)
-		at += rows
-		if i < len(b.Every) && b.Every[i] {
-			e.scorePrompt(r, logits[(at-rows)*vocab:at*vocab], s.KVLen-s.QLen)
-		}
-		if err := e.pool.MarkPositions(r.owner, r.pages, s.KVLen); err != nil {
-			e.remove(r)
-			e.fail(r, err)
-			continue
-		}
-		if r.generated == 0 && e.cfg.Role != RoleDecode {
-			e.m.PromptTokens.Add(float64(s.QLen))
-		}
-		if r.OnChunk != nil {
-			r.OnChunk(e.pool.KV(), r.pages, r.computed, s.KVLen)
-		}
-		if len(r.spec.draft) > 0 {
-			e.speculated(r, logits[(at-rows)*vocab:at*vocab], s.KVLen-s.QLen)
-			continue
-		}
-		r.computed = s.KVLen
-		if r.computed < len(r.seq) {
-			continue // more prompt to prefill
-		}
-		if r.generated == 0 {
-			e.publish(r)
-		}
-		row := logits[(at-1)*vocab : at*vocab]
-		if hasNaN(row) {
-			// Poisoned KV reached attention: a page that was read had not
-			// been written by this request. Never sample from it.
-			e.m.NaNLogits.Inc()
-			e.remove(r)
-			e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
-			continue
-		}
-		d := pendingDraw{r: r, row: row, h: e.history(r)}
-		if constrained(r) {
-			if maskBy.IsZero() {
-				maskBy = time.Now().Add(maskWait)
-			}
-			mask, ready, err := e.takeMask(r, maskBy)
-			if err != nil {
-				e.remove(r)
-				e.fail(r, err)
-				continue
-			}
-			if !ready {
-				e.deferDraw(r, row)
-				continue
-			}
-			d.h.Allow = mask
-		}
-		e.draws = append(e.draws, d)
-	}
-	e.sampleDraws()
-	for _, d := range e.draws {
-		e.settle(d.r, d.tok)
-	}
-	clear(e.draws) // the requests and rows are not kept past the step
-	e.draws = e.draws[:0]
-	e.gauges()
-	return true
-}
-
-// pendingDraw is a token a step still has to sample for r from row.
-type pendingDraw struct {
-	r   *Request
-	row []float32
-	h   model.History
-	tok model.Sampled
-}
-
-// sampleDraws samples the step's pending draws on the backend's threads:
-// each draw reads its own row and history and advances its own request's
-// generator, so they are independent of each other and of the order they
-// run in. One by one on the engine's goroutine they were 4% of a
-// 32-sequence decode step's time (2.6 ms at a 32K vocabulary) while the
-// backend's other threads waited for the next step. A single draw (one
-// sequence decoding) runs on the caller: Parallel does not split one item.
-func (e *Engine) sampleDraws() {
-	kernels.Parallel(e.model.Backend(), len(e.draws), func(lo, hi int) {
-		s := e.samplers.Get().(*model.Sampler)
-		defer e.samplers.Put(s)
-		for i := lo; i < hi; i++ {
-			d := &e.draws[i]
-			d.tok = s.SampleAfter(d.row, d.r.Params.Sampling, d.r.rng, d.h)
-		}
-	})
 }
 
 // scorePrompt records the logprobs of the prompt tokens that rows (the

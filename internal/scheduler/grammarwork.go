@@ -277,7 +277,7 @@ func (e *Engine) settle(r *Request, tok model.Sampled) {
 		e.fail(r, err)
 		return
 	}
-	if e.cfg.Role == RolePrefill {
+	if e.traits.handsOn {
 		e.prefilled(r, tok)
 		return
 	}

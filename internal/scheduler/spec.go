@@ -72,6 +72,9 @@ type specState struct {
 	drafted  int     // draft tokens proposed over the request's life
 	accepted int     // of them, accepted
 	steps    int     // verifying steps (each emits accepted+1 tokens)
+	// speculating says r speculates this step (prepare): its draft, if
+	// any, is verified, and the step counts as a verifying one.
+	speculating bool
 	// loopDraft says this step's n-gram draft copies the request's own
 	// output from at most ngramLoopPeriod tokens back; loopAccepted
 	// counts the accepted tokens of such drafts (the spec guard's loop
