@@ -3,6 +3,8 @@ package kvpool
 import (
 	"fmt"
 	"math"
+
+	"github.com/batonlm/baton/internal/request"
 )
 
 // Shared pages are the prefix cache's. A page becomes shared only when the
@@ -20,7 +22,7 @@ const CacheRoom = math.MaxUint64
 // CacheKey names the contents of a shared page: the prefix cache's chained
 // hash of everything that determines them (tenant, model, layout, the
 // tokens up to the end of the page).
-type CacheKey struct{ Hi, Lo uint64 }
+type CacheKey = request.CacheKey
 
 // SharedRef names a shared page by id and by the key it must hold, so that
 // a page evicted and reused for something else is never mistaken for it.

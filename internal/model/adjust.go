@@ -15,7 +15,7 @@ type History struct {
 }
 
 // adjusts reports whether p or h changes the logits before the choice.
-func (p Sampling) adjusts(h History) bool {
+func adjusts(p Sampling, h History) bool {
 	return len(p.LogitBias) > 0 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 ||
 		(p.RepetitionPenalty > 0 && p.RepetitionPenalty != 1) || len(h.Ban) > 0 || h.Allow != nil
 }

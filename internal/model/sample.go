@@ -6,46 +6,22 @@ import (
 	"sort"
 
 	"github.com/batonlm/baton/internal/model/expsum"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // Sampling holds the parameters that pick the next token.
-type Sampling struct {
-	Temperature float64 // 0 means greedy
-	TopP        float64 // 1 or 0: off
-	TopK        int     // 0: off
-	MinP        float64 // 0: off
-	TopLogprobs int     // how many alternatives to report
-	// LogitBias is added to its tokens' logits before the choice.
-	LogitBias map[int32]float64
-	// PresencePenalty and FrequencyPenalty (OpenAI) weigh the generated
-	// tokens; RepetitionPenalty (vLLM) the prompt's and the generated ones,
-	// 0 or 1 being off.
-	PresencePenalty, FrequencyPenalty, RepetitionPenalty float64
-}
+type Sampling = request.Sampling
 
-// SamplingEps is the smallest temperature that samples (vLLM's
-// _SAMPLING_EPS); below it a request is greedy. Dividing logits by a
-// temperature near zero overflows them: at 1e-320 every probability came
-// out NaN and every token <unk>.
-const SamplingEps = 1e-5
-
-// Draws reports whether sampling a token under p takes a random draw (one
-// Float64): greedy choices take none. A request that moves from one engine
-// to another mid-stream uses it to carry on the same random stream.
-func (p Sampling) Draws() bool { return p.Temperature >= SamplingEps && p.TopK != 1 }
+// SamplingEps is the smallest temperature that samples; below it a
+// request is greedy.
+const SamplingEps = request.SamplingEps
 
 // TokenLogprob is one candidate and its log-probability under the model's
 // raw distribution (before temperature and truncation, as llama.cpp reports).
-type TokenLogprob struct {
-	ID      int32
-	Logprob float32
-}
+type TokenLogprob = request.TokenLogprob
 
 // Sampled is the chosen token with its logprob and the top alternatives.
-type Sampled struct {
-	TokenLogprob
-	Top []TokenLogprob
-}
+type Sampled = request.Sampled
 
 // Sampler picks tokens from logits; its scratch space is reused across calls.
 type Sampler struct {
@@ -71,7 +47,7 @@ func (s *Sampler) Sample(logits []float32, p Sampling, rng *rand.Rand) Sampled {
 // adjusted is logits after the request's bias, penalties and bans (in the
 // sampler's scratch), or logits itself when those change nothing.
 func (s *Sampler) adjusted(logits []float32, p Sampling, h History) []float32 {
-	if !p.adjusts(h) {
+	if !adjusts(p, h) {
 		return logits
 	}
 	if cap(s.work) < len(logits) {
@@ -94,7 +70,7 @@ func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h Hi
 		chosen = s.draw(pick, p, rng)
 		// A draw over the whole vocabulary at temperature 1 from the raw
 		// logits summed the very exponentials that logZ needs.
-		if s.allSum > 0 && p.Temperature == 1 && !p.adjusts(h) {
+		if s.allSum > 0 && p.Temperature == 1 && !adjusts(p, h) {
 			haveZ, logZ = true, s.allTop+math.Log(s.allSum)
 		}
 	} else {
@@ -104,10 +80,10 @@ func (s *Sampler) SampleAfter(logits []float32, p Sampling, rng *rand.Rand, h Hi
 		logZ = logSumExp(logits)
 	}
 	lp := func(id int32) float32 { return float32(float64(logits[id]) - logZ) }
-	out := Sampled{TokenLogprob: TokenLogprob{chosen, lp(chosen)}}
+	out := Sampled{TokenLogprob: TokenLogprob{ID: chosen, Logprob: lp(chosen)}}
 	if p.TopLogprobs > 0 {
 		for _, id := range s.topK(logits, p.TopLogprobs) {
-			out.Top = append(out.Top, TokenLogprob{id, lp(id)})
+			out.Top = append(out.Top, TokenLogprob{ID: id, Logprob: lp(id)})
 		}
 	}
 	return out
@@ -124,10 +100,10 @@ func logSumExp(logits []float32) float64 {
 // was not sampled.
 func (s *Sampler) Score(logits []float32, id int32, top int) Sampled {
 	logZ := logSumExp(logits)
-	out := Sampled{TokenLogprob: TokenLogprob{id, float32(float64(logits[id]) - logZ)}}
+	out := Sampled{TokenLogprob: TokenLogprob{ID: id, Logprob: float32(float64(logits[id]) - logZ)}}
 	if top > 0 {
 		for _, a := range s.topK(logits, top) {
-			out.Top = append(out.Top, TokenLogprob{a, float32(float64(logits[a]) - logZ)})
+			out.Top = append(out.Top, TokenLogprob{ID: a, Logprob: float32(float64(logits[a]) - logZ)})
 		}
 	}
 	return out

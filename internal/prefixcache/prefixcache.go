@@ -22,12 +22,13 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // Salt separates tenants: pages found under one salt are never found
 // under another. The zero Salt is a tenant like any other (no API key, no
 // cache_salt).
-type Salt [16]byte
+type Salt = request.Salt
 
 // Scope says what a tenant is.
 type Scope string

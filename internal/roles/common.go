@@ -37,53 +37,6 @@ func ModelID(name string, c *model.Config) string {
 	return fmt.Sprintf("%s/%s-v%d-d%d-l%d-h%d-kv%d-hd%d-ff%d", name, c.Arch, c.Vocab, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FF)
 }
 
-// TokenToPB converts a sampled token for the wire.
-func TokenToPB(t *model.Sampled) *pdv1.Token {
-	if t == nil {
-		return nil
-	}
-	out := &pdv1.Token{Id: t.ID, Logprob: t.Logprob}
-	for _, a := range t.Top {
-		out.Top = append(out.Top, &pdv1.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
-	}
-	return out
-}
-
-// TokensToPB converts sampled tokens (a prompt's logprobs) for the wire.
-func TokensToPB(ts []model.Sampled) []*pdv1.Token {
-	if ts == nil {
-		return nil
-	}
-	out := make([]*pdv1.Token, len(ts))
-	for i := range ts {
-		out[i] = TokenToPB(&ts[i])
-	}
-	return out
-}
-
-// TokensFromPB converts wire tokens, at most limit of them: a peer's list
-// is bounded by what the request could have produced.
-func TokensFromPB(ts []*pdv1.Token, limit int) []model.Sampled {
-	if len(ts) == 0 {
-		return nil
-	}
-	ts = ts[:min(len(ts), max(0, limit))]
-	out := make([]model.Sampled, len(ts))
-	for i, t := range ts {
-		out[i] = TokenFromPB(t)
-	}
-	return out
-}
-
-// TokenFromPB converts a wire token.
-func TokenFromPB(t *pdv1.Token) model.Sampled {
-	out := model.Sampled{TokenLogprob: model.TokenLogprob{ID: t.GetId(), Logprob: t.GetLogprob()}}
-	for _, a := range t.GetTop() {
-		out.Top = append(out.Top, model.TokenLogprob{ID: a.Id, Logprob: a.Logprob})
-	}
-	return out
-}
-
 // withRequestID tags an outgoing call with the request id, so the three
 // processes' logs can be joined on it.
 func withRequestID(ctx context.Context, id string) context.Context {

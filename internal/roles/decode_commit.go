@@ -12,6 +12,7 @@ import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
+	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -64,12 +65,12 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 		return nil, status.Errorf(codes.FailedPrecondition, "commit refused by the %s check: %v", reason, err)
 	}
 	if res.r.Params.PromptLogprobs {
-		res.r.SetPromptLogprobs(TokensFromPB(c.PromptLogprobs, len(res.r.Prompt)-1))
+		res.r.SetPromptLogprobs(pdwire.TokensFromPB(c.PromptLogprobs, len(res.r.Prompt)-1))
 	}
 	// Reported, never trusted: the pages were shipped and checked like the
 	// rest; the count only goes into the client's usage.
 	res.r.SetCachedTokens(min(int(c.CachedTokens), len(res.r.Prompt)))
-	if err := d.o.Engine.Join(res.r, TokenFromPB(c.FirstToken)); err != nil {
+	if err := d.o.Engine.Join(res.r, pdwire.TokenFromPB(c.FirstToken)); err != nil {
 		// An abort ended it while its pages were checked.
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s: %v", key, err)

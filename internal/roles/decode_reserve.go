@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/pdparams"
+	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -23,7 +23,7 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
 	}
 	peer := callerID(ctx)
-	r := scheduler.NewRoleRequest(scheduler.RoleDecode, req.RequestId, req.Prompt, pdparams.FromPB(req.Sampling))
+	r := scheduler.NewRoleRequest(scheduler.RoleDecode, req.RequestId, req.Prompt, pdwire.FromPB(req.Sampling))
 	held := d.peerPages(r)
 	if !d.admitPeer(peer, held) {
 		d.o.Log.Warn("reserve refused: the caller holds its share of the pool", "request_id", req.RequestId, "peer", peer)

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/scheduler"
 )
 
@@ -30,7 +31,7 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			d.abortReserved(res, "router stream closed")
 			return ctx.Err()
 		}
-		te := &pdv1.TokenEvent{Token: TokenToPB(ev.Token), PromptLogprobs: TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)}
+		te := &pdv1.TokenEvent{Token: pdwire.TokenToPB(ev.Token), PromptLogprobs: pdwire.TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)}
 		if c := ev.Spec; c != nil {
 			te.SpecDraftTokens, te.SpecAcceptedTokens, te.SpecVerifySteps = uint32(c.Drafted), uint32(c.Accepted), uint32(c.Steps)
 		}

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/pdparams"
+	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -72,7 +72,7 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		p.mu.Unlock()
 	}()
 
-	r := scheduler.NewRoleRequest(scheduler.RolePrefill, id, req.Prompt, pdparams.FromPB(req.Sampling))
+	r := scheduler.NewRoleRequest(scheduler.RolePrefill, id, req.Prompt, pdwire.FromPB(req.Sampling))
 	// The door first: a request this worker cannot hold is rejected before
 	// any session to decode exists.
 	if err := p.o.Engine.CheckDoor(r); err != nil {
@@ -140,8 +140,8 @@ func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.
 		cctx, ccancel := context.WithTimeout(withRequestID(ctx, id), 30*time.Second)
 		sid := sess.ID()
 		_, err = pdv1.NewDecodeClient(cc).Commit(cctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(req.Prompt)),
-			PageChecksums: ship.checksums, FirstToken: TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:],
-			PromptLogprobs: TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)})
+			PageChecksums: ship.checksums, FirstToken: pdwire.TokenToPB(ev.Token), Writer: p.grpcAddr, Capability: res.Capability, SessionId: sid[:],
+			PromptLogprobs: pdwire.TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)})
 		ccancel()
 	}
 	if err != nil {

@@ -1,8 +1,8 @@
 package router
 
 import (
-	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/prefixcache"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // PolicyCacheAware sends a request to the prefill and decode workers most
@@ -27,12 +27,12 @@ const maxTreeKeys = 1 << 18
 // chain keys (per tenant) of the full prompt pages it sent there, with when
 // each was last sent. A guess only: the worker evicts on its own.
 type approxTree struct {
-	keys map[kvpool.CacheKey]uint64
+	keys map[request.CacheKey]uint64
 	tick uint64
 }
 
 // match is how many leading keys the tree holds.
-func (t *approxTree) match(keys []kvpool.CacheKey) int {
+func (t *approxTree) match(keys []request.CacheKey) int {
 	if t == nil {
 		return 0
 	}
@@ -53,7 +53,7 @@ func (t *approxTree) size() int {
 	return len(t.keys)
 }
 
-func (t *approxTree) insert(keys []kvpool.CacheKey) {
+func (t *approxTree) insert(keys []request.CacheKey) {
 	t.tick++
 	for _, k := range keys {
 		t.keys[k] = t.tick
@@ -85,7 +85,7 @@ func (t *approxTree) oldest() uint64 {
 // is more than the cache threshold of the prompt's pages; else the worker
 // with the least cached (most room), ties to the less loaded. The chosen
 // worker is then taken to hold the prompt's pages.
-func (r *Router) chooseCacheAware(ws []*worker, keys []kvpool.CacheKey, role string) *worker {
+func (r *Router) chooseCacheAware(ws []*worker, keys []request.CacheKey, role string) *worker {
 	load := (*worker).prefillLoad
 	if role == roleDecode {
 		load = (*worker).decodeRunning
@@ -120,7 +120,7 @@ func (r *Router) chooseCacheAware(ws []*worker, keys []kvpool.CacheKey, role str
 		}
 	}
 	if best.tree == nil {
-		best.tree = &approxTree{keys: map[kvpool.CacheKey]uint64{}}
+		best.tree = &approxTree{keys: map[request.CacheKey]uint64{}}
 	}
 	best.tree.insert(keys)
 	return best
@@ -128,6 +128,6 @@ func (r *Router) chooseCacheAware(ws []*worker, keys []kvpool.CacheKey, role str
 
 // promptKeys are the page keys the cache_aware policy compares, at the
 // page size of the pair's layout.
-func promptKeys(tenant prefixcache.Salt, prompt []int32, pageSize int) []kvpool.CacheKey {
+func promptKeys(tenant request.Salt, prompt []int32, pageSize int) []request.CacheKey {
 	return prefixcache.ChainKeys(tenant, prompt, pageSize)
 }

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/prefixcache"
+	"github.com/batonlm/baton/internal/request"
 )
 
 func TestCacheAwareChoice(t *testing.T) {
@@ -53,9 +53,9 @@ func TestCacheAwareChoice(t *testing.T) {
 // What the router remembers per worker stays bounded: past the bound the
 // keys sent longest ago go, the latest stay.
 func TestApproxTreeBounded(t *testing.T) {
-	tr := &approxTree{keys: map[kvpool.CacheKey]uint64{}}
+	tr := &approxTree{keys: map[request.CacheKey]uint64{}}
 	salt := prefixcache.TenantSalt(prefixcache.ScopeKey, "k", "")
-	var last []kvpool.CacheKey
+	var last []request.CacheKey
 	// Each prompt is 256 pages; twice the bound's worth of them.
 	for i := range 2 * maxTreeKeys / 256 {
 		prompt := make([]int32, 4096)

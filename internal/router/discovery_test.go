@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // fakeResolver answers from a table the test edits between lookups.
@@ -153,11 +153,11 @@ func (dc *dnsCluster) prefillURLs() []string {
 
 func (dc *dnsCluster) run(t *testing.T, id string) {
 	t.Helper()
-	st, err := dc.generate(id, 4, scheduler.Params{})
+	st, err := dc.generate(id, 4, request.Params{})
 	if err != nil {
 		t.Fatalf("%s: %v", id, err)
 	}
-	if _, last := readAll(t, st); last.Finish != scheduler.FinishLength || last.Err != nil {
+	if _, last := readAll(t, st); last.Finish != request.FinishLength || last.Err != nil {
 		t.Fatalf("%s: last event %+v", id, last)
 	}
 }
@@ -236,7 +236,7 @@ func TestDNSDiscoveryFollowsTheName(t *testing.T) {
 	if dc.r.Ready() || len(dc.prefillURLs()) != 0 {
 		t.Fatalf("ready %v with workers %v after the name lost its addresses", dc.r.Ready(), dc.prefillURLs())
 	}
-	if _, err := dc.generate("none", 4, scheduler.Params{}); err == nil || !strings.Contains(err.Error(), "prefill") {
+	if _, err := dc.generate("none", 4, request.Params{}); err == nil || !strings.Contains(err.Error(), "prefill") {
 		t.Errorf("with no prefill worker: %v", err)
 	}
 	if !strings.Contains(dc.logs.String(), "worker discovered") || !strings.Contains(dc.logs.String(), "no longer in DNS") {
@@ -256,7 +256,7 @@ func TestDNSDroppedWorkerFinishesItsStreams(t *testing.T) {
 	defer cancel()
 	firstToken := func(id string) *stream {
 		t.Helper()
-		st, err := dc.generate(id, 4, scheduler.Params{})
+		st, err := dc.generate(id, 4, request.Params{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // leakInMessage matches what a client must never read: addresses and ports, and the
@@ -114,9 +114,9 @@ func TestClientErrorsLeakNothing(t *testing.T) {
 			id := "req-" + strings.ReplaceAll(tc.name, " ", "-")
 			var status int
 			var msg string
-			st, err := c.generate(id, 4, scheduler.Params{})
+			st, err := c.generate(id, 4, request.Params{})
 			if err != nil {
-				var rej *scheduler.RejectError
+				var rej *request.RejectError
 				var e *Error
 				switch {
 				case errors.As(err, &rej):
@@ -164,8 +164,8 @@ func TestNoPairMessageNamesNoWorker(t *testing.T) {
 	c := newCluster(t, 1, 1, nil)
 	c.decode[0].setInfo(func(i *pdv1.WorkerInfo) { i.Layout.PageSize = 32 })
 	c.refresh()
-	_, err := c.generate("mismatch", 4, scheduler.Params{})
-	var rej *scheduler.RejectError
+	_, err := c.generate("mismatch", 4, request.Params{})
+	var rej *request.RejectError
 	if !errors.As(err, &rej) || rej.Status != 503 || rej.RetryAfter < 1 {
 		t.Fatalf("got %v", err)
 	}

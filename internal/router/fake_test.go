@@ -21,7 +21,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/metrics"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // fakeNet lets a fake prefill "commit" to the fake decode that holds a
@@ -303,7 +303,7 @@ func (d fakeDecode) Stream(req *pdv1.StreamRequest, srv grpc.ServerStreamingServ
 	for i := range d.tokens {
 		ev := &pdv1.TokenEvent{Token: &pdv1.Token{Id: int32(100 + i), Logprob: -0.5, Top: []*pdv1.TokenLogprob{{Id: int32(100 + i), Logprob: -0.5}, {Id: 7, Logprob: -2}}}}
 		if i == d.tokens-1 {
-			ev.Finish = scheduler.FinishLength
+			ev.Finish = request.FinishLength
 		}
 		if err := srv.Send(ev); err != nil {
 			return err
@@ -415,7 +415,7 @@ func (c *cluster) refresh() {
 	c.r.Refresh(ctx)
 }
 
-func (c *cluster) generate(id string, n int, p scheduler.Params) (*stream, error) {
+func (c *cluster) generate(id string, n int, p request.Params) (*stream, error) {
 	prompt := make([]int32, n)
 	for i := range prompt {
 		prompt[i] = int32(i + 1)
@@ -428,7 +428,7 @@ func (c *cluster) generate(id string, n int, p scheduler.Params) (*stream, error
 }
 
 // readAll reads a stream to its last event.
-func readAll(t *testing.T, st *stream) (toks []int32, last scheduler.Event) {
+func readAll(t *testing.T, st *stream) (toks []int32, last request.Event) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // queue holds the requests that fit the decode pool but not what is free
@@ -115,18 +115,18 @@ func (r *Router) mayFreeUp(d *worker, f *failure) bool {
 
 // Why a queued request gave up.
 var (
-	errQueueFull = func(max int) *scheduler.RejectError {
-		return &scheduler.RejectError{Status: 429, Reason: "queue_full", RetryAfter: 1,
+	errQueueFull = func(max int) *request.RejectError {
+		return &request.RejectError{Status: 429, Reason: "queue_full", RetryAfter: 1,
 			Message: fmt.Sprintf("the router's queue is full (%d requests wait for decode KV cache); retry later", max)}
 	}
-	errQueueTimeout = func(d time.Duration) *scheduler.RejectError {
-		return &scheduler.RejectError{Status: 429, Reason: "queue_timeout", RetryAfter: 1,
+	errQueueTimeout = func(d time.Duration) *request.RejectError {
+		return &request.RejectError{Status: 429, Reason: "queue_timeout", RetryAfter: 1,
 			Message: fmt.Sprintf("no decode worker had room for this request within the router's queue timeout (%s); retry later", d)}
 	}
 	// errClientLeft ends a wait whose client went away: nothing is
 	// reserved, so nothing needs telling.
 	errClientLeft   = errors.New("the client went away")
-	errRouterClosed = &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: "the router is shutting down", RetryAfter: 1}
+	errRouterClosed = &request.RejectError{Status: 503, Reason: "no_workers", Message: "the router is shutting down", RetryAfter: 1}
 )
 
 // await waits for the request's turn: woken as the head, polled at a

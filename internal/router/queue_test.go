@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
 func gauge(g prometheus.Gauge) float64 {
@@ -54,7 +54,7 @@ func TestQueueWaitsForRoom(t *testing.T) {
 	c.warm()
 	done := leakCheck(t)
 	oneAtATime(c)
-	first, err := c.generate("first", 4, scheduler.Params{})
+	first, err := c.generate("first", 4, request.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestQueueWaitsForRoom(t *testing.T) {
 	}
 	second := make(chan result, 1)
 	go func() {
-		st, err := c.generate("second", 4, scheduler.Params{})
+		st, err := c.generate("second", 4, request.Params{})
 		second <- result{st, err}
 	}()
 	eventually(t, "the second request to queue", func() bool { return gauge(c.m.Queued) == 1 })
@@ -104,12 +104,12 @@ func TestQueueFullAndTimeout(t *testing.T) {
 	c.decode[0].reserveErr = func() error { return status.Error(codes.ResourceExhausted, "no room") }
 	waiting := make(chan error, 1)
 	go func() {
-		_, err := c.generate("waits", 4, scheduler.Params{})
+		_, err := c.generate("waits", 4, request.Params{})
 		waiting <- err
 	}()
 	eventually(t, "the first request to queue", func() bool { return gauge(c.m.Queued) == 1 })
-	_, err := c.generate("turned-away", 4, scheduler.Params{})
-	var rej *scheduler.RejectError
+	_, err := c.generate("turned-away", 4, request.Params{})
+	var rej *request.RejectError
 	if !errors.As(err, &rej) || rej.Status != 429 || rej.RetryAfter < 1 || rej.Reason != "queue_full" {
 		t.Fatalf("past a full queue: %v, want 429 queue_full with Retry-After", err)
 	}
@@ -139,7 +139,7 @@ func TestQueuedClientLeaves(t *testing.T) {
 	ctx, leave := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := c.r.GenerateContext(ctx, "leaver", []int32{1, 2, 3, 4}, scheduler.Params{})
+		_, err := c.r.GenerateContext(ctx, "leaver", []int32{1, 2, 3, 4}, request.Params{})
 		errc <- err
 	}()
 	eventually(t, "the request to queue", func() bool { return gauge(c.m.Queued) == 1 })
@@ -173,7 +173,7 @@ func TestQueuedRequestTriesEveryDecode(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() {
-		st, err := c.generate("patient", 4, scheduler.Params{})
+		st, err := c.generate("patient", 4, request.Params{})
 		if err == nil {
 			readAll(t, st)
 		}
@@ -201,8 +201,8 @@ func TestOverTheShareAloneIsNotQueued(t *testing.T) {
 	c.decode[0].reserveErr = func() error {
 		return status.Error(codes.ResourceExhausted, "too many reservations held by this caller")
 	}
-	_, err := c.generate("greedy", 4, scheduler.Params{})
-	var rej *scheduler.RejectError
+	_, err := c.generate("greedy", 4, request.Params{})
+	var rej *request.RejectError
 	if !errors.As(err, &rej) || rej.Status != 429 || rej.Reason != "decode_full" {
 		t.Fatalf("got %v, want 429 decode_full at once", err)
 	}

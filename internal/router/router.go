@@ -23,8 +23,7 @@ import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/metrics"
-	"github.com/batonlm/baton/internal/prefixcache"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/server"
 )
 
@@ -396,12 +395,12 @@ func (r *Router) limitsLocked() limits {
 // gate refuses, before any worker is contacted, a request that cannot run
 // on the path or that has no path at all. The wording follows the
 // standalone engine's door so that clients see one message either way.
-func (r *Router) gate(prompt []int32, p scheduler.Params) *scheduler.RejectError {
+func (r *Router) gate(prompt []int32, p request.Params) *request.RejectError {
 	if r.closed.Load() {
-		return &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: "the router is shutting down", RetryAfter: 1}
+		return &request.RejectError{Status: 503, Reason: "no_workers", Message: "the router is shutting down", RetryAfter: 1}
 	}
 	if len(prompt) == 0 {
-		return &scheduler.RejectError{Status: 400, Reason: "empty_prompt", Message: "the prompt is empty"}
+		return &request.RejectError{Status: 400, Reason: "empty_prompt", Message: "the prompt is empty"}
 	}
 	r.mu.Lock()
 	lim := r.limitsLocked()
@@ -414,16 +413,16 @@ func (r *Router) gate(prompt []int32, p scheduler.Params) *scheduler.RejectError
 		case lim.decode > 0:
 			which = "prefill worker"
 		}
-		return &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: "no healthy " + which + " is available; retry later", RetryAfter: 1}
+		return &request.RejectError{Status: 503, Reason: "no_workers", Message: "no healthy " + which + " is available; retry later", RetryAfter: 1}
 	}
 	n, ctx := len(prompt), min(lim.prefill, lim.decode)
 	switch {
 	case n >= ctx:
-		return &scheduler.RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
+		return &request.RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens (prefill %d, decode %d); the prompt has %d tokens, leaving no room to generate",
 			ctx, lim.prefill, lim.decode, n)}
 	case p.MaxTokens > 0 && n+p.MaxTokens > lim.decode:
-		return &scheduler.RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
+		return &request.RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens (decode %d); you requested %d tokens (%d in the prompt, %d for the completion)",
 			lim.decode, lim.decode, n+p.MaxTokens, n, p.MaxTokens)}
 	}
@@ -432,7 +431,7 @@ func (r *Router) gate(prompt []int32, p scheduler.Params) *scheduler.RejectError
 
 // Generate implements server.Generator: GenerateContext that no client
 // can cancel before the first event.
-func (r *Router) Generate(id string, prompt []int32, p scheduler.Params) (server.Stream, error) {
+func (r *Router) Generate(id string, prompt []int32, p request.Params) (server.Stream, error) {
 	return r.GenerateContext(context.Background(), id, prompt, p)
 }
 
@@ -440,12 +439,12 @@ func (r *Router) Generate(id string, prompt []int32, p scheduler.Params) (server
 // first token, as a rule). Until then nothing has reached the client, so a
 // refusal or a failure (capacity, no workers, decode's own door, a handoff
 // that failed on every pair tried, a queue wait that timed out) is an error:
-// a *scheduler.RejectError, or an *Error. Anything later arrives as the
+// a *request.RejectError, or an *Error. Anything later arrives as the
 // stream's last event, whose Err is an *Error. ctx ending first (the client
 // left) cancels the request. The caller must read the stream to its last
 // event or call Cancel or Stop: the stream hands events over one at a time
 // and holds its worker calls open until then.
-func (r *Router) GenerateContext(ctx context.Context, id string, prompt []int32, p scheduler.Params) (server.Stream, error) {
+func (r *Router) GenerateContext(ctx context.Context, id string, prompt []int32, p request.Params) (server.Stream, error) {
 	log := r.log.With("request_id", id)
 	if rej := r.gate(prompt, p); rej != nil {
 		r.m.Reject(rej.Reason)
@@ -468,7 +467,7 @@ func (r *Router) GenerateContext(ctx context.Context, id string, prompt []int32,
 		return nil, ctx.Err()
 	}
 	if err != nil {
-		var rej *scheduler.RejectError
+		var rej *request.RejectError
 		if errors.As(err, &rej) {
 			r.m.Reject(rej.Reason)
 			r.m.Outcome("rejected")
@@ -515,7 +514,7 @@ func (r *Router) untriedDecode(avoid map[*worker]bool) bool {
 }
 
 // Error is a generation that failed after the router accepted it; it is
-// the Err of a scheduler.FinishError event. Status is the HTTP status the
+// the Err of a request.FinishError event. Status is the HTTP status the
 // client should see.
 type Error struct {
 	Status  int
@@ -592,7 +591,7 @@ func (r *Router) checkPairsLocked() {
 // pick chooses a decode worker and a prefill worker whose layout agrees
 // with it. Workers in avoid (those that just failed this request) are
 // passed over while any other will do.
-func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant prefixcache.Salt) (d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, err error) {
+func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant request.Salt) (d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, err error) {
 	promptTokens := len(prompt)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -655,7 +654,7 @@ func (r *Router) noPairLocked() error {
 		// checkPairsLocked logged it with their addresses.
 		msg = "no healthy prefill/decode pair agrees on the KV layout; retry later"
 	}
-	return &scheduler.RejectError{Status: 503, Reason: "no_workers", Message: msg, RetryAfter: 1}
+	return &request.RejectError{Status: 503, Reason: "no_workers", Message: msg, RetryAfter: 1}
 }
 
 func preferOthers(ws []*worker, avoid map[*worker]bool) []*worker {

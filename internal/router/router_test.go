@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // reservedBy lists the request ids each fake decode reserved for.
@@ -78,7 +78,7 @@ func leakCheck(t *testing.T) func() {
 // before a leak baseline is taken.
 func (c *cluster) warm() {
 	c.t.Helper()
-	st, err := c.generate("warm", 4, scheduler.Params{})
+	st, err := c.generate("warm", 4, request.Params{})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestRoundRobinAndRelay(t *testing.T) {
 	}
 	for i := range 4 {
 		id := fmt.Sprintf("req-%d", i)
-		st, err := c.generate(id, 5, scheduler.Params{MaxTokens: 3})
+		st, err := c.generate(id, 5, request.Params{MaxTokens: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +107,7 @@ func TestRoundRobinAndRelay(t *testing.T) {
 			t.Fatalf("token not converted: %+v", first.Token)
 		}
 		toks, last := readAll(t, st)
-		if fmt.Sprint(toks) != "[101 102]" || last.Finish != scheduler.FinishLength || last.Err != nil {
+		if fmt.Sprint(toks) != "[101 102]" || last.Finish != request.FinishLength || last.Err != nil {
 			t.Fatalf("rest %v, last %+v", toks, last)
 		}
 	}
@@ -157,7 +157,7 @@ func TestLeastLoad(t *testing.T) {
 		c.decode[i].setInfo(func(w *pdv1.WorkerInfo) { w.FreePages, w.Running = l[0], l[1] })
 	}
 	c.refresh()
-	st, err := c.generate("a", 20, scheduler.Params{})
+	st, err := c.generate("a", 20, request.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestLeastLoad(t *testing.T) {
 	}
 	// The first request's 2 pages count against decode 2 until the next
 	// probe, so a burst does not pile onto one worker.
-	st, err = c.generate("b", 20, scheduler.Params{})
+	st, err = c.generate("b", 20, request.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,8 +197,8 @@ func TestCapacityGateTouchesNoWorker(t *testing.T) {
 		{500, 0, []string{"500 tokens"}},
 		{50, 31, []string{"81 tokens", "50 in the prompt", "31 for the completion"}},
 	} {
-		_, err := c.generate("long", tc.prompt, scheduler.Params{MaxTokens: tc.maxTokens})
-		var rej *scheduler.RejectError
+		_, err := c.generate("long", tc.prompt, request.Params{MaxTokens: tc.maxTokens})
+		var rej *request.RejectError
 		if !errors.As(err, &rej) || rej.Status != 400 || rej.Reason != "too_long" {
 			t.Fatalf("prompt %d max %d: %v, want a 400 too_long", tc.prompt, tc.maxTokens, err)
 		}
@@ -208,7 +208,7 @@ func TestCapacityGateTouchesNoWorker(t *testing.T) {
 			}
 		}
 	}
-	if _, err := c.generate("empty", 0, scheduler.Params{}); err == nil {
+	if _, err := c.generate("empty", 0, request.Params{}); err == nil {
 		t.Error("empty prompt accepted")
 	}
 	for _, f := range append(append([]*fake(nil), c.prefill...), c.decode...) {
@@ -221,7 +221,7 @@ func TestCapacityGateTouchesNoWorker(t *testing.T) {
 	}
 	// What fits goes through.
 	for _, tc := range [][2]int{{79, 0}, {50, 30}} {
-		st, err := c.generate("fits", tc[0], scheduler.Params{MaxTokens: tc[1]})
+		st, err := c.generate("fits", tc[0], request.Params{MaxTokens: tc[1]})
 		if err != nil {
 			t.Fatalf("prompt %d max %d: %v", tc[0], tc[1], err)
 		}
@@ -236,8 +236,8 @@ func TestNoHealthyWorkers(t *testing.T) {
 	if c.r.Ready() {
 		t.Fatal("ready without a healthy prefill worker")
 	}
-	_, err := c.generate("x", 4, scheduler.Params{})
-	var rej *scheduler.RejectError
+	_, err := c.generate("x", 4, request.Params{})
+	var rej *request.RejectError
 	if !errors.As(err, &rej) || rej.Status != 503 || rej.Reason != "no_workers" || rej.RetryAfter != 1 {
 		t.Fatalf("got %v, want a 503 no_workers with Retry-After", err)
 	}
@@ -274,11 +274,11 @@ func TestUnhealthyWorkerSkippedAndRecovered(t *testing.T) {
 	run := func(n int, prefix string) {
 		t.Helper()
 		for i := range n {
-			st, err := c.generate(fmt.Sprintf("%s-%d", prefix, i), 4, scheduler.Params{})
+			st, err := c.generate(fmt.Sprintf("%s-%d", prefix, i), 4, request.Params{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, last := readAll(t, st); last.Finish != scheduler.FinishLength {
+			if _, last := readAll(t, st); last.Finish != request.FinishLength {
 				t.Fatalf("%s-%d: %+v", prefix, i, last)
 			}
 		}
@@ -349,7 +349,7 @@ func TestLayoutMismatchRefused(t *testing.T) {
 		t.Errorf("refusal logged %d times over two probes, want once", n)
 	}
 	for i := range 3 {
-		st, err := c.generate(fmt.Sprintf("r%d", i), 4, scheduler.Params{})
+		st, err := c.generate(fmt.Sprintf("r%d", i), 4, request.Params{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -363,8 +363,8 @@ func TestLayoutMismatchRefused(t *testing.T) {
 	if c.r.Ready() {
 		t.Fatal("ready with no compatible pair")
 	}
-	_, err := c.generate("none", 4, scheduler.Params{})
-	var rej *scheduler.RejectError
+	_, err := c.generate("none", 4, request.Params{})
+	var rej *request.RejectError
 	if !errors.As(err, &rej) || rej.Status != 503 || !strings.Contains(rej.Message, "KV layout") {
 		t.Fatalf("got %v, want a 503 naming the layout", err)
 	}
@@ -423,12 +423,12 @@ func TestRetryBeforeFirstToken(t *testing.T) {
 			c.refresh()
 			done := leakCheck(t)
 			tc.setup(c)
-			st, err := c.generate("retry-me", 4, scheduler.Params{})
+			st, err := c.generate("retry-me", 4, request.Params{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			toks, last := readAll(t, st)
-			if len(toks) != 3 || last.Finish != scheduler.FinishLength {
+			if len(toks) != 3 || last.Finish != request.FinishLength {
 				t.Fatalf("got %v %+v", toks, last)
 			}
 			if c.decode[0].count("Reserve") != 1 || fmt.Sprint(reservedBy(c.decode[1:])) != "[[retry-me]]" {
@@ -467,8 +467,8 @@ func TestRetriesExhausted(t *testing.T) {
 	}
 	// Nothing reached the client: the answer is a status that says to
 	// retry, not a 200 whose stream holds only an error.
-	_, err := c.generate("doomed", 4, scheduler.Params{})
-	var rej *scheduler.RejectError
+	_, err := c.generate("doomed", 4, request.Params{})
+	var rej *request.RejectError
 	if !errors.As(err, &rej) || rej.Status != 503 || rej.RetryAfter < 1 || rej.Reason != "workers_unavailable" {
 		t.Fatalf("got %v, want a 503 with Retry-After", err)
 	}
@@ -494,13 +494,13 @@ func TestNoRetryAfterFirstToken(t *testing.T) {
 			return status.Error(codes.Unavailable, "decode died")
 		}
 	}
-	st, err := c.generate("once", 4, scheduler.Params{})
+	st, err := c.generate("once", 4, request.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	toks, last := readAll(t, st)
 	var e *Error
-	if fmt.Sprint(toks) != "[42]" || last.Finish != scheduler.FinishError || !errors.As(last.Err, &e) || e.Status != 502 {
+	if fmt.Sprint(toks) != "[42]" || last.Finish != request.FinishError || !errors.As(last.Err, &e) || e.Status != 502 {
 		t.Fatalf("tokens %v, last %+v", toks, last)
 	}
 	if n := c.decode[0].count("Reserve") + c.decode[1].count("Reserve"); n != 2 { // warm-up and this one
@@ -521,8 +521,8 @@ func TestNonRetryableFailures(t *testing.T) {
 				return status.Error(codes.InvalidArgument, "token id 9999 is outside the vocabulary (0..511)")
 			}
 		}
-		_, err := c.generate("bad", 4, scheduler.Params{})
-		var rej *scheduler.RejectError
+		_, err := c.generate("bad", 4, request.Params{})
+		var rej *request.RejectError
 		if !errors.As(err, &rej) || rej.Status != 400 || rej.Message != "token id 9999 is outside the vocabulary (0..511)" {
 			t.Fatalf("got %v", err)
 		}
@@ -539,7 +539,7 @@ func TestNonRetryableFailures(t *testing.T) {
 		c.prefill[0].prefillFn = func(context.Context, *pdv1.PrefillRequest) error {
 			return status.Error(codes.FailedPrecondition, "layout mismatch: page_size")
 		}
-		_, err := c.generate("bad", 4, scheduler.Params{})
+		_, err := c.generate("bad", 4, request.Params{})
 		var e *Error
 		if !errors.As(err, &e) || e.Status != 500 || e.Message != msgMisconfig {
 			t.Fatalf("got %v", err)
@@ -555,8 +555,8 @@ func TestNonRetryableFailures(t *testing.T) {
 		for _, d := range c.decode {
 			d.reserveErr = func() error { return status.Error(codes.InvalidArgument, "prompt exceeds the pool") }
 		}
-		_, err := c.generate("bad", 4, scheduler.Params{})
-		var rej *scheduler.RejectError
+		_, err := c.generate("bad", 4, request.Params{})
+		var rej *request.RejectError
 		if !errors.As(err, &rej) || rej.Status != 400 || rej.Message != "prompt exceeds the pool" {
 			t.Fatalf("got %v", err)
 		}
@@ -573,8 +573,8 @@ func TestNonRetryableFailures(t *testing.T) {
 		for _, d := range c.decode {
 			d.reserveErr = func() error { return status.Error(codes.ResourceExhausted, "no free pages") }
 		}
-		_, err := c.generate("full", 4, scheduler.Params{})
-		var rej *scheduler.RejectError
+		_, err := c.generate("full", 4, request.Params{})
+		var rej *request.RejectError
 		if !errors.As(err, &rej) || rej.Status != 429 || rej.RetryAfter != 1 {
 			t.Fatalf("got %v", err)
 		}
@@ -609,7 +609,7 @@ func holdAfterOne(c *cluster) {
 			if srv.Context().Err() != nil {
 				return nil
 			}
-			if err := srv.Send(&pdv1.TokenEvent{Finish: scheduler.FinishStop}); err != nil {
+			if err := srv.Send(&pdv1.TokenEvent{Finish: request.FinishStop}); err != nil {
 				return err
 			}
 			rm.closedClean.Store(true)
@@ -628,7 +628,7 @@ func heldAfterFirstToken(t *testing.T, id string) (*cluster, *stream, func()) {
 	c.warm()
 	done := leakCheck(t)
 	holdAfterOne(c)
-	st, err := c.generate(id, 4, scheduler.Params{})
+	st, err := c.generate(id, 4, request.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -685,7 +685,7 @@ func TestCancelAbortsOnDecode(t *testing.T) {
 		ctx, leave := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() {
-			_, err := c.r.GenerateContext(ctx, "impatient", []int32{1, 2, 3, 4}, scheduler.Params{})
+			_, err := c.r.GenerateContext(ctx, "impatient", []int32{1, 2, 3, 4}, request.Params{})
 			errc <- err
 		}()
 		<-entered
@@ -747,31 +747,31 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	done := leakCheck(t)
 	for round := range 3 {
 		// Finished.
-		st, err := c.generate(fmt.Sprintf("ok-%d", round), 4, scheduler.Params{})
+		st, err := c.generate(fmt.Sprintf("ok-%d", round), 4, request.Params{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		readAll(t, st)
 		// Abandoned without reading: Cancel must still clean up.
-		st, err = c.generate(fmt.Sprintf("gone-%d", round), 4, scheduler.Params{})
+		st, err = c.generate(fmt.Sprintf("gone-%d", round), 4, request.Params{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		st.Cancel()
 		// Stopped right away.
-		st, err = c.generate(fmt.Sprintf("stop-%d", round), 4, scheduler.Params{})
+		st, err = c.generate(fmt.Sprintf("stop-%d", round), 4, request.Params{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		st.Stop()
 		// Rejected at the gate.
-		if _, err := c.generate("long", 5000, scheduler.Params{}); err == nil {
+		if _, err := c.generate("long", 5000, request.Params{}); err == nil {
 			t.Fatal("over-long prompt accepted")
 		}
 	}
 	// A reader that gives up (its context ends) and then cancels, as the
 	// HTTP surface does when the client leaves.
-	st, err := c.generate("reader", 4, scheduler.Params{})
+	st, err := c.generate("reader", 4, request.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -824,7 +824,7 @@ func TestWorkerOnEveryInterface(t *testing.T) {
 	if !c.r.Ready() {
 		t.Fatalf("a worker advertising 0.0.0.0 was not reached: %+v", c.r.Workers())
 	}
-	st, err := c.generate("any", 4, scheduler.Params{})
+	st, err := c.generate("any", 4, request.Params{})
 	if err != nil {
 		t.Fatal(err)
 	}

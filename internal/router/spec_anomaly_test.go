@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // tripping streams: each attempt (in the order the router makes them)
@@ -34,9 +34,9 @@ func (tr *tripping) stream(rm *fakeRoom, srv grpc.ServerStreamingServer[pdv1.Tok
 			return err
 		}
 	}
-	last := &pdv1.TokenEvent{Finish: scheduler.FinishLength, SpecDraftTokens: 10, SpecAcceptedTokens: 4, SpecVerifySteps: 5}
+	last := &pdv1.TokenEvent{Finish: request.FinishLength, SpecDraftTokens: 10, SpecAcceptedTokens: 4, SpecVerifySteps: 5}
 	if tr.trips[i] {
-		last.Finish, last.Error, last.Code = scheduler.FinishSpecAnomaly, "spec_anomaly: accept rate 1.000 above 0.960", 503
+		last.Finish, last.Error, last.Code = request.FinishSpecAnomaly, "spec_anomaly: accept rate 1.000 above 0.960", 503
 	}
 	return srv.Send(last)
 }
@@ -78,7 +78,7 @@ func TestSpecAnomalyContinuesOnAnotherPair(t *testing.T) {
 			for _, d := range c.decode {
 				d.streamFn = tr.stream
 			}
-			st, err := c.generate("loop", 4, scheduler.Params{MaxTokens: 8, MinTokens: 4, PromptLogprobs: true})
+			st, err := c.generate("loop", 4, request.Params{MaxTokens: 8, MinTokens: 4, PromptLogprobs: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -88,7 +88,7 @@ func TestSpecAnomalyContinuesOnAnotherPair(t *testing.T) {
 			}
 			res := reserved(c)
 			if tc.ok {
-				if last.Finish != scheduler.FinishLength || last.Spec == nil || *last.Spec != (scheduler.SpecCounts{Drafted: 20, Accepted: 8, Steps: 10}) {
+				if last.Finish != request.FinishLength || last.Spec == nil || *last.Spec != (request.SpecCounts{Drafted: 20, Accepted: 8, Steps: 10}) {
 					t.Fatalf("last event %+v, counts %+v", last, last.Spec)
 				}
 				if len(res) != 2 {
@@ -103,7 +103,7 @@ func TestSpecAnomalyContinuesOnAnotherPair(t *testing.T) {
 				}
 			} else {
 				var e *Error
-				if last.Finish != scheduler.FinishError || !errors.As(last.Err, &e) || e.Status != 502 || e.Message != msgAnomaly {
+				if last.Finish != request.FinishError || !errors.As(last.Err, &e) || e.Status != 502 || e.Message != msgAnomaly {
 					t.Fatalf("last event %+v", last)
 				}
 				if len(res) != tc.decodes {

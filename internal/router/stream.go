@@ -17,9 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/model"
-	"github.com/batonlm/baton/internal/pdparams"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/pdwire"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // RequestIDKey is the gRPC metadata key that carries the request id to
@@ -48,7 +47,7 @@ type stream struct {
 	r      *Router
 	id     string
 	prompt []int32
-	p      scheduler.Params
+	p      request.Params
 	log    *slog.Logger
 	start  time.Time
 	md     context.Context // carries the request id as gRPC metadata
@@ -56,7 +55,7 @@ type stream struct {
 	// events is unbuffered: a token counts as delivered once the caller
 	// took it, which is the line after which a failure can no longer be
 	// retried on another pair.
-	events  chan scheduler.Event
+	events  chan request.Event
 	quit    chan struct{}
 	quitWhy atomic.Int32
 	once    sync.Once
@@ -71,26 +70,26 @@ type stream struct {
 	orig, sent []int32
 	// spec sums the attempts' speculation figures; suspect are the decode
 	// workers whose spec guard stopped this request, never tried again.
-	spec    scheduler.SpecCounts
+	spec    request.SpecCounts
 	suspect map[*worker]bool
 }
 
-func newStream(r *Router, id string, prompt []int32, p scheduler.Params, log *slog.Logger) *stream {
+func newStream(r *Router, id string, prompt []int32, p request.Params, log *slog.Logger) *stream {
 	return &stream{
 		r: r, id: id, prompt: prompt, orig: prompt, p: p, log: log, start: time.Now(),
 		md:     metadata.AppendToOutgoingContext(context.Background(), RequestIDKey, id),
-		events: make(chan scheduler.Event), quit: make(chan struct{}),
+		events: make(chan request.Event), quit: make(chan struct{}),
 	}
 }
 
 // Next waits for the next event; ok is false when ctx ended first. After
 // the last event (one with a finish reason) it waits for ctx.
-func (s *stream) Next(ctx context.Context) (scheduler.Event, bool) {
+func (s *stream) Next(ctx context.Context) (request.Event, bool) {
 	select {
 	case ev := <-s.events:
 		return ev, true
 	case <-ctx.Done():
-		return scheduler.Event{}, false
+		return request.Event{}, false
 	}
 }
 
@@ -112,7 +111,7 @@ func (s *stream) end(why int32) {
 type failure struct {
 	stage string     // pick, reserve, stream, prefill, decode
 	code  codes.Code // the worker call's status; Unknown when it was not a gRPC status
-	err   error      // what the client would see: *Error, or *scheduler.RejectError from pick
+	err   error      // what the client would see: *Error, or *request.RejectError from pick
 	// detail is what happened, in the workers' words, for the log only.
 	detail error
 	retry  bool
@@ -243,7 +242,7 @@ func (s *stream) run(started chan<- error) {
 		s.started = nil
 		return
 	}
-	s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: asError(last.err)})
+	s.finish(request.Event{Finish: request.FinishError, Err: asError(last.err)})
 }
 
 // resume prepares another attempt after decode d's spec guard stopped the
@@ -316,7 +315,7 @@ func (s *stream) reserve(d, p *worker, dc pdv1.DecodeClient) (*pdv1.Reservation,
 	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
 	defer cancel()
 	res, err := dc.Reserve(ctx, &pdv1.ReserveRequest{
-		RequestId: s.id, Prompt: s.prompt, Sampling: pdparams.ToPB(s.p), Layout: layout, Writer: writer,
+		RequestId: s.id, Prompt: s.prompt, Sampling: pdwire.ToPB(s.p), Layout: layout, Writer: writer,
 	})
 	if err != nil {
 		return nil, rpcFailure("reserve", "decode worker refused the reservation", err)
@@ -349,7 +348,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 	}
 	prefillDone := make(chan error, 1)
 	go func() {
-		_, err := pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: s.id, Prompt: s.prompt, Sampling: pdparams.ToPB(s.p), Reservation: res})
+		_, err := pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: s.id, Prompt: s.prompt, Sampling: pdwire.ToPB(s.p), Reservation: res})
 		prefillDone <- err
 	}()
 	recv := make(chan received)
@@ -392,7 +391,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 					// A decode worker that is still alive may not have seen
 					// the break; the request is over either way.
 					s.abort(log, dc, res, "token stream to the router broke")
-					s.finish(scheduler.Event{Finish: scheduler.FinishError, Err: &Error{Status: http.StatusBadGateway, Message: msgInterrupted}})
+					s.finish(request.Event{Finish: request.FinishError, Err: &Error{Status: http.StatusBadGateway, Message: msgInterrupted}})
 					s.settle(nil, pending)
 					return nil
 				}
@@ -430,22 +429,23 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 // forward passes one decode event to the caller. done means the request is
 // over; a failure is an error event before any token that may be retried.
 func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeClient, res *pdv1.Reservation) (done bool, f *failure) {
-	var ev scheduler.Event
+	var ev request.Event
 	if te.Token != nil {
-		ev.Token = sampled(te.Token)
+		tok := pdwire.TokenFromPB(te.Token)
+		ev.Token = &tok
 		ev.CachedTokens = int(te.CachedTokens)
 		if s.p.PromptLogprobs && !s.gotToken {
 			for _, t := range te.PromptLogprobs[:min(len(te.PromptLogprobs), max(0, len(s.prompt)-1))] {
-				ev.Prompt = append(ev.Prompt, *sampled(t))
+				ev.Prompt = append(ev.Prompt, pdwire.TokenFromPB(t))
 			}
 		}
 	}
 	first := !s.gotToken && ev.Token == nil
 	if te.SpecVerifySteps > 0 {
-		s.spec = s.spec.Add(scheduler.SpecCounts{Drafted: int(te.SpecDraftTokens), Accepted: int(te.SpecAcceptedTokens), Steps: int(te.SpecVerifySteps)})
+		s.spec = s.spec.Add(request.SpecCounts{Drafted: int(te.SpecDraftTokens), Accepted: int(te.SpecAcceptedTokens), Steps: int(te.SpecVerifySteps)})
 	}
 	switch {
-	case te.Finish == scheduler.FinishSpecAnomaly:
+	case te.Finish == request.FinishSpecAnomaly:
 		// Decode stopped the request before the step that tripped its
 		// guard sent anything, and ended it there; the run loop goes on
 		// on another pair, or tells the client.
@@ -460,8 +460,8 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 			return false, &failure{stage: "decode", err: e, retry: retryableHTTP(st), detail: fmt.Errorf("decode error event %d: %s", te.Code, te.Error)}
 		}
 		log.Warn("decode failed the request", "code", te.Code, "err", te.Error)
-		ev.Finish, ev.Err = scheduler.FinishError, e
-	case te.Finish == scheduler.FinishStop || te.Finish == scheduler.FinishLength:
+		ev.Finish, ev.Err = request.FinishError, e
+	case te.Finish == request.FinishStop || te.Finish == request.FinishLength:
 		ev.Finish = te.Finish
 	case te.Finish != "":
 		log.Warn("decode ended the request with an unknown finish reason", "finish", te.Finish)
@@ -469,7 +469,7 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 		if first {
 			return false, &failure{stage: "decode", err: e, detail: fmt.Errorf("unknown finish reason %q", te.Finish)}
 		}
-		ev.Finish, ev.Err = scheduler.FinishError, e
+		ev.Finish, ev.Err = request.FinishError, e
 	case ev.Token == nil:
 		return false, nil // nothing to pass on
 	}
@@ -507,10 +507,10 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 // finish delivers the last event and counts the outcome. A caller that
 // cancelled or stopped meanwhile does not read it, and decode, which sent
 // it, needs no telling.
-func (s *stream) finish(ev scheduler.Event) {
+func (s *stream) finish(ev request.Event) {
 	select {
 	case s.events <- ev:
-		if ev.Finish == scheduler.FinishError {
+		if ev.Finish == request.FinishError {
 			s.r.m.Outcome("error")
 		} else {
 			s.r.m.Outcome("finished")
@@ -662,9 +662,9 @@ func decodeEventError(status int, msg string, afterToken bool) *Error {
 }
 
 // rejectFrom turns a failure before any reservation held into Generate's
-// error: the HTTP surface answers a *scheduler.RejectError with its status.
+// error: the HTTP surface answers a *request.RejectError with its status.
 func rejectFrom(f failure) error {
-	var rej *scheduler.RejectError
+	var rej *request.RejectError
 	if errors.As(f.err, &rej) {
 		return rej
 	}
@@ -674,22 +674,22 @@ func rejectFrom(f failure) error {
 	}
 	switch {
 	case e.Status == http.StatusBadRequest:
-		return &scheduler.RejectError{Status: 400, Reason: "rejected_by_decode", Message: e.Message}
+		return &request.RejectError{Status: 400, Reason: "rejected_by_decode", Message: e.Message}
 	case f.code == codes.ResourceExhausted && e.Status == http.StatusTooManyRequests:
 		reason := "decode_full"
 		if f.stage == "prefill" {
 			reason = "prefill_full"
 		}
-		return &scheduler.RejectError{Status: 429, Reason: reason, Message: e.Message, RetryAfter: 1}
+		return &request.RejectError{Status: 429, Reason: reason, Message: e.Message, RetryAfter: 1}
 	case f.retry:
-		return &scheduler.RejectError{Status: 503, Reason: "workers_unavailable", Message: e.Message, RetryAfter: 1}
+		return &request.RejectError{Status: 503, Reason: "workers_unavailable", Message: e.Message, RetryAfter: 1}
 	}
 	return e
 }
 
 // asError makes any failure an *Error for the last event.
 func asError(err error) error {
-	var rej *scheduler.RejectError
+	var rej *request.RejectError
 	if errors.As(err, &rej) {
 		return &Error{Status: rej.Status, Message: rej.Message}
 	}
@@ -705,15 +705,4 @@ func httpStatus(code int32) int {
 
 func retryableHTTP(status int) bool {
 	return status == http.StatusBadGateway || status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout
-}
-
-func sampled(t *pdv1.Token) *model.Sampled {
-	s := &model.Sampled{TokenLogprob: model.TokenLogprob{ID: t.Id, Logprob: t.Logprob}}
-	if len(t.Top) > 0 {
-		s.Top = make([]model.TokenLogprob, len(t.Top))
-		for i, a := range t.Top {
-			s.Top[i] = model.TokenLogprob{ID: a.GetId(), Logprob: a.GetLogprob()}
-		}
-	}
-	return s
 }

@@ -4,14 +4,13 @@ import (
 	"errors"
 
 	"github.com/batonlm/baton/internal/prefixcache"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // Constraint restricts what a request may generate to a language: Kind is
 // "json_object", "json_schema", "regex" or "ebnf" and Spec the schema,
 // expression or grammar. The zero value constrains nothing.
-type Constraint struct {
-	Kind, Spec string
-}
+type Constraint = request.Constraint
 
 // Matcher follows one request's output through its constraint: FillMask
 // sets in mask (at least MaskWords words, bit id%64 of word id/64) the

@@ -19,6 +19,7 @@ import (
 	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/model/expsum"
 	"github.com/batonlm/baton/internal/prefixcache"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // Config bounds what the engine takes on.
@@ -64,14 +65,7 @@ type Config struct {
 }
 
 // RejectError is a refusal at the door: the request allocated nothing.
-type RejectError struct {
-	Status     int    // 400 for a request that can never run, 429 when full, 503 when unavailable
-	Reason     string // metric label
-	Message    string
-	RetryAfter int // seconds, for 429 and 503
-}
-
-func (e *RejectError) Error() string { return e.Message }
+type RejectError = request.RejectError
 
 // Engine is the standalone scheduler: one loop owns the model and the pool.
 type Engine struct {

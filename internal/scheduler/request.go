@@ -9,55 +9,22 @@ import (
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/model"
-	"github.com/batonlm/baton/internal/prefixcache"
+	"github.com/batonlm/baton/internal/request"
 )
 
-// Params says how a request is generated.
-type Params struct {
-	Sampling     model.Sampling
-	MaxTokens    int     // 0: up to the context length
-	Seed         *uint64 // same seed, same output
-	StopTokenIDs []int32
-	IgnoreEOS    bool
-	// MinTokens holds off the end of generation: until that many tokens
-	// are out, EOS and StopTokenIDs cannot be sampled (vLLM's min_tokens).
-	MinTokens int
-	// PromptLogprobs asks for the logprob of every prompt token after the
-	// first (completions' echo with logprobs), with Sampling.TopLogprobs
-	// alternatives each.
-	PromptLogprobs bool
-	// Constraint, when set, restricts the output to a language (structured
-	// output).
-	Constraint Constraint
-	// Tenant is the request's prefix cache salt: it reads cached pages
-	// only of requests with the same one (see prefixcache.TenantSalt).
-	Tenant prefixcache.Salt
-}
+// The request vocabulary every layer shares (internal/request).
+type (
+	Params = request.Params
+	Event  = request.Event
+)
 
 // Finish reasons, as the OpenAI API names them.
 const (
-	FinishStop   = "stop"
-	FinishLength = "length"
-	FinishAbort  = "abort"
-	FinishError  = "error"
+	FinishStop   = request.FinishStop
+	FinishLength = request.FinishLength
+	FinishAbort  = request.FinishAbort
+	FinishError  = request.FinishError
 )
-
-// Event is what a request's reader receives: one generated token, and on
-// the last event a finish reason (and for FinishError, the error).
-type Event struct {
-	Token  *model.Sampled
-	Finish string
-	Err    error
-	// Prompt comes with the first token when Params.PromptLogprobs asked
-	// for it: the logprobs of prompt tokens 1..n-1 (token 0 has none).
-	Prompt []model.Sampled
-	// CachedTokens comes with the first token: how many prompt tokens were
-	// read from the prefix cache instead of computed.
-	CachedTokens int
-	// Spec comes with the last event of a request that speculated: its
-	// draft tokens, accepted tokens and verifying steps.
-	Spec *SpecCounts
-}
 
 // FinishPrefilled ends a prefill-role request: the prompt is computed and
 // the event carries the first token; the worker then commits it to decode.

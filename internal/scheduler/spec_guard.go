@@ -3,42 +3,16 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+
+	"github.com/batonlm/baton/internal/request"
 )
 
 // FinishSpecAnomaly ends a generation whose speculation figures left the
-// guard's bounds (SpecGuard): its KV is suspect, so it stops at once and
-// nothing it would emit after the trip is sent. The router retries it
-// elsewhere; a standalone client gets an error.
-const FinishSpecAnomaly = "spec_anomaly"
+// guard's bounds (SpecGuard).
+const FinishSpecAnomaly = request.FinishSpecAnomaly
 
-// SpecCounts are one request's speculation figures: the draft tokens it
-// verified, how many of them the target accepted, and its verifying
-// steps (each emits the accepted drafts plus one token of the target's).
-type SpecCounts struct {
-	Drafted, Accepted, Steps int
-}
-
-// Add sums two attempts' figures (a request retried on another worker).
-func (c SpecCounts) Add(o SpecCounts) SpecCounts {
-	return SpecCounts{Drafted: c.Drafted + o.Drafted, Accepted: c.Accepted + o.Accepted, Steps: c.Steps + o.Steps}
-}
-
-// AcceptLength is tokens per verifying step (SGLang's accept length);
-// 0 with no step.
-func (c SpecCounts) AcceptLength() float64 {
-	if c.Steps == 0 {
-		return 0
-	}
-	return float64(c.Accepted+c.Steps) / float64(c.Steps)
-}
-
-// AcceptRate is the share of draft tokens accepted; 0 with none drafted.
-func (c SpecCounts) AcceptRate() float64 {
-	if c.Drafted == 0 {
-		return 0
-	}
-	return float64(c.Accepted) / float64(c.Drafted)
-}
+// SpecCounts are one request's speculation figures.
+type SpecCounts = request.SpecCounts
 
 // SpecGuard stops a generation whose speculation says its KV is not what
 // the model wrote (an incident report's rule): past MinTokens generated,

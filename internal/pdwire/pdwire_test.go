@@ -1,23 +1,22 @@
-package pdparams
+package pdwire
 
 import (
 	"reflect"
 	"testing"
 
-	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/prefixcache"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
-// FullParams sets every field of scheduler.Params to a non-zero value; a
+// FullParams sets every field of request.Params to a non-zero value; a
 // field added to Params and not to the wire fails the round trip below.
-func fullParams() scheduler.Params {
+func fullParams() request.Params {
 	seed := uint64(9)
-	return scheduler.Params{
-		Sampling: model.Sampling{Temperature: 0.5, TopP: 0.9, TopK: 4, MinP: 0.1, TopLogprobs: 3,
+	return request.Params{
+		Sampling: request.Sampling{Temperature: 0.5, TopP: 0.9, TopK: 4, MinP: 0.1, TopLogprobs: 3,
 			LogitBias: map[int32]float64{5: -100, 7: 2}, PresencePenalty: 0.5, FrequencyPenalty: -1, RepetitionPenalty: 1.2},
 		MaxTokens: 12, Seed: &seed, StopTokenIDs: []int32{2, 3}, IgnoreEOS: true, MinTokens: 4, PromptLogprobs: true,
-		Constraint: scheduler.Constraint{Kind: "regex", Spec: "a+"},
+		Constraint: request.Constraint{Kind: "regex", Spec: "a+"},
 		Tenant:     prefixcache.TenantSalt(prefixcache.ScopeKey, "key", "salt"),
 	}
 }

@@ -2,17 +2,16 @@
 // prefill/decode control plane: the router writes them, the workers read
 // them, with one conversion each way so a field cannot travel one path
 // and be dropped on another.
-package pdparams
+package pdwire
 
 import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/prefixcache"
-	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/request"
 )
 
 // ToPB converts sampling parameters for the wire.
-func ToPB(p scheduler.Params) *pdv1.SamplingParams {
+func ToPB(p request.Params) *pdv1.SamplingParams {
 	return &pdv1.SamplingParams{
 		Temperature: p.Sampling.Temperature, TopP: p.Sampling.TopP, TopK: int32(p.Sampling.TopK), MinP: p.Sampling.MinP,
 		TopLogprobs: int32(p.Sampling.TopLogprobs), MaxTokens: uint32(max(0, p.MaxTokens)), Seed: p.Seed,
@@ -25,15 +24,15 @@ func ToPB(p scheduler.Params) *pdv1.SamplingParams {
 }
 
 // FromPB converts wire sampling parameters.
-func FromPB(s *pdv1.SamplingParams) scheduler.Params {
+func FromPB(s *pdv1.SamplingParams) request.Params {
 	if s == nil {
-		return scheduler.Params{}
+		return request.Params{}
 	}
-	p := scheduler.Params{
-		Sampling: model.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs),
+	p := request.Params{
+		Sampling: request.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs),
 			LogitBias: s.LogitBias, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepetitionPenalty: s.RepetitionPenalty},
 		MaxTokens: int(s.MaxTokens), StopTokenIDs: s.StopTokenIds, IgnoreEOS: s.IgnoreEos, MinTokens: int(s.MinTokens),
-		PromptLogprobs: s.PromptLogprobs, Constraint: scheduler.Constraint{Kind: s.ConstraintKind, Spec: s.ConstraintSpec},
+		PromptLogprobs: s.PromptLogprobs, Constraint: request.Constraint{Kind: s.ConstraintKind, Spec: s.ConstraintSpec},
 	}
 	if s.Seed != nil {
 		seed := *s.Seed
@@ -48,4 +47,54 @@ func FromPB(s *pdv1.SamplingParams) scheduler.Params {
 		p.Tenant = prefixcache.TenantSalt(prefixcache.ScopeKey, string(s.Tenant), "\x00wire")
 	}
 	return p
+}
+
+// TokenToPB converts a sampled token for the wire.
+func TokenToPB(t *request.Sampled) *pdv1.Token {
+	if t == nil {
+		return nil
+	}
+	out := &pdv1.Token{Id: t.ID, Logprob: t.Logprob}
+	for _, a := range t.Top {
+		out.Top = append(out.Top, &pdv1.TokenLogprob{Id: a.ID, Logprob: a.Logprob})
+	}
+	return out
+}
+
+// TokensToPB converts sampled tokens (a prompt's logprobs) for the wire.
+func TokensToPB(ts []request.Sampled) []*pdv1.Token {
+	if ts == nil {
+		return nil
+	}
+	out := make([]*pdv1.Token, len(ts))
+	for i := range ts {
+		out[i] = TokenToPB(&ts[i])
+	}
+	return out
+}
+
+// TokensFromPB converts wire tokens, at most limit of them: a peer's list
+// is bounded by what the request could have produced.
+func TokensFromPB(ts []*pdv1.Token, limit int) []request.Sampled {
+	if len(ts) == 0 {
+		return nil
+	}
+	ts = ts[:min(len(ts), max(0, limit))]
+	out := make([]request.Sampled, len(ts))
+	for i, t := range ts {
+		out[i] = TokenFromPB(t)
+	}
+	return out
+}
+
+// TokenFromPB converts a wire token.
+func TokenFromPB(t *pdv1.Token) request.Sampled {
+	out := request.Sampled{TokenLogprob: request.TokenLogprob{ID: t.GetId(), Logprob: t.GetLogprob()}}
+	if top := t.GetTop(); len(top) > 0 {
+		out.Top = make([]request.TokenLogprob, len(top))
+		for i, a := range top {
+			out.Top[i] = request.TokenLogprob{ID: a.GetId(), Logprob: a.GetLogprob()}
+		}
+	}
+	return out
 }
