@@ -93,7 +93,7 @@ func (le *loadedEngine) tiers(f *serveFlags, cache *prefixcache.Cache, ms *metri
 	if cache == nil || !h.on() {
 		return nil, func() {}, nil
 	}
-	cfg := hicache.Config{Pool: le.pool, Cache: cache, HostBytes: int64(h.size * (1 << 30)), Policy: hicache.Policy(h.policy), Metrics: ms}
+	cfg := hicache.Config{Pool: le.pool, Cache: cache, HostBytes: int64(h.size * (1 << 30)), Policy: hicache.Policy(h.policy), Metrics: ms, Faults: guards.tiers}
 	var closer io.Closer
 	if h.backend == "file" {
 		meta := hicache.MetaOf(le.pool, le.fingerprint(f))

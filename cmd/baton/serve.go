@@ -573,7 +573,7 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return nil, err
 	}
 	layout := kernels.PagedKV{PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kvdt}
-	pc := kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, KVDType: kvdt, Poison: f.kvPoison}
+	pc := kvpool.Config{NumPages: plan.pages, PageSize: plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, KVDType: kvdt, Poison: f.kvPoison, Guards: guards.pool}
 	where := "host"
 	if a, ok := be.(kernels.KVAllocator); ok {
 		// The backend's kernels read the pool in its own memory (a GPU's).
@@ -667,6 +667,8 @@ func (le *loadedEngine) engine(f *serveFlags, role scheduler.Role, ms *metrics.S
 		SpecGuard:    f.specGuardConfig(),
 		PrefixCache:  cache,
 		Tiers:        tiers,
+		Guards:       guards.engine,
+		Faults:       engineFaults(le.pool, le.loaded.Model.Config.Vocab, cache),
 	}, ms)
 }
 
@@ -714,7 +716,7 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	ms := metrics.ForModel("standalone", le.name)
 	var cache *prefixcache.Cache
 	if !f.noRadixCache {
-		cache = prefixcache.New(le.pool, le.fingerprint(f))
+		cache = prefixcache.New(le.pool, le.fingerprint(f), guards.cache)
 	}
 	tiers, closeTiers, err := le.tiers(f, cache, ms)
 	if err != nil {

@@ -73,7 +73,7 @@ func sameTokens(target, draft *tokenizer.Tokenizer) error {
 // model's pool admits finds draft pages too.
 func (le *loadedEngine) draftPool(kvdt kernels.DType, poison bool) error {
 	c := &le.draftModel.Config
-	pc := kvpool.Config{NumPages: le.plan.pages, PageSize: le.plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, KVDType: kvdt, Poison: poison}
+	pc := kvpool.Config{NumPages: le.plan.pages, PageSize: le.plan.pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, KVDType: kvdt, Poison: poison, Guards: guards.pool}
 	if a, ok := le.backend.(kernels.KVAllocator); ok {
 		layout := kernels.PagedKV{PageSize: pc.PageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kvdt}
 		dev, err := a.AllocKV(layout, pc.NumPages)

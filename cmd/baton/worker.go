@@ -66,7 +66,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	case "prefill":
 		var cache *prefixcache.Cache
 		if !f.noRadixCache {
-			cache = prefixcache.New(le.pool, le.fingerprint(f))
+			cache = prefixcache.New(le.pool, le.fingerprint(f), guards.cache)
 		}
 		tiers, closeTiers, err := le.tiers(f, cache, ms)
 		if err != nil {
@@ -96,7 +96,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	case "decode":
 		var cache *prefixcache.Cache
 		if f.decodeRadix {
-			cache = prefixcache.New(le.pool, le.fingerprint(f))
+			cache = prefixcache.New(le.pool, le.fingerprint(f), guards.cache)
 			ps := le.pool.PageSize()
 			cache.SetChecksum(func(page int32) ([]byte, uint64, error) {
 				b, err := transfer.ReadPage(le.pool.KV(), page, ps, nil)

@@ -5,14 +5,12 @@
 // configured into an unsafe mode.
 //
 // Release code has one path per guard and never asks whether a guard is on.
-// A guard is switched off from a file of the guard's own package that is
-// built only with the faults tag (door_faults.go in scheduler,
-// guards_faults.go in roles, plane_faults.go in cmd/baton): its init reads
-// On and, for a guard that is off, replaces what the release code calls,
-// either a part made in one place (the internal plane's constructor) or a
-// single variable holding the guarded check, which every other build leaves
-// at the check itself. The comment on each variable says why that guard is
-// a variable rather than a wrapper.
+// A package with guards takes a Guards value in its options whose zero
+// value is every check; only the command's files built with the faults tag
+// (cmd/baton/guards_faults.go, plane_faults.go) read On and fill it with
+// what a worker without the check would do. The workers' handoff guards
+// are still switched by a file of their own package (guards_faults.go in
+// roles), which replaces the single variable each check goes through.
 //
 // In a faults build, two environment variables configure a process:
 //

@@ -109,8 +109,7 @@ func TestLoadChecksumFailureIsCounted(t *testing.T) {
 			}
 			// Every page's bytes change on the way into the pool, as
 			// BATON_FAULTS=load_corrupt does.
-			beforeWrite = func(b []byte) { b[len(b)/2|3] ^= 0x40 }
-			defer func() { beforeWrite = func([]byte) {} }()
+			f.tiers.cfg.Faults.Landed = func(b []byte) { b[len(b)/2|3] ^= 0x40 }
 			a, _, found := f.load(t, salt, p)
 			if len(found) != 3 || found[0].Tier != tier {
 				t.Fatalf("found %+v, want 3 pages in L%d", found, tier)

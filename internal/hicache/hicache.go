@@ -99,6 +99,18 @@ type Config struct {
 	// Loaders is how many requests' loads run at once (default 2).
 	Loaders int
 	Metrics *metrics.Set
+	// Faults are injected only by the faults build's command; the zero
+	// value injects none.
+	Faults Faults
+}
+
+// Faults are faults only the faults build's command injects
+// (cmd/baton/guards_faults.go, BATON_FAULTS); a nil field injects none.
+type Faults struct {
+	// Fetch runs before each page is read from its tier (load_delay, load_jitter).
+	Fetch func()
+	// Landed sees each page's bytes before they are checked and written to the pool (load_corrupt).
+	Landed func([]byte)
 }
 
 // Tier names where a page was found.
@@ -186,6 +198,12 @@ func New(cfg Config) (*Tiers, error) {
 	}
 	if cfg.Loaders <= 0 {
 		cfg.Loaders = 2
+	}
+	if cfg.Faults.Fetch == nil {
+		cfg.Faults.Fetch = func() {}
+	}
+	if cfg.Faults.Landed == nil {
+		cfg.Faults.Landed = func([]byte) {}
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = metrics.ForModel("standalone", "")
@@ -559,7 +577,7 @@ func (t *Tiers) run(j *job) {
 			t.fail(j, i, "gone")
 			return
 		}
-		beforeWrite(data)
+		t.cfg.Faults.Landed(data)
 		if err := t.writePage(id, data); err != nil {
 			t.fail(j, i, "gone")
 			return
@@ -592,7 +610,7 @@ func (t *Tiers) run(j *job) {
 // fetch reads f's bytes from its tier into buf, with the checksum kept
 // from publish.
 func (t *Tiers) fetch(f Found, buf []byte) ([]byte, uint64, bool) {
-	waitLoad()
+	t.cfg.Faults.Fetch()
 	if f.Tier == L2 {
 		t.mu.Lock()
 		defer t.mu.Unlock()
@@ -627,10 +645,3 @@ func (t *Tiers) endRest(j *job, i int) {
 	}
 	j.done()
 }
-
-// The fault hooks: the faults build (load_faults.go) slows loads and
-// corrupts what lands; every other build leaves them empty.
-var (
-	waitLoad    = func() {}
-	beforeWrite = func([]byte) {}
-)

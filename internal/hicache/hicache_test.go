@@ -78,7 +78,7 @@ func setup(t *testing.T, pages, l2Pages int, policy Policy, store Store) *fixtur
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := prefixcache.New(pool, "test model")
+	cache := prefixcache.New(pool, "test model", prefixcache.Guards{})
 	m := metrics.New("standalone")
 	pb := pool.KV().PackedBytes(ps)
 	tiers, err := New(Config{Pool: pool, Cache: cache, HostBytes: int64(l2Pages * pb), Policy: policy, Store: store, Metrics: m})
@@ -343,8 +343,7 @@ func TestReleaseWhileLoadingLeaksNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	gate := make(chan struct{})
-	waitLoad = func() { <-gate }
-	defer func() { waitLoad = func() {} }()
+	f.tiers.cfg.Faults.Fetch = func() { <-gate }
 	done := make(chan struct{})
 	if err := f.tiers.Load(a.Owner, a.Pages, found, func() { close(done) }); err != nil {
 		t.Fatal(err)

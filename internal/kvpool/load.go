@@ -14,12 +14,6 @@ import "fmt"
 // the checksum kept when the page was first cached; otherwise it is the
 // request's own, unwritten page, and the request computes it.
 
-// loadGuard is the read gate's refusal of a loading page. It is a
-// variable only so that the faults build (load_faults.go,
-// BATON_GUARDS_OFF=load_ready) can take it away: the check sits under the
-// pool's lock, where no wrapper reaches.
-var loadGuard = true
-
 // BeginLoad puts pages of owner's (allocated, nothing written, no writer)
 // into PageLoading for the cache keys they will hold, all or none.
 func (p *Pool) BeginLoad(owner Owner, ids []int32, keys []CacheKey) error {

@@ -91,6 +91,9 @@ type Config struct {
 	// GPU's, from kernels.KVAllocator) of exactly NumPages pages. The
 	// caller closes it after the pool's last use. Config() returns it as nil.
 	Device kernels.DeviceKV
+	// Guards are the pool's isolation checks (guards.go); the zero value
+	// is every check. Config() returns it as the zero value.
+	Guards Guards
 }
 
 // Owner names one use of a page: the request's room and the epoch of the
@@ -259,6 +262,7 @@ type Pool struct {
 	// lruHead is the least recently unpinned cached page, lruTail the
 	// most; eviction takes from the head.
 	lruHead, lruTail int32
+	guards           guards // the checks, from Config.Guards
 	onEvict          func([]SharedRef)
 	onDemote         func(SharedRef)
 	// sharedRefusals is counted from read-locked paths too, hence atomic.
@@ -269,8 +273,8 @@ type Pool struct {
 
 // New makes a pool. All NumPages pages are usable; page ids are 0..NumPages-1.
 func New(cfg Config) (*Pool, error) {
-	data, dev := cfg.Data, cfg.Device
-	cfg.Data, cfg.Device = nil, nil // held in Pool; kept out of cfg so errors do not print them
+	data, dev, g := cfg.Data, cfg.Device, cfg.Guards
+	cfg.Data, cfg.Device, cfg.Guards = nil, nil, Guards{} // held in Pool; kept out of cfg so errors do not print them
 	if cfg.NumPages <= 0 || cfg.PageSize <= 0 || cfg.Layers <= 0 || cfg.KVHeads <= 0 || cfg.HeadDim <= 0 {
 		return nil, fmt.Errorf("%w: config %+v: every size must be positive", ErrBadArg, cfg)
 	}
@@ -314,6 +318,7 @@ func New(cfg Config) (*Pool, error) {
 		pins:       map[pin]struct{}{},
 		lruHead:    -1,
 		lruTail:    -1,
+		guards:     g.withChecks(),
 	}
 	for i := range p.pages {
 		p.pages[i] = page{state: PageFree, prev: -1, next: -1}
@@ -449,6 +454,11 @@ func (p *Pool) Info(id int32) PageInfo {
 	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
+	return p.info(id)
+}
+
+// info is Info for a caller holding p.mu.
+func (p *Pool) info(id int32) PageInfo {
 	pg := &p.pages[id]
 	return PageInfo{Owner: Owner{pg.room, pg.epoch}, Written: int(pg.written), State: pg.state, Writer: pg.writer, Refs: int(pg.refs)}
 }
@@ -498,7 +508,7 @@ func (p *Pool) AllocPinned(room uint64, n int, refs []SharedRef) (Allocation, er
 			pinNow++
 		}
 	}
-	if n > len(p.free)+spare(p)-pinNow {
+	if n > len(p.free)+p.guards.spare(p)-pinNow {
 		p.stats.AllocFailures++
 		return Allocation{}, fmt.Errorf("%w: room %d asked for %d pages, %d free and %d cached of %d", ErrNoSpace, room, n, len(p.free), p.stats.Cached-pinNow, len(p.pages))
 	}
@@ -627,7 +637,7 @@ func (p *Pool) CheckReadable(owner Owner, pages []int32, positions int) error {
 			}
 			continue // complete by construction: only full pages are published
 		}
-		if id >= 0 && int(id) < len(p.pages) && p.pages[id].state == PageLoading && loadGuard {
+		if id >= 0 && int(id) < len(p.pages) && p.guards.Loading(p.pages[id].state) {
 			p.readBeforeReady.Add(1)
 			return fmt.Errorf("%w: page %d (index %d) of %v", ErrLoading, id, i, owner)
 		}

@@ -51,7 +51,7 @@ func (p *Pool) SetEvictHook(f func([]SharedRef)) {
 func (p *Pool) Available() int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return len(p.free) + spare(p)
+	return len(p.free) + p.guards.spare(p)
 }
 
 // Publish makes a page of owner's shared under key: it must be allocated
@@ -66,7 +66,7 @@ func (p *Pool) Publish(owner Owner, id int32, key CacheKey) error {
 		return err
 	}
 	pg := &p.pages[id]
-	if err := shareable(p, id, owner); err != nil {
+	if err := p.guards.Shareable(id, p.info(id), p.cfg.PageSize); err != nil {
 		return err
 	}
 	p.lastEpoch++
@@ -80,17 +80,15 @@ func (p *Pool) Publish(owner Owner, id int32, key CacheKey) error {
 }
 
 // shareable is the publish rule: a page enters the cache only written to
-// its last slot and with no writer that could still change it. It is a
-// variable only so that the faults build (shared_faults.go,
-// BATON_GUARDS_OFF=cache_complete) can take it away: it is the pool's own
-// check under its lock, where no wrapper reaches. Callers hold p.mu.
-var shareable = func(p *Pool, id int32, owner Owner) error {
-	switch pg := &p.pages[id]; {
-	case int(pg.written) != p.cfg.PageSize:
+// its last slot (pageSize tokens) and with no writer that could still
+// change it.
+func shareable(id int32, pg PageInfo, pageSize int) error {
+	switch {
+	case pg.Written != pageSize:
 		return fmt.Errorf("%w: page %d of %v has %d of %d tokens written; only complete pages are shared",
-			ErrNotWritten, id, owner, pg.written, p.cfg.PageSize)
-	case pg.writer:
-		return fmt.Errorf("%w: page %d of %v still has a writer; it cannot be shared", ErrWriterAttached, id, owner)
+			ErrNotWritten, id, pg.Owner, pg.Written, pageSize)
+	case pg.Writer:
+		return fmt.Errorf("%w: page %d of %v still has a writer; it cannot be shared", ErrWriterAttached, id, pg.Owner)
 	}
 	return nil
 }
@@ -145,19 +143,14 @@ func evictable(pg *page) bool { return pg.state == PageShared && pg.refs == 0 &&
 
 // The eviction rule as allocation sees it: spare is how many pages eviction
 // may take (the cached ones, nobody's pin), victim the next to go (the least
-// recently used cached page). They are variables only so that the faults
-// build (shared_faults.go, BATON_GUARDS_OFF=cache_pin) can make eviction
-// take pinned pages too: the rule lives under the pool's lock, where no
-// wrapper reaches. Callers hold p.mu.
-var (
-	spare  = func(p *Pool) int { return p.stats.Cached }
-	victim = func(p *Pool) int32 { return p.lruHead }
-)
+// recently used cached page). Callers hold p.mu.
+func spare(p *Pool) int    { return p.stats.Cached }
+func victim(p *Pool) int32 { return p.lruHead }
 
 // evictOne frees the next victim among cached pages. Callers hold p.mu
 // and have checked that one exists.
 func (p *Pool) evictOne() SharedRef {
-	id := victim(p)
+	id := p.guards.victim(p)
 	pg := &p.pages[id]
 	if !evictable(pg) {
 		panic(fmt.Sprintf("kvpool: page %d on the cached list is %s with %d pins", id, pg.state, pg.refs))

@@ -57,14 +57,7 @@ func ParseScope(s string) (Scope, error) {
 // ("" for none) and the cache_salt field cacheSalt ("" for none). It is the
 // tenant's identity for anything cached across requests (KV pages here;
 // compiled grammars may use it too), never the key itself.
-func TenantSalt(scope Scope, apiKey, cacheSalt string) Salt { return salt(scope, apiKey, cacheSalt) }
-
-// salt is TenantSalt's rule. It is a variable only so that the faults build
-// (salt_faults.go, BATON_GUARDS_OFF=tenant_salt) can take the tenant out of
-// it: every caller goes through TenantSalt, so no wrapper could.
-var salt = tenantSalt
-
-func tenantSalt(scope Scope, apiKey, cacheSalt string) Salt {
+func TenantSalt(scope Scope, apiKey, cacheSalt string) Salt {
 	if scope == ScopeGlobal {
 		apiKey = ""
 	}
@@ -129,20 +122,40 @@ type Cache struct {
 	lower    Lower
 
 	queried, hit atomic.Uint64
+	guards       Guards
+}
+
+// Guards are the cache's isolation checks, each the function the cache
+// calls at that point. A nil field is the real check, so the zero value
+// keeps every check; only the faults build's command
+// (cmd/baton/guards_faults.go, BATON_GUARDS_OFF) sets a field, to what a
+// cache without the check would do.
+type Guards struct {
+	// Tenant is the salt a tenant's chain starts from: its own, so that no tenant reads another's pages (tenant_salt).
+	Tenant func(Salt) Salt
+}
+
+func (g Guards) withChecks() Guards {
+	if g.Tenant == nil {
+		g.Tenant = func(s Salt) Salt { return s }
+	}
+	return g
 }
 
 // New makes the cache of pool's shared pages. fingerprint names the model
 // (weights and configuration) so that pages of another model, or of the
 // same one under another layout, never match; the pool's layout is added
-// to it here. The pool's eviction hook is set to drop evicted pages.
-func New(pool *kvpool.Pool, fingerprint string) *Cache {
+// to it here. The pool's eviction hook is set to drop evicted pages. g
+// are its guards (the zero value: every check).
+func New(pool *kvpool.Pool, fingerprint string, g Guards) *Cache {
 	cfg := pool.Config()
 	c := &Cache{
 		pool:     pool,
 		pageSize: cfg.PageSize,
 		fingerprint: fmt.Sprintf("%s|page %d layers %d kv heads %d head dim %d dtype %s",
 			fingerprint, cfg.PageSize, cfg.Layers, cfg.KVHeads, cfg.HeadDim, cfg.KVDType),
-		index: map[kvpool.CacheKey]entry{},
+		index:  map[kvpool.CacheKey]entry{},
+		guards: g.withChecks(),
 	}
 	pool.SetEvictHook(c.evicted)
 	return c
@@ -180,6 +193,7 @@ func (c *Cache) PageSize() int { return c.pageSize }
 
 // root is the start of salt's chain.
 func (c *Cache) root(salt Salt) kvpool.CacheKey {
+	salt = c.guards.Tenant(salt)
 	b := make([]byte, 0, 16+len(c.fingerprint)+16)
 	b = append(b, salt[:]...)
 	b = append(b, c.fingerprint...)
@@ -206,7 +220,7 @@ func ChainKeys(salt Salt, tokens []int32, pageSize int) []kvpool.CacheKey {
 	if pageSize <= 0 {
 		return nil
 	}
-	c := &Cache{pageSize: pageSize, fingerprint: "router"}
+	c := &Cache{pageSize: pageSize, fingerprint: "router", guards: Guards{}.withChecks()}
 	return c.Keys(salt, tokens)
 }
 

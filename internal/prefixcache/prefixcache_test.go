@@ -16,7 +16,7 @@ func newCache(t *testing.T, pages int) (*kvpool.Pool, *Cache) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p, New(p, "test model")
+	return p, New(p, "test model", Guards{})
 }
 
 func seq(n int, base int32) []int32 {
@@ -194,7 +194,7 @@ func TestRootDependsOnKVDType(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := New(p, "test model").root(salt)
+		r := New(p, "test model", Guards{}).root(salt)
 		if other, ok := roots[r]; ok {
 			t.Fatalf("%s and %s KV share the root key", dt, other)
 		}

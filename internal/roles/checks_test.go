@@ -318,7 +318,7 @@ func newCachedDecode(t *testing.T, pageSize int) (*pair, *prefixcache.Cache) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := prefixcache.New(pool, "stories260K")
+	cache := prefixcache.New(pool, "stories260K", prefixcache.Guards{})
 	cache.SetChecksum(func(page int32) ([]byte, uint64, error) {
 		b, err := transfer.ReadPage(pool.KV(), page, pageSize, nil)
 		return b, transfer.Checksum(b), err

@@ -62,6 +62,12 @@ type Config struct {
 	// SpecGuard stops a speculating generation whose accept figures say
 	// its KV is suspect (FinishSpecAnomaly).
 	SpecGuard SpecGuard
+	// Guards are the engine's isolation checks; the zero value is every
+	// check (guards.go).
+	Guards Guards
+	// Faults are injected only by the faults build's command; the zero
+	// value injects none.
+	Faults Faults
 }
 
 // RejectError is a refusal at the door: the request allocated nothing.
@@ -118,6 +124,8 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	if cfg.IsEOG == nil {
 		cfg.IsEOG = func(int32) bool { return false }
 	}
+	cfg.Guards = cfg.Guards.withChecks()
+	cfg.Faults = cfg.Faults.withNone()
 	ms.KVPagesCapacity.Set(float64(pool.NumPages()))
 	ms.KVPagesFree.Set(float64(pool.Free()))
 	ms.TokenUsage.Set(1 - float64(pool.Free())/float64(max(1, pool.NumPages())))
@@ -241,17 +249,14 @@ func (e *Engine) Reserve(r *Request) error {
 
 // door is every entry's check in Received: Submit, CheckDoor and Reserve
 // all call it, so a request is judged by one rule whichever way it came
-// in. It is a variable only so that a faults build can take the door away
-// (door_faults.go, BATON_GUARDS_OFF=door): the check is the engine's own
-// and nothing outside the engine sits between a request and it, so it
-// cannot be bypassed by a wrapper; every other build runs checkDoor.
-var door = (*Engine).checkDoor
+// in.
+func door(e *Engine, r *Request) *RejectError { return e.cfg.Guards.Door(e, r) }
 
-// readable is the read gate's question (a variable so that the faults
-// build, BATON_GUARDS_OFF=read_gate, can take it away: it sits in the
-// middle of batch building, where no wrapper reaches): may this step read
-// every position it attends over, beyond those it writes itself?
-var readable = func(e *Engine, r *Request) error {
+// readable is the read gate's question: may this step read every position
+// it attends over, beyond those it writes itself?
+func readable(e *Engine, r *Request) error { return e.cfg.Guards.ReadGate(e, r) }
+
+func (e *Engine) checkReadable(r *Request) error {
 	return e.pool.CheckReadable(r.owner, r.pages, r.computed)
 }
 

@@ -11,11 +11,15 @@ import (
 // run of full pages of r's tenant that its prompt starts with is pinned
 // and put first in its page table, and prefill starts after them; the
 // fresh pages cover the rest of its whole sequence. It returns how many
-// prompt positions the pinned pages hold. It is a variable only so that
-// the faults build can inject a fault after it (prefix_faults.go:
-// cache_rewrite, cache_publish_early), where what it hands the engine is
-// the request's page table and no wrapper outside the engine reaches.
-var allocate = (*Engine).allocatePages
+// prompt positions the pinned pages hold (after the faults build's
+// Faults.Admitted, which may change them).
+func allocate(e *Engine, r *Request) (kvpool.Allocation, int, error) {
+	a, cached, err := e.allocatePages(r)
+	if err != nil {
+		return a, cached, err
+	}
+	return a, e.cfg.Faults.Admitted(r, a, cached), nil
+}
 
 func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 	need := e.needPages(r)
@@ -86,11 +90,14 @@ func (e *Engine) prefixInFlight(r *Request, hitPages int) bool {
 	return false
 }
 
-// writable is the write gate's question (a variable so that the faults
-// build, BATON_GUARDS_OFF=cache_write, can take it away): do the positions
-// [from, to) this step stores fall only in r's own pages, never in a shared
-// page that other requests read?
-var writable = func(e *Engine, r *Request, from, to int) error {
+// writable is the write gate's question: do the positions [from, to) this
+// step stores fall only in r's own pages, never in a shared page that
+// other requests read?
+func writable(e *Engine, r *Request, from, to int) error {
+	return e.cfg.Guards.WriteGate(e, r, from, to)
+}
+
+func (e *Engine) checkWritable(r *Request, from, to int) error {
 	return e.pool.CheckWritable(r.owner, r.pages, from, to)
 }
 

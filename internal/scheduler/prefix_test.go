@@ -17,7 +17,7 @@ func newCachedEngine(t *testing.T, pageSize, pages, chunk int) *Engine {
 	lm, pool := storiesPool(t, pageSize, pages)
 	c := lm.Config
 	e := NewEngine(lm, pool, Config{ContextLength: c.ContextLength, ChunkSize: chunk, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 },
-		PrefixCache: prefixcache.New(pool, "stories260K")}, metrics.New("standalone"))
+		PrefixCache: prefixcache.New(pool, "stories260K", prefixcache.Guards{})}, metrics.New("standalone"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()

@@ -79,7 +79,7 @@ func makeEngine(t testing.TB, target *model.Model, spec SpecConfig, role Role, p
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NewEngine(target, pool, Config{Role: role, ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 16, Spec: spec, IsEOG: func(id int32) bool { return id == 2 }}, metrics.New("standalone"))
+	return NewEngine(target, pool, Config{Role: role, ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 16, Spec: spec, IsEOG: func(id int32) bool { return id == 2 }, Guards: exactGuards}, metrics.New("standalone"))
 }
 
 func startEngine(t testing.TB, e *Engine) {

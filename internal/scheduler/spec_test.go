@@ -29,19 +29,23 @@ func newSpecEngine(t *testing.T, spec SpecConfig, pageSize, pages int, dummy boo
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := NewEngine(m, pool, Config{ContextLength: c.ContextLength, MaxRunning: 16, Spec: spec, IsEOG: func(id int32) bool { return id == 2 }}, metrics.New("standalone"))
+	e := NewEngine(m, pool, Config{ContextLength: c.ContextLength, MaxRunning: 16, Spec: spec, IsEOG: func(id int32) bool { return id == 2 }, Guards: exactGuards}, metrics.New("standalone"))
 	startEngine(t, e)
 	return e
 }
 
-// exactGate wraps the read gate for the test's duration: beyond the gate's
-// own check, the position after the written ones must read as unwritten.
+// exactGuards are the guards of the engines the spec tests make: with
+// exactGate, a read gate that checks more.
+var exactGuards Guards
+
+// exactGate wraps the read gate of the engines made for the test's
+// duration: beyond the gate's own check, the position after the written
+// ones must read as unwritten.
 func exactGate(t *testing.T) {
-	orig := readable
 	var mu sync.Mutex
 	var bad error
-	readable = func(e *Engine, r *Request) error {
-		if err := orig(e, r); err != nil {
+	exactGuards.ReadGate = func(e *Engine, r *Request) error {
+		if err := e.checkReadable(r); err != nil {
 			return err
 		}
 		if r.computed > 0 && r.computed < len(r.pages)*e.pool.PageSize() && r.life.State() == StateDecoding {
@@ -54,7 +58,7 @@ func exactGate(t *testing.T) {
 		return nil
 	}
 	t.Cleanup(func() {
-		readable = orig
+		exactGuards = Guards{}
 		mu.Lock()
 		defer mu.Unlock()
 		if bad != nil {

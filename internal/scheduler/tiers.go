@@ -45,11 +45,10 @@ func (e *Engine) startLoads(a kvpool.Allocation, hit int, found []hicache.Found,
 	return n
 }
 
-// loadsEnded is the scheduler's wait: may r step, all its loads ended? It
-// is a variable only so that the faults build (tiers_faults.go,
-// BATON_GUARDS_OFF=load_wait) can take it away: it sits in batch building,
-// where no wrapper reaches.
-var loadsEnded = func(e *Engine, r *Request) bool {
+// loadsEnded is the scheduler's wait: may r step, all its loads ended?
+func loadsEnded(e *Engine, r *Request) bool { return e.cfg.Guards.LoadWait(e, r) }
+
+func (e *Engine) loadsEnded(r *Request) bool {
 	from := r.cached / e.pool.PageSize()
 	return e.pool.Loading(r.pages[from:from+r.loading]) == 0
 }

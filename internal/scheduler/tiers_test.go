@@ -62,17 +62,22 @@ func (s *gatedStore) len() int {
 // pages, and store as L3.
 func newTieredEngine(t *testing.T, pageSize, pages, l2Pages int, store hicache.Store) (*Engine, *hicache.Tiers) {
 	t.Helper()
+	return newGuardedTieredEngine(t, pageSize, pages, l2Pages, store, Guards{})
+}
+
+func newGuardedTieredEngine(t *testing.T, pageSize, pages, l2Pages int, store hicache.Store, g Guards) (*Engine, *hicache.Tiers) {
+	t.Helper()
 	lm, pool := storiesPool(t, pageSize, pages)
 	c := lm.Config
 	ms := metrics.New("standalone")
-	cache := prefixcache.New(pool, "stories260K")
+	cache := prefixcache.New(pool, "stories260K", prefixcache.Guards{})
 	tiers, err := hicache.New(hicache.Config{Pool: pool, Cache: cache, HostBytes: int64(l2Pages * pool.KV().PackedBytes(pageSize)),
 		Policy: hicache.WriteBack, Store: store, Metrics: ms})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := NewEngine(lm, pool, Config{ContextLength: c.ContextLength, ChunkSize: 512, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 },
-		PrefixCache: cache, Tiers: tiers}, ms)
+		PrefixCache: cache, Tiers: tiers, Guards: g}, ms)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
@@ -136,7 +141,11 @@ func TestHiCacheWaitsForLoads(t *testing.T) {
 	for _, wait := range []bool{true, false} {
 		t.Run(map[bool]string{true: "wait", false: "no_wait"}[wait], func(t *testing.T) {
 			store := &gatedStore{pages: map[[2]uint64]gatedPage{}, open: make(chan struct{})}
-			e, _ := newTieredEngine(t, ps, per*2, 0, store) // no L2: evictions go straight to L3
+			var g Guards
+			if !wait {
+				g.LoadWait = func(*Engine, *Request) bool { return true }
+			}
+			e, _ := newGuardedTieredEngine(t, ps, per*2, 0, store, g) // no L2: evictions go straight to L3
 			alice := prefixcache.TenantSalt(prefixcache.ScopeKey, "alice", "")
 			p := Params{MaxTokens: len(want.GeneratedIDs), Tenant: alice}
 			run(t, e, want.PromptIDs, p)
@@ -147,11 +156,6 @@ func TestHiCacheWaitsForLoads(t *testing.T) {
 					t.Fatalf("L3 holds %d pages", store.len())
 				}
 				time.Sleep(time.Millisecond)
-			}
-			if !wait {
-				old := loadsEnded
-				loadsEnded = func(*Engine, *Request) bool { return true }
-				defer func() { loadsEnded = old }()
 			}
 			r := NewRequest("r", want.PromptIDs, p)
 			if err := e.Submit(r); err != nil {
