@@ -3,21 +3,23 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-spec-echo bench-peer bench-profile lint proto clean deps-run deps-test
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-spec-echo bench-peer bench-models bench-profile lint proto clean deps-run deps-test
 
 # What the machine needs beyond Go: installed from Debian's packages when
 # run as root, else the command to run is printed (deploy/local/deps.sh).
 deps-run:
-	@./deploy/local/deps.sh run
+	@GO=$(GO) ./deploy/local/deps.sh run
 
 deps-test:
-	@./deploy/local/deps.sh test
+	@GO=$(GO) ./deploy/local/deps.sh test
 
 build:
-	$(GO) build -o $(BIN) ./cmd/baton
+	$(GO) build -ldflags '$(VERSION_LDFLAGS)' -o $(BIN) ./cmd/baton
 
+# exec: a SIGTERM to make reaches pd.sh itself, which stops the servers;
+# through a shell in between it was lost and they outlived make.
 run: deps-run build
-	PORT=$(PORT) ./deploy/local/pd.sh
+	PORT=$(PORT) exec ./deploy/local/pd.sh
 
 run-standalone: build
 	@echo "try: curl -s http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"stories260K\",\"prompt\":\"Once upon a time\",\"max_tokens\":64}'"
@@ -76,6 +78,14 @@ STREAMS ?= 1 8 32
 ROUNDS ?= 1
 bench-peer: build
 	./deploy/bench/peer.sh -t $(THREADS) -s "$(STREAMS)" -r $(ROUNDS) $(LLAMA_SERVER) $(MODEL)
+
+# the random-weight GGUFs bench-peer's tables use (deploy/bench/models.sh, baton model synth):
+#   make bench-models DIR=/path/to/models [LLAMA_QUANTIZE=/path/to/llama-quantize]   (Q8_0, Q4_K_M too)
+DIR ?=
+LLAMA_QUANTIZE ?=
+bench-models: build
+	@test -n "$(DIR)" || { echo "usage: make bench-models DIR=/path/to/models [LLAMA_QUANTIZE=/path/to/llama-quantize]" >&2; exit 2; }
+	./deploy/bench/models.sh $(if $(LLAMA_QUANTIZE),-q $(LLAMA_QUANTIZE)) $(DIR)
 
 # where a standalone baton's CPU time goes while serving (deploy/bench/profile.sh, needs perf):
 #   make bench-profile MODEL=model.gguf [THREADS=2] [STREAMS=32]   (the last of STREAMS)

@@ -38,9 +38,6 @@ func checkParsed(t *testing.T, body []byte, model string, s *Sampling, stream, i
 		}
 		return
 	}
-	if model == "" {
-		t.Fatalf("accepted without a model: %q", body)
-	}
 	if s.MaxTokens < 0 || s.Temperature < 0 || s.Temperature > 2 || s.TopP <= 0 || s.TopP > 1 ||
 		s.TopK < 0 || s.MinP < 0 || s.MinP > 1 || len(s.Stop) > MaxStop ||
 		s.TopLogprobs < 0 || s.TopLogprobs > MaxChatTopLogprobs || (s.TopLogprobs > 0 && !s.Logprobs) {

@@ -3,6 +3,7 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -25,6 +26,11 @@ const (
 	MaxStop      = 64  // stop strings per request
 	MaxStopBytes = 512 // bytes per stop string
 	MaxN         = 128 // choices per request (OpenAI's limit for chat)
+	// MaxPrompts bounds a completions batch (a list of prompts): each
+	// prompt's choices are generations of their own, held at once.
+	MaxPrompts = 128
+	// MaxBatchChoices bounds a batch's choices, prompts times n.
+	MaxBatchChoices = 1024
 )
 
 // DefaultCompletionMaxTokens is the legacy completions endpoint's documented
@@ -126,13 +132,24 @@ const samplingEps = 1e-5
 // the random draw and return reproducible output.
 func (s Sampling) Greedy() bool { return s.Temperature < samplingEps || s.TopK == 1 }
 
+// Prompt is one completions prompt: exactly one of Text and TokenIDs is
+// set, as the wire's prompt may be text or pre-tokenised ids, and ids skip
+// the tokenizer.
+type Prompt struct {
+	Text     string
+	TokenIDs []int32
+}
+
 // CompletionRequest is a validated POST /v1/completions body.
 type CompletionRequest struct {
 	Model string
-	// Exactly one of Prompt and PromptTokenIDs is set: the wire's prompt may
-	// be text or pre-tokenised ids, and ids skip the tokenizer.
+	// Prompt and PromptTokenIDs are the first prompt (see Prompt);
+	// Prompts holds them all, in order: a list of prompts is one request
+	// answered with n choices per prompt, prompt p's choice i at index
+	// p*n+i, as OpenAI, vLLM and llama.cpp serve it.
 	Prompt         string
 	PromptTokenIDs []int32
+	Prompts        []Prompt
 	Stream         bool
 	// IncludeUsage asks for a final stream chunk carrying usage (only ever
 	// true when Stream is).
@@ -206,14 +223,18 @@ func parseCompletion(f fields, lim Limits) (*CompletionRequest, *Error) {
 	if r.Model, e = f.model(); e != nil {
 		return nil, e
 	}
-	if r.Prompt, r.PromptTokenIDs, e = f.prompt(lim.promptTokens()); e != nil {
+	if r.Prompts, e = f.prompts(lim.promptTokens()); e != nil {
 		return nil, e
 	}
+	r.Prompt, r.PromptTokenIDs = r.Prompts[0].Text, r.Prompts[0].TokenIDs
 	if r.Stream, r.IncludeUsage, e = f.stream(); e != nil {
 		return nil, e
 	}
 	if r.Sampling, e = f.sampling(); e != nil {
 		return nil, e
+	}
+	if n := len(r.Prompts) * r.Sampling.N; n > MaxBatchChoices {
+		return nil, BadRequest(fmt.Sprintf("a batch may ask for at most %d choices (prompts times n); this one asks for %d", MaxBatchChoices, n), "n")
 	}
 	// best_of picks the n most likely of best_of candidates; with best_of
 	// equal to n that is all of them, anything else would need ranking.
@@ -444,15 +465,11 @@ func (f fields) float(name string) (float64, bool, *Error) {
 	return x, true, nil
 }
 
+// model reads the model field. Left out (or empty) it is "": the server
+// then answers with the model it serves, as vLLM, SGLang and llama.cpp do.
 func (f fields) model() (string, *Error) {
 	m, _, e := f.string("model")
-	if e != nil {
-		return "", e
-	}
-	if m == "" {
-		return "", BadRequest("you must provide a model parameter", "model")
-	}
-	return m, nil
+	return m, e
 }
 
 func (f fields) stream() (stream, includeUsage bool, e *Error) {
@@ -820,74 +837,102 @@ func (f fields) tokenIDs(name string, max int) ([]int32, *Error) {
 	return ids, nil
 }
 
-// prompt accepts the prompt forms OpenAI's completions API does, less
-// batches: a string, one string in an array, token ids, or one array of ids.
-// An empty prompt is rejected because a vocabulary without a BOS token would
-// leave nothing to prefill; one of more than max ids is too long.
-func (f fields) prompt(max int) (string, []int32, *Error) {
+// prompts accepts the prompt forms OpenAI's completions API does: a
+// string, token ids, or a list of either (a batch, in order). An empty
+// prompt is rejected because a vocabulary without a BOS token would leave
+// nothing to prefill; one of more than max ids is too long. Each prompt
+// is bounded by max and the batch by MaxPrompts, so a batch costs at most
+// MaxPrompts contexts of ids (less than the body's own bytes).
+func (f fields) prompts(max int) ([]Prompt, *Error) {
 	raw, ok := f.get("prompt")
 	if !ok {
-		return "", nil, BadRequest("you must provide a prompt parameter", "prompt")
+		return nil, BadRequest("you must provide a prompt parameter", "prompt")
 	}
-	const kinds = "prompt must be a string, an array of token ids, or an array holding one of those"
+	const kinds = "prompt must be a string, an array of token ids, or an array of strings or of arrays of token ids"
 	if s, ok := parseString(raw); ok {
 		if s == "" {
-			return "", nil, BadRequest("prompt must not be empty", "prompt")
+			return nil, BadRequest("prompt must not be empty", "prompt")
 		}
-		return s, nil, nil
+		return []Prompt{{Text: s}}, nil
+	}
+	if raw[0] != '[' {
+		return nil, BadRequest(kinds, "prompt")
+	}
+	tooLong := func(param string) *Error {
+		return PromptTooLong(fmt.Sprintf("this model's maximum context length is %d tokens; a prompt has more than %d token ids", max+1, max), param)
 	}
 	var first json.RawMessage
-	n := 0
-	if raw[0] != '[' || !eachElement(raw, func(i int, el json.RawMessage) bool {
-		if i == 0 {
-			first = el
-		}
-		n = i + 1
-		// A second element is all a batch needs to be told apart; ids
-		// are read by decodeIDs.
-		return i == 0
+	if !eachElement(raw, func(_ int, el json.RawMessage) bool {
+		first = el
+		return false
 	}) {
-		return "", nil, BadRequest(kinds, "prompt")
+		return nil, BadRequest(kinds, "prompt")
 	}
-	if n == 0 {
-		return "", nil, BadRequest("prompt must not be empty", "prompt")
+	if first == nil {
+		return nil, BadRequest("prompt must not be empty", "prompt")
 	}
-	tooLong := func() *Error {
-		return PromptTooLong(fmt.Sprintf("this model's maximum context length is %d tokens; the prompt has more than %d token ids", max+1, max), "prompt")
+	// Counted before they are decoded, so that ids past the bound cost
+	// nothing: the body's bound admits MaxPrompts contexts of them.
+	over := func(ids json.RawMessage) bool {
+		_, err := skipValue(ids, 0, new(int), max)
+		return errors.Is(err, errTooMany)
 	}
-	if first[0] == '"' || first[0] == '[' {
-		if n > 1 {
-			return "", nil, BadRequest("batched prompts are not supported; send one prompt per request", "prompt")
+	if first[0] != '"' && first[0] != '[' {
+		if over(raw) {
+			return nil, tooLong("prompt")
 		}
-		if s, ok := parseString(first); ok {
-			if s == "" {
-				return "", nil, BadRequest("prompt must not be empty", "prompt")
-			}
-			return s, nil, nil
-		}
-		ids, bad, tooMany, ok := decodeIDs(first, max)
+		ids, bad, tooMany, ok := decodeIDs(raw, max)
 		switch {
 		case tooMany:
-			return "", nil, tooLong()
+			return nil, tooLong("prompt")
 		case bad >= 0:
-			return "", nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[0][%d]", bad))
+			return nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[%d]", bad))
 		case !ok:
-			return "", nil, BadRequest(kinds, "prompt")
-		case len(ids) == 0:
-			return "", nil, BadRequest("prompt must not be empty", "prompt")
+			return nil, BadRequest(kinds, "prompt")
 		}
-		return "", ids, nil
+		return []Prompt{{TokenIDs: ids}}, nil
 	}
-	ids, bad, tooMany, ok := decodeIDs(raw, max)
-	switch {
-	case tooMany:
-		return "", nil, tooLong()
-	case bad >= 0:
-		return "", nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[%d]", bad))
-	case !ok:
-		return "", nil, BadRequest(kinds, "prompt")
+	var out []Prompt
+	var e *Error
+	if !eachElement(raw, func(i int, el json.RawMessage) bool {
+		at := fmt.Sprintf("prompt[%d]", i)
+		if i == MaxPrompts {
+			e = BadRequest(fmt.Sprintf("prompt may list at most %d prompts", MaxPrompts), "prompt")
+			return false
+		}
+		if s, ok := parseString(el); ok {
+			if s == "" {
+				e = BadRequest("prompt must not be empty", at)
+				return false
+			}
+			out = append(out, Prompt{Text: s})
+			return true
+		}
+		if over(el) {
+			e = tooLong("prompt")
+			return false
+		}
+		ids, bad, tooMany, ok := decodeIDs(el, max)
+		switch {
+		case tooMany:
+			e = tooLong("prompt")
+		case bad >= 0:
+			e = BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("%s[%d]", at, bad))
+		case !ok:
+			e = BadRequest(kinds, at)
+		case len(ids) == 0:
+			e = BadRequest("prompt must not be empty", at)
+		default:
+			out = append(out, Prompt{TokenIDs: ids})
+		}
+		return e == nil
+	}) {
+		return nil, BadRequest(kinds, "prompt")
 	}
-	return "", ids, nil
+	if e != nil {
+		return nil, e
+	}
+	return out, nil
 }
 
 // messages reads the conversation. Every message takes at least one token

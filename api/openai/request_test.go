@@ -64,8 +64,7 @@ var sharedBad = []badCase{
 	{"not object", `[1,2]`, ""},
 	{"null body", `null`, ""},
 	{"string body", `"hi"`, ""},
-	{"no model", `{%s}`, "model"},
-	{"empty model", `{"model":"",%s}`, "model"},
+	{"model not a string", `{"model":5,%s}`, "model"},
 	{"model wrong type", `{"model":3,%s}`, "model"},
 	{"stream wrong type", `{"model":"m",%s,"stream":"yes"}`, "stream"},
 	{"stream_options without stream", `{"model":"m",%s,"stream_options":{"include_usage":true}}`, "stream_options"},
@@ -152,10 +151,13 @@ func TestParseCompletionRequestErrors(t *testing.T) {
 		{"null prompt", `{"model":"m","prompt":null}`, "prompt"},
 		{"empty prompt", `{"model":"m","prompt":""}`, "prompt"},
 		{"empty prompt array", `{"model":"m","prompt":[]}`, "prompt"},
-		{"empty prompt in array", `{"model":"m","prompt":[""]}`, "prompt"},
-		{"empty ids in array", `{"model":"m","prompt":[[]]}`, "prompt"},
-		{"two prompts", `{"model":"m","prompt":["a","b"]}`, "prompt"},
-		{"two id prompts", `{"model":"m","prompt":[[1],[2]]}`, "prompt"},
+		{"empty prompt in array", `{"model":"m","prompt":[""]}`, "prompt[0]"},
+		{"empty ids in array", `{"model":"m","prompt":[[]]}`, "prompt[0]"},
+		{"empty prompt in a batch", `{"model":"m","prompt":["a",""]}`, "prompt[1]"},
+		{"number in a batch", `{"model":"m","prompt":["a",5]}`, "prompt[1]"},
+		{"bad id in a batch", `{"model":"m","prompt":[[1],[2,-1]]}`, "prompt[1][1]"},
+		{"batch over its bound", `{"model":"m","prompt":[` + strings.Repeat(`"a",`, MaxPrompts) + `"a"]}`, "prompt"},
+		{"batch of too many choices", `{"model":"m","n":128,"prompt":[` + strings.Repeat(`"a",`, 8) + `"a"]}`, "n"},
 		{"prompt number", `{"model":"m","prompt":5}`, "prompt"},
 		{"prompt object", `{"model":"m","prompt":{"text":"a"}}`, "prompt"},
 		{"mixed ids", `{"model":"m","prompt":[1,"a"]}`, "prompt[1]"},
@@ -275,6 +277,10 @@ func TestParseCompletionRequest(t *testing.T) {
 				t.Fatalf("rejected: %v", e)
 			}
 			got.Sampling.Given = Given{} // checked by TestSamplingGiven
+			if len(got.Prompts) != 1 || got.Prompts[0].Text != got.Prompt || !reflect.DeepEqual(got.Prompts[0].TokenIDs, got.PromptTokenIDs) {
+				t.Errorf("Prompts %+v do not hold the one prompt", got.Prompts)
+			}
+			got.Prompts = nil
 			if !reflect.DeepEqual(*got, c.want) {
 				t.Errorf("got  %+v\nwant %+v", *got, c.want)
 			}

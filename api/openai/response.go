@@ -227,9 +227,12 @@ func TokenBytes(s string) []int {
 	return out
 }
 
-// ChatLogprobs is the chat logprobs object.
+// ChatLogprobs is the chat logprobs object. Refusal is always null (this
+// server never refuses in the model's voice), but OpenAI's schema
+// requires the field and typed clients fail to decode without it.
 type ChatLogprobs struct {
-	Content []ChatTokenLogprob `json:"content"`
+	Content []ChatTokenLogprob  `json:"content"`
+	Refusal *[]ChatTokenLogprob `json:"refusal"`
 }
 
 // MarshalJSON sends content as [] rather than null.
@@ -240,10 +243,12 @@ func (l ChatLogprobs) MarshalJSON() ([]byte, error) {
 }
 
 // ChatMessage is the assistant message of a non-streaming chat answer.
-// Content is null when the message is only tool calls.
+// Content is null when the message is only tool calls. Refusal is always
+// null, and always sent: OpenAI's schema requires it.
 type ChatMessage struct {
 	Role             string     `json:"role"`
 	Content          *string    `json:"content"`
+	Refusal          *string    `json:"refusal"`
 	ReasoningContent *string    `json:"reasoning_content,omitempty"`
 	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
 }

@@ -57,8 +57,8 @@ func mustMarshal(t *testing.T, v any) []byte {
 
 // The reference documents are OpenAI's own examples from its API reference
 // (chat and completions objects, streaming chunks, models, errors), trimmed
-// of fields that newer models add and no client requires (refusal,
-// annotations, service_tier, usage details). Top-level map keys of
+// of fields that newer models add and OpenAI's schema does not require
+// (annotations, service_tier, usage details); refusal it requires. Top-level map keys of
 // completions top_logprobs are token texts, so they are wildcarded below.
 func TestResponseShapes(t *testing.T) {
 	fp := (*string)(nil)
@@ -80,15 +80,15 @@ func TestResponseShapes(t *testing.T) {
 			Usage:   NewUsage(9, 12),
 		}, `{"id":"chatcmpl-123","object":"chat.completion","created":1677652288,"model":"gpt-4o-mini",
 			"system_fingerprint":"fp_44709d6fcb",
-			"choices":[{"index":0,"message":{"role":"assistant","content":"\n\nHello there"},"logprobs":null,"finish_reason":"stop"}],
+			"choices":[{"index":0,"message":{"role":"assistant","content":"\n\nHello there","refusal":null},"logprobs":null,"finish_reason":"stop"}],
 			"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`},
 		{"chat completion with logprobs", ChatCompletionResponse{
 			Choices: []ChatChoice{{Message: ChatMessage{Role: "assistant", Content: new("Hello")}, Logprobs: chatLP, FinishReason: new(FinishLength)}},
 			Usage:   NewUsage(1, 1),
 		}, `{"id":"chatcmpl-123","object":"chat.completion","created":1702685778,"model":"gpt-4o-mini","system_fingerprint":null,
-			"choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},
+			"choices":[{"index":0,"message":{"role":"assistant","content":"Hello","refusal":null},
 				"logprobs":{"content":[{"token":"Hello","logprob":-0.31725305,"bytes":[72,101,108,108,111],
-					"top_logprobs":[{"token":"Hello","logprob":-0.31725305,"bytes":[72,101,108,108,111]}]}]},
+					"top_logprobs":[{"token":"Hello","logprob":-0.31725305,"bytes":[72,101,108,108,111]}]}],"refusal":null},
 				"finish_reason":"stop"}],
 			"usage":{"prompt_tokens":9,"completion_tokens":9,"total_tokens":18}}`},
 		{"chat chunk", ChatCompletionChunk{
@@ -154,7 +154,7 @@ func TestNullsAndDefaults(t *testing.T) {
 		{"empty model list", ModelList{}, `{"object":"list","data":[]}`},
 		{"empty completion logprobs", CompletionLogprobs{}, `{"tokens":[],"token_logprobs":[],"top_logprobs":[],"text_offset":[]}`},
 		{"no top logprobs", ChatTokenLogprob{Token: "a", Logprob: -1, Bytes: TokenBytes("a")}, `{"token":"a","logprob":-1,"bytes":[97],"top_logprobs":[]}`},
-		{"empty chat logprobs", ChatLogprobs{}, `{"content":[]}`},
+		{"empty chat logprobs", ChatLogprobs{}, `{"content":[],"refusal":null}`},
 		{"object kept when set", Model{ID: "x", Object: "custom"}, `{"id":"x","object":"custom","created":0,"owned_by":""}`},
 		{"pointer marshals the same", &ModelList{}, `{"object":"list","data":[]}`},
 	} {
@@ -211,17 +211,17 @@ func TestNewID(t *testing.T) {
 	}
 }
 
-// A message that is only tool calls has content null, as OpenAI sends it;
-// reasoning_content and tool_calls are left out when absent.
+// A message that is only tool calls has content null, as OpenAI sends it,
+// and refusal is always null; reasoning_content and tool_calls are left out when absent.
 func TestChatMessageWire(t *testing.T) {
 	for _, c := range []struct {
 		m    ChatMessage
 		want string
 	}{
 		{ChatMessage{Role: "assistant", ToolCalls: []ToolCall{{ID: "call_1", Type: "function", Function: ToolCallFunction{Name: "f", Arguments: "{}"}}}},
-			`{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]}`},
+			`{"role":"assistant","content":null,"refusal":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]}`},
 		{ChatMessage{Role: "assistant", Content: new("hi"), ReasoningContent: new("hmm")},
-			`{"role":"assistant","content":"hi","reasoning_content":"hmm"}`},
+			`{"role":"assistant","content":"hi","refusal":null,"reasoning_content":"hmm"}`},
 	} {
 		b, err := json.Marshal(c.m)
 		if err != nil || string(b) != c.want {

@@ -311,10 +311,11 @@ type ResponseUsage struct {
 	TotalTokens         int            `json:"total_tokens"`
 }
 
-// NewResponseUsage fills in the totals and the detail objects clients read.
-func NewResponseUsage(in, out int) *ResponseUsage {
+// NewResponseUsage fills in the totals and the detail objects clients
+// read; reasoning is the part of out spent in the reasoning block.
+func NewResponseUsage(in, out, reasoning int) *ResponseUsage {
 	return &ResponseUsage{InputTokens: in, OutputTokens: out, TotalTokens: in + out,
-		InputTokensDetails: map[string]int{"cached_tokens": 0}, OutputTokensDetails: map[string]int{"reasoning_tokens": 0}}
+		InputTokensDetails: map[string]int{"cached_tokens": 0}, OutputTokensDetails: map[string]int{"reasoning_tokens": reasoning}}
 }
 
 // OutputItem is one item of a response's output: a message, a function
@@ -367,15 +368,17 @@ type ContentPart struct {
 	Annotations []any  `json:"annotations,omitempty"`
 }
 
-// MarshalJSON sends an output_text part's annotations as [] when it has
-// none, as clients index them.
+// MarshalJSON sends an output_text part's annotations and logprobs as []
+// when it has none: clients index them and OpenAI's schema requires both
+// (baton returns no per-token logprobs on Responses).
 func (c ContentPart) MarshalJSON() ([]byte, error) {
 	type plain ContentPart
-	if c.Type == "output_text" && c.Annotations == nil {
+	if c.Type == "output_text" {
 		return json.Marshal(struct {
 			plain
 			Annotations []any `json:"annotations"`
-		}{plain(c), []any{}})
+			Logprobs    []any `json:"logprobs"`
+		}{plain(c), nonNil(c.Annotations), []any{}})
 	}
 	return json.Marshal(plain(c))
 }

@@ -196,13 +196,15 @@ func decodeObject(body []byte, lim Limits) (fields, *Error) {
 		var numbers *int
 		limit := 0
 		if key == "prompt" {
-			numbers, limit = new(int), lim.promptTokens()
+			// A batch holds up to MaxPrompts prompts; each is held to
+			// the context by the prompt's own decoding.
+			numbers, limit = new(int), lim.promptTokens()*MaxPrompts
 		}
 		end, err = skipValue(body, start, numbers, limit)
 		switch {
 		case errors.Is(err, errTooMany):
-			return nil, PromptTooLong(fmt.Sprintf("this model's maximum context length is %d tokens; the prompt has more than %d token ids",
-				limit+1, limit), "prompt")
+			return nil, PromptTooLong(fmt.Sprintf("this model's maximum context length is %d tokens; the prompt holds more than %d token ids, more than %d prompts of that length",
+				lim.promptTokens()+1, limit, MaxPrompts), "prompt")
 		case err != nil || !json.Valid(body[start:end]):
 			return nil, syntaxError(body)
 		}

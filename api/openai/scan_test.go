@@ -107,17 +107,17 @@ func FuzzDecodeObject(f *testing.F) {
 
 // refPrompt is the prompt decoding this package had before it decoded
 // within a bound: encoding/json's, one allocation per element.
-func refPrompt(f map[string]json.RawMessage) (string, []int32, *Error) {
+func refPrompt(f map[string]json.RawMessage) ([]Prompt, *Error) {
 	raw, ok := fields(f).get("prompt")
 	if !ok {
-		return "", nil, BadRequest("you must provide a prompt parameter", "prompt")
+		return nil, BadRequest("you must provide a prompt parameter", "prompt")
 	}
-	const kinds = "prompt must be a string, an array of token ids, or an array holding one of those"
+	const kinds = "prompt must be a string, an array of token ids, or an array of strings or of arrays of token ids"
 	if s, ok := parseString(raw); ok {
 		if s == "" {
-			return "", nil, BadRequest("prompt must not be empty", "prompt")
+			return nil, BadRequest("prompt must not be empty", "prompt")
 		}
-		return s, nil, nil
+		return []Prompt{{Text: s}}, nil
 	}
 	ids := func(raw json.RawMessage) ([]int32, int) {
 		var list []json.RawMessage
@@ -136,40 +136,49 @@ func refPrompt(f map[string]json.RawMessage) (string, []int32, *Error) {
 	}
 	var list []json.RawMessage
 	if raw[0] != '[' || json.Unmarshal(raw, &list) != nil {
-		return "", nil, BadRequest(kinds, "prompt")
+		return nil, BadRequest(kinds, "prompt")
 	}
 	if len(list) == 0 {
-		return "", nil, BadRequest("prompt must not be empty", "prompt")
+		return nil, BadRequest("prompt must not be empty", "prompt")
 	}
 	first := bytes.TrimSpace(list[0])
 	if first[0] == '"' || first[0] == '[' {
-		if len(list) > 1 {
-			return "", nil, BadRequest("batched prompts are not supported; send one prompt per request", "prompt")
-		}
-		if s, ok := parseString(first); ok {
-			if s == "" {
-				return "", nil, BadRequest("prompt must not be empty", "prompt")
+		var out []Prompt
+		for i, el := range list {
+			at := fmt.Sprintf("prompt[%d]", i)
+			if i == MaxPrompts {
+				return nil, BadRequest(fmt.Sprintf("prompt may list at most %d prompts", MaxPrompts), "prompt")
 			}
-			return s, nil, nil
+			el = bytes.TrimSpace(el)
+			if s, ok := parseString(el); ok {
+				if s == "" {
+					return nil, BadRequest("prompt must not be empty", at)
+				}
+				out = append(out, Prompt{Text: s})
+				continue
+			}
+			got, bad := ids(el)
+			switch {
+			case bad >= 0:
+				return nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("%s[%d]", at, bad))
+			case got == nil:
+				return nil, BadRequest(kinds, at)
+			case len(got) == 0:
+				return nil, BadRequest("prompt must not be empty", at)
+			}
+			out = append(out, Prompt{TokenIDs: got})
 		}
-		got, bad := ids(first)
-		if bad >= 0 {
-			return "", nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[0][%d]", bad))
-		}
-		if len(got) == 0 {
-			return "", nil, BadRequest("prompt must not be empty", "prompt")
-		}
-		return "", got, nil
+		return out, nil
 	}
 	got, bad := ids(raw)
 	if bad >= 0 {
-		return "", nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[%d]", bad))
+		return nil, BadRequest("prompt token ids must be non-negative integers", fmt.Sprintf("prompt[%d]", bad))
 	}
-	return "", got, nil
+	return []Prompt{{TokenIDs: got}}, nil
 }
 
 // Within the bound, the prompt reads as encoding/json read it: the same
-// text or ids, or a 400 naming the same param.
+// texts or ids, or a 400 naming the same param.
 func FuzzPrompt(f *testing.F) {
 	seedDecoder(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -177,7 +186,7 @@ func FuzzPrompt(f *testing.F) {
 		if json.Unmarshal(bytes.TrimSpace(body), &m) != nil || m == nil || len(m) > maxFields {
 			return
 		}
-		wantS, wantIDs, wantE := refPrompt(m)
+		want, wantE := refPrompt(m)
 		f, e := decodeObject(body, Limits{MaxPromptTokens: fuzzBound})
 		if e != nil {
 			if e.Code == nil || *e.Code != CodeContextLength {
@@ -185,20 +194,24 @@ func FuzzPrompt(f *testing.F) {
 			}
 			return
 		}
-		s, ids, e := f.prompt(fuzzBound)
-		if len(wantIDs) > fuzzBound {
-			if e == nil || e.Code == nil || *e.Code != CodeContextLength {
-				t.Fatalf("%q: %d ids over a bound of %d gave %v", body, len(wantIDs), fuzzBound, e)
+		got, e := f.prompts(fuzzBound)
+		for _, p := range want {
+			if len(p.TokenIDs) > fuzzBound {
+				if e == nil || e.Code == nil || *e.Code != CodeContextLength {
+					t.Fatalf("%q: %d ids over a bound of %d gave %v", body, len(p.TokenIDs), fuzzBound, e)
+				}
+				return
 			}
-			return
 		}
 		switch {
 		case (e == nil) != (wantE == nil):
-			t.Fatalf("%q: got (%q, %v, %v), encoding/json (%q, %v, %v)", body, s, ids, e, wantS, wantIDs, wantE)
+			t.Fatalf("%q: got (%v, %v), encoding/json (%v, %v)", body, got, e, want, wantE)
 		case e != nil && (e.Message != wantE.Message || *e.Param != *wantE.Param) && (e.Code == nil || *e.Code != CodeContextLength):
 			t.Fatalf("%q: error %v, encoding/json %v", body, e, wantE)
-		case e == nil && (s != wantS || !slices.Equal(ids, wantIDs) || (ids == nil) != (wantIDs == nil)):
-			t.Fatalf("%q: got (%q, %v), encoding/json (%q, %v)", body, s, ids, wantS, wantIDs)
+		case e == nil && !slices.EqualFunc(got, want, func(a, b Prompt) bool {
+			return a.Text == b.Text && slices.Equal(a.TokenIDs, b.TokenIDs) && (a.TokenIDs == nil) == (b.TokenIDs == nil)
+		}):
+			t.Fatalf("%q: got %v, encoding/json %v", body, got, want)
 		}
 	})
 }

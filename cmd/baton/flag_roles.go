@@ -32,6 +32,8 @@ var flagRoles = map[string][]string{
 
 	"chat-template":    {"standalone", "router"},
 	"tool-call-parser": {"standalone", "router"}, "reasoning-parser": {"standalone", "router"},
+	"allowed-origins": {"standalone", "router"}, "allowed-methods": {"standalone", "router"},
+	"allowed-headers": {"standalone", "router"}, "allow-credentials": {"standalone", "router"},
 
 	"context-length": engineRoles, "page-size": engineRoles, "max-total-tokens": engineRoles,
 	"kv-cache-memory": engineRoles, "mem-fraction-static": engineRoles, "max-running-requests": engineRoles,

@@ -12,9 +12,6 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// version is set at link time (-ldflags "-X main.version=...").
-var version = "dev"
-
 func main() {
 	if err := rootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "baton:", err)
@@ -31,14 +28,6 @@ func rootCmd() *cobra.Command {
 	}
 	root.AddCommand(serveCmd(), versionCmd(), envCmd(), checkCmd(), modelCmd(), benchCmd(), keysCmd())
 	return root
-}
-
-func versionCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "version",
-		Short: "Print the version",
-		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "baton", version) },
-	}
 }
 
 // applyEnv sets every flag the command line left alone from BATON_<FLAG_NAME>

@@ -9,7 +9,7 @@ import (
 )
 
 func modelCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "model", Short: "Look at model files"}
+	cmd := &cobra.Command{Use: "model", Short: "Look at model files, or write random-weight ones for benchmarks"}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "inspect PATH",
 		Short: "Print what the loader sees in a GGUF file or Hugging Face directory",
@@ -23,5 +23,6 @@ func modelCmd() *cobra.Command {
 			return nil
 		},
 	})
+	cmd.AddCommand(modelSynthCmd())
 	return cmd
 }

@@ -92,7 +92,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		"max_prompt_tokens", maxPrompt, "max_sequence_tokens", maxSeq, "ready", rt.Ready())
 	srv := server.New(server.Options{
 		ModelName: name, APIKey: f.apiKey, PrefixCacheScope: prefixcache.Scope(f.cacheScope), Tokenizer: tok, Template: tmpl, Generator: rt, Metrics: ms, Defaults: defaults,
-		Constraints: newConstraints(tok).check, ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser,
+		Constraints: newConstraints(tok).check, ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser, CORS: f.mustCORS(),
 		MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout, AllowSpecialTokensInPrompt: f.allowSpecial,
 		MaxPromptTokens: func() int { p, _ := rt.Capacity(); return p }, Logger: log,
 		MaxModelLen: func() int { _, seq := rt.Capacity(); return seq },
@@ -123,8 +123,9 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	// As the workers and standalone do: the port stays open through the
-	// drain, /health says 503 so that a load balancer stops sending, new
-	// generations are refused, and the streams already relayed finish.
+	// drain, new generations are refused and /health says 503 (one step,
+	// in Drain, which the ticker's SetReady cannot undo) so that a load
+	// balancer stops sending, and the streams already relayed finish.
 	drain := func(ctx context.Context) {
 		srv.Drain()
 		for rt.InFlight() > 0 {

@@ -40,6 +40,10 @@ import (
 )
 
 type serveFlags struct {
+	// CORS, as vLLM's flags of the same names take it.
+	allowedOrigins, allowedMethods, allowedHeaders string
+	allowCredentials                               bool
+
 	toolCallParser  string
 	reasoningParser string
 	role            string
@@ -202,7 +206,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.allowSpecial, "allow-special-tokens-in-prompt", false, "standalone/router: parse control tokens written in a completions prompt (\"</s>\", \"<|im_start|>\") as those tokens; by default they are text (chat messages always are)")
 	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
 	fs.BoolVar(&f.mmapWeights, "mmap", false, "cpu: serve the weights from the model file's mapping instead of a copy in huge pages (less memory where processes share a file; decode reads them through 4 KiB pages, up to 2x slower)")
-	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | q8_0")
+	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | bf16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f16 on cpu, f32 on cuda) | f32 | f16 | bf16; f16/bf16 halve the KV memory and the handoff bytes (cpu backend only); prefill and decode must agree")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
@@ -239,7 +243,11 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.Float64Var(&f.cacheThresh, "cache-threshold", router.DefaultCacheThreshold, "router, cache_aware: the share of a prompt's pages a worker must be thought to hold to get it; below it, the worker holding least")
 	fs.IntVar(&f.balanceAbs, "balance-abs-threshold", router.DefaultBalanceAbsThreshold, "router, cache_aware: route by load instead when the busiest worker of a role has more than this many requests over the idlest...")
 	fs.Float64Var(&f.balanceRel, "balance-rel-threshold", router.DefaultBalanceRelThreshold, "router, cache_aware: ...and more than this many times as many")
-	fs.StringVar(&f.toolCallParser, "tool-call-parser", "", "standalone/router: read tool calls out of chat answers: "+strings.Join(toolcall.Formats, " | ")+" (empty: requests with tools get 400)")
+	fs.StringVar(&f.toolCallParser, "tool-call-parser", "", "standalone/router: read tool calls out of chat answers: "+strings.Join(toolcall.Formats, " | ")+" (empty: tool_choice auto gets 400; named and required need no parser)")
+	fs.StringVar(&f.allowedOrigins, "allowed-origins", `["*"]`, "standalone/router: CORS origins browsers may call from (a JSON list, as vLLM takes it, or a comma list; * for any)")
+	fs.StringVar(&f.allowedMethods, "allowed-methods", `["*"]`, "standalone/router: CORS methods a preflight allows")
+	fs.StringVar(&f.allowedHeaders, "allowed-headers", `["*"]`, "standalone/router: CORS request headers a preflight allows")
+	fs.BoolVar(&f.allowCredentials, "allow-credentials", false, "standalone/router: let browsers send credentials (cookies, Authorization) cross-origin")
 	fs.StringVar(&f.reasoningParser, "reasoning-parser", "", "standalone/router: split <think> blocks into reasoning_content: "+strings.Join(reasoning.Formats, " | "))
 	fs.DurationVar(&f.queueTimeout, "queue-timeout", time.Minute, "router: how long a request may wait in the queue for a decode worker with room; then 429 with Retry-After")
 	return cmd
@@ -252,6 +260,9 @@ func (f *serveFlags) validate() error {
 	}
 	if f.reasoningParser != "" && !reasoning.Valid(f.reasoningParser) {
 		return fmt.Errorf("--reasoning-parser %q: not one of %s", f.reasoningParser, strings.Join(reasoning.Formats, ", "))
+	}
+	if _, err := f.cors(); err != nil {
+		return err
 	}
 	switch f.role {
 	case "standalone", "prefill", "decode":
@@ -735,7 +746,7 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	srv := server.New(server.Options{
 		PrefixCacheScope: prefixcache.Scope(f.cacheScope),
 		ModelName:        le.name, APIKey: f.apiKey, Tokenizer: le.tok, Template: tmpl, Generator: server.EngineGenerator{Engine: eng},
-		Constraints: le.constraints.check, ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser,
+		Constraints: le.constraints.check, ToolCallParser: f.toolCallParser, ReasoningParser: f.reasoningParser, CORS: f.mustCORS(),
 		Defaults: samplingDefaults(le.loaded.Generation), MetricsRequireKey: f.metricsKey, BodyReadTimeout: f.readTimeout, AllowSpecialTokensInPrompt: f.allowSpecial,
 		MaxPromptTokens: func() int { return le.plan.context - 1 }, Logger: le.log,
 		MaxModelLen: func() int { return le.plan.context },
@@ -756,9 +767,9 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	engDone := make(chan struct{})
 	go func() { eng.Run(engCtx); close(engDone) }()
 	defer func() { engStop(); <-engDone }()
-	// As the workers do: the port stays open through the drain, /health
-	// says 503 so that a load balancer stops sending, and what is running
-	// finishes.
+	// As the workers do: the port stays open through the drain, new work
+	// is refused and /health says 503 (one step, in Drain) so that a load
+	// balancer stops sending, and what is running finishes.
 	drain := func(ctx context.Context) {
 		srv.Drain()
 		for {
@@ -775,10 +786,13 @@ func runStandalone(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	return serveHTTP(ctx, f, logw, le.log, ln, srv, srv.SetReady, drain)
 }
 
-// serveHTTP serves h on ln until SIGINT/SIGTERM. Then it reports not ready,
-// runs drain (a worker waits there for the work it holds to end), and stops
-// the HTTP server once its running requests finished — all within
-// --shutdown-timeout; what is left after it is aborted by the caller.
+// serveHTTP serves h on ln until SIGINT/SIGTERM. Then it runs drain, which
+// must refuse new work and only then report not ready (/health 503), before
+// it waits for the work already taken to end: the other order lets a
+// request sent on the 503's heels be taken. It then stops the HTTP server
+// once its running requests finished — all within --shutdown-timeout; what
+// is left after it is aborted by the caller. Without a drain it reports not
+// ready itself.
 func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Logger, ln net.Listener, h http.Handler, setReady func(bool), drain func(context.Context)) error {
 	ctx, stop := signal.NotifyContext(ctxOrBackground(ctx), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -793,12 +807,12 @@ func serveHTTP(ctx context.Context, f *serveFlags, logw io.Writer, log *slog.Log
 	case <-ctx.Done():
 	}
 	log.Info("shutting down: finishing running requests", "timeout", f.shutdownTimeout)
-	setReady(false)
 	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
 	if drain != nil {
 		drain(sctx)
 	}
+	setReady(false)
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}

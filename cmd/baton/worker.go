@@ -144,9 +144,12 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	}
 	var ready atomic.Bool
 	drain := func(ctx context.Context) {
-		// New work is refused (the router retries it elsewhere); what this
-		// worker holds runs to its end, then the control plane closes.
+		// New work is refused (the router retries it elsewhere) before
+		// /health turns 503, so that nothing sent after the 503 is taken;
+		// what this worker holds runs to its end, then the control plane
+		// closes.
 		worker.SetShuttingDown()
+		ready.Store(false)
 		for worker.Busy() {
 			select {
 			case <-ctx.Done():

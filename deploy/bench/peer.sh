@@ -6,6 +6,7 @@
 # llama-server per number of streams.
 #
 #   make bench-peer LLAMA_SERVER=/path/to/llama-server MODEL=model.gguf
+#   (the tables' random-weight models: make bench-models DIR=..., deploy/bench/models.sh)
 #   deploy/bench/peer.sh [-b BATON] [-t THREADS] [-s "1 8 32"] [-i INPUT_LEN] [-o OUTPUT_LEN]
 #                        [-n PROMPTS_PER_STREAM] [-r ROUNDS] [-d OUTDIR] LLAMA_SERVER MODEL.gguf
 #
@@ -36,6 +37,7 @@ built for the CPU with native flags and OpenMP, no BLAS:
 
 then: make bench-peer LLAMA_SERVER=$PWD/build/bin/llama-server MODEL=/path/to/model.gguf
 (build/bin/llama-quantize model-f32.gguf model-q4_k_m.gguf Q4_K_M makes quantised variants.)
+The random-weight models of the project's tables: make bench-models DIR=... LLAMA_QUANTIZE=$PWD/build/bin/llama-quantize
 HOWTO
 	exit 2
 }

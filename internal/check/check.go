@@ -367,7 +367,7 @@ func (c *checker) lifetime(ctx context.Context) Row {
 	row.Evidence = []string{
 		fmt.Sprintf("after an abandoned stream: quarantined pages %v (before %v), free or cached %v of %v (before %v)",
 			after["baton_kv_pages_quarantined"], before["baton_kv_pages_quarantined"], unheld(after),
-			after["baton_kv_pages_total"], unheld(before)),
+			after["baton_kv_pages_capacity"], unheld(before)),
 		fmt.Sprintf("refused (double or wrong-owner) releases %v; late messages dropped %v; drains waited on %v",
 			after["baton_kv_release_errors"], after["baton_late_messages_dropped_total"], after["baton_drain_wait_seconds_count"]),
 	}

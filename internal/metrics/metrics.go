@@ -19,9 +19,6 @@ type Set struct {
 	Registerer prometheus.Registerer
 	Role       string
 
-	// KVPagesTotal is KVPagesCapacity under its old name, which has the
-	// suffix Prometheus keeps for counters; exported one more release.
-	KVPagesTotal    prometheus.Gauge
 	KVPagesCapacity prometheus.Gauge
 	KVPagesFree     prometheus.Gauge
 	// TokenUsage is the fraction of the pool's pages in use (SGLang's
@@ -117,7 +114,6 @@ func ForModel(role, model string) *Set {
 		Registry:           r,
 		Registerer:         reg,
 		Role:               role,
-		KVPagesTotal:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_total", Help: "Pages in the KV pool (deprecated: use baton_kv_pages_capacity).", ConstLabels: c}),
 		KVPagesCapacity:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_capacity", Help: "Pages in the KV pool.", ConstLabels: c}),
 		TokenUsage:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_token_usage", Help: "Fraction of the KV pool's pages in use (held by requests or quarantined), 0 to 1.", ConstLabels: c}),
 		KVPagesFree:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "baton_kv_pages_free", Help: "Free pages in the KV pool.", ConstLabels: c}),
@@ -199,7 +195,7 @@ func ForModel(role, model string) *Set {
 		reg.MustRegister(s.InternalAuthFailures)
 	}
 	if role != "router" {
-		reg.MustRegister(s.KVPagesTotal, s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage,
+		reg.MustRegister(s.KVPagesCapacity, s.KVPagesFree, s.KVPagesQuarantined, s.TokenUsage,
 			s.ReadGateFailures, s.NaNLogits, s.Preemptions, s.ReleaseErrors, s.IllegalMoves,
 			s.KVPagesCached, s.KVSharedWriteRefusals, s.PrefixCacheQueried, s.PrefixCacheHit, s.PrefixCacheHitRate,
 			s.HiCacheHits, s.HiCacheLoadedBytes, s.HiCacheLoadSeconds, s.HiCacheLoadWaits, s.HiCacheLoadFailures, s.HiCacheBytes,

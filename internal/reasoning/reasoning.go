@@ -64,6 +64,10 @@ func (p *Parser) Push(s string) (reasoning, content string) {
 	return p.step(false)
 }
 
+// Thinking reports whether the text read so far leaves the parser inside
+// the reasoning block, which is how a token is counted as reasoning.
+func (p *Parser) Thinking() bool { return p.state == thinking }
+
 // Finish releases what was held back.
 func (p *Parser) Finish() (reasoning, content string) { return p.step(true) }
 

@@ -20,10 +20,21 @@ type chatPlan struct {
 	vars      map[string]any
 	toolCalls bool // read tool calls (tool_choice other than none)
 	single    bool // parallel_tool_calls false: one call at most
-	reasoning bool // read a reasoning block
-	thinking  bool // the reasoning parser's block is on (enable_thinking)
+	// forced is how calls a tool_choice grammar forced are read without
+	// a parser: forcedNamed (the answer is the named function's
+	// arguments) or forcedList (a JSON list of calls); "" with a parser.
+	forced    string
+	named     string // the function tool_choice names
+	reasoning bool   // read a reasoning block
+	thinking  bool   // the reasoning parser's block is on (enable_thinking)
 	echo      string
 }
+
+// Ways of reading forced calls without a parser (chatPlan.forced).
+const (
+	forcedNamed = "named"
+	forcedList  = "list"
+)
 
 // planChat checks a chat request's tools against the server's parsers and
 // sets the tool-call constraint of required and named choices.
@@ -34,15 +45,21 @@ func (s *Server) planChat(req *openai.ChatRequest) (chatPlan, *openai.Error) {
 		return p, e
 	}
 	mode := req.ToolChoice.Mode
+	forced := mode == openai.ToolChoiceRequired || mode == openai.ToolChoiceFunction
 	if len(req.Tools) > 0 && mode != openai.ToolChoiceNone {
-		if s.o.ToolCallParser == "" {
-			return p, openai.BadRequest("tool calls need a tool-call parser; this server was started without --tool-call-parser", "tools")
+		// Only auto has to find calls in free text; a forced choice's
+		// grammar writes them in a form read without a parser.
+		if s.o.ToolCallParser == "" && !forced {
+			return p, openai.BadRequest("tool_choice auto needs a tool-call parser; this server was started without --tool-call-parser (a named or required tool_choice needs none)", "tool_choice")
 		}
 		p.toolCalls, p.single = true, req.SingleToolCall
 	}
-	if mode == openai.ToolChoiceRequired || mode == openai.ToolChoiceFunction {
+	if forced {
 		if req.Sampling.Constraint.Kind != "" {
 			return p, openai.BadRequest("tool_choice "+mode+" cannot be combined with response_format, regex or ebnf", "tool_choice")
+		}
+		if s.o.ToolCallParser == "" {
+			return p, forceJSON(req, &p)
 		}
 		spec := grammar.ToolCallSpec{Format: s.o.ToolCallParser, Parallel: mode == openai.ToolChoiceRequired && !req.SingleToolCall}
 		for _, t := range req.Tools {
@@ -69,6 +86,50 @@ func (s *Server) planChat(req *openai.ChatRequest) (chatPlan, *openai.Error) {
 		}
 	}
 	return p, nil
+}
+
+// forceJSON constrains a forced tool choice on a server without a parser
+// as vLLM does: a named function's output is its arguments, following
+// its parameters' schema; required's is a JSON list of calls, each
+// {"name", "parameters"}, one at most when parallel_tool_calls is false.
+func forceJSON(req *openai.ChatRequest, p *chatPlan) *openai.Error {
+	params := func(t openai.Tool) json.RawMessage {
+		if len(t.Parameters) == 0 || string(t.Parameters) == "null" {
+			return json.RawMessage(`{"type":"object"}`)
+		}
+		return t.Parameters
+	}
+	var schema any
+	if req.ToolChoice.Mode == openai.ToolChoiceFunction {
+		p.forced, p.named = forcedNamed, req.ToolChoice.Name
+		for _, t := range req.Tools {
+			if t.Name == req.ToolChoice.Name {
+				schema = params(t)
+			}
+		}
+	} else {
+		p.forced = forcedList
+		calls := make([]any, len(req.Tools))
+		for i, t := range req.Tools {
+			calls[i] = map[string]any{
+				"type":                 "object",
+				"properties":           map[string]any{"name": map[string]any{"const": t.Name}, "parameters": params(t)},
+				"required":             []string{"name", "parameters"},
+				"additionalProperties": false,
+			}
+		}
+		list := map[string]any{"type": "array", "minItems": 1, "items": map[string]any{"anyOf": calls}}
+		if req.SingleToolCall {
+			list["maxItems"] = 1
+		}
+		schema = list
+	}
+	b, err := json.Marshal(schema)
+	if err != nil {
+		return openai.Internal(err.Error())
+	}
+	req.Sampling.Constraint = openai.Constraint{Kind: grammar.KindJSONSchema, Spec: string(b)}
+	return nil
 }
 
 // templateVars are the chat template's variables beyond the conversation:
@@ -108,7 +169,13 @@ func newChatText(s *Server, p chatPlan) *chatText {
 	if p.reasoning {
 		t.reason, _ = reasoning.New(s.o.ReasoningParser, p.thinking)
 	}
-	if p.toolCalls {
+	switch {
+	case !p.toolCalls:
+	case p.forced == forcedNamed:
+		t.tools = toolcall.Named(p.named)
+	case p.forced == forcedList:
+		t.tools = toolcall.List()
+	default:
 		t.tools, _ = toolcall.New(s.o.ToolCallParser)
 	}
 	return t

@@ -17,7 +17,7 @@ import (
 )
 
 // generation is one completions or chat request from prompt to last byte:
-// n choices generated independently and answered together.
+// n choices of each prompt generated independently and answered together.
 type generation struct {
 	s            *Server
 	chat         bool
@@ -27,11 +27,14 @@ type generation struct {
 	id           string
 	promptParam  string
 	created      int64
-	// echo is the prompt text put in front of each choice (completions'
+	// echo is each prompt's text put in front of its choices (completions'
 	// echo); with echoLogprobs the prompt's tokens lead its logprobs too.
-	echo         string
+	echo         []string
 	echoLogprobs bool
-	prompt       []int32
+	// batch holds a completions request's prompts (a list of them is
+	// served as one request, OpenAI's batch); nil for one prompt, which
+	// open is given.
+	batch [][]int32
 	// tenant is the request's prefix cache salt.
 	tenant prefixcache.Salt
 	// cached is how many prompt tokens the first choice read from the
@@ -46,9 +49,15 @@ type generation struct {
 	choices []*choice
 }
 
-// choice is one of a generation's n answers.
+// choice is one of a generation's answers: choice i of prompt p has
+// index p*n+i, as OpenAI numbers a batch's choices.
 type choice struct {
-	index  int
+	index int
+	// first says the choice is its prompt's first, whose cache figures
+	// count: a prompt counts once in usage.
+	first  bool
+	prompt []int32
+	echo   string
 	st     Stream
 	text   textStream
 	tokens int // completion tokens
@@ -108,11 +117,22 @@ func choiceSeed(seed uint64, i int) uint64 {
 	return seed + uint64(i)*0x9e3779b97f4a7c15
 }
 
+// tooLong tells a refusal for the context's length, which clients
+// recognise by its code (OpenAI's context_length_exceeded) to cut the
+// prompt and retry. A worker's refusal relayed by the router has lost its
+// reason on the way, but keeps the door's wording.
+func tooLong(reason, msg string) bool {
+	return reason == "too_long" || strings.Contains(msg, "maximum context length")
+}
+
 func rejectToOpenAI(err error, param string) *openai.Error {
 	var rej *scheduler.RejectError
 	if errors.As(err, &rej) {
 		switch rej.Status {
 		case http.StatusBadRequest:
+			if tooLong(rej.Reason, rej.Message) {
+				return openai.PromptTooLong(rej.Message, param)
+			}
 			return openai.BadRequest(rej.Message, param)
 		case http.StatusTooManyRequests:
 			return openai.TooManyRequests(rej.Message, time.Duration(max(1, rej.RetryAfter))*time.Second)
@@ -133,7 +153,7 @@ func rejectToOpenAI(err error, param string) *openai.Error {
 // are cancelled and the refusal is the answer. A generator that waits for
 // the first token (the router) is asked for the n at once, and gives up
 // when the client leaves.
-func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
+func (g *generation) start(ctx context.Context) *openai.Error {
 	if g.s.draining.Load() {
 		if m := g.s.o.Metrics; m != nil {
 			m.Reject("shutting_down")
@@ -142,6 +162,7 @@ func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
 		return openai.ServiceUnavailable("the server is shutting down; retry the request", time.Second)
 	}
 	n := max(1, g.sampling.N)
+	total := n * len(g.batch)
 	base := g.params()
 	if c := base.Constraint; c.Kind != "" {
 		// Compiled here once, so a schema that cannot be followed is the
@@ -153,31 +174,34 @@ func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
 			return openai.BadRequest(err.Error(), constraintParam(c))
 		}
 	}
-	streams, errs := make([]Stream, n), make([]error, n)
+	streams, errs := make([]Stream, total), make([]error, total)
 	gen := func(i int) {
 		p := base
+		// Each prompt's choices are seeded as the prompt alone would be,
+		// so a batch answers what its prompts sent one by one would.
 		if p.Seed != nil {
-			seed := choiceSeed(*p.Seed, i)
+			seed := choiceSeed(*p.Seed, i%n)
 			p.Seed = &seed
 		}
 		id := g.id
-		if n > 1 {
+		if total > 1 {
 			id = fmt.Sprintf("%s-%d", g.id, i)
 		}
+		prompt := g.batch[i/n]
 		if cg, ok := g.s.o.Generator.(ContextGenerator); ok {
 			streams[i], errs[i] = cg.GenerateContext(ctx, id, prompt, p)
 		} else {
 			streams[i], errs[i] = g.s.o.Generator.Generate(id, prompt, p)
 		}
 	}
-	if _, ok := g.s.o.Generator.(ContextGenerator); ok && n > 1 {
+	if _, ok := g.s.o.Generator.(ContextGenerator); ok && total > 1 {
 		var wg sync.WaitGroup
-		for i := range n {
+		for i := range total {
 			wg.Go(func() { gen(i) })
 		}
 		wg.Wait()
 	} else {
-		for i := range n {
+		for i := range total {
 			if gen(i); errs[i] != nil {
 				break
 			}
@@ -194,9 +218,12 @@ func (g *generation) start(ctx context.Context, prompt []int32) *openai.Error {
 		}
 	}
 	for i, st := range streams {
-		c := &choice{index: i, st: st, text: textStream{dec: g.s.o.Tokenizer.NewStreamDecoder(), stops: g.sampling.Stop, minTokens: g.sampling.MinTokens}}
+		c := &choice{index: i, first: i%n == 0, prompt: g.batch[i/n], st: st, text: textStream{dec: g.s.o.Tokenizer.NewStreamDecoder(), stops: g.sampling.Stop, minTokens: g.sampling.MinTokens}}
 		if g.chat {
 			c.msg = newChatText(g.s, g.plan)
+		}
+		if len(g.echo) > 0 {
+			c.echo = g.echo[i/n]
 		}
 		if g.sampling.Logprobs {
 			if g.chat {
@@ -246,12 +273,14 @@ func (g *generation) listen(r *http.Request, done <-chan struct{}) <-chan event 
 	return ch
 }
 
-// open starts g on prompt and listens for its events until done closes;
+// open starts g on prompt (on g.batch when set) and listens for its events until done closes;
 // false when it could not start, the error already written to w.
 func (g *generation) open(w http.ResponseWriter, r *http.Request, prompt []int32, done <-chan struct{}) (<-chan event, bool) {
 	g.created = time.Now().Unix()
-	g.prompt = prompt
-	if e := g.start(r.Context(), prompt); e != nil {
+	if g.batch == nil {
+		g.batch = [][]int32{prompt}
+	}
+	if e := g.start(r.Context()); e != nil {
 		openai.WriteError(w, e)
 		return nil, false
 	}
@@ -293,8 +322,8 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 		}
 		var piece string
 		if ev.Token != nil {
-			if c.tokens == 0 && c.index == 0 {
-				g.cached = ev.CachedTokens
+			if c.tokens == 0 && c.first {
+				g.cached += ev.CachedTokens
 			}
 			if c.tokens == 0 && g.echoLogprobs {
 				g.addPromptLogprobs(c, ev.Prompt)
@@ -338,7 +367,7 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 		if c.finish != "" {
 			open--
 		}
-		if sse != nil && (!cp.empty() || c.finish != "" || (ev.Token != nil && g.sampling.Logprobs) || (g.echo+g.plan.echo != "" && !c.echoed)) {
+		if sse != nil && (!cp.empty() || c.finish != "" || (ev.Token != nil && g.sampling.Logprobs) || (c.echo+g.plan.echo != "" && !c.echoed)) {
 			if err := g.sendChunk(sse, c, cp); err != nil {
 				g.cancel()
 				return
@@ -349,7 +378,11 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 	for _, c := range g.choices {
 		tokens += c.tokens
 	}
-	usage := openai.NewUsage(len(prompt), tokens).WithCached(g.cached)
+	prompts := 0
+	for _, p := range g.batch {
+		prompts += len(p)
+	}
+	usage := openai.NewUsage(prompts, tokens).WithCached(g.cached)
 	if c := g.spec; c.Steps > 0 {
 		usage.SpecUsage = &openai.SpecUsage{SpecVerifyCt: c.Steps, SpecDraftTokenNum: c.Drafted, SpecAcceptTokenNum: c.Accepted,
 			SpecAcceptLength: c.AcceptLength(), SpecAcceptRate: c.AcceptRate()}
@@ -377,7 +410,7 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 	out := make([]openai.CompletionChoice, len(g.choices))
 	for i, c := range g.choices {
 		finish := c.finish
-		out[i] = openai.CompletionChoice{Index: c.index, Text: g.echo + c.text.out.String(), Logprobs: c.legacy, FinishReason: &finish}
+		out[i] = openai.CompletionChoice{Index: c.index, Text: c.echo + c.text.out.String(), Logprobs: c.legacy, FinishReason: &finish}
 	}
 	writeJSON(w, http.StatusOK, openai.CompletionResponse{ID: g.id, Created: g.created, Model: g.s.o.ModelName, Usage: usage, Choices: out})
 }
@@ -393,6 +426,9 @@ func (s *Server) eventError(id string, ev scheduler.Event) *openai.Error {
 		msg := "generation failed: " + errText(err)
 		switch st := hs.HTTPStatus(); {
 		case st == http.StatusBadRequest:
+			if tooLong("", msg) {
+				return openai.PromptTooLong(msg, "")
+			}
 			return openai.BadRequest(msg, "")
 		case st == http.StatusTooManyRequests:
 			return openai.TooManyRequests(msg, time.Second)
@@ -455,7 +491,7 @@ func (g *generation) sendChunk(sse *openai.SSE, c *choice, cp chatPiece) error {
 		return sse.Send(g.chatChunk(c, delta, lp, fin))
 	}
 	if !c.echoed {
-		piece, c.echoed = g.echo+piece, true
+		piece, c.echoed = c.echo+piece, true
 	}
 	lp := c.legacy
 	if lp != nil {
@@ -490,7 +526,7 @@ func (g *generation) addLogprobs(c *choice, t *model.Sampled, offset int) {
 			}
 		}
 		// Offsets count from the start of the choice's text, echo included.
-		c.legacy.Add(tok.TokenText(t.ID), float64(t.Logprob), top, len(g.echo)+offset)
+		c.legacy.Add(tok.TokenText(t.ID), float64(t.Logprob), top, len(c.echo)+offset)
 	}
 }
 
@@ -506,16 +542,16 @@ func (g *generation) addPromptLogprobs(c *choice, lp []model.Sampled) {
 	}
 	tok := g.s.o.Tokenizer
 	dec := tok.NewStreamDecoder()
-	offsets := make([]int, len(g.prompt))
+	offsets := make([]int, len(c.prompt))
 	n := 0
-	for i, id := range g.prompt {
+	for i, id := range c.prompt {
 		offsets[i] = n
 		n += len(dec.Push(id))
 	}
 	n += len(dec.Flush())
-	shift := max(0, n-len(g.echo))
-	for i, id := range g.prompt {
-		off := min(max(0, offsets[i]-shift), len(g.echo))
+	shift := max(0, n-len(c.echo))
+	for i, id := range c.prompt {
+		off := min(max(0, offsets[i]-shift), len(c.echo))
 		if i == 0 || i-1 >= len(lp) {
 			c.legacy.AddUnscored(tok.TokenText(id), off)
 			continue

@@ -41,6 +41,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := g.choices[0]
+	reasoningTokens := 0
 	rw := &responseWriter{resp: openai.Response{ID: g.id, CreatedAt: g.created, Status: "in_progress", Model: s.o.ModelName, ResponsesEcho: req.Echo}}
 	if req.Stream {
 		rw.sse = openai.NewSSE(w)
@@ -81,18 +82,27 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		rw.add(c.msg.push(piece, c.finish != ""))
+		// A token counts as reasoning when the parser is still inside the
+		// block once the text released so far is read: the open tag and
+		// the reasoning do, the close tag and the answer do not. Text held
+		// back by a stop string is read a step late, so its tokens take
+		// the state it finds then.
+		if ev.ev.Token != nil && c.msg.reason != nil && c.msg.reason.Thinking() {
+			reasoningTokens++
+		}
 		if rw.sse != nil && rw.sse.Err() != nil {
 			g.cancel()
 			return
 		}
 	}
-	rw.close()
 	rw.resp.Status = "completed"
 	if c.finish == openai.FinishLength {
 		rw.resp.Status = "incomplete"
 		rw.resp.IncompleteDetails = &openai.IncompleteReason{Reason: "max_output_tokens"}
 	}
-	rw.resp.Usage = openai.NewResponseUsage(len(prompt), c.tokens)
+	// The item open at the end is the one the limit cut, if any.
+	rw.closeAs(rw.resp.Status)
+	rw.resp.Usage = openai.NewResponseUsage(len(prompt), c.tokens, reasoningTokens)
 	if rw.sse == nil {
 		writeJSON(w, http.StatusOK, rw.resp)
 		return
@@ -152,8 +162,12 @@ func (rw *responseWriter) current() *openai.OutputItem {
 	return &rw.resp.Output[rw.open]
 }
 
-// close finishes the open item.
-func (rw *responseWriter) close() {
+// close finishes the open item as completed.
+func (rw *responseWriter) close() { rw.closeAs("completed") }
+
+// closeAs finishes the open item with status (completed, or incomplete
+// for the item max_output_tokens cut).
+func (rw *responseWriter) closeAs(status string) {
 	it := rw.current()
 	if it == nil {
 		return
@@ -173,7 +187,7 @@ func (rw *responseWriter) close() {
 	case "function_call":
 		rw.send("response.function_call_arguments.done", map[string]any{"item_id": it.ID, "output_index": i, "name": it.Name, "arguments": *it.Arguments})
 	}
-	it.Status = "completed"
+	it.Status = status
 	rw.send("response.output_item.done", map[string]any{"output_index": i, "item": *it})
 	rw.open = -1
 }

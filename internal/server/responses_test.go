@@ -2,11 +2,15 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/batonlm/baton/internal/metrics"
+	"github.com/batonlm/baton/internal/scheduler"
 )
 
 type responseObj struct {
@@ -161,5 +165,178 @@ func TestResponsesStream(t *testing.T) {
 	if text != "Sure." || args != `{"city": "Paris"}` || final.Status != "completed" || len(final.Output) != 2 ||
 		final.Output[0].Content[0].Text != text || final.Output[1].Arguments != args {
 		t.Fatalf("text %q args %q final %+v", text, args, final)
+	}
+}
+
+// capGen is a scriptGen that ends at the request's max_tokens with
+// finish length, as the scheduler does.
+type capGen struct{ *scriptGen }
+
+type capStream struct {
+	Stream
+	left int
+}
+
+func (g capGen) Generate(id string, prompt []int32, p scheduler.Params) (Stream, error) {
+	st, err := g.scriptGen.Generate(id, prompt, p)
+	if err != nil || p.MaxTokens <= 0 {
+		return st, err
+	}
+	return &capStream{Stream: st, left: p.MaxTokens}, nil
+}
+
+func (s *capStream) Next(ctx context.Context) (scheduler.Event, bool) {
+	ev, ok := s.Stream.Next(ctx)
+	if s.left--; ok && s.left == 0 && ev.Finish == "" {
+		ev.Finish = scheduler.FinishLength
+	}
+	return ev, ok
+}
+
+// capServer is scriptServer over a capGen.
+func capServer(t *testing.T, text, reasoningParser string) *httptest.Server {
+	tok, tpl := qwen3(t)
+	s := New(Options{ModelName: "m", Tokenizer: tok, Template: tpl, Generator: capGen{&scriptGen{tok: tok, text: text}},
+		Metrics: metrics.New("standalone"), ReasoningParser: reasoningParser})
+	s.SetReady(true)
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	return ts
+}
+
+// streamResponse posts a streamed Responses request and returns its
+// events' data in order.
+func streamResponse(t *testing.T, ts *httptest.Server, body string) []map[string]any {
+	t.Helper()
+	resp, err := http.Post(ts.URL+"/v1/responses", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var evs []map[string]any
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// TestResponsesIncompleteItem: an answer cut by max_output_tokens leaves
+// its last item incomplete, as the response is; items finished before
+// the cut stay completed.
+func TestResponsesIncompleteItem(t *testing.T) {
+	ts := capServer(t, "<think>\nshort\n</think>\n\nHello there, this is a long answer.", "qwen3")
+	const body = `{"model":"m","input":"hi","max_output_tokens":12`
+	st, _, raw := do(t, http.MethodPost, ts.URL+"/v1/responses", "", body+`}`)
+	var whole struct {
+		Status string `json:"status"`
+		Output []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+		} `json:"output"`
+	}
+	if err := json.Unmarshal(raw, &whole); err != nil || st != 200 {
+		t.Fatalf("%d %v %s", st, err, raw)
+	}
+	if whole.Status != "incomplete" || len(whole.Output) != 2 || whole.Output[0].Status != "completed" || whole.Output[1].Status != "incomplete" {
+		t.Fatalf("whole: %s", raw)
+	}
+	var done []string
+	var final map[string]any
+	for _, ev := range streamResponse(t, ts, body+`,"stream":true}`) {
+		switch ev["type"] {
+		case "response.output_item.done":
+			done = append(done, ev["item"].(map[string]any)["status"].(string))
+		case "response.incomplete":
+			final = ev["response"].(map[string]any)
+		}
+	}
+	if strings.Join(done, ",") != "completed,incomplete" || final == nil {
+		t.Fatalf("streamed item statuses %v, final %v", done, final)
+	}
+	out := final["output"].([]any)
+	if s := out[len(out)-1].(map[string]any)["status"]; s != "incomplete" {
+		t.Fatalf("final response's last item %v", s)
+	}
+}
+
+// TestResponsesTextLogprobs: an output_text part carries logprobs ([]
+// when none were asked for), as OpenAI's schema requires, in the whole
+// response and in every streamed part.
+func TestResponsesTextLogprobs(t *testing.T) {
+	ts, _ := scriptServer(t, "Hello there.", "", "")
+	_, _, raw := do(t, http.MethodPost, ts.URL+"/v1/responses", "", `{"model":"m","input":"hi"}`)
+	if !strings.Contains(string(raw), `"type":"output_text"`) || !strings.Contains(string(raw), `"logprobs":[]`) {
+		t.Fatalf("whole: %s", raw)
+	}
+	parts := 0
+	for _, ev := range streamResponse(t, ts, `{"model":"m","input":"hi","stream":true}`) {
+		var part map[string]any
+		switch ev["type"] {
+		case "response.content_part.added", "response.content_part.done":
+			part = ev["part"].(map[string]any)
+		case "response.output_item.done", "response.completed":
+			if it, ok := ev["item"].(map[string]any); ok {
+				part = it["content"].([]any)[0].(map[string]any)
+			} else {
+				r := ev["response"].(map[string]any)
+				part = r["output"].([]any)[0].(map[string]any)["content"].([]any)[0].(map[string]any)
+			}
+		default:
+			continue
+		}
+		parts++
+		if lp, ok := part["logprobs"].([]any); !ok || len(lp) != 0 {
+			t.Fatalf("%s: part %v", ev["type"], part)
+		}
+	}
+	if parts != 4 {
+		t.Fatalf("%d parts seen", parts)
+	}
+}
+
+// TestResponsesReasoningTokens: usage counts the tokens spent inside the
+// reasoning block, all of them when the cut leaves only reasoning.
+func TestResponsesReasoningTokens(t *testing.T) {
+	ts := capServer(t, "<think>\nthinking hard about the question for a while\n</think>\n\nHi.", "qwen3")
+	type usage struct {
+		Status string `json:"status"`
+		Usage  struct {
+			OutputTokens int `json:"output_tokens"`
+			Details      struct {
+				Reasoning int `json:"reasoning_tokens"`
+			} `json:"output_tokens_details"`
+		} `json:"usage"`
+	}
+	for _, c := range []struct {
+		body string
+		all  bool
+	}{
+		{`{"model":"m","input":"hi","max_output_tokens":4}`, true},
+		{`{"model":"m","input":"hi"}`, false},
+	} {
+		_, _, raw := do(t, http.MethodPost, ts.URL+"/v1/responses", "", c.body)
+		var u usage
+		if err := json.Unmarshal(raw, &u); err != nil {
+			t.Fatal(err)
+		}
+		r, out := u.Usage.Details.Reasoning, u.Usage.OutputTokens
+		if c.all && r != out || !c.all && (r == 0 || r >= out) {
+			t.Errorf("%s: %d of %d output tokens counted as reasoning: %s", c.body, r, out, raw)
+		}
+	}
+	// Without a reasoning parser nothing is reasoning.
+	ts, _ = scriptServer(t, "<think>\nx\n</think>\n\nHi.", "", "")
+	_, _, raw := do(t, http.MethodPost, ts.URL+"/v1/responses", "", `{"model":"m","input":"hi"}`)
+	if !strings.Contains(string(raw), `"reasoning_tokens":0`) {
+		t.Errorf("no parser: %s", raw)
 	}
 }

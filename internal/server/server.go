@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -111,6 +112,9 @@ type Options struct {
 	// llama.cpp's server does; by default a prompt's "</s>" is text. Chat
 	// messages are text either way.
 	AllowSpecialTokensInPrompt bool
+	// CORS, when set, answers browsers' preflights and names allowed
+	// origins in every answer; nil sends no CORS headers.
+	CORS *CORS
 }
 
 // SamplingDefaults are a model's default sampling parameters.
@@ -141,7 +145,10 @@ type Server struct {
 	// draining is set by Drain: /health says so and new generations are
 	// refused while those already running finish.
 	draining atomic.Bool
-	created  int64
+	// stateMu orders the writes of ready and draining, so that a late
+	// SetReady(true) cannot follow a Drain.
+	stateMu sync.Mutex
+	created int64
 	// maxTokenBytes is the most bytes of text one token can stand for (see
 	// tokenizer.MaxTokenBytes); 0 when no such bound holds.
 	maxTokenBytes int
@@ -179,19 +186,34 @@ func New(o Options) *Server {
 	return s
 }
 
-// SetReady switches /health between 200 and 503.
-func (s *Server) SetReady(ok bool) { s.ready.Store(ok) }
+// SetReady switches /health between 200 and 503. Once Drain ran it keeps
+// 503: a readiness report racing the drain (the router's ticker) must not
+// take /health back to 200 while new work is refused.
+func (s *Server) SetReady(ok bool) {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	s.ready.Store(ok && !s.draining.Load())
+}
 
 // Drain starts a shutdown: /health answers 503 so that load balancers
 // stop sending, and new generations are refused with 503 while the port
-// stays open for those already running.
+// stays open for those already running. Refusal comes first, so that
+// whoever sees the 503 finds new work refused too; a request sent on the
+// last 200 may still be refused, which a balancer retries.
 func (s *Server) Drain() {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
 	s.draining.Store(true)
 	s.ready.Store(false)
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.o.CORS != nil && s.o.CORS.handle(w, r) {
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // auth checks the key before anything of the body is read.
 func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
@@ -355,7 +377,9 @@ func parseRequest[T any](s *Server, w http.ResponseWriter, r *http.Request, pars
 		s.refused(e)
 		return fail(e)
 	}
-	if m := model(req); m != s.o.ModelName {
+	// A request that names no model gets the one served, as vLLM,
+	// SGLang and llama.cpp answer it.
+	if m := model(req); m != "" && m != s.o.ModelName {
 		return fail(s.unknownModel(m))
 	}
 	return req, true
@@ -373,28 +397,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, e)
 		return
 	}
-	prompt := req.PromptTokenIDs
-	if prompt == nil {
-		if e := s.cannotFit(req.Prompt, "prompt"); e != nil {
-			openai.WriteError(w, e)
-			return
-		}
-		prompt = s.o.Tokenizer.Encode(req.Prompt, true, s.o.AllowSpecialTokensInPrompt)
-	}
 	g := &generation{s: s, chat: false, stream: req.Stream, includeUsage: req.IncludeUsage, sampling: req.Sampling,
 		id: openai.NewID("cmpl-"), promptParam: "prompt", tenant: s.Tenant(r, req.Sampling.CacheSalt)}
-	if req.Echo {
-		g.echo = req.Prompt
-		if req.PromptTokenIDs != nil {
-			g.echo = s.promptText(req.PromptTokenIDs)
-		}
-		g.echoLogprobs = req.Sampling.Logprobs
-		if g.echoLogprobs && len(prompt) > maxEchoLogprobsTokens {
-			openai.WriteError(w, openai.BadRequest(fmt.Sprintf("echo with logprobs is limited to prompts of %d tokens; this one has %d", maxEchoLogprobsTokens, len(prompt)), "echo"))
-			return
-		}
+	if e := s.completionPrompts(g, req); e != nil {
+		openai.WriteError(w, e)
+		return
 	}
-	g.run(w, r, prompt)
+	g.run(w, r, nil)
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {

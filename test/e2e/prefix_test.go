@@ -153,7 +153,7 @@ func TestStandalonePrefixCacheDisabled(t *testing.T) {
 		}
 	}
 	waitPagesFree(t, s)
-	if m := metricsOf(t, s); m["baton_kv_pages_free"] != m["baton_kv_pages_total"] {
+	if m := metricsOf(t, s); m["baton_kv_pages_free"] != m["baton_kv_pages_capacity"] {
 		t.Fatalf("pages kept with the cache off: %v", m)
 	}
 }

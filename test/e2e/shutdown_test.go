@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -83,7 +84,10 @@ func TestGracefulShutdownRouter(t *testing.T) {
 
 // drainsWhileStreaming sends s SIGTERM in the middle of a stream: its port
 // stays open, /health says 503, a new request gets an OpenAI-shaped 503
-// with Retry-After, the stream finishes, and s exits 0.
+// with Retry-After, the stream finishes, and s exits 0. The check holds
+// with no window: every role refuses new work before /health turns 503
+// (server.Drain does both as one step), so a request sent after the first
+// 503 is refused however loaded the machine is.
 func drainsWhileStreaming(t *testing.T, s *server) {
 	t.Helper()
 	resp, sc := streamUntilFirstChunk(t, s.URL, 40)
@@ -96,8 +100,12 @@ func drainsWhileStreaming(t *testing.T, s *server) {
 		if err != nil {
 			t.Fatalf("/health while draining: %v (the port closed before the running request finished)", err)
 		}
+		hb, _ := io.ReadAll(hresp.Body)
 		hresp.Body.Close()
 		if hresp.StatusCode == http.StatusServiceUnavailable {
+			if !strings.Contains(string(hb), "draining") {
+				t.Fatalf("/health after SIGTERM: 503 %s, not draining", hb)
+			}
 			break
 		}
 		if time.Now().After(deadline) {

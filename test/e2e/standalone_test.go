@@ -336,7 +336,7 @@ func TestModelsHealthMetrics(t *testing.T) {
 		t.Fatalf("served name: %d", code)
 	}
 	code, body = get(t, s.URL+"/metrics")
-	for _, name := range []string{"baton_kv_pages_total", "baton_kv_pages_free", "baton_requests_total", "baton_num_running_reqs",
+	for _, name := range []string{"baton_kv_pages_capacity", "baton_kv_pages_free", "baton_requests_total", "baton_num_running_reqs",
 		"baton_num_queue_reqs", "baton_time_to_first_token_seconds", "baton_inter_token_latency_seconds", "baton_e2e_request_latency_seconds",
 		"baton_prompt_tokens_total", "baton_generation_tokens_total"} {
 		if code != 200 || !bytes.Contains(body, []byte(name)) {
@@ -379,7 +379,7 @@ func TestClientDisconnectFreesPages(t *testing.T) {
 			break
 		}
 	}
-	if m := metricsOf(t, s); m["baton_kv_pages_free"] == m["baton_kv_pages_total"] {
+	if m := metricsOf(t, s); m["baton_kv_pages_free"] == m["baton_kv_pages_capacity"] {
 		t.Fatal("a streaming request holds no pages")
 	}
 	conn.Close()

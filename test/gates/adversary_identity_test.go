@@ -94,7 +94,7 @@ func authFailures(t *testing.T, s *harness.Server, role string) map[string]float
 // pagesHeld is how many of decode's pages are neither free nor cached.
 func pagesHeld(t *testing.T, d *harness.Server) (held, total float64) {
 	m := harness.Metrics(t, d)
-	return m["baton_kv_pages_total"] - m["baton_kv_pages_free"] - m["baton_kv_pages_cached"], m["baton_kv_pages_total"]
+	return m["baton_kv_pages_capacity"] - m["baton_kv_pages_free"] - m["baton_kv_pages_cached"], m["baton_kv_pages_capacity"]
 }
 
 // scenarioAdversaryIdentity runs a cluster whose members each hold only

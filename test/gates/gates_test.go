@@ -107,11 +107,11 @@ func checkClean(t *testing.T, c *harness.Cluster, v *violations) {
 	for _, w := range c.Workers() {
 		for {
 			m := harness.Metrics(t, w)
-			if m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_total"] && m["baton_kv_pages_quarantined"] == 0 {
+			if m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_capacity"] && m["baton_kv_pages_quarantined"] == 0 {
 				break
 			}
 			if time.Now().After(deadline) {
-				v.add("%s: %v of %v pages free, %v cached, %v quarantined", w.URL, m["baton_kv_pages_free"], m["baton_kv_pages_total"], m["baton_kv_pages_cached"], m["baton_kv_pages_quarantined"])
+				v.add("%s: %v of %v pages free, %v cached, %v quarantined", w.URL, m["baton_kv_pages_free"], m["baton_kv_pages_capacity"], m["baton_kv_pages_cached"], m["baton_kv_pages_quarantined"])
 				break
 			}
 			time.Sleep(20 * time.Millisecond)

@@ -60,7 +60,7 @@ func scenarioAbortDuringTransfer(t *testing.T, guardsOff string) violations {
 			lastQ = time.Now()
 		}
 		if m[`baton_requests_total{outcome="aborted",role="decode"}`] >= 1 && m["baton_kv_pages_quarantined"] == 0 &&
-			m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_total"] {
+			m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_capacity"] {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -68,10 +68,10 @@ func checkStandaloneClean(t *testing.T, s *harness.Server, v *violations) {
 	t.Helper()
 	if !waitFor(t, 10*time.Second, func() bool {
 		m := harness.Metrics(t, s)
-		return m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_total"]
+		return m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_capacity"]
 	}) {
 		m := harness.Metrics(t, s)
-		v.add("pages held after every request ended: %v free, %v cached of %v", m["baton_kv_pages_free"], m["baton_kv_pages_cached"], m["baton_kv_pages_total"])
+		v.add("pages held after every request ended: %v free, %v cached of %v", m["baton_kv_pages_free"], m["baton_kv_pages_cached"], m["baton_kv_pages_capacity"])
 	}
 	m := harness.Metrics(t, s)
 	for _, name := range []string{"baton_kv_release_errors", "baton_nan_logits_total", "baton_lifecycle_illegal_moves_total"} {
@@ -239,7 +239,7 @@ func scenarioHeldRecheck(t *testing.T, guardsOff string) violations {
 	d := c.Decode[0]
 	waitFor(t, 10*time.Second, func() bool {
 		m := harness.Metrics(t, d)
-		return m["baton_kv_pages_cached"] > 0 && m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_total"]
+		return m["baton_kv_pages_cached"] > 0 && m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_capacity"]
 	})
 	if bad := askAs(t, c.Router, "alice", longPrompt, 16); bad.code == 200 {
 		v.add("a request over a held page changed since it was cached got 200 (%q, the first got %q)", bad.text, first.text)

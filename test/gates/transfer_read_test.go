@@ -119,7 +119,7 @@ func checkPagesFree(t *testing.T, c *harness.Cluster, v *violations) {
 	for _, w := range c.Workers() {
 		if !waitFor(t, 10*time.Second, func() bool {
 			m := harness.Metrics(t, w)
-			return m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_total"] && m["baton_kv_pages_quarantined"] == 0
+			return m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_capacity"] && m["baton_kv_pages_quarantined"] == 0
 		}) {
 			v.add("%s: pages not all free: %v", w.URL, harness.Metrics(t, w))
 		}

@@ -63,12 +63,12 @@ func WaitPagesFree(t testing.TB, s *Server) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		m := Metrics(t, s)
-		if m["baton_kv_pages_total"] > 0 && m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_total"] {
+		if m["baton_kv_pages_capacity"] > 0 && m["baton_kv_pages_free"]+m["baton_kv_pages_cached"] == m["baton_kv_pages_capacity"] {
 			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: pages not released: free %v and cached %v of %v, quarantined %v", s.URL, m["baton_kv_pages_free"],
-				m["baton_kv_pages_cached"], m["baton_kv_pages_total"], m["baton_kv_pages_quarantined"])
+				m["baton_kv_pages_cached"], m["baton_kv_pages_capacity"], m["baton_kv_pages_quarantined"])
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

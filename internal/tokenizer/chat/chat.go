@@ -61,6 +61,24 @@ var Reserved = []string{"messages", "tools", "documents", "add_generation_prompt
 type Template struct {
 	tpl      *exec.Template // nil for Plain
 	bos, eos string
+	// developer says the template itself handles the developer role.
+	// Most templates predate it and test only for "system", so they
+	// would render a developer turn as nothing at all.
+	developer bool
+}
+
+// developerRole is OpenAI's newer name for the system role, which its SDKs
+// send for newer models.
+const developerRole = "developer"
+
+// role is the role a message reaches the template under: developer
+// becomes system unless the template knows developer, as vLLM and
+// SGLang do before templating.
+func (t *Template) role(r string) string {
+	if r == developerRole && !t.developer {
+		return "system"
+	}
+	return r
 }
 
 // RaiseError is the error Render returns when the template calls
@@ -158,7 +176,7 @@ func New(template, bos, eos string) (t *Template, err error) {
 		msg := strings.TrimPrefix(err.Error(), "failed to parse template '"+template+"': ")
 		return nil, fmt.Errorf("chat: parsing template: %s", msg)
 	}
-	return &Template{tpl: tpl, bos: bos, eos: eos}, nil
+	return &Template{tpl: tpl, bos: bos, eos: eos, developer: strings.Contains(template, developerRole)}, nil
 }
 
 // Plain returns the fallback template for models that ship none (see the
@@ -193,7 +211,7 @@ func (t *Template) RenderEscaped(messages []Message, addGenerationPrompt bool, v
 		}
 	}
 	if t.tpl == nil {
-		return renderPlain(messages, addGenerationPrompt), nil
+		return renderPlain(t, messages, addGenerationPrompt), nil
 	}
 	var raised *RaiseError
 	defer func() {
@@ -203,7 +221,7 @@ func (t *Template) RenderEscaped(messages []Message, addGenerationPrompt bool, v
 	}()
 	msgs := make(messageList, len(messages))
 	for i, m := range messages {
-		msgs[i] = message{"role": m.Role, "content": m.Content}
+		msgs[i] = message{"role": t.role(m.Role), "content": m.Content}
 		if m.Name != "" {
 			msgs[i]["name"] = m.Name
 		}
@@ -240,10 +258,10 @@ func (t *Template) RenderEscaped(messages []Message, addGenerationPrompt bool, v
 	return out, nil
 }
 
-func renderPlain(messages []Message, addGenerationPrompt bool) string {
+func renderPlain(t *Template, messages []Message, addGenerationPrompt bool) string {
 	var sb strings.Builder
 	for _, m := range messages {
-		sb.WriteString(m.Role)
+		sb.WriteString(t.role(m.Role))
 		sb.WriteString(": ")
 		sb.WriteString(m.Content)
 		sb.WriteString("\n\n")
