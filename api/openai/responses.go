@@ -91,6 +91,7 @@ func ParseResponsesRequestLimited(body []byte, lim Limits) (*ResponsesRequest, *
 			return nil, BadRequest(fmt.Sprintf("tools may list at most %d functions", maxTools), "tools")
 		}
 		out := make([]map[string]any, len(list))
+		echo := make([]fields, len(list))
 		for i, t := range list {
 			if typ, _ := parseString(t["type"]); typ != "function" {
 				return nil, BadRequest(fmt.Sprintf(`tools[%d]: only tools of type "function" are supported`, i), fmt.Sprintf("tools[%d].type", i))
@@ -102,9 +103,10 @@ func ParseResponsesRequestLimited(body []byte, lim Limits) (*ResponsesRequest, *
 				}
 			}
 			out[i] = map[string]any{"type": "function", "function": fn}
+			echo[i] = echoTool(t)
 		}
 		chat["tools"], _ = json.Marshal(out)
-		r.Echo.Tools = raw
+		r.Echo.Tools, _ = json.Marshal(echo)
 	}
 	if raw, ok := f.get("tool_choice"); ok {
 		r.Echo.ToolChoice = raw
@@ -381,4 +383,21 @@ func (c ContentPart) MarshalJSON() ([]byte, error) {
 		}{plain(c), nonNil(c.Annotations), []any{}})
 	}
 	return json.Marshal(plain(c))
+}
+
+// echoTool is a function tool as the response repeats it: as sent, with
+// the fields OpenAI's schema requires of it (parameters, strict) filled in
+// with the defaults they had when the client left them out.
+func echoTool(t fields) fields {
+	e := make(fields, len(t)+2)
+	for k, v := range t {
+		e[k] = v
+	}
+	if _, ok := t.get("parameters"); !ok {
+		e["parameters"] = json.RawMessage("null")
+	}
+	if _, ok := t.get("strict"); !ok {
+		e["strict"] = json.RawMessage("true")
+	}
+	return e
 }

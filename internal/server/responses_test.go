@@ -340,3 +340,29 @@ func TestResponsesReasoningTokens(t *testing.T) {
 		t.Errorf("no parser: %s", raw)
 	}
 }
+
+// The tools a response repeats carry what OpenAI's schema requires of a
+// function tool, strict and parameters, with their defaults when the
+// client left them out, and keep what it sent.
+func TestResponsesEchoedToolsAreComplete(t *testing.T) {
+	ts, _ := scriptServer(t, oneCall, "hermes", "")
+	body := `{"model":"m","input":"Weather?","tools":[{"type":"function","name":"get_weather"},` +
+		`{"type":"function","name":"now","parameters":{"type":"object"},"strict":false}]}`
+	st, _, raw := postResponse(t, ts, body)
+	var r struct {
+		Tools []map[string]json.RawMessage `json:"tools"`
+	}
+	if st != 200 || json.Unmarshal([]byte(raw), &r) != nil || len(r.Tools) != 2 {
+		t.Fatalf("%d %s", st, raw)
+	}
+	for i, want := range []map[string]string{
+		{"name": `"get_weather"`, "strict": "true", "parameters": "null"},
+		{"name": `"now"`, "strict": "false", "parameters": `{"type":"object"}`},
+	} {
+		for k, v := range want {
+			if got, ok := r.Tools[i][k]; !ok || string(got) != v {
+				t.Errorf("tools[%d].%s = %s (present %v), want %s", i, k, got, ok, v)
+			}
+		}
+	}
+}
