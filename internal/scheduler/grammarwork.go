@@ -20,7 +20,8 @@ import (
 // rest of the batch steps on. A grammar that is costly to follow (a new
 // pattern whose every position is a state of its own) thus slows its own
 // request, not the batch, and each request's mask work is bounded:
-// past MaskBudget plus maskPerToken for each mask made, it fails with 400.
+// past MaskBudget plus maskPerToken for each mask made, in CPU time of the
+// mask worker's thread (workClock), it fails with 400.
 
 // maskWait is how long a step waits for the masks of its constrained
 // requests, all together, before it leaves the late ones for later.
@@ -98,8 +99,12 @@ func (e *Engine) askMask(r *Request) {
 			close(j.done)
 			e.poke()
 		}()
-		start := time.Now()
-		defer func() { j.took = time.Since(start) }()
+		stop := workClock()
+		defer func() {
+			if stop != nil { // an early return
+				j.took = stop()
+			}
+		}()
 		if m == nil {
 			if constrain == nil {
 				j.err = errNoConstraints
@@ -124,7 +129,8 @@ func (e *Engine) askMask(r *Request) {
 		}
 		j.mask = buf[:n]
 		m.FillMask(j.mask)
-		j.err = maskVerdict(m, j.mask, time.Since(start), allowance)
+		j.took, stop = stop(), nil
+		j.err = maskVerdict(m, j.mask, j.took, allowance)
 	}()
 }
 

@@ -94,16 +94,20 @@ func TestGateAdversaryGrammar(t *testing.T) {
 			v.add("costly grammar %d: %d %s, want 400 once its mask work passed its bound", i, a.code, a.body)
 		}
 	}
-	budget := 0.0
+	// Which worker makes an attacker's last masks depends on the machine's
+	// speed (prefill makes the first, decode the rest), so the figures
+	// are the cluster's.
+	refusals, masks := 0.0, 0.0
 	for _, w := range c.Workers() {
 		m := harness.Metrics(t, w)
-		budget += m[`baton_grammar_refusals_total`]
-		if m["baton_grammar_mask_seconds_count"] == 0 {
-			v.add("%s: no mask timed in baton_grammar_mask_seconds", w.URL)
-		}
+		refusals += m[`baton_grammar_refusals_total`]
+		masks += m["baton_grammar_mask_seconds_count"]
 	}
-	if budget < holders+3 {
-		v.add("%v grammar refusals counted on the workers, want %d", budget, holders+3)
+	if refusals < holders+3 {
+		v.add("%v grammar refusals counted on the workers, want %d", refusals, holders+3)
+	}
+	if masks < holders+3 {
+		v.add("%v masks timed in baton_grammar_mask_seconds on the workers, want one at least for each constrained request (%d)", masks, holders+3)
 	}
 	checkClean(t, c, &v)
 	requireClean(t, v)
