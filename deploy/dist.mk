@@ -30,10 +30,11 @@ IMAGE    ?= baton
 # cgo stays on: the CPU kernels are C and link OpenBLAS.
 dist:
 	rm -rf $(DIST)
-	mkdir -p $(DIST)/bin $(DIST)/share/doc/baton
+	mkdir -p $(DIST)/bin $(DIST)/share/doc/baton/docs
 	CGO_ENABLED=1 $(GO) build -trimpath -buildvcs=false -tags '$(GO_TAGS)' \
 		-ldflags '-s -w $(VERSION_LDFLAGS)' -o $(DIST)/bin/baton ./cmd/baton
-	cp README.md $(DIST)/share/doc/baton/README.md
+	cp README.md LICENSE CHANGELOG.md $(DIST)/share/doc/baton/
+	cp docs/*.md $(DIST)/share/doc/baton/docs/
 	cp internal/bundled/LICENSE.md $(DIST)/share/doc/baton/stories260K-LICENSE.md
 	$(DIST)/bin/baton version
 
