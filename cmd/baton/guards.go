@@ -4,6 +4,7 @@ import (
 	"github.com/batonlm/baton/internal/hicache"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/prefixcache"
+	"github.com/batonlm/baton/internal/roles"
 	"github.com/batonlm/baton/internal/scheduler"
 )
 
@@ -20,6 +21,9 @@ var guards struct {
 	pool         kvpool.Guards
 	cache        prefixcache.Guards
 	tiers        hicache.Faults
+	decode       roles.DecodeGuards
+	decodeFaults roles.DecodeFaults
+	prefill      roles.PrefillGuards
 }
 
 // engineFaults are the engine's injected faults: none outside a faults build.

@@ -3,15 +3,20 @@
 package main
 
 import (
+	"encoding/binary"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/transfer"
 )
 
 // The guards BATON_GUARDS_OFF names are replaced by what a worker without
@@ -57,9 +62,34 @@ func init() {
 		// ignored.
 		guards.cache.Tenant = func(prefixcache.Salt) prefixcache.Salt { return prefixcache.Salt{} }
 	}
+	workerGuards(off)
 	sp := faults.Active()
 	if sp == nil {
 		return
+	}
+	if sp.HeldCorrupt {
+		// The held page changes while cached (a stray write, a bad bit):
+		// its first values are negated just before Commit looks at it.
+		guards.decodeFaults.Held = func(pool *kvpool.Pool, page int32) {
+			if data := pool.PageData(page); data != nil {
+				for i := range min(len(data), 64) {
+					data[i] = -data[i] - 1
+				}
+			}
+		}
+	}
+	if sp.FlattenLanded {
+		// Each landed prompt page's written slots become 1.0 just before
+		// Commit checks the page: after the handoff, before the checksum.
+		guards.decodeFaults.Landed = func(pool *kvpool.Pool, page int32, tokens int) {
+			kv := pool.KV()
+			if buf, err := transfer.ReadPage(kv, page, tokens, nil); err == nil && kv.DType == kernels.F32 {
+				for i := 0; i+4 <= len(buf); i += 4 {
+					binary.LittleEndian.PutUint32(buf[i:], math.Float32bits(1))
+				}
+				_ = transfer.Unpack(kv, page, tokens, buf)
+			}
+		}
 	}
 	if sp.CacheRewrite || sp.CachePublishEarly {
 		guards.engineFaults = cacheFaults(sp)
@@ -88,6 +118,74 @@ func init() {
 				b[i] ^= 0x40
 			}
 		}
+	}
+}
+
+// workerGuards are the PD workers' handoff and plane guards (roles'
+// DecodeGuards and PrefillGuards) that BATON_GUARDS_OFF names, each
+// replaced by what a worker without the check would do.
+func workerGuards(off func(string) bool) {
+	if off(faults.GuardLateDrop) {
+		// A frame for a reservation gone lands where it points, whoever
+		// holds the page now.
+		guards.decode.LateDrop = func(pool *kvpool.Pool, w transfer.PageWrite, _ error) error {
+			if w.Page < 0 || int(w.Page) >= pool.NumPages() || w.Tokens <= 0 || w.Tokens > pool.PageSize() {
+				return fmt.Errorf("page %d outside the pool", w.Page)
+			}
+			return transfer.Unpack(pool.KV(), w.Page, w.Tokens, w.Data)
+		}
+	}
+	if off(faults.GuardOwnerTag) {
+		// Any page of the pool is taken at its word; only the pool's bounds
+		// keep the frame from writing past the KV.
+		guards.decode.OwnerTag = func(pool *kvpool.Pool, _ *scheduler.Request, _ []int32, index int, page int32) error {
+			if page < 0 || int(page) >= pool.NumPages() || index < 0 {
+				return fmt.Errorf("page %d outside the pool", page)
+			}
+			return nil
+		}
+	}
+	if off(faults.GuardHeldRecheck) {
+		// A held page is taken as it is, whatever happened to it in the
+		// cache.
+		guards.decode.HeldRecheck = func(_ *kvpool.Pool, _ *scheduler.Request, _ kvpool.SharedRef, _ int32, buf []byte) ([]byte, error) {
+			return buf, nil
+		}
+	}
+	if off(faults.GuardSessionBind) {
+		// Any session may write a reservation's pages and commit them.
+		guards.decode.SessionBound = func(bool, transfer.SessionID, []byte) bool { return true }
+	}
+	if off(faults.GuardCoverage) {
+		// The claim is believed; the pages' written counts stay what
+		// landed, so the read gate (unless it is off too: the incident's
+		// shape) still sees the truth.
+		guards.decode.TokenCoverage = func(int, int) (string, error) { return "", nil }
+		guards.decode.PageCoverage = func(*kvpool.Pool, int32, int) error { return nil }
+	}
+	if off(faults.GuardChecksum) {
+		// Any claim is believed.
+		guards.decode.ChecksumMatches = func(uint64, uint64) bool { return true }
+	}
+	if off(faults.GuardCapability) {
+		// A message about a live reservation need not carry its capability.
+		guards.decode.CapabilityMatches = func(transfer.Capability, []byte) bool { return true }
+	}
+	if off(faults.GuardPeerQuota) {
+		// One caller may hold as many reservations and pages as it asks for.
+		guards.decode.OverQuota = func(int, int, int) bool { return false }
+	}
+	if off(faults.GuardDrainWait) {
+		// The writer is still asked to stop, but its pages are reused
+		// without waiting for its answer.
+		guards.decode.DrainWait = func(tell func(), release func(string)) {
+			go tell()
+			release("drain wait switched off")
+		}
+	}
+	if off(faults.GuardDialKnown) {
+		// Prefill answers an Abort at whatever address it names.
+		guards.prefill.DialKnown = func(string) bool { return true }
 	}
 }
 

@@ -88,7 +88,8 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			return fmt.Errorf("tokenizer files: %w", err)
 		}
 		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: decorate.sender(sender), Transport: f.transport,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: decorate.dialOptions(), Identity: id, Log: le.log})
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: decorate.dialOptions(), Identity: id, Log: le.log,
+			Guards: guards.prefill})
 		p.SetAddr(grpcAddr)
 		defer p.Close()
 		pdv1.RegisterPrefillServer(gs, p)
@@ -111,7 +112,8 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		eng = le.engine(f, scheduler.RoleDecode, ms, cache, tiers)
 		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Cache: cache,
 			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Transport: f.transport,
-			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer.of(le.pool.NumPages(), le.pool.PagesFor(le.plan.context)), Auth: plane, Identity: le.identity(), Log: le.log})
+			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer.of(le.pool.NumPages(), le.pool.PagesFor(le.plan.context)), Auth: plane, Identity: le.identity(), Log: le.log,
+			Guards: guards.decode, Faults: guards.decodeFaults})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver
 		if f.transport == "ucx" {

@@ -5,12 +5,12 @@
 // configured into an unsafe mode.
 //
 // Release code has one path per guard and never asks whether a guard is on.
-// A package with guards takes a Guards value in its options whose zero
-// value is every check; only the command's files built with the faults tag
+// A package with guards takes a Guards value in its options (roles: one
+// per worker, DecodeGuards and PrefillGuards) whose zero value is every
+// check; only the command's files built with the faults tag
 // (cmd/baton/guards_faults.go, plane_faults.go) read On and fill it with
-// what a worker without the check would do. The workers' handoff guards
-// are still switched by a file of their own package (guards_faults.go in
-// roles), which replaces the single variable each check goes through.
+// what a worker without the check would do; injected faults reach the
+// packages the same way, in a Faults value.
 //
 // In a faults build, two environment variables configure a process:
 //

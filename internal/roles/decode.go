@@ -69,6 +69,12 @@ type DecodeOptions struct {
 	// plaintext, tests on loopback).
 	Auth *auth.Plane
 	Log  *slog.Logger
+	// Guards are the worker's handoff and plane checks (guards.go); the
+	// zero value is every check.
+	Guards DecodeGuards
+	// Faults are injected only by the faults build's command; the zero
+	// value injects none.
+	Faults DecodeFaults
 }
 
 // reservation is one live use of decode pages by a handed-over request.
@@ -119,6 +125,8 @@ func NewDecode(o DecodeOptions) *Decode {
 		o.HandoffTimeout = 60 * time.Second
 	}
 	d := &Decode{o: o, rooms: map[transfer.Key]*reservation{}, over: map[transfer.Key]time.Time{}, usage: map[string]*peerUse{}, stop: make(chan struct{})}
+	d.o.Guards = o.Guards.withChecks(d)
+	d.o.Faults = o.Faults.withNone()
 	if o.Auth != nil {
 		d.peers.opts = o.Auth.DialOptions(auth.RolePrefill)
 	}

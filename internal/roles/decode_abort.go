@@ -62,7 +62,7 @@ func (d *Decode) abortReserved(res *reservation, why string) bool {
 		})
 	}
 	if d.writerHolds(res) {
-		askToDrain(d, res, why)
+		d.o.Guards.DrainWait(func() { d.tellWriter(res, why) }, func(proof string) { d.writerGone(res, false, proof) })
 	}
 	return true
 }
@@ -71,13 +71,12 @@ func (d *Decode) abortReserved(res *reservation, why string) bool {
 // function of the request's state.
 func (d *Decode) writerHolds(res *reservation) bool { return res.r.State().WriterHolds() }
 
-// askToDrain tells the writer to stop; the pages stay quarantined until
-// it answers Drained or its session is proven closed (writerGone). It is a
-// variable only so that a faults build can give the pages back at once
-// (guards_faults.go, BATON_GUARDS_OFF=drain_wait): the quarantine is the
-// engine's and ends only through writerGone, so nothing outside Decode can
-// end it early at this moment; every other build only asks.
-var askToDrain = func(d *Decode, res *reservation, why string) { go d.tellWriter(res, why) }
+// waitForDrain is the drain_wait check (DecodeGuards.DrainWait): the
+// writer is told to stop, and the pages stay quarantined until it answers
+// Drained or its session is proven closed. The quarantine is the engine's
+// and ends only through writerGone, the release the guard is handed and
+// never calls.
+func waitForDrain(tell func(), _ func(proof string)) { go tell() }
 
 func (d *Decode) writerGone(res *reservation, drained bool, proof string) {
 	if !d.o.Engine.WriterGone(res.r, drained, proof) {

@@ -13,6 +13,7 @@ import (
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/pdwire"
+	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -88,7 +89,7 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 func (d *Decode) fromBoundSession(res *reservation, id []byte) bool {
 	res.mu.Lock()
 	defer res.mu.Unlock()
-	return sessionBound(res, id)
+	return res.boundTo(id, d.o.Guards.SessionBound)
 }
 
 // verify checks a Commit against the pages: tokens written equal tokens
@@ -100,7 +101,7 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 	if c.Writer != res.writer {
 		return "writer", fmt.Errorf("commit from %q, the reservation's writer is %q", c.Writer, res.writer)
 	}
-	if reason, err := coverage.tokens(int(c.TokensWritten), n); err != nil {
+	if reason, err := d.o.Guards.TokenCoverage(int(c.TokensWritten), n); err != nil {
 		return reason, err
 	}
 	switch {
@@ -121,13 +122,14 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 			// that it is still the page cached under the key this prompt
 			// reaches, pinned by this request, unchanged since it was
 			// cached.
+			d.o.Faults.Held(d.o.Pool, p)
 			var err error
-			if buf, err = recheckHeld(d, res, held[i], p, buf); err != nil {
+			if buf, err = d.o.Guards.HeldRecheck(d.o.Pool, res.r, held[i], p, buf); err != nil {
 				return "held_page", err
 			}
 			continue
 		}
-		if err := ownerTag(d, res, i, p); err != nil {
+		if err := d.o.Guards.OwnerTag(d.o.Pool, res.r, res.prompt, i, p); err != nil {
 			return "owner_tag", err
 		}
 		if d.oneSided {
@@ -138,7 +140,7 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 				landed = d.o.Landing
 			}
 			var err error
-			if buf, err = checkLanded(landed, p, want, c.PageChecksums[i], buf); err != nil {
+			if buf, err = checkLanded(landed, p, want, c.PageChecksums[i], buf, d.o.Guards.ChecksumMatches); err != nil {
 				return "checksum", err
 			}
 			if d.o.Landing.Data != nil {
@@ -153,35 +155,33 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 			}
 			continue
 		}
-		if err := coverage.page(d, res, p, want); err != nil {
+		d.o.Faults.Landed(d.o.Pool, p, want)
+		if err := d.o.Guards.PageCoverage(d.o.Pool, p, want); err != nil {
 			return "coverage", err
 		}
 		var err error
-		if buf, err = checkLanded(kv, p, want, c.PageChecksums[i], buf); err != nil {
+		if buf, err = checkLanded(kv, p, want, c.PageChecksums[i], buf, d.o.Guards.ChecksumMatches); err != nil {
 			return "checksum", err
 		}
 	}
 	return "", nil
 }
 
-// recheckHeld is Commit's check of a page the reservation holds from the
-// prefix cache: the page is the one pinned at Reserve, still shared under
-// its key with this request's pin (the read gate's own question), and its
-// contents still have the checksum recorded when it was cached. It is a
-// variable only so that a faults build can take it away
-// (guards_faults.go, BATON_GUARDS_OFF=held_recheck): it sits in verify's
-// order of checks, where no wrapper reaches.
-var recheckHeld = (*Decode).checkHeld
-
-func (d *Decode) checkHeld(res *reservation, ref kvpool.SharedRef, page int32, buf []byte) ([]byte, error) {
-	ps := d.o.Pool.PageSize()
+// checkHeld is Commit's check of a page the reservation holds from the
+// prefix cache, the held_recheck check (DecodeGuards.HeldRecheck): the page
+// is the one pinned at Reserve, still shared under its key with r's pin
+// (the read gate's own question), and its contents still have the checksum
+// recorded when it was cached. It sits in verify's order of checks, where
+// no wrapper reaches.
+func (d *Decode) checkHeld(pool *kvpool.Pool, r *scheduler.Request, ref kvpool.SharedRef, page int32, buf []byte) ([]byte, error) {
+	ps := pool.PageSize()
 	if page != ref.Page {
 		return buf, fmt.Errorf("held page %d is not the page %d pinned at Reserve", page, ref.Page)
 	}
-	if err := d.o.Pool.CheckReadable(res.r.Owner(), []int32{page}, ps); err != nil {
+	if err := pool.CheckReadable(r.Owner(), []int32{page}, ps); err != nil {
 		return buf, err
 	}
-	if in := d.o.Pool.Info(page); in.State != kvpool.PageShared {
+	if in := pool.Info(page); in.State != kvpool.PageShared {
 		return buf, fmt.Errorf("held page %d is %s", page, in.State)
 	}
 	if d.o.Cache == nil {
@@ -191,7 +191,7 @@ func (d *Decode) checkHeld(res *reservation, ref kvpool.SharedRef, page int32, b
 	if !ok {
 		return buf, fmt.Errorf("held page %d is no longer cached under its key", page)
 	}
-	buf, err := transfer.ReadPage(d.o.Pool.KV(), page, ps, buf)
+	buf, err := transfer.ReadPage(pool.KV(), page, ps, buf)
 	if err != nil {
 		return buf, fmt.Errorf("reading held page %d back: %w", page, err)
 	}
@@ -205,33 +205,29 @@ func (d *Decode) checkHeld(res *reservation, ref kvpool.SharedRef, page int32, b
 
 // checkLanded reads back the first tokens slots of page as they are in the
 // pool (device memory included) and compares their checksum with the
-// commit's claim. buf is reused.
-func checkLanded(kv kernels.PagedKV, page int32, tokens int, claim uint64, buf []byte) ([]byte, error) {
+// commit's claim by matches, the checksum check (DecodeGuards.ChecksumMatches:
+// it needs the bytes read back here, which nothing outside Decode has).
+// buf is reused.
+func checkLanded(kv kernels.PagedKV, page int32, tokens int, claim uint64, buf []byte, matches func(got, claim uint64) bool) ([]byte, error) {
 	buf, err := transfer.ReadPage(kv, page, tokens, buf)
 	if err != nil {
 		return buf, fmt.Errorf("reading page %d back: %w", page, err)
 	}
-	if got := transfer.Checksum(buf); !checksumMatches(got, claim) {
+	if got := transfer.Checksum(buf); !matches(got, claim) {
 		return buf, fmt.Errorf("page %d checksum %016x, commit claims %016x", page, got, claim)
 	}
 	return buf, nil
 }
 
-// coverage is Commit's coverage check: the tokens it claims are the tokens
-// reserved (fewer is a short write, more an over-claim), and each prompt
-// page holds as many written tokens as the prompt reaches into it. It is a
-// variable only so that a faults build can take both halves away
-// (guards_faults.go, BATON_GUARDS_OFF=coverage): they sit inside verify's
-// order of checks, between the writer and the checksums and between a
-// page's owner tag and its checksum, and the order decides which check a
-// failure is counted under, so a wrapper around Commit could not drop them
-// without running the others again. Every other build runs tokensCovered
-// and pageCovered.
-var coverage = struct {
-	tokens func(written, reserved int) (reason string, err error)
-	page   func(d *Decode, res *reservation, page int32, want int) error
-}{tokensCovered, (*Decode).pageCovered}
-
+// tokensCovered and pageCovered are Commit's coverage check, the coverage
+// guard's two halves (DecodeGuards.TokenCoverage, PageCoverage): the
+// tokens it claims are the tokens reserved (fewer is a short write, more
+// an over-claim), and each prompt page holds as many written tokens as the
+// prompt reaches into it. They sit inside verify's order of checks,
+// between the writer and the checksums and between a page's owner tag and
+// its checksum, and the order decides which check a failure is counted
+// under, so a wrapper around Commit could not drop them without running
+// the others again.
 func tokensCovered(written, reserved int) (string, error) {
 	switch {
 	case written < reserved:
@@ -242,17 +238,9 @@ func tokensCovered(written, reserved int) (string, error) {
 	return "", nil
 }
 
-func (d *Decode) pageCovered(_ *reservation, page int32, want int) error {
-	if _, written, _ := d.o.Pool.Owner(page); written != want {
+func (*Decode) pageCovered(pool *kvpool.Pool, page int32, want int) error {
+	if _, written, _ := pool.Owner(page); written != want {
 		return fmt.Errorf("page %d holds %d written tokens, %d needed", page, written, want)
 	}
 	return nil
 }
-
-// checksumMatches compares the checksum of what landed in a page with
-// Commit's claim for it. It is a variable only so that a faults build can
-// accept any claim (guards_faults.go, BATON_GUARDS_OFF=checksum): the
-// comparison needs the bytes checkLanded reads back from the pool, device
-// memory included, which nothing outside Decode has; every other build
-// compares.
-var checksumMatches = func(got, claim uint64) bool { return got == claim }

@@ -27,7 +27,7 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 		d.o.Metrics.LateDropped.WithLabelValues("admit").Inc()
 		return nil, fmt.Errorf("reservation %s no longer accepts writes", k)
 	}
-	if res.bound && !sessionBound(res, k.Session[:]) {
+	if res.bound && !res.boundTo(k.Session[:], d.o.Guards.SessionBound) {
 		d.authFailure("transfer")
 		return nil, fmt.Errorf("reservation %s is already being written by another session", k)
 	}
@@ -44,16 +44,16 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
 	res := d.findSession("transfer", k)
 	if res == nil {
-		return lateWrite(d, w, fmt.Errorf("no live reservation for %s", k))
+		return d.o.Guards.LateDrop(d.o.Pool, w, fmt.Errorf("no live reservation for %s", k))
 	}
 	res.mu.Lock()
 	defer res.mu.Unlock()
 	if !res.writable() {
-		return lateWrite(d, w, fmt.Errorf("reservation %s no longer accepts writes", k))
+		return d.o.Guards.LateDrop(d.o.Pool, w, fmt.Errorf("reservation %s no longer accepts writes", k))
 	}
 	ps := d.o.Pool.PageSize()
 	n := len(res.r.Prompt)
-	if err := ownerTag(d, res, w.Index, w.Page); err != nil {
+	if err := d.o.Guards.OwnerTag(d.o.Pool, res.r, res.prompt, w.Index, w.Page); err != nil {
 		d.o.Metrics.HandoffFailures.WithLabelValues("owner_tag").Inc()
 		return err
 	}
@@ -71,51 +71,44 @@ func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
 	return d.o.Pool.MarkWritten(res.r.Owner(), w.Page, w.Tokens)
 }
 
-// lateWrite answers a frame for a reservation that no longer takes writes:
-// dropped and counted, never unpacked. It is a variable only so that a
-// faults build can land such frames instead (guards_faults.go,
-// BATON_GUARDS_OFF=late_drop). A Sink wrapped around Decode could not do
-// that without finding the reservation a second time, which counts the
-// refusals of find twice, and the count of late drops is what the gate
-// reads; every other build runs dropLate.
-var lateWrite = (*Decode).dropLate
-
-func (d *Decode) dropLate(_ transfer.PageWrite, why error) error {
+// dropLate is the late_drop check (DecodeGuards.LateDrop): a frame for a
+// reservation that no longer takes writes is dropped and counted, never
+// unpacked. It is a guard of Decode's rather than a Sink wrapped around
+// it because a wrapper could not land such frames without finding the
+// reservation a second time, which counts the refusals of find twice, and
+// the count of late drops is what the gate reads.
+func (d *Decode) dropLate(_ *kvpool.Pool, _ transfer.PageWrite, why error) error {
 	d.o.Metrics.LateDropped.WithLabelValues("write").Inc()
 	return why
 }
 
-// ownerTag says whether page, sent for index of res's prompt pages, is the
-// page res gave that index, tagged as res's and allocated. Write and Commit
-// ask it of every page. It is a variable only so that a faults build can
-// let a frame land wherever it points (guards_faults.go,
-// BATON_GUARDS_OFF=owner_tag): the check sits between finding the
-// reservation and unpacking into the pool, under res.mu, so nothing
-// outside Decode can take it away without writing Write again; every
-// other build runs ownsPage.
-var ownerTag = (*Decode).ownsPage
-
-func (d *Decode) ownsPage(res *reservation, index int, page int32) error {
-	if index < 0 || index >= len(res.prompt) || res.prompt[index] != page {
-		return fmt.Errorf("page %d at index %d is not in reservation %s", page, index, res.key)
+// ownsPage is the owner_tag check (DecodeGuards.OwnerTag): page, sent for
+// index of r's prompt pages, is the page the reservation gave that index,
+// tagged as r's and allocated. Write and Commit ask it of every page; it
+// sits between finding the reservation and unpacking into the pool, under
+// res.mu.
+func (*Decode) ownsPage(pool *kvpool.Pool, r *scheduler.Request, prompt []int32, index int, page int32) error {
+	if index < 0 || index >= len(prompt) || prompt[index] != page {
+		return fmt.Errorf("page %d at index %d is not in reservation %s", page, index, roomKey(r.Room(), r.Owner().Epoch))
 	}
-	if owner, _, st := d.o.Pool.Owner(page); owner != res.r.Owner() || st != kvpool.PageAllocated {
-		return fmt.Errorf("page %d is tagged %v (%s), not %v", page, owner, st, res.r.Owner())
+	if owner, _, st := pool.Owner(page); owner != r.Owner() || st != kvpool.PageAllocated {
+		return fmt.Errorf("page %d is tagged %v (%s), not %v", page, owner, st, r.Owner())
 	}
 	return nil
 }
 
-// sessionBound says whether id names the transfer session decode admitted
-// for res, the only one that may write its pages or commit them. Admit,
-// the frames' lookup and Commit all ask it; called under res.mu. It is a
-// variable only so that a faults build can let any session in
-// (guards_faults.go, BATON_GUARDS_OFF=session_bind): the binding lives in
-// the reservation, which nothing outside Decode sees; every other build
-// runs boundTo.
-var sessionBound = (*reservation).boundTo
+// boundTo says whether id names the transfer session decode admitted for
+// res, the only one that may write its pages or commit them, by the
+// session_bind check (DecodeGuards.SessionBound, sameSession). Admit, the
+// frames' lookup and Commit all ask it; called under res.mu.
+func (res *reservation) boundTo(id []byte, check func(bool, transfer.SessionID, []byte) bool) bool {
+	return check(res.bound, res.key.Session, id)
+}
 
-func (res *reservation) boundTo(id []byte) bool {
-	return res.bound && len(id) == len(res.key.Session) && subtle.ConstantTimeCompare(res.key.Session[:], id) == 1
+// sameSession is the session_bind check: a session was admitted (bound)
+// and id is its name.
+func sameSession(bound bool, session transfer.SessionID, id []byte) bool {
+	return bound && len(id) == len(session) && subtle.ConstantTimeCompare(session[:], id) == 1
 }
 
 // Closed implements transfer.Sink: the session is closed and its receiver

@@ -71,21 +71,13 @@ func (d *Decode) find(rpc string, room, epoch uint64, capability []byte) *reserv
 	if res == nil {
 		return nil
 	}
-	if !capabilityMatches(res.key.Cap, capability) {
+	if !d.o.Guards.CapabilityMatches(res.key.Cap, capability) {
 		d.authFailure(rpc)
 		d.o.Log.Warn("message with a wrong capability refused", "rpc", rpc, "room", room, "epoch", epoch)
 		return nil
 	}
 	return res
 }
-
-// capabilityMatches says whether a message carries its reservation's
-// capability. It is a variable only so that a faults build can accept any
-// (guards_faults.go, BATON_GUARDS_OFF=capability): every message about a
-// reservation reaches it through find, and a wrapper around the RPCs could
-// not tell a capability refused from a reservation unknown without looking
-// it up again; every other build runs Capability.Matches.
-var capabilityMatches = transfer.Capability.Matches
 
 // findSession is find for what a transfer session reports: the session
 // must also be the one admitted for the reservation.
@@ -95,7 +87,7 @@ func (d *Decode) findSession(rpc string, k transfer.Key) *reservation {
 		return nil
 	}
 	res.mu.Lock()
-	ok := sessionBound(res, k.Session[:])
+	ok := res.boundTo(k.Session[:], d.o.Guards.SessionBound)
 	res.mu.Unlock()
 	if !ok {
 		d.authFailure(rpc)
@@ -130,7 +122,7 @@ func (d *Decode) admitPeer(peer string, pages int) bool {
 		u = &peerUse{}
 		d.usage[peer] = u
 	}
-	if overQuota(d, u, pages) {
+	if d.o.Guards.OverQuota(u.reservations, u.pages, pages) {
 		if u.reservations == 0 {
 			delete(d.usage, peer)
 		}
@@ -141,17 +133,13 @@ func (d *Decode) admitPeer(peer string, pages int) bool {
 	return true
 }
 
-// overQuota says whether one more reservation of pages would take peer
-// past its bounds. It is a variable only so that a faults build can lift
-// the bounds (guards_faults.go, BATON_GUARDS_OFF=peer_quota): they are
-// counted under d.mu, next to the usage Reserve gives back on failure, and
-// the per-peer usage is nothing a wrapper can see; every other build runs
-// exceedsQuota.
-var overQuota = (*Decode).exceedsQuota
-
-func (d *Decode) exceedsQuota(u *peerUse, pages int) bool {
-	return (d.o.MaxReservationsPerPeer > 0 && u.reservations+1 > d.o.MaxReservationsPerPeer) ||
-		(d.o.MaxPagesPerPeer > 0 && u.pages+pages > d.o.MaxPagesPerPeer)
+// exceedsQuota is the peer_quota check (DecodeGuards.OverQuota): one more
+// reservation of pages would take a caller holding reservations and held
+// pages past its bounds. It is asked under d.mu, next to the usage Reserve
+// gives back on failure.
+func (d *Decode) exceedsQuota(reservations, held, pages int) bool {
+	return (d.o.MaxReservationsPerPeer > 0 && reservations+1 > d.o.MaxReservationsPerPeer) ||
+		(d.o.MaxPagesPerPeer > 0 && held+pages > d.o.MaxPagesPerPeer)
 }
 
 // releasePeer gives back what admitPeer counted.

@@ -47,6 +47,9 @@ type PrefillOptions struct {
 	// faults build puts its decorators (cmd/baton/inject_faults.go).
 	DialOptions []grpc.DialOption
 	Log         *slog.Logger
+	// Guards are the worker's plane checks (guards.go); the zero value is
+	// every check.
+	Guards PrefillGuards
 }
 
 // Prefill is the prefill worker: it computes prompts in chunks, writes each
@@ -77,19 +80,14 @@ func (p *Prefill) learnDecode(addr string) {
 	}
 }
 
+// knowsDecode is the dial_known check (PrefillGuards.DialKnown): a decode
+// worker's word may make this worker dial addr only if the router paired
+// them.
 func (p *Prefill) knowsDecode(addr string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.known[addr]
 }
-
-// dialKnown says whether a decode worker's word may make this worker dial
-// addr: only if the router paired them. It is a variable only so that a
-// faults build can dial anyone (guards_faults.go,
-// BATON_GUARDS_OFF=dial_known): the pairings are learned inside Prefill
-// from the router's requests, out of any wrapper's sight; every other
-// build runs knowsDecode.
-var dialKnown = (*Prefill).knowsDecode
 
 // SetShuttingDown makes Prefill refuse new work (the worker is shutting down).
 func (p *Prefill) SetShuttingDown() { p.shuttingDown.Store(true) }
@@ -104,6 +102,7 @@ func (p *Prefill) Busy() bool {
 // NewPrefill makes a prefill worker.
 func NewPrefill(o PrefillOptions) *Prefill {
 	p := &Prefill{o: o, active: map[transfer.Key]context.CancelFunc{}, known: map[string]bool{}}
+	p.o.Guards = o.Guards.withChecks(p)
 	switch {
 	case o.Auth != nil:
 		p.peers.opts = append(slices.Clone(o.DialOptions), o.Auth.DialOptions(auth.RoleDecode)...)

@@ -67,7 +67,7 @@ func (p *Prefill) Abort(ctx context.Context, a *pdv1.AbortRequest) (*pdv1.Ack, e
 	if a.DecodeAddr == "" {
 		return nil, errors.New("abort without a decode address to answer")
 	}
-	if !dialKnown(p, a.DecodeAddr) {
+	if !p.o.Guards.DialKnown(a.DecodeAddr) {
 		// The answer goes only where the router sent this worker before;
 		// an address taken from the request alone is never dialled.
 		p.o.Metrics.InternalAuthFailures.WithLabelValues("Abort").Inc()
