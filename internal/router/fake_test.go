@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -406,6 +407,13 @@ func newCluster(t *testing.T, nPrefill, nDecode int, opt func(*Options)) *cluste
 	}
 	c.r = r
 	t.Cleanup(r.Close)
+	t.Cleanup(func() {
+		// Every request of every router test moves through its phases in
+		// order (phase.go); run's control flow logs any other move.
+		if strings.Contains(c.logs.String(), "moved out of order") {
+			t.Errorf("a request moved out of order:\n%s", c.logs.String())
+		}
+	})
 	return c
 }
 

@@ -72,6 +72,9 @@ type stream struct {
 	// workers whose spec guard stopped this request, never tried again.
 	spec    request.SpecCounts
 	suspect map[*worker]bool
+	// phase is where the request stands (phase.go), trail its moves.
+	phase phase
+	trail []phase
 }
 
 func newStream(r *Router, id string, prompt []int32, p request.Params, log *slog.Logger) *stream {
@@ -150,6 +153,7 @@ func (s *stream) run(started chan<- error) {
 	for {
 		s.r.release(held...)
 		held = nil
+		s.to(phasePicking)
 		if s.quitting() {
 			// The client left (or stopped) between attempts; nothing is
 			// reserved, so nothing needs telling.
@@ -176,6 +180,9 @@ func (s *stream) run(started chan<- error) {
 		// round, so both sides of it are suspects.
 		avoid[d], avoid[p] = true, true
 		res, f := s.reserve(d, p, dc)
+		if f == nil {
+			s.to(phaseReserved)
+		}
 		if f == nil && s.quitting() {
 			s.abort(s.log, dc, res, "client went away before prefill was asked")
 			s.endOutcome()
@@ -206,6 +213,7 @@ func (s *stream) run(started chan<- error) {
 					last = failure{stage: "queue", err: errQueueFull(s.r.queue.max), detail: errors.New("the router's queue is full")}
 					break
 				}
+				s.to(phaseQueued)
 				s.r.m.QueuedTotal.Inc()
 				s.r.gauges()
 				s.log.Debug("queued: no decode worker has room now", "waiting", s.r.queue.len())
@@ -236,8 +244,9 @@ func (s *stream) run(started chan<- error) {
 		s.log.Warn("attempt failed before the first token; retrying on another pair",
 			"stage", f.stage, "decode", d.url, "prefill", p.url, "attempt", tries, "err", f.detail)
 	}
-	s.log.Warn("request failed", "stage", last.stage, "code", last.code, "err", last.detail, "client_error", last.err)
+	s.log.Warn("request failed", "stage", last.stage, "code", last.code, "err", last.detail, "client_error", last.err, "phases", s.phases())
 	if s.started != nil {
+		s.to(phaseFailed)
 		s.started <- rejectFrom(last)
 		s.started = nil
 		return
@@ -274,6 +283,7 @@ func (s *stream) resume(d *worker, avoid map[*worker]bool) bool {
 // begin tells Generate that the first event is ready: from here on a
 // failure reaches the client as the stream's last event.
 func (s *stream) begin() {
+	s.to(phaseStreaming)
 	if s.started != nil {
 		s.started <- nil
 		s.started = nil
@@ -335,6 +345,7 @@ type received struct {
 // the caller cancelled or stopped); a failure means no token was delivered
 // and the reservation was cancelled.
 func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, res *pdv1.Reservation) *failure {
+	s.to(phaseRelaying)
 	log := s.log.With("decode", d.url, "prefill", p.url, "room", res.Room, "epoch", res.Epoch)
 	// Cancelling ctx ends the token stream and the prefill call, so every
 	// goroutine started here returns with relay.
@@ -511,8 +522,10 @@ func (s *stream) finish(ev request.Event) {
 	select {
 	case s.events <- ev:
 		if ev.Finish == request.FinishError {
+			s.to(phaseFailed)
 			s.r.m.Outcome("error")
 		} else {
+			s.to(phaseDone)
 			s.r.m.Outcome("finished")
 		}
 		s.r.m.E2E.Observe(time.Since(s.start).Seconds())
@@ -523,10 +536,12 @@ func (s *stream) finish(ev request.Event) {
 
 func (s *stream) endOutcome() {
 	if s.quitWhy.Load() == quitStop {
+		s.to(phaseDone)
 		s.r.m.Outcome("finished")
 		s.r.m.E2E.Observe(time.Since(s.start).Seconds())
 		return
 	}
+	s.to(phaseCancelled)
 	s.r.m.Outcome("aborted")
 }
 
