@@ -1,5 +1,5 @@
 // Package model holds the Llama-family model (Llama, Mistral, Qwen2,
-// Qwen3): its configuration, its weights (GGUF, a Hugging Face directory
+// Qwen3, and the mixtures of experts Mixtral and Qwen3-MoE): its configuration, its weights (GGUF, a Hugging Face directory
 // of safetensors, or deterministic dummy) and the forward pass, written
 // once against kernels.Backend.
 package model
@@ -7,6 +7,7 @@ package model
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/batonlm/baton/internal/gguf"
 	"github.com/batonlm/baton/internal/kernels"
@@ -14,14 +15,16 @@ import (
 
 // Config is the shape of a model and the constants of its forward pass.
 type Config struct {
-	Arch          string // llama, mistral, qwen2, qwen3
-	Name          string
-	Vocab         int
-	Dim           int
-	Layers        int
-	Heads         int
-	KVHeads       int
-	HeadDim       int
+	Arch    string // llama, mistral, qwen2, qwen3, qwen3moe, mixtral
+	Name    string
+	Vocab   int
+	Dim     int
+	Layers  int
+	Heads   int
+	KVHeads int
+	HeadDim int
+	// FF is the feed-forward hidden size: each expert's in a mixture of
+	// experts, which is the size a token's FFN work and the scratch go by.
 	FF            int
 	ContextLength int
 	NormEps       float32
@@ -31,6 +34,13 @@ type Config struct {
 	// TieEmbeddings says the output projection is the embedding table
 	// (dummy weights follow it; loaders tie when the file has no output).
 	TieEmbeddings bool
+	// Experts is the number of FFN experts of a mixture of experts (0: a
+	// dense model); each token runs ExpertsUsed of them, chosen by the
+	// layer's router. ExpertNorm says the chosen experts' weights are a
+	// softmax over the chosen alone (Mixtral, and Qwen3-MoE with
+	// norm_topk_prob) rather than their share of a softmax over all.
+	Experts, ExpertsUsed int
+	ExpertNorm           bool
 }
 
 // Validate checks the shape is one the forward pass can run.
@@ -44,6 +54,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("model: head dim %d with rotary dim %d", c.HeadDim, c.RoPE.Dim)
 	case c.ContextLength <= 0:
 		return fmt.Errorf("model: context length %d", c.ContextLength)
+	case c.Experts < 0 || c.Experts > 0 && (c.ExpertsUsed <= 0 || c.ExpertsUsed > c.Experts):
+		return fmt.Errorf("model: %d experts with %d used per token", c.Experts, c.ExpertsUsed)
+	case c.Experts == 0 && c.ExpertsUsed != 0:
+		return fmt.Errorf("model: %d experts used per token of a model without experts", c.ExpertsUsed)
 	}
 	return nil
 }
@@ -64,11 +78,14 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 	case "qwen2":
 		c.RoPE.NeoX = true
 		c.QKVBias = true
-	case "qwen3":
+	case "qwen3", "qwen3moe":
 		c.RoPE.NeoX = true
 		c.QKNorm = true
 	default:
-		return c, fmt.Errorf("model: unsupported architecture %q (llama, mistral, qwen2 and qwen3 are)", arch)
+		if why := unsupportedGGUFArchs[arch]; why != "" {
+			return c, fmt.Errorf("model: architecture %q is not supported: %s", arch, why)
+		}
+		return c, fmt.Errorf("model: unsupported architecture %q (llama, mistral, qwen2, qwen3 and qwen3moe are)", arch)
 	}
 	u := func(key string, dst *int, required bool) error {
 		v, ok := f.Uint(arch + "." + key)
@@ -91,6 +108,9 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 		if err := u(k.key, k.dst, true); err != nil {
 			return c, err
 		}
+	}
+	if err := moeFromGGUF(f, arch, &c, u); err != nil {
+		return c, err
 	}
 	c.KVHeads = c.Heads
 	_ = u("attention.head_count_kv", &c.KVHeads, false)
@@ -120,6 +140,69 @@ func ConfigFromGGUF(f *gguf.File) (Config, error) {
 		}
 	}
 	return c, c.Validate()
+}
+
+// unsupportedGGUFArchs are mixtures of experts whose GGUF architecture
+// names what baton's forward pass lacks, so that refusing one says why.
+var unsupportedGGUFArchs = map[string]string{
+	"qwen2moe":  "it has shared experts, which baton does not run",
+	"deepseek":  "it has shared experts, which baton does not run",
+	"deepseek2": "it has MLA attention, shared experts and expert groups, which baton does not run",
+	"gpt-oss":   "it has attention sinks, sliding-window layers and biased experts, which baton does not run",
+}
+
+// moeFromGGUF reads the expert metadata of a mixture of experts (Mixtral is
+// a llama file with expert_count set) and refuses layouts the forward pass
+// does not run, naming them, rather than serving them wrong.
+func moeFromGGUF(f *gguf.File, arch string, c *Config, u func(string, *int, bool) error) error {
+	if err := u("expert_count", &c.Experts, arch == "qwen3moe"); err != nil {
+		return err
+	}
+	if c.Experts == 0 {
+		return nil
+	}
+	if err := u("expert_used_count", &c.ExpertsUsed, true); err != nil {
+		return err
+	}
+	// Mixtral's files give the experts' size as feed_forward_length;
+	// qwen3moe's give the dense size there and the experts' apart.
+	if err := u("expert_feed_forward_length", &c.FF, arch == "qwen3moe"); err != nil {
+		return err
+	}
+	// llama.cpp renormalises the chosen experts' weights for both
+	// architectures unless the file says otherwise.
+	c.ExpertNorm = true
+	if v, ok := f.Bool(arch + ".expert_weights_norm"); ok {
+		c.ExpertNorm = v
+	}
+	var missing []string
+	if v, ok := f.Uint(arch + ".expert_shared_count"); ok && v > 0 {
+		missing = append(missing, fmt.Sprintf("shared experts (%s.expert_shared_count = %d)", arch, v))
+	}
+	if v, ok := f.Uint(arch + ".expert_group_count"); ok && v > 1 {
+		missing = append(missing, fmt.Sprintf("expert groups (%s.expert_group_count = %d)", arch, v))
+	}
+	if _, ok := f.Uint(arch + ".attention.kv_lora_rank"); ok {
+		missing = append(missing, "MLA attention ("+arch+".attention.kv_lora_rank)")
+	}
+	// llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX is 1; sigmoid
+	// gating (2) scores experts otherwise.
+	if v, ok := f.Uint(arch + ".expert_gating_func"); ok && v != 1 {
+		missing = append(missing, fmt.Sprintf("expert gating function %d (softmax, 1, is supported)", v))
+	}
+	if v, ok := f.Float(arch + ".expert_weights_scale"); ok && v != 1 && v != 0 {
+		missing = append(missing, fmt.Sprintf("scaled expert weights (%s.expert_weights_scale = %g)", arch, v))
+	}
+	if f.HasTensor("blk.0.ffn_gate_inp_shexp.weight") || f.HasTensor("blk.0.ffn_up_shexp.weight") {
+		missing = append(missing, "shared experts (blk.N.ffn_*_shexp tensors)")
+	}
+	if f.HasTensor("blk.0.ffn_gate.0.weight") {
+		missing = append(missing, "per-expert 2-D tensors (blk.N.ffn_gate.E.weight, an old Mixtral layout: convert again with a current llama.cpp)")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("model: this %s mixture of experts needs what baton does not run: %s", arch, strings.Join(missing, "; "))
+	}
+	return nil
 }
 
 // ConfigFromJSON reads a model shape from a Hugging Face config.json. It

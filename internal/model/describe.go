@@ -183,6 +183,13 @@ func (d *Description) String() string {
 	}
 	line("context length", "%d", c.ContextLength)
 	line("shape", "vocab %d, hidden %d, layers %d, heads %d, kv heads %d, head dim %d, ffn %d", c.Vocab, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FF)
+	if c.Experts > 0 {
+		weights := "softmax over all, the chosen not renormalised"
+		if c.ExpertNorm {
+			weights = "softmax over the chosen"
+		}
+		line("experts", "%d, %d used per token (ffn %d each; weights: %s)", c.Experts, c.ExpertsUsed, c.FF, weights)
+	}
 	rope := fmt.Sprintf("theta %g, %d dims, ", c.RoPE.Theta, c.RoPE.Dim)
 	if c.RoPE.NeoX {
 		rope += "rotate-half (neox) pairs"

@@ -93,6 +93,7 @@ func (b *Batch) Validate(c *Config, kv kernels.PagedKV) error {
 
 type scratch struct {
 	x, h, q, k, v, attn, o, gate, up, last, logits []float32
+	moe                                            moeScratch
 }
 
 // grow returns s with length n, reallocated when it has no room; the old
@@ -119,6 +120,9 @@ func (m *Model) size(n, ns int) {
 	s.o = m.grow(s.o, n*c.Dim)
 	s.gate, s.up = m.grow(s.gate, n*c.FF), m.grow(s.up, n*c.FF)
 	s.last, s.logits = m.grow(s.last, ns*c.Dim), m.grow(s.logits, ns*c.Vocab)
+	if c.Experts > 0 {
+		s.moe.size(c, n)
+	}
 }
 
 // Reserve sizes the scratch for steps of up to rows rows and seqs logit
@@ -183,10 +187,14 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 		be.MatMul(s.o, s.attn, n, ly.O)
 		be.Add(s.x, s.x, s.o)
 		be.RMSNorm(s.h, s.x, ly.FFNNorm, n, c.NormEps)
-		be.MatMul(s.gate, s.h, n, ly.Gate)
-		be.MatMul(s.up, s.h, n, ly.Up)
-		be.SwiGLU(s.gate, s.gate, s.up)
-		be.MatMul(s.o, s.gate, n, ly.Down)
+		if ly.Router != nil {
+			m.experts(ly, n)
+		} else {
+			be.MatMul(s.gate, s.h, n, ly.Gate)
+			be.MatMul(s.up, s.h, n, ly.Up)
+			be.SwiGLU(s.gate, s.gate, s.up)
+			be.MatMul(s.o, s.gate, n, ly.Down)
+		}
 		be.Add(s.x, s.x, s.o)
 	}
 	kernels.Host(be, s.x)

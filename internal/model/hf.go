@@ -19,15 +19,30 @@ import (
 
 // hfArchs maps config.json architectures to baton's names.
 var hfArchs = map[string]string{
-	"LlamaForCausalLM":   "llama",
-	"MistralForCausalLM": "mistral",
-	"Qwen2ForCausalLM":   "qwen2",
-	"Qwen3ForCausalLM":   "qwen3",
+	"LlamaForCausalLM":    "llama",
+	"MistralForCausalLM":  "mistral",
+	"Qwen2ForCausalLM":    "qwen2",
+	"Qwen3ForCausalLM":    "qwen3",
+	"Qwen3MoeForCausalLM": "qwen3moe",
+	"MixtralForCausalLM":  "mixtral",
+}
+
+// hfUnsupportedMoE are mixture-of-experts architectures whose refusal
+// names what baton's forward pass lacks for them.
+var hfUnsupportedMoE = map[string]string{
+	"Qwen2MoeForCausalLM":            "shared experts",
+	"DeepseekV2ForCausalLM":          "MLA attention, shared experts and expert groups",
+	"DeepseekV3ForCausalLM":          "MLA attention, shared experts, expert groups and sigmoid routing",
+	"GptOssForCausalLM":              "attention sinks, sliding-window layers and biased experts",
+	"Qwen3NextForCausalLM":           "linear attention layers and shared experts",
+	"Llama4ForCausalLM":              "shared experts and interleaved dense layers",
+	"Llama4ForConditionalGeneration": "shared experts and interleaved dense layers",
 }
 
 // hfModelTypes maps config.json model_type values to baton's names, for
 // files that name no architecture.
-var hfModelTypes = map[string]string{"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+var hfModelTypes = map[string]string{"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+	"qwen3_moe": "qwen3moe", "mixtral": "mixtral"}
 
 // hfConfig is the part of a Hugging Face config.json baton reads.
 type hfConfig struct {
@@ -52,6 +67,39 @@ type hfConfig struct {
 	SlidingWindow    *int            `json:"sliding_window"`
 	UseSlidingWindow *bool           `json:"use_sliding_window"`
 	EOS              json.RawMessage `json:"eos_token_id"`
+
+	// Mixtures of experts: Qwen3-MoE says num_experts, Mixtral
+	// num_local_experts.
+	NumExperts      int   `json:"num_experts"`
+	NumLocalExperts int   `json:"num_local_experts"`
+	ExpertsPerTok   int   `json:"num_experts_per_tok"`
+	MoEFF           int   `json:"moe_intermediate_size"`
+	NormTopK        *bool `json:"norm_topk_prob"`
+	SparseStep      *int  `json:"decoder_sparse_step"`
+	MLPOnlyLayers   []int `json:"mlp_only_layers"`
+	// Layouts baton does not run, read to name them when refusing.
+	SharedExpertFF int `json:"shared_expert_intermediate_size"`
+	SharedExperts  int `json:"n_shared_experts"`
+	ExpertGroups   int `json:"n_group"`
+	KVLoRARank     int `json:"kv_lora_rank"`
+}
+
+// unsupportedMoE names what of h's layout the forward pass does not run.
+func (h *hfConfig) unsupportedMoE() []string {
+	var out []string
+	if h.SharedExpertFF > 0 || h.SharedExperts > 0 {
+		out = append(out, "shared experts")
+	}
+	if h.ExpertGroups > 1 {
+		out = append(out, fmt.Sprintf("expert groups (n_group %d)", h.ExpertGroups))
+	}
+	if h.KVLoRARank > 0 {
+		out = append(out, "MLA attention (kv_lora_rank)")
+	}
+	if len(h.MLPOnlyLayers) > 0 || h.SparseStep != nil && *h.SparseStep > 1 {
+		out = append(out, "dense layers among the sparse ones (mlp_only_layers, decoder_sparse_step)")
+	}
+	return out
 }
 
 // hfRope is a rope_scaling (or rope_parameters) object.
@@ -89,7 +137,15 @@ func parseHFConfig(b []byte, strict bool) (Config, error) {
 	case known:
 		c.Arch = arch
 	case strict:
-		return c, fmt.Errorf("unsupported architecture %v (model_type %q); LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM are", h.Architectures, h.ModelType)
+		for _, a := range h.Architectures {
+			if why := hfUnsupportedMoE[a]; why != "" {
+				return c, fmt.Errorf("architecture %s is not supported: baton does not run %s", a, why)
+			}
+		}
+		if miss := h.unsupportedMoE(); len(miss) > 0 {
+			return c, fmt.Errorf("unsupported architecture %v (model_type %q): baton does not run %s", h.Architectures, h.ModelType, strings.Join(miss, ", "))
+		}
+		return c, fmt.Errorf("unsupported architecture %v (model_type %q); LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and MixtralForCausalLM are", h.Architectures, h.ModelType)
 	}
 	// Every supported architecture uses Hugging Face's rotate-half RoPE,
 	// which pairs dimension i with i+head_dim/2: NeoX style. (GGUF
@@ -98,8 +154,11 @@ func parseHFConfig(b []byte, strict bool) (Config, error) {
 	switch c.Arch {
 	case "qwen2":
 		c.QKVBias = true
-	case "qwen3":
+	case "qwen3", "qwen3moe":
 		c.QKNorm = true
+	}
+	if err := hfExperts(&c, &h, strict); err != nil {
+		return c, err
 	}
 	if h.AttentionBias != nil && *h.AttentionBias {
 		if strict && c.Arch != "qwen2" {
@@ -129,7 +188,7 @@ func parseHFConfig(b []byte, strict bool) (Config, error) {
 	// Mistral 7B v0.1 attends over a sliding window of 4096; baton's
 	// attention is full, which is the same thing as long as sequences stay
 	// within the window.
-	if c.Arch == "mistral" && h.SlidingWindow != nil && *h.SlidingWindow > 0 && *h.SlidingWindow < c.ContextLength &&
+	if (c.Arch == "mistral" || c.Arch == "mixtral") && h.SlidingWindow != nil && *h.SlidingWindow > 0 && *h.SlidingWindow < c.ContextLength &&
 		(h.UseSlidingWindow == nil || *h.UseSlidingWindow) {
 		c.ContextLength = *h.SlidingWindow
 	}
@@ -168,6 +227,41 @@ func parseHFConfig(b []byte, strict bool) (Config, error) {
 		}
 	}
 	return c, c.Validate()
+}
+
+// hfExperts reads a mixture of experts' routing. Both architectures route
+// as transformers does: softmax over the router's logits, the top
+// num_experts_per_tok, and (Mixtral always, Qwen3-MoE where
+// norm_topk_prob says so, its default being false) the chosen weights
+// renormalised.
+func hfExperts(c *Config, h *hfConfig, strict bool) error {
+	n := max(h.NumExperts, h.NumLocalExperts)
+	moe := c.Arch == "qwen3moe" || c.Arch == "mixtral"
+	if strict {
+		if miss := h.unsupportedMoE(); len(miss) > 0 {
+			return fmt.Errorf("this mixture of experts needs what baton does not run: %s", strings.Join(miss, ", "))
+		}
+		if moe && (n <= 0 || h.ExpertsPerTok <= 0) {
+			return fmt.Errorf("%s config.json lacks num_experts (num_local_experts) or num_experts_per_tok", c.Arch)
+		}
+		if !moe && n > 0 {
+			return fmt.Errorf("config.json gives %d experts to %s, a dense architecture", n, c.Arch)
+		}
+	}
+	if n <= 0 || (!moe && strict) {
+		return nil
+	}
+	c.Experts, c.ExpertsUsed = n, h.ExpertsPerTok
+	if c.ExpertsUsed <= 0 || c.ExpertsUsed > n {
+		c.ExpertsUsed = min(2, n)
+	}
+	// Qwen3-MoE's intermediate_size is the dense FFN's, which none of its
+	// layers has; Mixtral's is the experts'.
+	if h.MoEFF > 0 {
+		c.FF = h.MoEFF
+	}
+	c.ExpertNorm = c.Arch == "mixtral" || h.NormTopK != nil && *h.NormTopK
+	return nil
 }
 
 // applyRopeScaling sets PosScale (linear) or per-pair Factors (llama3).
@@ -397,6 +491,21 @@ var hfLayerNames = layerNames{
 	gate: "model.layers.%d.mlp.gate_proj.weight", up: "model.layers.%d.mlp.up_proj.weight", down: "model.layers.%d.mlp.down_proj.weight",
 	qBias: "model.layers.%d.self_attn.q_proj.bias", kBias: "model.layers.%d.self_attn.k_proj.bias", vBias: "model.layers.%d.self_attn.v_proj.bias",
 	qNorm: "model.layers.%d.self_attn.q_norm.weight", kNorm: "model.layers.%d.self_attn.k_norm.weight",
+	router: "model.layers.%d.mlp.gate.weight", expGate: "model.layers.%d.mlp.experts.%d.gate_proj.weight",
+	expUp: "model.layers.%d.mlp.experts.%d.up_proj.weight", expDown: "model.layers.%d.mlp.experts.%d.down_proj.weight",
+}
+
+// hfNames are arch's tensor names: Mixtral's experts are w1 (gate), w3
+// (up) and w2 (down) under block_sparse_moe.
+func hfNames(arch string) layerNames {
+	n := hfLayerNames
+	if arch == "mixtral" {
+		n.router = "model.layers.%d.block_sparse_moe.gate.weight"
+		n.expGate = "model.layers.%d.block_sparse_moe.experts.%d.w1.weight"
+		n.expUp = "model.layers.%d.block_sparse_moe.experts.%d.w3.weight"
+		n.expDown = "model.layers.%d.block_sparse_moe.experts.%d.w2.weight"
+	}
+	return n
 }
 
 type hfWeights struct {
@@ -500,6 +609,18 @@ func (w *hfWeights) matrix(name string, rows, cols int) (*kernels.Matrix, error)
 	return m, m.Validate()
 }
 
+// experts maps each expert's own tensor (a checkpoint stores them apart).
+func (w *hfWeights) experts(pattern string, layer, n, rows, cols int) ([]*kernels.Matrix, error) {
+	out := make([]*kernels.Matrix, n)
+	for e := range out {
+		var err error
+		if out[e], err = w.matrix(fmt.Sprintf(pattern, layer, e), rows, cols); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 // vector copies a 1-D tensor of n elements to float32.
 func (w *hfWeights) vector(name string, n int) ([]float32, error) {
 	t, data, dt, err := w.tensor(name)
@@ -518,6 +639,9 @@ func (w *hfWeights) vector(name string, n int) ([]float32, error) {
 func weightsFromHF(w *hfWeights, c *Config, progress func(done, total int)) (*Weights, error) {
 	tied := c.TieEmbeddings || !w.has("lm_head.weight")
 	w.total = 2 + c.Layers*9
+	if c.Experts > 0 {
+		w.total = 2 + c.Layers*(7+3*c.Experts)
+	}
 	if !tied {
 		w.total++
 	}
@@ -551,7 +675,10 @@ func weightsFromHF(w *hfWeights, c *Config, progress func(done, total int)) (*We
 		if !c.QKVBias && w.has(p+"self_attn.q_proj.bias") {
 			return nil, fmt.Errorf("model: %s has q/k/v biases but config.json does not say so", p+"self_attn")
 		}
-		ly, err := loadLayer(w, hfLayerNames, c, i)
+		if c.Experts > 0 && w.has(p+"mlp.shared_expert.gate_proj.weight") {
+			return nil, fmt.Errorf("model: %s: shared experts are not supported", p+"mlp.shared_expert")
+		}
+		ly, err := loadLayer(w, hfNames(c.Arch), c, i)
 		if err != nil {
 			return nil, err
 		}

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -325,13 +326,51 @@ func naiveLogits(s hftest.Spec, eps, theta float64, w map[string][]float32, toke
 				xs[i][j] += o[j]
 			}
 			h := rms(xs[i], w[p+"post_attention_layernorm.weight"])
-			g, u := matvec(p+"mlp.gate_proj.weight", h, s.FF), matvec(p+"mlp.up_proj.weight", h, s.FF)
-			for j := range g {
-				g[j] = g[j] / (1 + math.Exp(-g[j])) * u[j]
+			ffn := func(gate, up, down string) []float64 {
+				g, u := matvec(gate, h, s.FF), matvec(up, h, s.FF)
+				for j := range g {
+					g[j] = g[j] / (1 + math.Exp(-g[j])) * u[j]
+				}
+				return matvec(down, g, d)
 			}
-			down := matvec(p+"mlp.down_proj.weight", g, d)
-			for j := range xs[i] {
-				xs[i][j] += down[j]
+			if s.Experts == 0 {
+				down := ffn(p+"mlp.gate_proj.weight", p+"mlp.up_proj.weight", p+"mlp.down_proj.weight")
+				for j := range xs[i] {
+					xs[i][j] += down[j]
+				}
+				continue
+			}
+			// transformers' sparse MoE block: softmax over the router's
+			// logits, the top k (the lower index first among equals), the
+			// chosen renormalised (Mixtral; Qwen3-MoE with norm_topk_prob).
+			probs := matvec(s.Router(l), h, s.Experts)
+			top := slices.Max(probs)
+			var sum float64
+			for e := range probs {
+				probs[e] = math.Exp(probs[e] - top)
+				sum += probs[e]
+			}
+			for e := range probs {
+				probs[e] /= sum
+			}
+			order := make([]int, s.Experts)
+			for e := range order {
+				order[e] = e
+			}
+			slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(probs[b], probs[a]) })
+			chosen := order[:s.ExpertsUsed]
+			var norm float64 = 1
+			if s.Arch == "MixtralForCausalLM" || s.NormTopK {
+				norm = 0
+				for _, e := range chosen {
+					norm += probs[e]
+				}
+			}
+			for _, e := range chosen {
+				down := ffn(s.Expert(l, e, "gate"), s.Expert(l, e, "up"), s.Expert(l, e, "down"))
+				for j := range xs[i] {
+					xs[i][j] += probs[e] / norm * down[j]
+				}
 			}
 		}
 	}

@@ -20,6 +20,29 @@ type Layer struct {
 	QNorm, KNorm   []float32
 	FFNNorm        []float32
 	Gate, Up, Down *kernels.Matrix
+	// Router (Experts rows) scores the experts for each token, and Experts
+	// are their FFNs, in a mixture of experts (Gate, Up and Down are nil
+	// then). A GGUF's experts are views into the layer's one tensor of
+	// each kind, so nothing is copied to run one.
+	Router  *kernels.Matrix
+	Experts []Expert
+}
+
+// Expert is one expert's SwiGLU FFN.
+type Expert struct {
+	Gate, Up, Down *kernels.Matrix
+}
+
+// ffnMatrices are the layer's FFN matrices, dense or experts'.
+func (l *Layer) ffnMatrices() []*kernels.Matrix {
+	if l.Router == nil {
+		return []*kernels.Matrix{l.Gate, l.Up, l.Down}
+	}
+	ms := []*kernels.Matrix{l.Router}
+	for _, e := range l.Experts {
+		ms = append(ms, e.Gate, e.Up, e.Down)
+	}
+	return ms
 }
 
 // Weights holds every tensor of a model. Matrices may point into a memory
@@ -46,7 +69,8 @@ func (w *Weights) matrices() []*kernels.Matrix {
 	ms := []*kernels.Matrix{w.Embed, w.Output}
 	for i := range w.Layers {
 		l := &w.Layers[i]
-		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+		ms = append(ms, l.Q, l.K, l.V, l.O)
+		ms = append(ms, l.ffnMatrices()...)
 	}
 	return ms
 }
@@ -65,7 +89,7 @@ func (w *Weights) Params() int64 {
 	}
 	n += int64(len(w.OutNorm))
 	for _, l := range w.Layers {
-		for _, m := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down} {
+		for _, m := range append([]*kernels.Matrix{l.Q, l.K, l.V, l.O}, l.ffnMatrices()...) {
 			mat(m)
 		}
 		n += int64(len(l.AttnNorm) + len(l.FFNNorm) + len(l.QBias) + len(l.KBias) + len(l.VBias) + len(l.QNorm) + len(l.KNorm))
@@ -150,6 +174,44 @@ func (l *ggufLoader) matrix(name string, rows, cols int) (*kernels.Matrix, error
 	return m, m.Validate()
 }
 
+// experts maps a 3-D tensor [n][rows][cols] (ggml's [cols, rows, n]) as n
+// matrices, each a view of its expert's part of the mapping.
+func (l *ggufLoader) experts(pattern string, layer, n, rows, cols int) ([]*kernels.Matrix, error) {
+	name := fmt.Sprintf(pattern, layer)
+	ti, data, err := l.f.Tensor(name)
+	if err != nil {
+		return nil, err
+	}
+	l.tick()
+	if len(ti.Dims) != 3 || ti.Dims[0] != int64(cols) || ti.Dims[1] != int64(rows) || ti.Dims[2] != int64(n) {
+		return nil, fmt.Errorf("model: tensor %s has shape %v, want [%d %d %d]", name, ti.Dims, cols, rows, n)
+	}
+	dt, err := dtypeOf(ti.Type)
+	if err != nil {
+		return nil, fmt.Errorf("model: %s: %w", name, err)
+	}
+	return expertViews(name, dt, data, n, rows, cols)
+}
+
+// expertViews splits the data of n stacked rows×cols matrices into views.
+func expertViews(name string, dt kernels.DType, data []byte, n, rows, cols int) ([]*kernels.Matrix, error) {
+	if bs := dt.BlockSize(); cols%bs != 0 {
+		return nil, fmt.Errorf("model: %s: %s rows of %d (not a multiple of %d)", name, dt, cols, bs)
+	}
+	size := dt.RowBytes(cols) * rows
+	if len(data) != size*n {
+		return nil, fmt.Errorf("model: tensor %s holds %d bytes, want %d", name, len(data), size*n)
+	}
+	out := make([]*kernels.Matrix, n)
+	for e := range out {
+		out[e] = &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: data[e*size : (e+1)*size : (e+1)*size]}
+		if err := out[e].Validate(); err != nil {
+			return nil, fmt.Errorf("model: %s expert %d: %w", name, e, err)
+		}
+	}
+	return out, nil
+}
+
 func (l *ggufLoader) vector(name string, n int) ([]float32, error) {
 	ti, data, err := l.f.Tensor(name)
 	if err != nil {
@@ -223,13 +285,19 @@ func WeightsFromGGUF(f *gguf.File, c *Config, progress func(done, total int)) (*
 type tensorSource interface {
 	matrix(name string, rows, cols int) (*kernels.Matrix, error)
 	vector(name string, n int) ([]float32, error)
+	// experts gives layer's n expert matrices of one kind (pattern is
+	// the format's name for them, see layerNames).
+	experts(pattern string, layer, n, rows, cols int) ([]*kernels.Matrix, error)
 }
 
 // layerNames are one format's tensor names for a layer's weights, each with
-// a %d for the layer index.
+// a %d for the layer index. The expert names (expGate, expUp, expDown) are
+// the format's: GGUF's one tensor per layer, or a Hugging Face
+// checkpoint's one per expert with a second %d for the expert.
 type layerNames struct {
 	attnNorm, q, k, v, o, ffnNorm, gate, up, down string
 	qBias, kBias, vBias, qNorm, kNorm             string
+	router, expGate, expUp, expDown               string
 }
 
 var ggufLayerNames = layerNames{
@@ -237,6 +305,8 @@ var ggufLayerNames = layerNames{
 	o: "blk.%d.attn_output.weight", ffnNorm: "blk.%d.ffn_norm.weight", gate: "blk.%d.ffn_gate.weight", up: "blk.%d.ffn_up.weight",
 	down: "blk.%d.ffn_down.weight", qBias: "blk.%d.attn_q.bias", kBias: "blk.%d.attn_k.bias", vBias: "blk.%d.attn_v.bias",
 	qNorm: "blk.%d.attn_q_norm.weight", kNorm: "blk.%d.attn_k_norm.weight",
+	router: "blk.%d.ffn_gate_inp.weight", expGate: "blk.%d.ffn_gate_exps.weight", expUp: "blk.%d.ffn_up_exps.weight",
+	expDown: "blk.%d.ffn_down_exps.weight",
 }
 
 // loadLayer reads layer i's weights with the shapes c gives.
@@ -251,9 +321,26 @@ func loadLayer(src tensorSource, n layerNames, c *Config, i int) (Layer, error) 
 		func() (e error) { ly.V, e = src.matrix(name(n.v), kvd, c.Dim); return },
 		func() (e error) { ly.O, e = src.matrix(name(n.o), c.Dim, qd); return },
 		func() (e error) { ly.FFNNorm, e = src.vector(name(n.ffnNorm), c.Dim); return },
-		func() (e error) { ly.Gate, e = src.matrix(name(n.gate), c.FF, c.Dim); return },
-		func() (e error) { ly.Up, e = src.matrix(name(n.up), c.FF, c.Dim); return },
-		func() (e error) { ly.Down, e = src.matrix(name(n.down), c.Dim, c.FF); return },
+	}
+	if c.Experts == 0 {
+		steps = append(steps,
+			func() (e error) { ly.Gate, e = src.matrix(name(n.gate), c.FF, c.Dim); return },
+			func() (e error) { ly.Up, e = src.matrix(name(n.up), c.FF, c.Dim); return },
+			func() (e error) { ly.Down, e = src.matrix(name(n.down), c.Dim, c.FF); return })
+	} else {
+		var gate, up, down []*kernels.Matrix
+		steps = append(steps,
+			func() (e error) { ly.Router, e = src.matrix(name(n.router), c.Experts, c.Dim); return },
+			func() (e error) { gate, e = src.experts(n.expGate, i, c.Experts, c.FF, c.Dim); return },
+			func() (e error) { up, e = src.experts(n.expUp, i, c.Experts, c.FF, c.Dim); return },
+			func() (e error) { down, e = src.experts(n.expDown, i, c.Experts, c.Dim, c.FF); return },
+			func() error {
+				ly.Experts = make([]Expert, c.Experts)
+				for e := range ly.Experts {
+					ly.Experts[e] = Expert{Gate: gate[e], Up: up[e], Down: down[e]}
+				}
+				return nil
+			})
 	}
 	if c.QKVBias {
 		steps = append(steps,
@@ -304,8 +391,19 @@ func DummyWeights(c *Config, dt kernels.DType) (*Weights, error) {
 		}
 		p := fmt.Sprintf("blk.%d.", i)
 		jobs = append(jobs, job{&ly.Q, p + "q", qd, c.Dim}, job{&ly.K, p + "k", kvd, c.Dim}, job{&ly.V, p + "v", kvd, c.Dim},
-			job{&ly.O, p + "o", c.Dim, qd}, job{&ly.Gate, p + "gate", c.FF, c.Dim}, job{&ly.Up, p + "up", c.FF, c.Dim},
-			job{&ly.Down, p + "down", c.Dim, c.FF})
+			job{&ly.O, p + "o", c.Dim, qd})
+		if c.Experts == 0 {
+			jobs = append(jobs, job{&ly.Gate, p + "gate", c.FF, c.Dim}, job{&ly.Up, p + "up", c.FF, c.Dim},
+				job{&ly.Down, p + "down", c.Dim, c.FF})
+			continue
+		}
+		jobs = append(jobs, job{&ly.Router, p + "router", c.Experts, c.Dim})
+		ly.Experts = make([]Expert, c.Experts)
+		for e := range ly.Experts {
+			ex, q := &ly.Experts[e], fmt.Sprintf("%sexpert.%d.", p, e)
+			jobs = append(jobs, job{&ex.Gate, q + "gate", c.FF, c.Dim}, job{&ex.Up, q + "up", c.FF, c.Dim},
+				job{&ex.Down, q + "down", c.Dim, c.FF})
+		}
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 4)

@@ -34,7 +34,11 @@ func Layout(modelID string, c *model.Config, pageSize int) *pdv1.KVLayout {
 // shape, so two workers serving different weights under one name still
 // refuse to pair when their shapes differ.
 func ModelID(name string, c *model.Config) string {
-	return fmt.Sprintf("%s/%s-v%d-d%d-l%d-h%d-kv%d-hd%d-ff%d", name, c.Arch, c.Vocab, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FF)
+	id := fmt.Sprintf("%s/%s-v%d-d%d-l%d-h%d-kv%d-hd%d-ff%d", name, c.Arch, c.Vocab, c.Dim, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.FF)
+	if c.Experts > 0 {
+		id += fmt.Sprintf("-e%dx%d", c.Experts, c.ExpertsUsed)
+	}
+	return id
 }
 
 // withRequestID tags an outgoing call with the request id, so the three

@@ -23,21 +23,59 @@ type Spec struct {
 	Vocab, Dim, Layers, Heads, KVHeads, HeadDim, FF int
 	Tie                                             bool
 	DType                                           string // F32, F16 or BF16
+	// Experts and ExpertsUsed make a mixture of experts
+	// (Qwen3MoeForCausalLM, MixtralForCausalLM) whose experts' FFN size is
+	// FF; NormTopK is Qwen3-MoE's norm_topk_prob.
+	Experts, ExpertsUsed int
+	NormTopK             bool
 }
 
 // QKNorm says the architecture normalises q and k per head (Qwen3).
-func (s Spec) QKNorm() bool { return s.Arch == "Qwen3ForCausalLM" }
+func (s Spec) QKNorm() bool { return s.Arch == "Qwen3ForCausalLM" || s.Arch == "Qwen3MoeForCausalLM" }
+
+// Router is layer l's router tensor, for a mixture of experts.
+func (s Spec) Router(l int) string {
+	if s.Arch == "MixtralForCausalLM" {
+		return fmt.Sprintf("model.layers.%d.block_sparse_moe.gate.weight", l)
+	}
+	return fmt.Sprintf("model.layers.%d.mlp.gate.weight", l)
+}
+
+// Expert is the tensor of layer l's expert e for which of gate, up and
+// down.
+func (s Spec) Expert(l, e int, which string) string {
+	if s.Arch == "MixtralForCausalLM" {
+		w := map[string]string{"gate": "w1", "up": "w3", "down": "w2"}[which]
+		return fmt.Sprintf("model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, e, w)
+	}
+	return fmt.Sprintf("model.layers.%d.mlp.experts.%d.%s_proj.weight", l, e, which)
+}
 
 // QKVBias says the architecture has q/k/v biases (Qwen2).
 func (s Spec) QKVBias() bool { return s.Arch == "Qwen2ForCausalLM" }
 
 // ModelType is config.json's model_type for the architecture.
 func (s Spec) ModelType() string {
-	return map[string]string{"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[s.Arch]
+	return map[string]string{"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+		"Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral"}[s.Arch]
 }
 
 // Config is the model's config.json.
 func (s Spec) Config() map[string]any {
+	c := s.denseConfig()
+	switch s.Arch {
+	case "Qwen3MoeForCausalLM":
+		// intermediate_size is a dense FFN's, which no layer has.
+		c["intermediate_size"], c["moe_intermediate_size"] = 3*s.FF, s.FF
+		c["num_experts"], c["num_experts_per_tok"], c["norm_topk_prob"] = s.Experts, s.ExpertsUsed, s.NormTopK
+		c["decoder_sparse_step"], c["mlp_only_layers"] = 1, []int{}
+	case "MixtralForCausalLM":
+		c["num_local_experts"], c["num_experts_per_tok"], c["sliding_window"] = s.Experts, s.ExpertsUsed, nil
+	}
+	return c
+}
+
+func (s Spec) denseConfig() map[string]any {
 	return map[string]any{
 		"architectures": []string{s.Arch}, "model_type": s.ModelType(), "vocab_size": s.Vocab, "hidden_size": s.Dim,
 		"num_hidden_layers": s.Layers, "num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads, "head_dim": s.HeadDim,
@@ -91,9 +129,20 @@ func Write(tb testing.TB, dir string, s Spec, seed uint64) map[string][]float32 
 		mat(p+"self_attn.k_proj.weight", kvd, s.Dim)
 		mat(p+"self_attn.v_proj.weight", kvd, s.Dim)
 		mat(p+"self_attn.o_proj.weight", s.Dim, qd)
-		mat(p+"mlp.gate_proj.weight", s.FF, s.Dim)
-		mat(p+"mlp.up_proj.weight", s.FF, s.Dim)
-		mat(p+"mlp.down_proj.weight", s.Dim, s.FF)
+		if s.Experts == 0 {
+			mat(p+"mlp.gate_proj.weight", s.FF, s.Dim)
+			mat(p+"mlp.up_proj.weight", s.FF, s.Dim)
+			mat(p+"mlp.down_proj.weight", s.Dim, s.FF)
+		} else {
+			// A router with a wide spread, so that the choice of experts
+			// is clear of rounding and a wrong choice shows.
+			add(s.Router(l), []int64{int64(s.Experts), int64(s.Dim)}, 0, float32(4/math.Sqrt(float64(s.Dim))))
+			for e := range s.Experts {
+				mat(s.Expert(l, e, "gate"), s.FF, s.Dim)
+				mat(s.Expert(l, e, "up"), s.FF, s.Dim)
+				mat(s.Expert(l, e, "down"), s.Dim, s.FF)
+			}
+		}
 		if s.QKVBias() {
 			vec(p+"self_attn.q_proj.bias", qd, 0, 0.5)
 			vec(p+"self_attn.k_proj.bias", kvd, 0, 0.5)
