@@ -22,7 +22,7 @@ func modelSynthCmd() *cobra.Command {
 	}
 	slices.Sort(names)
 	cmd := &cobra.Command{
-		Use:   "synth --shape 134m|1.1b OUT.gguf",
+		Use:   "synth --shape 134m|1.1b|moe-2.5b OUT.gguf",
 		Short: "Write a Llama GGUF of a real shape with random weights, for speed tests",
 		Long: `Writes a Llama GGUF with random normal weights (norms of ones) of a real model's shape:
 the models the side-by-side tables next to llama.cpp use (make bench-peer). Their output is
@@ -31,9 +31,12 @@ vocabulary give the same file.
 
   134m   hidden 768, 12 layers, 12 heads, ffn 2048, vocab 32000, F32 (134M parameters)
   1.1b   TinyLlama 1.1B's shape: hidden 2048, 22 layers, 32 heads, 4 kv heads, ffn 5632, vocab 32000, F16
+  moe-2.5b  a Qwen3-MoE (qwen3moe): hidden 1024, 24 layers, 16 heads, 4 kv heads, 64 experts of
+         ffn 512 with 8 used a token, vocab 32000, F16 (2.5B parameters, 0.4B read a token)
 
---hidden, --layers, --heads, --kv-heads, --ffn, --vocab-size, --context and --dtype change
-a shape (or give one whole without --shape). The tokenizer is --vocab's (any GGUF with
+--hidden, --layers, --heads, --kv-heads, --ffn, --vocab-size, --context, --dtype, --arch,
+--experts and --experts-used change a shape (or give one whole without --shape); --experts
+makes a mixture of experts, Mixtral-style (llama) unless --arch qwen3moe. The tokenizer is --vocab's (any GGUF with
 tokenizer.* metadata; the benchmark tables used llama.cpp's Llama 2 vocabulary,
 testdata/vocab/ggml-vocab-llama-spm.gguf), else the bundled model's, padded with unused
 pieces up to the shape's vocabulary. Quantised variants (Q8_0, Q4_K_M, ...) are made from
@@ -56,13 +59,16 @@ make bench-models DIR=... writes the files of the benchmark tables.`,
 					dst, src *int
 				}{{"hidden", &s.Dim, &base.Dim}, {"layers", &s.Layers, &base.Layers}, {"heads", &s.Heads, &base.Heads},
 					{"kv-heads", &s.KVHeads, &base.KVHeads}, {"ffn", &s.FF, &base.FF}, {"vocab-size", &s.Vocab, &base.Vocab},
-					{"context", &s.Context, &base.Context}} {
+					{"context", &s.Context, &base.Context}, {"experts", &s.Experts, &base.Experts}, {"experts-used", &s.ExpertsUsed, &base.ExpertsUsed}} {
 					if !fs.Changed(o.flag) {
 						*o.dst = *o.src
 					}
 				}
 				if dtype == "" {
 					dtype = base.DType
+				}
+				if !fs.Changed("arch") {
+					s.Arch = base.Arch
 				}
 			}
 			if s.KVHeads == 0 {
@@ -93,6 +99,9 @@ make bench-models DIR=... writes the files of the benchmark tables.`,
 	f.IntVar(&s.FF, "ffn", 0, "feed-forward size")
 	f.IntVar(&s.Vocab, "vocab-size", 0, "vocabulary size (the tokenizer is padded up to it)")
 	f.IntVar(&s.Context, "context", 2048, "context length")
+	f.StringVar(&s.Arch, "arch", "", "architecture: llama (default) or qwen3moe")
+	f.IntVar(&s.Experts, "experts", 0, "experts of a mixture of experts (0: a dense model)")
+	f.IntVar(&s.ExpertsUsed, "experts-used", 0, "experts a token runs")
 	f.StringVar(&dtype, "dtype", "", "weight dtype: f32, f16 or bf16 (default: the shape's)")
 	f.StringVar(&vocab, "vocab", "", "GGUF whose tokenizer.* metadata the model takes (default: the bundled model's)")
 	f.StringVar(&name, "name", "", "general.name (default: OUT's base name)")

@@ -25,10 +25,15 @@ import (
 )
 
 // Shape is a Llama model's shape and weight dtype (F32, F16 or BF16; the
-// norms are F32 whatever it is, as in converted GGUFs).
+// norms are F32 whatever it is, as in converted GGUFs). Experts > 0 makes
+// a mixture of experts, ExpertsUsed of them run per token, each with an
+// FFN of FF: a qwen3moe (per-head q/k norms) when Arch says so, else a
+// Mixtral-style llama.
 type Shape struct {
 	Vocab, Dim, Layers, Heads, KVHeads, FF, Context int
 	DType                                           string
+	Arch                                            string // llama (""), qwen3moe
+	Experts, ExpertsUsed                            int
 }
 
 // The shapes of the benchmark tables: a 134M Llama (768×12, the 32000
@@ -36,6 +41,10 @@ type Shape struct {
 var Shapes = map[string]Shape{
 	"134m": {Vocab: 32000, Dim: 768, Layers: 12, Heads: 12, KVHeads: 12, FF: 2048, Context: 2048, DType: "F32"},
 	"1.1b": {Vocab: 32000, Dim: 2048, Layers: 22, Heads: 32, KVHeads: 4, FF: 5632, Context: 2048, DType: "F16"},
+	// A small Qwen3-MoE (hidden 1024, 24 layers, 64 experts of ffn 512,
+	// 8 used): 2.5B parameters, 0.4B of them read a token.
+	"moe-2.5b": {Vocab: 32000, Dim: 1024, Layers: 24, Heads: 16, KVHeads: 4, FF: 512, Context: 2048, DType: "F16",
+		Arch: "qwen3moe", Experts: 64, ExpertsUsed: 8},
 }
 
 // Options are what is not the shape.
@@ -65,6 +74,12 @@ var ggmlTypes = map[string]struct {
 func (s Shape) Params() int64 {
 	hd := s.Dim / s.Heads
 	layer := 2*s.Dim + s.Dim*s.Heads*hd*2 + 2*s.Dim*s.KVHeads*hd + 3*s.Dim*s.FF
+	if s.Experts > 0 {
+		layer += (s.Experts-1)*3*s.Dim*s.FF + s.Experts*s.Dim
+	}
+	if s.Arch == "qwen3moe" {
+		layer += 2 * hd
+	}
 	return int64(2*s.Vocab*s.Dim+s.Dim) + int64(s.Layers)*int64(layer)
 }
 
@@ -74,6 +89,12 @@ func (s Shape) check() error {
 	}
 	if s.Dim%s.Heads != 0 || s.Heads%s.KVHeads != 0 || (s.Dim/s.Heads)%2 != 0 {
 		return fmt.Errorf("synth: shape %+v: hidden size must split into heads of an even size, and heads into kv heads", s)
+	}
+	if s.Arch != "" && s.Arch != "llama" && s.Arch != "qwen3moe" {
+		return fmt.Errorf("synth: architecture %q (llama or qwen3moe)", s.Arch)
+	}
+	if s.Experts < 0 || (s.Experts > 0 || s.Arch == "qwen3moe") && (s.ExpertsUsed < 1 || s.ExpertsUsed > s.Experts) {
+		return fmt.Errorf("synth: shape %+v: a mixture of experts uses between 1 and all of its experts", s)
 	}
 	if _, ok := ggmlTypes[strings.ToUpper(s.DType)]; !ok {
 		return fmt.Errorf("synth: dtype %q (F32, F16 or BF16; quantise with llama.cpp's llama-quantize)", s.DType)
@@ -144,7 +165,9 @@ func vocabulary(path string, vocab int) ([]gguf.KV, int, error) {
 type tensor struct {
 	name     string
 	out, in  int // rows, row length; in == 0: a vector of out
+	experts  int // > 0: that many out×in matrices stacked, as llama.cpp stores experts
 	constant bool
+	f32      bool // kept in F32 whatever the dtype (a router, as llama.cpp keeps it)
 }
 
 // Write writes the model to path.
@@ -166,11 +189,15 @@ func Write(path string, s Shape, o Options) error {
 	}
 	dt := ggmlTypes[s.DType]
 	hd := s.Dim / s.Heads
-	const a = "llama."
+	arch := "llama"
+	if s.Arch != "" {
+		arch = s.Arch
+	}
+	a := arch + "."
 	kvs := []gguf.KV{
-		{Key: "general.architecture", Value: "llama"},
+		{Key: "general.architecture", Value: arch},
 		{Key: "general.name", Value: o.Name},
-		{Key: "general.description", Value: fmt.Sprintf("random normal weights (std %g, seed %d) of a Llama shape, for speed tests; the output is noise", o.Std, o.Seed)},
+		{Key: "general.description", Value: fmt.Sprintf("random normal weights (std %g, seed %d) of a %s shape, for speed tests; the output is noise", o.Std, o.Seed, map[string]string{"llama": "Llama", "qwen3moe": "Qwen3-MoE"}[arch])},
 		{Key: "general.file_type", Value: dt.fileType},
 		{Key: a + "context_length", Value: uint32(s.Context)},
 		{Key: a + "embedding_length", Value: uint32(s.Dim)},
@@ -183,6 +210,13 @@ func Write(path string, s Shape, o Options) error {
 		{Key: a + "attention.layer_norm_rms_epsilon", Value: float32(1e-5)},
 		{Key: a + "vocab_size", Value: uint32(s.Vocab)},
 	}
+	if s.Experts > 0 {
+		kvs = append(kvs, gguf.KV{Key: a + "expert_count", Value: uint32(s.Experts)},
+			gguf.KV{Key: a + "expert_used_count", Value: uint32(s.ExpertsUsed)})
+		if arch == "qwen3moe" {
+			kvs = append(kvs, gguf.KV{Key: a + "expert_feed_forward_length", Value: uint32(s.FF)})
+		}
+	}
 	kvs = append(kvs, tok...)
 
 	plan := []tensor{{name: "token_embd.weight", out: s.Vocab, in: s.Dim}}
@@ -194,10 +228,23 @@ func Write(path string, s Shape, o Options) error {
 			tensor{name: p + "attn_k.weight", out: s.KVHeads * hd, in: s.Dim},
 			tensor{name: p + "attn_v.weight", out: s.KVHeads * hd, in: s.Dim},
 			tensor{name: p + "attn_output.weight", out: s.Dim, in: s.Heads * hd},
-			tensor{name: p + "ffn_norm.weight", out: s.Dim, constant: true},
-			tensor{name: p + "ffn_gate.weight", out: s.FF, in: s.Dim},
-			tensor{name: p + "ffn_up.weight", out: s.FF, in: s.Dim},
-			tensor{name: p + "ffn_down.weight", out: s.Dim, in: s.FF})
+			tensor{name: p + "ffn_norm.weight", out: s.Dim, constant: true})
+		if arch == "qwen3moe" {
+			plan = append(plan, tensor{name: p + "attn_q_norm.weight", out: hd, constant: true},
+				tensor{name: p + "attn_k_norm.weight", out: hd, constant: true})
+		}
+		if s.Experts == 0 {
+			plan = append(plan,
+				tensor{name: p + "ffn_gate.weight", out: s.FF, in: s.Dim},
+				tensor{name: p + "ffn_up.weight", out: s.FF, in: s.Dim},
+				tensor{name: p + "ffn_down.weight", out: s.Dim, in: s.FF})
+			continue
+		}
+		plan = append(plan,
+			tensor{name: p + "ffn_gate_inp.weight", out: s.Experts, in: s.Dim, f32: true},
+			tensor{name: p + "ffn_gate_exps.weight", out: s.FF, in: s.Dim, experts: s.Experts},
+			tensor{name: p + "ffn_up_exps.weight", out: s.FF, in: s.Dim, experts: s.Experts},
+			tensor{name: p + "ffn_down_exps.weight", out: s.Dim, in: s.FF, experts: s.Experts})
 	}
 	plan = append(plan, tensor{name: "output_norm.weight", out: s.Dim, constant: true},
 		tensor{name: "output.weight", out: s.Vocab, in: s.Dim})
@@ -205,7 +252,12 @@ func Write(path string, s Shape, o Options) error {
 	infos := make([]gguf.TensorInfo, len(plan))
 	for i, t := range plan {
 		infos[i] = gguf.TensorInfo{Name: t.name, Dims: []int64{int64(t.out)}, Type: gguf.TypeF32}
-		if t.in > 0 {
+		switch {
+		case t.experts > 0:
+			infos[i] = gguf.TensorInfo{Name: t.name, Dims: []int64{int64(t.in), int64(t.out), int64(t.experts)}, Type: dt.t}
+		case t.in > 0 && t.f32:
+			infos[i] = gguf.TensorInfo{Name: t.name, Dims: []int64{int64(t.in), int64(t.out)}, Type: gguf.TypeF32}
+		case t.in > 0:
 			infos[i] = gguf.TensorInfo{Name: t.name, Dims: []int64{int64(t.in), int64(t.out)}, Type: dt.t}
 		}
 	}
@@ -229,16 +281,21 @@ func Write(path string, s Shape, o Options) error {
 		// Each tensor has its own stream, so a tensor's values do not
 		// depend on the shape of those before it.
 		rng := rand.New(rand.NewPCG(o.Seed, uint64(i)))
+		k := dt.k
+		if t.f32 {
+			k = kernels.F32
+		}
+		total := t.out * max(1, t.experts)
 		rows := max(1, (1<<20)/t.in)
 		vals := make([]float32, rows*t.in)
-		raw := make([]byte, dt.k.RowBytes(rows*t.in))
-		for r := 0; r < t.out; r += rows {
-			n := min(rows, t.out-r) * t.in
+		raw := make([]byte, k.RowBytes(rows*t.in))
+		for r := 0; r < total; r += rows {
+			n := min(rows, total-r) * t.in
 			for j := range vals[:n] {
 				vals[j] = float32(rng.NormFloat64() * o.Std)
 			}
-			b := raw[:dt.k.RowBytes(n)]
-			kernels.EncodeRow(b, vals[:n], dt.k)
+			b := raw[:k.RowBytes(n)]
+			kernels.EncodeRow(b, vals[:n], k)
 			if _, err := w.Write(b); err != nil {
 				return err
 			}

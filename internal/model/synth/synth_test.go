@@ -133,3 +133,47 @@ func itoa(n int64) string {
 	}
 	return itoa(n/10) + string(rune('0'+n%10))
 }
+
+// tinyMoE are small mixtures of experts of each architecture the writer
+// makes.
+var tinyMoE = map[string]Shape{
+	"qwen3moe": {Vocab: 600, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, FF: 32, Context: 256, DType: "F16", Arch: "qwen3moe", Experts: 8, ExpertsUsed: 2},
+	"mixtral":  {Vocab: 600, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, FF: 96, Context: 256, DType: "BF16", Experts: 4, ExpertsUsed: 2},
+}
+
+// Mixtures of experts of both architectures load, with every expert
+// counted, the experts shown by model inspect, and generate.
+func TestSynthMoE(t *testing.T) {
+	for name, s := range tinyMoE {
+		path := filepath.Join(t.TempDir(), name+".gguf")
+		if err := Write(path, s, Options{Seed: 3, Std: 0.2}); err != nil {
+			t.Fatal(err)
+		}
+		out, err := inspect.Inspect(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		arch := "llama"
+		if s.Arch != "" {
+			arch = s.Arch
+		}
+		for _, want := range []string{"architecture:    " + arch, "loads:           yes", "parameters:      " + commas(s.Params()),
+			"experts:         " + itoa(int64(s.Experts)) + ", 2 used per token (ffn " + itoa(int64(s.FF)) + " each"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: model inspect lacks %q:\n%s", name, want, out)
+			}
+		}
+		l, err := model.Load(model.LoadOptions{Path: path}, ref.New())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := l.Model.GreedyDecode([]int32{1, 2, 3}, 4, 16, 64, 0)
+		if err != nil || len(got) != 4 {
+			t.Fatalf("%s: %v %v", name, got, err)
+		}
+		l.Model.Close()
+	}
+	if p := Shapes["moe-2.5b"].Params(); p/1e8 != 25 {
+		t.Errorf("moe-2.5b has %d parameters", p)
+	}
+}
