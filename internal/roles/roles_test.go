@@ -42,6 +42,10 @@ type pair struct {
 // testMaxRunning is the batch limit of engines the tests make.
 var testMaxRunning = 32
 
+// testModelPath, when set, is the model engines the tests make serve
+// (the bundled one otherwise).
+var testModelPath string
+
 // testDecodeSpec, when set, is the speculative decoding of decode engines
 // the tests make.
 var testDecodeSpec func(testing.TB, kernels.Backend) scheduler.SpecConfig
@@ -54,7 +58,7 @@ func newWorkerEngine(t testing.TB, role scheduler.Role, ms *metrics.Set, pages, 
 // KV pool in its own memory (kernels.KVAllocator) gets the pool there, else
 // it is data when given (memory a transport allocated) or Go memory.
 func newWorkerEngineOn(t testing.TB, be kernels.Backend, role scheduler.Role, ms *metrics.Set, pages, pageSize, chunk int, data []float32) (*scheduler.Engine, *kvpool.Pool, *model.Config) {
-	l, err := model.Load(model.LoadOptions{}, be)
+	l, err := model.Load(model.LoadOptions{Path: testModelPath}, be)
 	if err != nil {
 		t.Fatal(err)
 	}
