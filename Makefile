@@ -28,7 +28,7 @@ run-standalone: build
 test: deps-test build
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(PKGS)
-	$(GO) test -race -count=1 -timeout 5m ./internal/roles/ ./internal/kvpool/ ./internal/auth/ ./internal/transfer/tcp/
+	$(GO) test -race -count=1 -timeout 5m ./internal/roles/ ./internal/handoff/ ./internal/kvpool/ ./internal/auth/ ./internal/transfer/tcp/
 	$(MAKE) test-ucx
 
 # The UCX transport (build tag ucx, Debian libucx-dev): the transport and

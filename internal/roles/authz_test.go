@@ -221,8 +221,7 @@ func TestPrefillKeyCannotActAsRouter(t *testing.T) {
 func TestFreshNamesShareAQuota(t *testing.T) {
 	want := loadRef(t)
 	master := authtest.SecretFile(t)
-	p := newPair(t, 4, 512)
-	p.decode.o.MaxReservationsPerPeer = 2
+	p := newPair(t, 4, 512, func(o *DecodeOptions) { o.MaxReservationsPerPeer = 2 })
 	gs := grpc.NewServer(ServerOptions(authzPlane(t, authtest.SecretOptions(master, auth.RoleDecode)))...)
 	pdv1.RegisterDecodeServer(gs, p.decode)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -265,9 +264,8 @@ func TestFreshNamesShareAQuota(t *testing.T) {
 // pages.
 func TestPagesPerPeer(t *testing.T) {
 	want := loadRef(t)
-	p := newPair(t, 4, 512)
+	p := newPair(t, 4, 512, func(o *DecodeOptions) { o.MaxPagesPerPeer = o.Pool.NumPages() / 2 })
 	ctx := context.Background()
-	p.decode.o.MaxPagesPerPeer = p.dPool.NumPages() / 2
 	var held []*pdv1.Reservation
 	for range 16 {
 		// MaxTokens 0: the whole context, 512 tokens, 128 pages.

@@ -123,8 +123,7 @@ func TestMessagesWithoutTheCapability(t *testing.T) {
 // ending one makes room for the next.
 func TestReservationsPerPeer(t *testing.T) {
 	want := loadRef(t)
-	p := newPair(t, 4, 512)
-	p.decode.o.MaxReservationsPerPeer = 2
+	p := newPair(t, 4, 512, func(o *DecodeOptions) { o.MaxReservationsPerPeer = 2 })
 	ctx := context.Background()
 	reserve := func() (*pdv1.Reservation, error) {
 		return p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "q", Prompt: want.PromptIDs[:4], Sampling: &pdv1.SamplingParams{MaxTokens: 4},
@@ -267,10 +266,4 @@ func TestOneStreamPerReservation(t *testing.T) {
 		t.Fatalf("the first reader got %v, want %v", got, want.GeneratedIDs)
 	}
 	waitAllFree(t, p.dPool)
-}
-
-func (res *reservation) claimed() bool {
-	res.mu.Lock()
-	defer res.mu.Unlock()
-	return res.reader
 }

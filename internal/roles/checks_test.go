@@ -75,10 +75,9 @@ func ones(pool *kvpool.Pool, tokens int) []byte {
 // stay quarantined while the real writer may still be writing.
 func TestDrainedOnlyFromTheWriter(t *testing.T) {
 	want := loadRef(t)
-	p := newPair(t, 4, 512)
 	// No eviction of the held-open session while the test looks: only a
 	// Drained can free the pages here.
-	p.decode.o.HandoffTimeout = time.Minute
+	p := newPair(t, 4, 512, func(o *DecodeOptions) { o.HandoffTimeout = time.Minute })
 	ctx := context.Background()
 	const writer = "127.0.0.1:1" // not a real prefill: Abort to it fails
 	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "drained", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
@@ -357,7 +356,7 @@ func TestFrameOwnerTagChecked(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	prompt := longPrompt(want, 13) // three full pages and one token
-	reserve := func(id string) (*pdv1.Reservation, *reservation) {
+	reserve := func(id string) (*pdv1.Reservation, *found) {
 		res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: id, Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: 2},
 			Layout: p.layout, Writer: p.prefillAddr})
 		if err != nil {

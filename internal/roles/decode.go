@@ -1,14 +1,12 @@
 // The decode worker, stage by stage (one file each, in the order a request
 // meets them):
 //
-//	decode_reserve.go  Reserve: the door, the reservation and its capability, per-peer bounds
-//	decode_receive.go  the transport's gate: a session is admitted, its frames land
-//	decode_commit.go   Commit: every claim checked against what landed, then the batch
+//	decode_handoff.go  Reserve, the transport's Sink, Commit, Abort, Finish, Drained: each an
+//	                   event for the handoff desk (internal/handoff), its answer a status code
 //	decode_stream.go   Stream: the generated tokens, to the router
-//	decode_abort.go    abort and drain: the writer is told, the pages wait for its proof
 //
-// This file holds the worker itself, its reservation table and the sweep
-// that forgets ended reservations. The prefill worker mirrors it
+// This file holds the worker itself. The desk owns every move of a
+// request before it joins the batch. The prefill worker mirrors it
 // (prefill.go).
 
 package roles
@@ -16,9 +14,9 @@ package roles
 import (
 	"context"
 	"errors"
+	"github.com/batonlm/baton/internal/handoff"
 	"log/slog"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,77 +67,45 @@ type DecodeOptions struct {
 	// plaintext, tests on loopback).
 	Auth *auth.Plane
 	Log  *slog.Logger
-	// Guards are the worker's handoff and plane checks (guards.go); the
-	// zero value is every check.
+	// Guards are the desk's handoff checks (internal/handoff/guards.go);
+	// the zero value is every check.
 	Guards DecodeGuards
 	// Faults are injected only by the faults build's command; the zero
 	// value injects none.
 	Faults DecodeFaults
 }
 
-// reservation is one live use of decode pages by a handed-over request.
-type reservation struct {
-	r      *scheduler.Request
-	key    transfer.Key // with the capability; Session is the bound session
-	writer string       // prefill gRPC address
-	prompt []int32
-	peer   string // who reserved it, for the per-peer bounds
-	held   int    // pages it counts against its peer
-
-	// mu orders page writes against Commit's move to Verifying: a write
-	// lands only while the request is Reserved or Receiving, checked and
-	// done under mu, so none lands once the pages are being verified.
-	mu        sync.Mutex
-	bound     bool // a transfer session was admitted: key.Session names it
-	firstByte time.Time
-	abortedAt time.Time
-	reader    bool // a Stream call took the reservation's events
-	timer     *time.Timer
-}
-
-// Decode is the decode worker: it reserves pages, receives the prompt's KV
-// through a transport, verifies the Commit, and generates.
+// Decode is the decode worker: the gRPC face of its handoff desk
+// (internal/handoff), which reserves pages, admits the transport's
+// sessions, verifies the Commit and aborts, and of its engine, which
+// generates.
 type Decode struct {
 	pdv1.UnimplementedDecodeServer
 	o            DecodeOptions
-	recv         transfer.Receiver
+	desk         *handoff.Decode
 	grpcAddr     string
 	transferAddr string
-	oneSided     bool // the receiver is one-sided: no frames, pages proven at Commit
 	peers        conns
 	shuttingDown atomic.Bool
-
-	// mu guards the tables. It is never held while waiting on the engine
-	// (the engine runs ended, which takes it, on its loop).
-	mu    sync.Mutex
-	rooms map[transfer.Key]*reservation // by room and epoch alone
-	over  map[transfer.Key]time.Time    // rooms whose request ended, and when
-	usage map[string]*peerUse
-	stop  chan struct{}
-	wg    sync.WaitGroup
 }
 
 // NewDecode makes a decode worker. Attach a receiver with SetReceiver.
 func NewDecode(o DecodeOptions) *Decode {
-	if o.HandoffTimeout <= 0 {
-		o.HandoffTimeout = 60 * time.Second
-	}
-	d := &Decode{o: o, rooms: map[transfer.Key]*reservation{}, over: map[transfer.Key]time.Time{}, usage: map[string]*peerUse{}, stop: make(chan struct{})}
-	d.o.Guards = o.Guards.withChecks(d)
-	d.o.Faults = o.Faults.withNone()
+	d := &Decode{o: o}
 	if o.Auth != nil {
 		d.peers.opts = o.Auth.DialOptions(auth.RolePrefill)
 	}
-	d.wg.Add(1)
-	go d.sweep()
+	d.desk = handoff.NewDecode(handoff.DecodeOptions{Engine: o.Engine, Pool: o.Pool, Metrics: o.Metrics, MaxSeq: o.MaxSeq,
+		HandoffTimeout: o.HandoffTimeout, Landing: o.Landing, MaxReservationsPerPeer: o.MaxReservationsPerPeer,
+		MaxPagesPerPeer: o.MaxPagesPerPeer, Cache: o.Cache, Writers: prefillWriters{d}, Log: o.Log, Guards: o.Guards, Faults: o.Faults})
 	return d
 }
 
 // SetReceiver attaches the transport receiver (made with d as its Sink) and
 // the addresses peers reach this worker's gRPC server and receiver at.
 func (d *Decode) SetReceiver(r transfer.Receiver, grpcAddr, transferAddr string) {
-	d.recv, d.grpcAddr, d.transferAddr = r, grpcAddr, transferAddr
-	d.oneSided = transfer.IsOneSided(r)
+	d.grpcAddr, d.transferAddr = grpcAddr, transferAddr
+	d.desk.SetReceiver(r)
 }
 
 func (d *Decode) transport() string {
@@ -154,21 +120,11 @@ func (d *Decode) transport() string {
 func (d *Decode) SetShuttingDown() { d.shuttingDown.Store(true) }
 
 // Busy reports whether any reservation is still open.
-func (d *Decode) Busy() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, res := range d.rooms {
-		if !res.r.Lifecycle().Terminal() {
-			return true
-		}
-	}
-	return false
-}
+func (d *Decode) Busy() bool { return d.desk.Busy() }
 
-// Close stops the sweeper and drops peer connections.
+// Close stops the desk and drops peer connections.
 func (d *Decode) Close() {
-	close(d.stop)
-	d.wg.Wait()
+	d.desk.Close()
 	d.peers.close()
 }
 
@@ -198,51 +154,4 @@ func rejectStatus(err error) error {
 		return status.Error(codes.ResourceExhausted, rej.Message)
 	}
 	return status.Error(codes.Internal, err.Error())
-}
-
-// ended runs once, on the move that ends a reservation's request (a
-// terminal state: its pages are released and no writer holds them), on
-// whichever goroutine made it (the engine loop, mostly): the request no
-// longer counts against the worker or its peer.
-func (d *Decode) ended(res *reservation) {
-	d.o.Metrics.ReservationsActive.Dec()
-	d.releasePeer(res.peer, res.held)
-	d.mu.Lock()
-	d.over[roomKey(res.key.Room, res.key.Epoch)] = time.Now()
-	d.mu.Unlock()
-}
-
-// forget drops an ended reservation from the table (its events were
-// streamed, or nobody came for them).
-func (d *Decode) forget(res *reservation) {
-	k := roomKey(res.key.Room, res.key.Epoch)
-	d.mu.Lock()
-	if _, over := d.over[k]; over {
-		delete(d.rooms, k)
-		delete(d.over, k)
-	}
-	d.mu.Unlock()
-}
-
-// sweep forgets reservations that ended more than a minute ago without a
-// Stream taking their last event.
-func (d *Decode) sweep() {
-	defer d.wg.Done()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-d.stop:
-			return
-		case <-t.C:
-		}
-		d.mu.Lock()
-		for k, at := range d.over {
-			if time.Since(at) > time.Minute {
-				delete(d.rooms, k)
-				delete(d.over, k)
-			}
-		}
-		d.mu.Unlock()
-	}
 }

@@ -8,27 +8,28 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/handoff"
 	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/scheduler"
 )
 
 // Stream implements the RPC: the generated tokens, to the router.
 func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) error {
-	res := d.find("Stream", req.Room, req.Epoch, req.Capability)
-	if res == nil {
-		return status.Errorf(codes.NotFound, "no reservation room %d epoch %d", req.Room, req.Epoch)
-	}
-	if !res.claimStream() {
-		// One reader per reservation: a second Stream would split the
-		// tokens between two callers.
-		d.authFailure("Stream")
-		return status.Errorf(codes.FailedPrecondition, "reservation room %d epoch %d is already being streamed", req.Room, req.Epoch)
+	rd, err := d.desk.Read(req.Room, req.Epoch, req.Capability)
+	if err != nil {
+		var ref *handoff.Refusal
+		if errors.As(err, &ref) && ref.Kind == handoff.Denied {
+			// One reader per reservation: a second Stream would split the
+			// tokens between two callers.
+			return status.Error(codes.FailedPrecondition, ref.Msg)
+		}
+		return deskStatus(err)
 	}
 	ctx := out.Context()
 	for {
-		ev, ok := res.r.Next(ctx)
+		ev, ok := rd.Request().Next(ctx)
 		if !ok { // the router went away: the request has no reader left
-			d.abortReserved(res, "router stream closed")
+			rd.Gone("router stream closed")
 			return ctx.Err()
 		}
 		te := &pdv1.TokenEvent{Token: pdwire.TokenToPB(ev.Token), PromptLogprobs: pdwire.TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)}
@@ -53,27 +54,16 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			}
 		}
 		if err := out.Send(te); err != nil {
-			d.abortReserved(res, "router stream broken")
+			rd.Gone("router stream broken")
 			return err
 		}
 		if ev.Finish != "" {
 			// Forgotten now if it has ended; one still Draining is
 			// forgotten by the sweep a minute after it ends.
-			d.forget(res)
+			rd.Done()
 			return nil
 		}
 	}
-}
-
-// claimStream marks res as having its one reader.
-func (res *reservation) claimStream() bool {
-	res.mu.Lock()
-	defer res.mu.Unlock()
-	if res.reader {
-		return false
-	}
-	res.reader = true
-	return true
 }
 
 func errString(err error) string {

@@ -108,12 +108,12 @@ func dial(t testing.TB, addr string) *grpc.ClientConn {
 	return cc
 }
 
-func newPair(t testing.TB, pageSize, chunk int) *pair {
-	return newPairOn(t, cpu.New(1), pageSize, chunk)
+func newPair(t testing.TB, pageSize, chunk int, opts ...func(*DecodeOptions)) *pair {
+	return newPairOn(t, cpu.New(1), pageSize, chunk, opts...)
 }
 
 // newPairOn is a prefill and a decode worker over tcp, both on be.
-func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int) *pair {
+func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int, opts ...func(*DecodeOptions)) *pair {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	p := &pair{dm: metrics.New("decode"), pm: metrics.New("prefill")}
 	pages := 4096 / pageSize
@@ -121,7 +121,11 @@ func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int) *pair {
 	pe, ppool, _ := newWorkerEngineOn(t, be, scheduler.RolePrefill, p.pm, pages, pageSize, chunk, nil)
 	p.dPool, p.pPool = dpool, ppool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
-	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Log: log})
+	do := DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Log: log}
+	for _, o := range opts {
+		o(&do)
+	}
+	p.decode = NewDecode(do)
 	t.Cleanup(p.decode.Close)
 	recv, err := tcp.Listen("127.0.0.1:0", p.decode)
 	if err != nil {
@@ -321,8 +325,7 @@ func TestCommitChecks(t *testing.T) {
 // refuses the reservation from then on.
 func TestAbortQuarantinesUntilDrained(t *testing.T) {
 	want := loadRef(t)
-	p := newPair(t, 4, 512)
-	p.decode.o.HandoffTimeout = time.Second
+	p := newPair(t, 4, 512, func(o *DecodeOptions) { o.HandoffTimeout = time.Second })
 	ctx := context.Background()
 	reserve := func() *pdv1.Reservation {
 		// The writer address is not a real prefill: Abort to it fails, so only Drained frees.

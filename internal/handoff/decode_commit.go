@@ -1,4 +1,4 @@
-package roles
+package handoff
 
 import (
 	"context"
@@ -6,44 +6,86 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
-	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
-	"github.com/batonlm/baton/internal/pdwire"
+	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
-// Commit implements the RPC: it checks every claim of the handoff before the
-// request may decode. Any failed check fails the request (its client sees a
-// 5xx naming the check) and is counted.
-func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, error) {
+// Commit is the writer's claim that the prompt's KV is in the pages.
+type Commit struct {
+	Room, Epoch   uint64
+	Capability    []byte
+	SessionID     []byte
+	Writer        string
+	TokensWritten int
+	PageChecksums []uint64
+	// FirstToken is the token prefill sampled; nil fails the first_token
+	// check.
+	FirstToken *request.Sampled
+	// PromptLogprobs gives the prompt's logprobs, at most limit of them.
+	PromptLogprobs func(limit int) []request.Sampled
+	CachedTokens   int
+}
+
+// Commit checks every claim of the handoff before the request may decode.
+// Any failed check fails the request (its client sees a 5xx naming the
+// check) and is counted. ctx bounds the wait for held pages still loading.
+func (d *Decode) Commit(ctx context.Context, c Commit) error {
+	err, ok := call(d, d.commitEvent(ctx, c))
+	if !ok {
+		return errStopped
+	}
+	return err
+}
+
+func (d *Decode) commitEvent(ctx context.Context, c Commit) func(answer func(error)) {
+	return func(answer func(error)) { d.commit(ctx, c, answer) }
+}
+
+// commit runs on the desk in three turns: the lease revoked and the
+// engine told (no write lands from here on), the checks on a goroutine of
+// their own, then the batch or the failure.
+func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 	key := roomKey(c.Room, c.Epoch)
 	res := d.find("Commit", c.Room, c.Epoch, c.Capability)
 	if res == nil {
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
-		return nil, status.Errorf(codes.NotFound, "no live reservation for %s", key)
+		answer(refuse(NotFound, "no live reservation for %s", key))
+		return
 	}
-	if !d.fromBoundSession(res, c.SessionId) {
+	if !res.lease.boundTo(c.SessionID, d.o.Guards.SessionBound) {
 		// Refused without touching the reservation: its own writer's
 		// Commit may still come.
 		d.authFailure("Commit")
-		return nil, status.Errorf(codes.PermissionDenied, "commit for %s does not come from the session that wrote its pages", key)
+		answer(refuse(Denied, "commit for %s does not come from the session that wrote its pages", key))
+		return
 	}
-	res.mu.Lock()
-	first := res.firstByte
-	// Nothing lands from here on: writes are checked against the state
-	// under res.mu. The engine loop makes the move (and ends the writer's
-	// hold: a Commit is its word that it is done); it never takes res.mu.
-	err := d.o.Engine.CommitArrived(res.r)
-	res.mu.Unlock()
-	if err != nil {
-		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
-		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s is %s; commit dropped", key, res.r.State())
-	}
+	d.on(res, func() {
+		first := res.firstByte
+		res.lease.revoke()
+		var err error
+		d.await(res, func() { err = d.o.Engine.CommitArrived(res.r) }, func() {
+			if err != nil {
+				d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+				answer(refuse(Precondition, "reservation %s is %s; commit dropped", key, res.r.State()))
+				return
+			}
+			// The checks read the pages: the request takes no other
+			// event (an abort, the timer) until they end, so its pages
+			// are not released under them.
+			var reason string
+			d.await(res, func() { reason, err = d.check(ctx, res, c) }, func() {
+				d.verified(res, c, first, reason, err, answer)
+			})
+		})
+	})
+}
+
+// check waits for held pages still loading, then verifies, off the desk:
+// the checksums take time, and nothing writes the pages any more.
+func (d *Decode) check(ctx context.Context, res *reservation, c Commit) (string, error) {
 	// Pages the reservation holds from the cache's lower tiers may still
 	// be loading: the held-page check waits for their loads to end (or
 	// for the caller to give up, and then refuses them as not ready), so
@@ -59,49 +101,55 @@ func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, 
 			}
 		}
 	}
-	if reason, err := d.verify(res, c); err != nil {
+	return d.verify(res, c)
+}
+
+// verified acts on Commit's checks: the request fails, or joins the batch.
+func (d *Decode) verified(res *reservation, c Commit, first time.Time, reason string, err error, answer func(error)) {
+	key := roomKey(c.Room, c.Epoch)
+	if err != nil {
 		d.o.Metrics.HandoffFailures.WithLabelValues(reason).Inc()
 		d.o.Log.Warn("commit refused", "request_id", res.r.ID, "room", key.Room, "check", reason, "err", err)
-		d.o.Engine.Fail(res.r, fmt.Errorf("KV handoff failed the %s check: %w", reason, err))
-		return nil, status.Errorf(codes.FailedPrecondition, "commit refused by the %s check: %v", reason, err)
+		fail := fmt.Errorf("KV handoff failed the %s check: %w", reason, err)
+		d.await(res, func() { d.o.Engine.Fail(res.r, fail) }, func() {
+			answer(refuse(Precondition, "commit refused by the %s check: %v", reason, err))
+		})
+		return
 	}
-	if res.r.Params.PromptLogprobs {
-		res.r.SetPromptLogprobs(pdwire.TokensFromPB(c.PromptLogprobs, len(res.r.Prompt)-1))
+	if res.r.Params.PromptLogprobs && c.PromptLogprobs != nil {
+		res.r.SetPromptLogprobs(c.PromptLogprobs(len(res.r.Prompt) - 1))
 	}
 	// Reported, never trusted: the pages were shipped and checked like the
 	// rest; the count only goes into the client's usage.
-	res.r.SetCachedTokens(min(int(c.CachedTokens), len(res.r.Prompt)))
-	if err := d.o.Engine.Join(res.r, pdwire.TokenFromPB(c.FirstToken)); err != nil {
-		// An abort ended it while its pages were checked.
-		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
-		return nil, status.Errorf(codes.FailedPrecondition, "reservation %s: %v", key, err)
-	}
-	res.timer.Stop()
-	if !first.IsZero() {
-		d.o.Metrics.TransferSeconds.Observe(time.Since(first).Seconds())
-	}
-	d.o.Log.Info("committed", "request_id", res.r.ID, "room", key.Room, "tokens", c.TokensWritten)
-	return &pdv1.Ack{}, nil
-}
-
-// fromBoundSession says whether a Commit names the transfer session that
-// decode admitted for res (the only one that may have written its pages).
-func (d *Decode) fromBoundSession(res *reservation, id []byte) bool {
-	res.mu.Lock()
-	defer res.mu.Unlock()
-	return res.boundTo(id, d.o.Guards.SessionBound)
+	res.r.SetCachedTokens(min(c.CachedTokens, len(res.r.Prompt)))
+	var joinErr error
+	d.await(res, func() { joinErr = d.o.Engine.Join(res.r, *c.FirstToken) }, func() {
+		if joinErr != nil {
+			// An abort ended it while its pages were checked.
+			d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+			answer(refuse(Precondition, "reservation %s: %v", key, joinErr))
+			return
+		}
+		res.joined = true
+		res.timer.Stop()
+		if !first.IsZero() {
+			d.o.Metrics.TransferSeconds.Observe(time.Since(first).Seconds())
+		}
+		d.o.Log.Info("committed", "request_id", res.r.ID, "room", key.Room, "tokens", c.TokensWritten)
+		answer(nil)
+	})
 }
 
 // verify checks a Commit against the pages: tokens written equal tokens
 // reserved, one checksum per page, every page tagged as this request's and
 // written as far as the prompt reaches, and each checksum equal to the
 // checksum of what actually landed.
-func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error) {
+func (d *Decode) verify(res *reservation, c Commit) (string, error) {
 	n := len(res.r.Prompt)
 	if c.Writer != res.writer {
 		return "writer", fmt.Errorf("commit from %q, the reservation's writer is %q", c.Writer, res.writer)
 	}
-	if reason, err := d.o.Guards.TokenCoverage(int(c.TokensWritten), n); err != nil {
+	if reason, err := d.o.Guards.TokenCoverage(c.TokensWritten, n); err != nil {
 		return reason, err
 	}
 	switch {
@@ -133,22 +181,9 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 			return "owner_tag", err
 		}
 		if d.oneSided {
-			// No frame marked anything: what landed is proven by its
-			// checksum over the page contents, then marked written.
-			landed := kv
-			if d.o.Landing.Data != nil {
-				landed = d.o.Landing
-			}
 			var err error
-			if buf, err = checkLanded(landed, p, want, c.PageChecksums[i], buf, d.o.Guards.ChecksumMatches); err != nil {
+			if buf, err = d.provenOneSided(res, p, want, c.PageChecksums[i], buf); err != nil {
 				return "checksum", err
-			}
-			if d.o.Landing.Data != nil {
-				// The verified bytes, not the landing zone again: a late
-				// write there cannot slip in between check and copy.
-				if err := transfer.Unpack(kv, p, want, buf); err != nil {
-					return "checksum", fmt.Errorf("copying verified page %d into the pool: %w", p, err)
-				}
 			}
 			if err := d.o.Pool.MarkWritten(res.r.Owner(), p, want); err != nil {
 				return "coverage", err
@@ -165,6 +200,29 @@ func (d *Decode) verify(res *reservation, c *pdv1.CommitRequest) (string, error)
 		}
 	}
 	return "", nil
+}
+
+// provenOneSided checks a page no frame marked: what landed is proven by
+// its checksum over the page contents, and copied into the pool when it
+// landed elsewhere.
+func (d *Decode) provenOneSided(res *reservation, p int32, want int, claim uint64, buf []byte) ([]byte, error) {
+	kv := d.o.Pool.KV()
+	landed := kv
+	if d.o.Landing.Data != nil {
+		landed = d.o.Landing
+	}
+	buf, err := checkLanded(landed, p, want, claim, buf, d.o.Guards.ChecksumMatches)
+	if err != nil {
+		return buf, err
+	}
+	if d.o.Landing.Data != nil {
+		// The verified bytes, not the landing zone again: a late write
+		// there cannot slip in between check and copy.
+		if err := transfer.Unpack(kv, p, want, buf); err != nil {
+			return buf, fmt.Errorf("copying verified page %d into the pool: %w", p, err)
+		}
+	}
+	return buf, nil
 }
 
 // checkHeld is Commit's check of a page the reservation holds from the
@@ -206,7 +264,7 @@ func (d *Decode) checkHeld(pool *kvpool.Pool, r *scheduler.Request, ref kvpool.S
 // checkLanded reads back the first tokens slots of page as they are in the
 // pool (device memory included) and compares their checksum with the
 // commit's claim by matches, the checksum check (DecodeGuards.ChecksumMatches:
-// it needs the bytes read back here, which nothing outside Decode has).
+// it needs the bytes read back here, which nothing outside the desk has).
 // buf is reused.
 func checkLanded(kv kernels.PagedKV, page int32, tokens int, claim uint64, buf []byte, matches func(got, claim uint64) bool) ([]byte, error) {
 	buf, err := transfer.ReadPage(kv, page, tokens, buf)

@@ -1,58 +1,82 @@
-package roles
+package handoff
 
 import (
-	"context"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
-	pdv1 "github.com/batonlm/baton/api/pd/v1"
-	"github.com/batonlm/baton/internal/pdwire"
+	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
-// Reserve implements the RPC: the decode door.
-func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.Reservation, error) {
-	if d.shuttingDown.Load() {
-		return nil, status.Error(codes.Unavailable, "decode worker is shutting down")
+// Reservation is what Reserve hands the router: where the writer puts the
+// prompt's KV, and the capability every message about it must carry.
+type Reservation struct {
+	Key        transfer.Key
+	Pages      []int32 // the prompt pages the writer fills
+	HeldTokens int     // prompt tokens decode holds from its cache already
+}
+
+// Reserve is the decode door: peer's request, to be written by writer, gets
+// its pages, its capability and its handoff timer, or is refused (a
+// *Refusal, or the engine's *scheduler.RejectError).
+func (d *Decode) Reserve(peer, id, writer string, prompt []int32, params request.Params) (Reservation, error) {
+	type out struct {
+		res Reservation
+		err error
 	}
-	if why := pdv1.LayoutDiff(d.o.Layout, req.Layout, "this worker", "the peer"); why != "" {
-		d.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
-		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
+	o, ok := call(d, func(answer func(out)) {
+		res, err := d.reserve(peer, id, writer, prompt, params)
+		answer(out{res, err})
+	})
+	if !ok {
+		return Reservation{}, errStopped
 	}
-	peer := callerID(ctx)
-	r := scheduler.NewRoleRequest(scheduler.RoleDecode, req.RequestId, req.Prompt, pdwire.FromPB(req.Sampling))
+	return o.res, o.err
+}
+
+func (d *Decode) reserve(peer, id, writer string, prompt []int32, params request.Params) (Reservation, error) {
+	r := scheduler.NewRoleRequest(scheduler.RoleDecode, id, prompt, params)
 	held := d.peerPages(r)
 	if !d.admitPeer(peer, held) {
-		d.o.Log.Warn("reserve refused: the caller holds its share of the pool", "request_id", req.RequestId, "peer", peer)
-		return nil, status.Error(codes.ResourceExhausted, "too many reservations held by this caller")
+		d.o.Log.Warn("reserve refused: the caller holds its share of the pool", "request_id", id, "peer", peer)
+		return Reservation{}, refuse(Exhausted, "too many reservations held by this caller")
 	}
 	if err := d.o.Engine.Reserve(r); err != nil {
 		d.releasePeer(peer, held)
-		d.o.Log.Info("reserve refused", "request_id", req.RequestId, "err", err)
-		return nil, rejectStatus(err)
+		d.o.Log.Info("reserve refused", "request_id", id, "err", err)
+		return Reservation{}, err
 	}
 	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch, Cap: transfer.NewCapability()}
 	ps := d.o.Pool.PageSize()
-	res := &reservation{r: r, key: key, writer: req.Writer, prompt: r.Pages()[:(len(req.Prompt)+ps-1)/ps],
-		peer: peer, held: held}
+	res := &reservation{r: r, key: key, writer: writer, prompt: r.Pages()[:(len(prompt)+ps-1)/ps], peer: peer, held: held}
+	res.lease = &lease{r: r, cap: key.Cap, prompt: res.prompt}
 	d.o.Metrics.ReservationsTotal.Inc()
 	d.o.Metrics.ReservationsActive.Inc()
-	r.Lifecycle().OnEnd(func() { d.ended(res) })
-	d.mu.Lock()
-	d.rooms[roomKey(key.Room, key.Epoch)] = res
-	d.mu.Unlock()
-	res.timer = time.AfterFunc(d.o.HandoffTimeout, func() {
-		if d.abortReserved(res, "handoff timeout: no commit from prefill") {
+	r.Lifecycle().OnEnd(func() { d.post(func() { d.ended(res) }) })
+	k := roomKey(key.Room, key.Epoch)
+	d.rooms[k] = res
+	d.leases.add(k, res.lease)
+	res.timer = d.after(d.o.HandoffTimeout, res, func() { d.timeout(res) })
+	d.o.Log.Info("reserved", "request_id", id, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
+	return Reservation{Key: key, Pages: res.prompt, HeldTokens: len(r.Held()) * ps}, nil
+}
+
+// timeout aborts a reservation whose Commit did not come in time.
+func (d *Decode) timeout(res *reservation) {
+	if res.joined {
+		return
+	}
+	d.abort(res, "handoff timeout: no commit from prefill", func(aborted bool) {
+		if aborted {
 			d.o.Metrics.HandoffFailures.WithLabelValues("timeout").Inc()
 		}
 	})
-	d.o.Log.Info("reserved", "request_id", req.RequestId, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
-	return &pdv1.Reservation{Room: key.Room, Epoch: key.Epoch, Pages: res.prompt, PromptTokens: uint32(len(req.Prompt)),
-		Layout: d.o.Layout, Transport: d.transport(), TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr, Capability: key.Cap[:],
-		HeldTokens: uint32(len(r.Held()) * ps)}, nil
+}
+
+// after posts ev for res once dur has passed: a timer is an event like any
+// other, and waits its turn behind res's.
+func (d *Decode) after(dur time.Duration, res *reservation, ev func()) *time.Timer {
+	return time.AfterFunc(dur, func() { d.post(func() { d.on(res, ev) }) })
 }
 
 // roomKey is how reservations are filed: room and epoch alone, so that a
@@ -63,11 +87,9 @@ func roomKey(room, epoch uint64) transfer.Key { return transfer.Key{Room: room, 
 // find returns the live reservation a message names, if the message
 // carries its capability. A wrong capability for a live room is a
 // stranger's guess (or a member's bug): it is counted under rpc and
-// answered exactly as an unknown room is.
+// answered exactly as an unknown room is. Called on the desk.
 func (d *Decode) find(rpc string, room, epoch uint64, capability []byte) *reservation {
-	d.mu.Lock()
 	res := d.rooms[roomKey(room, epoch)]
-	d.mu.Unlock()
 	if res == nil {
 		return nil
 	}
@@ -86,10 +108,7 @@ func (d *Decode) findSession(rpc string, k transfer.Key) *reservation {
 	if res == nil {
 		return nil
 	}
-	res.mu.Lock()
-	ok := res.boundTo(k.Session[:], d.o.Guards.SessionBound)
-	res.mu.Unlock()
-	if !ok {
+	if !res.lease.boundTo(k.Session[:], d.o.Guards.SessionBound) {
 		d.authFailure(rpc)
 		return nil
 	}
@@ -115,8 +134,6 @@ func (d *Decode) peerPages(r *scheduler.Request) int {
 
 // admitPeer counts pages against peer's bounds, or refuses them.
 func (d *Decode) admitPeer(peer string, pages int) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	u := d.usage[peer]
 	if u == nil {
 		u = &peerUse{}
@@ -135,8 +152,8 @@ func (d *Decode) admitPeer(peer string, pages int) bool {
 
 // exceedsQuota is the peer_quota check (DecodeGuards.OverQuota): one more
 // reservation of pages would take a caller holding reservations and held
-// pages past its bounds. It is asked under d.mu, next to the usage Reserve
-// gives back on failure.
+// pages past its bounds. The desk asks it next to the usage Reserve gives
+// back on failure.
 func (d *Decode) exceedsQuota(reservations, held, pages int) bool {
 	return (d.o.MaxReservationsPerPeer > 0 && reservations+1 > d.o.MaxReservationsPerPeer) ||
 		(d.o.MaxPagesPerPeer > 0 && held+pages > d.o.MaxPagesPerPeer)
@@ -144,8 +161,6 @@ func (d *Decode) exceedsQuota(reservations, held, pages int) bool {
 
 // releasePeer gives back what admitPeer counted.
 func (d *Decode) releasePeer(peer string, pages int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	u := d.usage[peer]
 	if u == nil {
 		return
