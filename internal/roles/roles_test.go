@@ -431,8 +431,7 @@ func testutilCounter(t *testing.T, ms *metrics.Set, name string) float64 {
 // write. They come back on the writer's Drained.
 func TestHandoffTimeoutKeepsQuarantine(t *testing.T) {
 	want := loadRef(t)
-	p := newPair(t, 4, 512)
-	p.decode.o.HandoffTimeout = 300 * time.Millisecond
+	p := newPair(t, 4, 512, func(o *DecodeOptions) { o.HandoffTimeout = 300 * time.Millisecond })
 	ctx := context.Background()
 	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "slow", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
 		Layout: p.layout, Writer: "127.0.0.1:1"})
