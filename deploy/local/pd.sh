@@ -21,6 +21,11 @@ stop() {
   exit "$rc"
 }
 trap stop INT TERM
+# Each server in a process group of its own: a terminal's Ctrl-C reaches
+# the script alone, which stops the servers once each. Sent to the servers
+# as well it would race the script's SIGTERM, and a server that had begun
+# to drain takes a second signal as "stop now" (exit 143, not 0).
+set -m
 # Whatever else ends the script (a server that died, a failed start)
 # takes the others with it.
 trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' EXIT
