@@ -110,15 +110,25 @@ func forceJSON(req *openai.ChatRequest, p *chatPlan) *openai.Error {
 	} else {
 		p.forced = forcedList
 		calls := make([]any, len(req.Tools))
+		// Each tool's parameters keep their own root: they sit under the
+		// list's $defs, and their local $refs are rebased there, so that a
+		// "#/$defs/X" of a tool's schema still finds that tool's X.
+		defs := map[string]any{}
 		for i, t := range req.Tools {
+			var schema any
+			if err := json.Unmarshal(params(t), &schema); err != nil {
+				return openai.BadRequest(fmt.Sprintf("tools[%d].function.parameters is not valid JSON", i), fmt.Sprintf("tools[%d].function.parameters", i))
+			}
+			root := fmt.Sprintf("#/$defs/tool%d", i)
+			defs[fmt.Sprintf("tool%d", i)] = rebaseRefs(schema, root)
 			calls[i] = map[string]any{
 				"type":                 "object",
-				"properties":           map[string]any{"name": map[string]any{"const": t.Name}, "parameters": params(t)},
+				"properties":           map[string]any{"name": map[string]any{"const": t.Name}, "parameters": map[string]any{"$ref": root}},
 				"required":             []string{"name", "parameters"},
 				"additionalProperties": false,
 			}
 		}
-		list := map[string]any{"type": "array", "minItems": 1, "items": map[string]any{"anyOf": calls}}
+		list := map[string]any{"type": "array", "minItems": 1, "items": map[string]any{"anyOf": calls}, "$defs": defs}
 		if req.SingleToolCall {
 			list["maxItems"] = 1
 		}
@@ -257,4 +267,24 @@ func constraintParam(c scheduler.Constraint) string {
 		return "tools"
 	}
 	return "response_format"
+}
+
+// rebaseRefs rewrites the local $refs of schema (a decoded JSON Schema)
+// to resolve from root, a JSON pointer where the schema now sits.
+func rebaseRefs(schema any, root string) any {
+	switch v := schema.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if ref, ok := x.(string); ok && k == "$ref" && strings.HasPrefix(ref, "#") {
+				v[k] = root + ref[1:]
+				continue
+			}
+			v[k] = rebaseRefs(x, root)
+		}
+	case []any:
+		for i, x := range v {
+			v[i] = rebaseRefs(x, root)
+		}
+	}
+	return schema
 }

@@ -57,6 +57,28 @@ func TestForcedToolChoiceWithoutParser(t *testing.T) {
 			}
 		})
 	}
+	// A tool whose parameters refer to their own $defs: under required,
+	// each tool's schema keeps its root, so its $refs still resolve.
+	t.Run("required with $ref", func(t *testing.T) {
+		const refTools = `"tools":[{"type":"function","function":{"name":"book","parameters":{"type":"object","$defs":{"city":{"type":"string","enum":["Paris","Rome"]}},` +
+			`"properties":{"to":{"$ref":"#/$defs/city"}},"required":["to"]}}},` +
+			`{"type":"function","function":{"name":"wait","parameters":{"type":"object","definitions":{"s":{"type":"integer"}},"properties":{"secs":{"$ref":"#/definitions/s"}}}}}]`
+		ts, g := scriptServer(t, `[{"name": "book", "parameters": {"to": "Rome"}}]`, "", "")
+		st, a, raw := chatPost(t, ts, `{"model":"m","messages":[{"role":"user","content":"go"}],`+refTools+`,"tool_choice":"required"}`)
+		if st != http.StatusOK {
+			t.Fatalf("status %d: %s", st, raw)
+		}
+		_, p := g.last()
+		if _, err := grammar.Parse(p.Constraint.Kind, p.Constraint.Spec); err != nil {
+			t.Fatalf("the forced schema does not compile: %v\n%s", err, p.Constraint.Spec)
+		}
+		if m := a.Choices[0].Message; len(m.ToolCalls) != 1 || m.ToolCalls[0].Function.Name != "book" || m.ToolCalls[0].Function.Arguments != `{"to": "Rome"}` {
+			t.Fatalf("answer %s", raw)
+		}
+		if !strings.Contains(p.Constraint.Spec, `"#/$defs/tool0/$defs/city"`) || !strings.Contains(p.Constraint.Spec, `"#/$defs/tool1/definitions/s"`) {
+			t.Errorf("the tools' $refs were not rebased under the list's $defs:\n%s", p.Constraint.Spec)
+		}
+	})
 	// auto still has to find calls in free text, which needs a parser.
 	ts, _ := scriptServer(t, "hi", "", "")
 	st, _, raw := chatPost(t, ts, `{"model":"m","messages":[{"role":"user","content":"q"}],`+tools+`}`)
