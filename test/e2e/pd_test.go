@@ -231,3 +231,19 @@ func TestPDOpenAINodeClient(t *testing.T) {
 	}
 	c.WaitClean(t)
 }
+
+// A list of prompts through router, prefill and decode is one request with
+// a choice per prompt, in prompt order: the reference prompt's choice is
+// the reference text and the other's is what that prompt gets alone, and
+// every page comes back.
+func TestPDPromptBatch(t *testing.T) {
+	ref := loadReference(t)
+	c := startCluster(t, 1, 1, nil, nil)
+	n := len(ref.GeneratedIDs)
+	alone := ask(t, c.Router.URL, "/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":"Lily was","max_tokens":%d,"temperature":0}`, n)).texts()
+	got := ask(t, c.Router.URL, "/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":[%q,"Lily was"],"max_tokens":%d,"temperature":0}`, ref.Prompt, n)).texts()
+	if len(got) != 2 || got[0] != ref.GeneratedText || got[1] != alone[0] {
+		t.Fatalf("choices %q, want [%q %q]", got, ref.GeneratedText, alone[0])
+	}
+	c.WaitClean(t)
+}
