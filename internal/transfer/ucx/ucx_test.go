@@ -203,11 +203,14 @@ func TestOneSidedWithoutReceiverProgress(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("receiver %v, endpoint:\n%s", r.Transports(), ss.(*Session).describe())
-			// Stop the receiver's progress.
-			unblock := make(chan struct{})
-			if err := r.eng.submit(func() { <-unblock }); err != nil {
+			// Stop the receiver's progress, and wait until it has stopped:
+			// a put that its progress loop was already handling when the
+			// blocker was queued would land and pass for a one-sided one.
+			unblock, stopped := make(chan struct{}), make(chan struct{})
+			if err := r.eng.submit(func() { close(stopped); <-unblock }); err != nil {
 				t.Fatal(err)
 			}
+			<-stopped
 			if err := ss.Write(transfer.PageWrite{Index: 1, Page: 1, Tokens: 4, Data: page}); err != nil {
 				t.Fatal(err)
 			}
