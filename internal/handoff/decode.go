@@ -5,7 +5,10 @@
 // (internal/scheduler/messages.go): RPC handlers, transport goroutines and
 // timers post what happened and, where they need the outcome, wait for the
 // answer. Work that waits (the engine loop, checksums, calls to prefill)
-// runs on goroutines of its own that report back as events.
+// runs on goroutines of its own that report back as events. The prefill
+// desk (Prefill, prefill.go) is its mirror on the prefill worker: the one
+// owner of a prefill request's moves that are not its engine's, from the
+// door to Sent or Drained.
 //
 // The decode desk, stage by stage (one file each, in the order a request
 // meets them):

@@ -91,3 +91,19 @@ func (f DecodeFaults) withNone() DecodeFaults {
 	}
 	return f
 }
+
+// PrefillGuards are the prefill desk's plane checks, as DecodeGuards are
+// decode's: a nil field is the real check, and only the faults build's
+// command sets one.
+type PrefillGuards struct {
+	// DialKnown says whether a decode worker's word may make this worker dial addr: only if the router paired them (dial_known).
+	DialKnown func(addr string) bool
+}
+
+// withChecks fills every field left nil with the real check, bound to d.
+func (g PrefillGuards) withChecks(d *Prefill) PrefillGuards {
+	if g.DialKnown == nil {
+		g.DialKnown = d.knowsDecode
+	}
+	return g
+}

@@ -20,15 +20,28 @@ const (
 	Exhausted
 	// Stopped: the desk has stopped.
 	Stopped
+	// Unavailable: a peer could not be reached, or a transfer failed.
+	Unavailable
+	// Canceled: the caller left, or an Abort cancelled the prefill.
+	Canceled
+	// Failed: the engine failed the request (Err says why).
+	Failed
+	// Refused: decode refused the Commit (Err is its answer).
+	Refused
+	// Internal: a move the lifecycle refused.
+	Internal
 )
 
 // Refusal is the desk's answer to a message it did not act on.
 type Refusal struct {
 	Kind Kind
 	Msg  string
+	Err  error // the cause, for Failed and Refused
 }
 
 func (r *Refusal) Error() string { return r.Msg }
+
+func (r *Refusal) Unwrap() error { return r.Err }
 
 func refuse(k Kind, format string, args ...any) *Refusal {
 	return &Refusal{Kind: k, Msg: fmt.Sprintf(format, args...)}

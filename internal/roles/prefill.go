@@ -1,10 +1,11 @@
-// The prefill worker, stage by stage, mirroring the decode worker:
+// The prefill worker is the gRPC face of its desk (internal/handoff: the
+// stages in prefill_run.go, prefill_ship.go and prefill_abort.go there),
+// as the decode worker is of decode's:
 //
-//	prefill_run.go    Prefill: the door, a session to the reservation, the chunks, flush, Commit
-//	prefill_ship.go   each completed page read from the pool and written to the session
-//	prefill_abort.go  abort and drain: close the session, then tell decode Drained
+//	prefill_handoff.go  the RPCs of the handoff (Prefill, Abort), each a call to the desk
+//	                    (internal/handoff/prefill.go), and the desk's calls to decode over gRPC
 //
-// This file holds the worker itself and the decode workers it may answer.
+// This file holds the worker itself.
 
 package roles
 
@@ -12,7 +13,6 @@ import (
 	"context"
 	"log/slog"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -22,6 +22,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
+	"github.com/batonlm/baton/internal/handoff"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/scheduler"
@@ -53,70 +54,46 @@ type PrefillOptions struct {
 }
 
 // Prefill is the prefill worker: it computes prompts in chunks, writes each
-// completed page into the decode worker's reserved page, and commits.
+// completed page into the decode worker's reserved page, and commits. Its
+// desk (internal/handoff) makes every move of a prefill request but the
+// engine's; this is its gRPC face.
 type Prefill struct {
 	pdv1.UnimplementedPrefillServer
-	o        PrefillOptions
-	grpcAddr string
-	peers    conns
-
-	mu           sync.Mutex
-	active       map[transfer.Key]context.CancelFunc
-	known        map[string]bool // decode gRPC addresses the router paired this worker with
+	o            PrefillOptions
+	grpcAddr     string
+	peers        conns
+	desk         *handoff.Prefill
 	shuttingDown atomic.Bool
-}
-
-// maxKnownDecode bounds the decode addresses remembered: a cluster has far
-// fewer decode workers, and a caller cannot grow the table without bound.
-const maxKnownDecode = 4096
-
-// learnDecode remembers a decode worker the router paired this worker
-// with; only those are ever dialled on a decode worker's word.
-func (p *Prefill) learnDecode(addr string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.known) < maxKnownDecode {
-		p.known[addr] = true
-	}
-}
-
-// knowsDecode is the dial_known check (PrefillGuards.DialKnown): a decode
-// worker's word may make this worker dial addr only if the router paired
-// them.
-func (p *Prefill) knowsDecode(addr string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.known[addr]
 }
 
 // SetShuttingDown makes Prefill refuse new work (the worker is shutting down).
 func (p *Prefill) SetShuttingDown() { p.shuttingDown.Store(true) }
 
 // Busy reports whether a prefill is in progress.
-func (p *Prefill) Busy() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.active) > 0
-}
+func (p *Prefill) Busy() bool { return p.desk.Busy() }
 
-// NewPrefill makes a prefill worker.
+// NewPrefill makes a prefill worker and its desk.
 func NewPrefill(o PrefillOptions) *Prefill {
-	p := &Prefill{o: o, active: map[transfer.Key]context.CancelFunc{}, known: map[string]bool{}}
-	p.o.Guards = o.Guards.withChecks(p)
+	p := &Prefill{o: o}
 	switch {
 	case o.Auth != nil:
 		p.peers.opts = append(slices.Clone(o.DialOptions), o.Auth.DialOptions(auth.RoleDecode)...)
 	case len(o.DialOptions) > 0:
 		p.peers.opts = append(slices.Clone(o.DialOptions), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
+	p.desk = handoff.NewPrefill(handoff.PrefillOptions{Engine: o.Engine, Pool: o.Pool, Metrics: o.Metrics, Sender: o.Sender,
+		Decoders: decodeWorkers{p}, Log: o.Log, Guards: o.Guards})
 	return p
 }
 
 // SetAddr records the worker's own gRPC address (its identity as a writer).
 func (p *Prefill) SetAddr(grpcAddr string) { p.grpcAddr = grpcAddr }
 
-// Close drops peer connections.
-func (p *Prefill) Close() { p.peers.close() }
+// Close stops the desk and drops peer connections.
+func (p *Prefill) Close() {
+	p.desk.Close()
+	p.peers.close()
+}
 
 // WorkerInfo implements Worker.
 func (p *Prefill) WorkerInfo() *pdv1.WorkerInfo {

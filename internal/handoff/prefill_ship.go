@@ -1,10 +1,9 @@
-package roles
+package handoff
 
 import (
 	"fmt"
 	"time"
 
-	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -13,7 +12,7 @@ import (
 // released as soon as the prompt is done) and writes them to the session
 // on its own goroutine (so a slow network never stalls the engine).
 type shipper struct {
-	res       *pdv1.Reservation
+	pages     []int32 // decode's pages, by prompt page
 	pageSize  int
 	promptLen int
 	// heldPages lead the prompt in decode's prefix cache: not shipped.
@@ -25,9 +24,9 @@ type shipper struct {
 	packErr   error     // a page that could not be read from the pool (engine loop only, read after finish)
 }
 
-func newShipper(res *pdv1.Reservation, pageSize, promptLen int, sess transfer.Session) *shipper {
-	s := &shipper{res: res, pageSize: pageSize, promptLen: promptLen, heldPages: int(res.HeldTokens) / pageSize, checksums: make([]uint64, len(res.Pages)),
-		queue: make(chan transfer.PageWrite, len(res.Pages)), done: make(chan error, 1)}
+func newShipper(t Ticket, pageSize, promptLen int, sess transfer.Session) *shipper {
+	s := &shipper{pages: t.Pages, pageSize: pageSize, promptLen: promptLen, heldPages: t.HeldTokens / pageSize, checksums: make([]uint64, len(t.Pages)),
+		queue: make(chan transfer.PageWrite, len(t.Pages)), done: make(chan error, 1)}
 	go func() {
 		var first error
 		for w := range s.queue {
@@ -46,7 +45,7 @@ func newShipper(res *pdv1.Reservation, pageSize, promptLen int, sess transfer.Se
 func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 	for i := from / s.pageSize; i*s.pageSize < to; i++ {
 		end := min((i+1)*s.pageSize, s.promptLen)
-		if to < end || i >= len(s.res.Pages) {
+		if to < end || i >= len(s.pages) {
 			break
 		}
 		tokens := end - i*s.pageSize
@@ -65,7 +64,7 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 		if s.firstAt.IsZero() {
 			s.firstAt = time.Now()
 		}
-		s.queue <- transfer.PageWrite{Index: i, Page: s.res.Pages[i], Tokens: tokens, Data: data}
+		s.queue <- transfer.PageWrite{Index: i, Page: s.pages[i], Tokens: tokens, Data: data}
 	}
 }
 
