@@ -25,7 +25,6 @@ package handoff
 
 import (
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/batonlm/baton/internal/kernels"
@@ -111,11 +110,7 @@ type Decode struct {
 	recv     transfer.Receiver
 	oneSided bool // the receiver is one-sided: no frames, pages proven at Commit
 
-	mu    sync.Mutex // guards inbox and stopped
-	inbox []func()
-	wake  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	inbox
 
 	// Owned by the desk's goroutine.
 	rooms map[transfer.Key]*reservation // by room and epoch alone
@@ -135,12 +130,12 @@ func NewDecode(o DecodeOptions) *Decode {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	d := &Decode{o: o, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	d := &Decode{o: o, inbox: newInbox(),
 		rooms: map[transfer.Key]*reservation{}, over: map[transfer.Key]time.Time{}, usage: map[string]*peerUse{}}
 	d.leases.m = map[transfer.Key]*lease{}
 	d.o.Guards = o.Guards.withChecks(d)
 	d.o.Faults = o.Faults.withNone()
-	go d.run()
+	go d.serve(time.Second, d.sweep)
 	return d
 }
 
@@ -148,86 +143,6 @@ func NewDecode(o DecodeOptions) *Decode {
 func (d *Decode) SetReceiver(r transfer.Receiver) {
 	d.recv = r
 	d.oneSided = transfer.IsOneSided(r)
-}
-
-// Close stops the desk's goroutine. Events posted after it are dropped,
-// and calls answer at once with what a late message gets.
-func (d *Decode) Close() {
-	d.mu.Lock()
-	select {
-	case <-d.stop:
-	default:
-		close(d.stop)
-	}
-	d.mu.Unlock()
-	<-d.done
-}
-
-// post queues ev for the desk; false once the desk has stopped.
-func (d *Decode) post(ev func()) bool {
-	d.mu.Lock()
-	select {
-	case <-d.stop:
-		d.mu.Unlock()
-		return false
-	default:
-	}
-	d.inbox = append(d.inbox, ev)
-	d.mu.Unlock()
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-	return true
-}
-
-// call runs ev on the desk and waits until it says it is done (answer):
-// an event may answer later, from an event of its own (after the engine
-// loop answered). Never call it from the desk. False: the desk has
-// stopped, and nothing ran.
-func call[T any](d *Decode, ev func(answer func(T))) (T, bool) {
-	reply := make(chan T, 1)
-	if !d.post(func() { ev(func(v T) { reply <- v }) }) {
-		var zero T
-		return zero, false
-	}
-	select {
-	case v := <-reply:
-		return v, true
-	case <-d.done:
-		// The desk stopped with the event queued or waiting: no answer.
-		select {
-		case v := <-reply:
-			return v, true
-		default:
-			var zero T
-			return zero, false
-		}
-	}
-}
-
-// run is the desk's goroutine: it takes the inbox in the order it was
-// posted and sweeps the ended reservations once a second.
-func (d *Decode) run() {
-	defer close(d.done)
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-d.stop:
-			return
-		case <-t.C:
-			d.sweep()
-		case <-d.wake:
-		}
-		d.mu.Lock()
-		evs := d.inbox
-		d.inbox = nil
-		d.mu.Unlock()
-		for _, ev := range evs {
-			ev()
-		}
-	}
 }
 
 // on runs ev for res now, or after the call res waits on returns.
@@ -260,7 +175,7 @@ func (d *Decode) await(res *reservation, slow func(), then func()) {
 
 // Busy reports whether any reservation is still open.
 func (d *Decode) Busy() bool {
-	busy, _ := call(d, func(answer func(bool)) {
+	busy, _ := call(&d.inbox, func(answer func(bool)) {
 		for _, res := range d.rooms {
 			if !res.r.Lifecycle().Terminal() {
 				answer(true)
@@ -315,7 +230,7 @@ func (d *Decode) Lookup(room, epoch uint64) (r *scheduler.Request, streamed, ok 
 		r        *scheduler.Request
 		streamed bool
 	}
-	o, _ := call(d, func(answer func(out)) {
+	o, _ := call(&d.inbox, func(answer func(out)) {
 		if res := d.rooms[roomKey(room, epoch)]; res != nil {
 			answer(out{res.r, res.reader})
 			return

@@ -12,7 +12,7 @@ import (
 // live reservation carries its capability, or its request had ended; the
 // message is counted as late.
 func (d *Decode) Abort(room, epoch uint64, capability []byte, why string) bool {
-	aborted, _ := call(d, d.abortEvent(room, epoch, capability, why))
+	aborted, _ := call(&d.inbox, d.abortEvent(room, epoch, capability, why))
 	return aborted
 }
 
@@ -47,7 +47,7 @@ func (d *Decode) Finish(room, epoch uint64, capability []byte) {
 
 // Drained is the writer's word that nothing of it is in flight.
 func (d *Decode) Drained(room, epoch uint64, capability []byte, writer string) {
-	call(d, d.drainedEvent(room, epoch, capability, writer))
+	call(&d.inbox, d.drainedEvent(room, epoch, capability, writer))
 }
 
 func (d *Decode) drainedEvent(room, epoch uint64, capability []byte, writer string) func(answer func(struct{})) {
@@ -191,7 +191,7 @@ func (d *Decode) Read(room, epoch uint64, capability []byte) (*Reader, error) {
 		rd  *Reader
 		err error
 	}
-	o, ok := call(d, func(answer func(out)) {
+	o, ok := call(&d.inbox, func(answer func(out)) {
 		res := d.find("Stream", room, epoch, capability)
 		switch {
 		case res == nil:
@@ -215,7 +215,7 @@ func (rd *Reader) Request() *scheduler.Request { return rd.res.r }
 
 // Gone ends the request: its reader went away.
 func (rd *Reader) Gone(why string) {
-	call(rd.d, func(answer func(struct{})) {
+	call(&rd.d.inbox, func(answer func(struct{})) {
 		rd.d.on(rd.res, func() { rd.d.abort(rd.res, why, func(bool) { answer(struct{}{}) }) })
 	})
 }
@@ -224,7 +224,7 @@ func (rd *Reader) Gone(why string) {
 // now if it has ended (one still Draining is forgotten by the sweep a
 // minute after it ends).
 func (rd *Reader) Done() {
-	call(rd.d, func(answer func(struct{})) {
+	call(&rd.d.inbox, func(answer func(struct{})) {
 		rd.d.forget(rd.res)
 		answer(struct{}{})
 	})

@@ -33,7 +33,7 @@ type Commit struct {
 // Any failed check fails the request (its client sees a 5xx naming the
 // check) and is counted. ctx bounds the wait for held pages still loading.
 func (d *Decode) Commit(ctx context.Context, c Commit) error {
-	err, ok := call(d, d.commitEvent(ctx, c))
+	err, ok := call(&d.inbox, d.commitEvent(ctx, c))
 	if !ok {
 		return errStopped
 	}

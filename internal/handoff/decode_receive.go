@@ -97,7 +97,7 @@ func (d *Decode) Admit(k transfer.Key) ([]int32, error) {
 		pages []int32
 		err   error
 	}
-	o, ok := call(d, func(answer func(out)) {
+	o, ok := call(&d.inbox, func(answer func(out)) {
 		res := d.find("transfer", k.Room, k.Epoch, k.Cap[:])
 		if res == nil {
 			d.o.Metrics.LateDropped.WithLabelValues("admit").Inc()

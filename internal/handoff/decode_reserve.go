@@ -24,7 +24,7 @@ func (d *Decode) Reserve(peer, id, writer string, prompt []int32, params request
 		res Reservation
 		err error
 	}
-	o, ok := call(d, func(answer func(out)) {
+	o, ok := call(&d.inbox, func(answer func(out)) {
 		res, err := d.reserve(peer, id, writer, prompt, params)
 		answer(out{res, err})
 	})

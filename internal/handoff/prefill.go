@@ -19,7 +19,6 @@ package handoff
 import (
 	"context"
 	"log/slog"
-	"sync"
 
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -89,11 +88,7 @@ const maxKnownDecode = 4096
 type Prefill struct {
 	o PrefillOptions
 
-	mu    sync.Mutex // guards inbox and stopped
-	inbox []func()
-	wake  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	inbox
 
 	// Owned by the desk's goroutine.
 	active map[transfer.Key]context.CancelFunc // prefills in progress
@@ -105,62 +100,18 @@ func NewPrefill(o PrefillOptions) *Prefill {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
-	d := &Prefill{o: o, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	d := &Prefill{o: o, inbox: newInbox(),
 		active: map[transfer.Key]context.CancelFunc{}, known: map[string]bool{}}
 	d.o.Guards = o.Guards.withChecks(d)
-	go d.run()
+	go d.serve(0, nil)
 	return d
-}
-
-// Close stops the desk's goroutine; moves asked for after it are made by
-// the caller.
-func (d *Prefill) Close() {
-	d.mu.Lock()
-	select {
-	case <-d.stop:
-	default:
-		close(d.stop)
-	}
-	d.mu.Unlock()
-	<-d.done
-}
-
-// post queues ev for the desk; false once the desk has stopped.
-func (d *Prefill) post(ev func()) bool {
-	d.mu.Lock()
-	select {
-	case <-d.stop:
-		d.mu.Unlock()
-		return false
-	default:
-	}
-	d.inbox = append(d.inbox, ev)
-	d.mu.Unlock()
-	select {
-	case d.wake <- struct{}{}:
-	default:
-	}
-	return true
 }
 
 // call runs ev on the desk and waits for it; false: the desk has stopped
 // and ev did not run. Never call it from the desk.
 func (d *Prefill) call(ev func()) bool {
-	ran := make(chan struct{})
-	if !d.post(func() { ev(); close(ran) }) {
-		return false
-	}
-	select {
-	case <-ran:
-		return true
-	case <-d.done:
-		select {
-		case <-ran:
-			return true
-		default:
-			return false
-		}
-	}
+	_, ok := call(&d.inbox, func(answer func(struct{})) { ev(); answer(struct{}{}) })
+	return ok
 }
 
 // do runs ev on the desk, or here once the desk has stopped (a prefill
@@ -168,25 +119,6 @@ func (d *Prefill) call(ev func()) bool {
 func (d *Prefill) do(ev func()) {
 	if !d.call(ev) {
 		ev()
-	}
-}
-
-// run is the desk's goroutine: it takes the inbox in the order it was posted.
-func (d *Prefill) run() {
-	defer close(d.done)
-	for {
-		select {
-		case <-d.stop:
-			return
-		case <-d.wake:
-		}
-		d.mu.Lock()
-		evs := d.inbox
-		d.inbox = nil
-		d.mu.Unlock()
-		for _, ev := range evs {
-			ev()
-		}
 	}
 }
 

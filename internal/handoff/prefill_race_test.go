@@ -136,9 +136,7 @@ func (f *prefillFixture) hold() func() {
 func (f *prefillFixture) queued(t *testing.T, n int) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		f.d.mu.Lock()
-		got := len(f.d.inbox)
-		f.d.mu.Unlock()
+		got := f.d.queued()
 		if got >= n {
 			return
 		}

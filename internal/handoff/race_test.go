@@ -108,7 +108,7 @@ func (f *fixture) request() *scheduler.Request {
 }
 
 func (f *fixture) reservation() *reservation {
-	res, _ := call(f.d, func(answer func(*reservation)) { answer(f.d.rooms[roomKey(f.res.Key.Room, f.res.Key.Epoch)]) })
+	res, _ := call(&f.d.inbox, func(answer func(*reservation)) { answer(f.d.rooms[roomKey(f.res.Key.Room, f.res.Key.Epoch)]) })
 	return res
 }
 
