@@ -315,14 +315,20 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *open
 	return b, nil
 }
 
+// firstBodyAlloc bounds readAll's first buffer (see there).
+const firstBodyAlloc = 1 << 20
+
 // readAll reads a body whose declared length (at most maxBodyBytes,
-// checked before) sizes the buffer once: io.ReadAll's doubling would
-// allocate twice a large body's size on its way.
+// checked before) sizes the buffer: io.ReadAll's doubling would allocate
+// twice a large body's size on its way. The first allocation is at most
+// firstBodyAlloc, since a header costs a client nothing: a declared 32 MiB
+// that never arrives must not hold 32 MiB; a body that does arrive grows
+// the buffer to its declared size.
 func readAll(r io.Reader, declared int64) ([]byte, error) {
 	if declared <= 0 {
 		return io.ReadAll(r)
 	}
-	b := make([]byte, 0, declared+1)
+	b := make([]byte, 0, min(declared, firstBodyAlloc)+1)
 	for {
 		n, err := r.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
@@ -333,6 +339,11 @@ func readAll(r io.Reader, declared int64) ([]byte, error) {
 			return b, err
 		}
 		if len(b) == cap(b) {
+			if int64(cap(b)) <= declared {
+				// The body is arriving: room for all it declared.
+				b = append(make([]byte, 0, declared+1), b...)
+				continue
+			}
 			// Longer than declared, which net/http's server never hands
 			// over (it stops at Content-Length); a reader that does is
 			// read to its end all the same.
