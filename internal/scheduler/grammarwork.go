@@ -167,10 +167,10 @@ func (e *Engine) takeMask(r *Request, deadline time.Time) (mask []uint64, ready 
 	g := &r.grammar
 	j := g.job
 	if j == nil {
-		// Never asked for (a request that joined without being planned):
-		// ask now and come back.
-		e.askMask(r)
-		return nil, false, nil
+		// prepare asks for every running constrained request's mask
+		// before the step that samples it: a draw with none asked for
+		// is a bug in the loop, not a mask to wait for.
+		return nil, false, errors.New("scheduler: a constrained draw with no mask asked for")
 	}
 	select {
 	case <-j.done:

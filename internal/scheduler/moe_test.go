@@ -33,11 +33,19 @@ func TestEngineMoEGreedyUnderBatching(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		prompt := []int32{1, 34, 200, 17, 99, 5, 310, 42, 8}
-		const steps = 12
-		want, err := l.Model.GreedyDecode(prompt, steps, 16, 512, 0)
-		if err != nil {
-			t.Fatal(err)
+		// Each request has a prompt of its own, so rows of different
+		// requests route to different experts in one step: a gather or
+		// scatter that mixed rows up would hand one request another's.
+		const steps, requests = 12, 8
+		prompts := make([][]int32, requests)
+		wants := make([][]model.Sampled, requests)
+		for i := range prompts {
+			prompts[i] = []int32{1, 34 + int32(i), 200, 17 + 3*int32(i), 99, 5, 310 - int32(i), 42, 8}
+			want, err := l.Model.GreedyDecode(prompts[i], steps, 16, 512, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wants[i] = want
 		}
 		for _, tc := range []struct{ page, chunk int }{{16, 512}, {4, 2}} {
 			c := l.Model.Config
@@ -51,11 +59,12 @@ func TestEngineMoEGreedyUnderBatching(t *testing.T) {
 			go func() { e.Run(ctx); close(done) }()
 			what := fmt.Sprintf("%s page %d chunk %d", c.Arch, tc.page, tc.chunk)
 			var wg sync.WaitGroup
-			for range 8 {
+			for i := range requests {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					r := NewRequest("r", prompt, Params{MaxTokens: steps})
+					want := wants[i]
+					r := NewRequest("r", prompts[i], Params{MaxTokens: steps})
 					if err := e.Submit(r); err != nil {
 						t.Error(err)
 						return

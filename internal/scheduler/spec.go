@@ -99,7 +99,7 @@ func (e *Engine) speculates(r *Request) bool {
 		return false
 	}
 	return e.cfg.Spec.draftLen() > 0 && r.life.State() == StateDecoding &&
-		r.Params.Constraint.Kind == "" && s.PresencePenalty == 0 && s.FrequencyPenalty == 0 &&
+		!constrained(r) && s.PresencePenalty == 0 && s.FrequencyPenalty == 0 &&
 		(s.RepetitionPenalty == 0 || s.RepetitionPenalty == 1) && r.generated >= r.Params.MinTokens
 }
 
