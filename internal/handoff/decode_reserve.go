@@ -47,8 +47,7 @@ func (d *Decode) reserve(peer, id, writer string, prompt []int32, params request
 		return Reservation{}, err
 	}
 	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch, Cap: transfer.NewCapability()}
-	ps := d.o.Pool.PageSize()
-	res := &reservation{r: r, key: key, writer: writer, prompt: r.Pages()[:(len(prompt)+ps-1)/ps], peer: peer, held: held}
+	res := &reservation{r: r, key: key, writer: writer, prompt: r.Pages()[:d.o.Pool.PagesFor(len(prompt))], peer: peer, held: held}
 	res.lease = &lease{r: r, cap: key.Cap, prompt: res.prompt}
 	d.o.Metrics.ReservationsTotal.Inc()
 	d.o.Metrics.ReservationsActive.Inc()
@@ -58,7 +57,7 @@ func (d *Decode) reserve(peer, id, writer string, prompt []int32, params request
 	d.leases.add(k, res.lease)
 	res.timer = d.after(d.o.HandoffTimeout, res, func() { d.timeout(res) })
 	d.o.Log.Info("reserved", "request_id", id, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
-	return Reservation{Key: key, Pages: res.prompt, HeldTokens: len(r.Held()) * ps}, nil
+	return Reservation{Key: key, Pages: res.prompt, HeldTokens: len(r.Held()) * d.o.Pool.PageSize()}, nil
 }
 
 // timeout aborts a reservation whose Commit did not come in time.
