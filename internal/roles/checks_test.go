@@ -460,3 +460,38 @@ func TestFrameOwnerTagChecked(t *testing.T) {
 		}
 	}
 }
+
+// A frame whose token count is not its page's (3 tokens into a full
+// 4-token prompt page) is refused when it lands, counted under
+// reason=bad_count, and writes nothing: without the check, only Commit's
+// coverage would notice, later and under another name.
+func TestFrameTokenCountChecked(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 512)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "short", Prompt: longPrompt(want, 13), Sampling: &pdv1.SamplingParams{MaxTokens: 2},
+		Layout: p.layout, Writer: p.prefillAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := res.Pages[0]
+	before := pageContents(t, p.dPool, page, 4)
+	sess := openSession(t, ctx, res)
+	if err := sess.Write(transfer.PageWrite{Index: 0, Page: page, Tokens: 3, Data: ones(p.dPool, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.Flush(ctx); err == nil {
+		t.Fatal("a 3-token frame into a full 4-token prompt page was accepted")
+	}
+	if got := pageContents(t, p.dPool, page, 4); !bytes.Equal(got, before) {
+		t.Fatal("the refused frame changed the page's bytes")
+	}
+	if n := labelled(t, p.dm, "baton_handoff_failures_total", "reason", "bad_count"); n != 1 {
+		t.Fatalf("the frame was counted %v times under reason=bad_count, want 1", n)
+	}
+	_ = sess.Close()
+	if _, err := p.dc.Abort(ctx, &pdv1.AbortRequest{Room: res.Room, Epoch: res.Epoch, Reason: "test over", Capability: res.Capability}); err != nil {
+		t.Fatal(err)
+	}
+}
