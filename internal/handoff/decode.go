@@ -85,8 +85,9 @@ type Writers interface {
 // which the transport's goroutines share.
 type reservation struct {
 	r      *scheduler.Request
-	key    transfer.Key // with the capability; the bound session is the lease's
-	writer string       // prefill gRPC address
+	ho     *scheduler.Handover // the request's moves until it is enqueued
+	key    transfer.Key        // with the capability; the bound session is the lease's
+	writer string              // prefill gRPC address
 	prompt []int32
 	peer   string // who reserved it, for the per-peer bounds
 	held   int    // pages it counts against its peer
@@ -95,11 +96,12 @@ type reservation struct {
 	firstByte time.Time
 	abortedAt time.Time
 	reader    bool // a Stream took the reservation's events
-	joined    bool // Commit put it into the batch: the handoff timer no longer counts
+	joined    bool // Commit put it into the batch: the engine owns it, the handoff timer no longer counts
 	timer     *time.Timer
 
-	// busy: a call for it waits on the engine loop; its next events wait
-	// in pending, so that its moves happen in the order they were posted.
+	// busy: a call for it waits (the checks, the engine loop); its next
+	// events wait in pending, so that its moves happen in the order they
+	// were posted.
 	busy    bool
 	pending []func()
 }
@@ -154,7 +156,7 @@ func (d *Decode) on(res *reservation, ev func()) {
 	ev()
 }
 
-// await runs slow (a call that waits on the engine loop or a peer) on a
+// await runs slow (checks, or a call that waits on the engine loop) on a
 // goroutine of its own, then then on the desk. Until then, res takes no
 // other event: they wait in its pending list, in their order.
 func (d *Decode) await(res *reservation, slow func(), then func()) {
@@ -189,7 +191,8 @@ func (d *Decode) Busy() bool {
 
 // ended is posted once, by the move that ends a reservation's request (a
 // terminal state: its pages are released and no writer holds them), from
-// whichever goroutine made it (the engine loop, mostly): the request no
+// whichever goroutine made it (the desk, or the engine loop for a request
+// in the batch): the request no
 // longer counts against the worker or its peer. It runs at once even while
 // res waits on the engine, since it moves nothing.
 func (d *Decode) ended(res *reservation) {

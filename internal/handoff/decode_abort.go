@@ -58,45 +58,49 @@ func (d *Decode) drainedEvent(room, epoch uint64, capability []byte, writer stri
 			answer(struct{}{})
 			return
 		}
-		d.on(res, func() { d.writerGone(res, true, "", func() { answer(struct{}{}) }) })
+		d.on(res, func() {
+			d.writerGone(res, true, "")
+			answer(struct{}{})
+		})
 	}
 }
 
-// abort ends a reservation's request wherever it is, through the engine
-// loop (the only goroutine that moves a request it may run, or touches its
-// pages), and then tells done whether it did. A request that had not
-// joined the batch is left Draining while its writer holds the prompt
-// pages: the writer is told to stop, and the pages stay quarantined until
-// it says Drained or its session is proven closed.
+// abort ends a reservation's request wherever it is, and then tells done
+// whether it did. One in the batch is the engine's to end (its loop is the
+// only goroutine that moves a request it may run, or touches its pages).
+// One that had not joined is ended here, and left Draining while its
+// writer holds the prompt pages: the writer is told to stop, and the pages
+// stay quarantined until it says Drained or its session is proven closed.
 func (d *Decode) abort(res *reservation, why string, done func(bool)) {
 	if res.abortedAt.IsZero() {
 		res.abortedAt = time.Now()
 	}
 	res.timer.Stop()
-	var ok bool
-	d.await(res, func() { ok = d.o.Engine.Abort(res.r, why) }, func() {
-		if !ok {
-			done(false)
-			return
-		}
-		if res.r.State() != scheduler.StateDraining {
-			done(true) // freed by the engine: committed, or the writer was proven gone
-			return
-		}
-		d.o.Log.Info("aborted before decode", "request_id", res.r.ID, "room", res.key.Room, "why", why)
-		landed := !res.firstByte.IsZero()
-		if !res.lease.isBound() || (!landed && !d.oneSided) {
-			// No session was ever admitted for this reservation, so no
-			// writer was given its pages; or, where the receiver writes
-			// the pages itself, none of the admitted session's frames
-			// landed. Either way the request is Draining now, every
-			// admission and write is refused from here on, and nothing
-			// can land, whether or not the writer is still reachable.
-			d.writerGone(res, false, "no write landed and none is admitted from now on", func() { d.drain(res, why, landed, done) })
-			return
-		}
-		d.drain(res, why, landed, done)
-	})
+	if res.joined {
+		var ok bool
+		d.await(res, func() { ok = d.o.Engine.Abort(res.r, why) }, func() { done(ok) })
+		return
+	}
+	if !res.ho.End(why, nil) {
+		done(false)
+		return
+	}
+	if res.r.State() != scheduler.StateDraining {
+		done(true) // nothing held it: the writer was proven gone, or had let go
+		return
+	}
+	d.o.Log.Info("aborted before decode", "request_id", res.r.ID, "room", res.key.Room, "why", why)
+	landed := !res.firstByte.IsZero()
+	if !res.lease.isBound() || (!landed && !d.oneSided) {
+		// No session was ever admitted for this reservation, so no
+		// writer was given its pages; or, where the receiver writes
+		// the pages itself, none of the admitted session's frames
+		// landed. Either way the request is Draining now, every
+		// admission and write is refused from here on, and nothing
+		// can land, whether or not the writer is still reachable.
+		d.writerGone(res, false, "no write landed and none is admitted from now on")
+	}
+	d.drain(res, why, landed, done)
 }
 
 // drain waits for the writer of an aborted reservation that still holds
@@ -117,7 +121,7 @@ func (d *Decode) drain(res *reservation, why string, landed bool, done func(bool
 	}
 	if writerHolds(res) {
 		d.o.Guards.DrainWait(func() { d.tellWriter(res, why) }, func(proof string) {
-			d.post(func() { d.on(res, func() { d.writerGone(res, false, proof, func() {}) }) })
+			d.post(func() { d.on(res, func() { d.writerGone(res, false, proof) }) })
 		})
 	}
 	done(true)
@@ -139,29 +143,25 @@ func (d *Decode) sessionKey(res *reservation) transfer.Key {
 
 // waitForDrain is the drain_wait check (DecodeGuards.DrainWait): the
 // writer is told to stop, and the pages stay quarantined until it answers
-// Drained or its session is proven closed. The quarantine is the engine's
+// Drained or its session is proven closed. The quarantine is the pool's
 // and ends only through writerGone, the release the guard is handed and
 // never calls.
 func waitForDrain(tell func(), _ func(proof string)) { go tell() }
 
-// writerGone tells the engine that res's writer let go of its prompt
-// pages (drained: its word; else a transport's proof), then runs done.
-func (d *Decode) writerGone(res *reservation, drained bool, proof string, done func()) {
-	var ok bool
-	d.await(res, func() { ok = d.o.Engine.WriterGone(res.r, drained, proof) }, func() {
-		defer done()
-		if !ok {
-			kind := "drained"
-			if !drained {
-				kind = "closed"
-			}
-			d.o.Metrics.LateDropped.WithLabelValues(kind).Inc()
-			return
+// writerGone records that res's writer let go of its prompt pages
+// (drained: its word; else a transport's proof).
+func (d *Decode) writerGone(res *reservation, drained bool, proof string) {
+	if !res.ho.WriterGone(drained, proof) {
+		kind := "drained"
+		if !drained {
+			kind = "closed"
 		}
-		if !res.abortedAt.IsZero() && res.r.State() == scheduler.StateAborted {
-			d.o.Metrics.DrainWait.Observe(time.Since(res.abortedAt).Seconds())
-		}
-	})
+		d.o.Metrics.LateDropped.WithLabelValues(kind).Inc()
+		return
+	}
+	if !res.abortedAt.IsZero() && res.r.State() == scheduler.StateAborted {
+		d.o.Metrics.DrainWait.Observe(time.Since(res.abortedAt).Seconds())
+	}
 }
 
 // tellWriter asks the prefill worker writing res to stop; it answers with

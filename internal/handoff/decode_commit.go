@@ -45,8 +45,8 @@ func (d *Decode) commitEvent(ctx context.Context, c Commit) func(answer func(err
 }
 
 // commit runs on the desk in three turns: the lease revoked and the
-// engine told (no write lands from here on), the checks on a goroutine of
-// their own, then the batch or the failure.
+// request Verifying (no write lands from here on), the checks on a
+// goroutine of their own, then the batch or the failure.
 func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 	key := roomKey(c.Room, c.Epoch)
 	res := d.find("Commit", c.Room, c.Epoch, c.Capability)
@@ -65,20 +65,18 @@ func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 	d.on(res, func() {
 		first := res.firstByte
 		res.lease.revoke()
+		if err := res.ho.CommitArrived(); err != nil {
+			d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+			answer(refuse(Precondition, "reservation %s is %s; commit dropped", key, res.r.State()))
+			return
+		}
+		// The checks read the pages: the request takes no other event (an
+		// abort, the timer) until they end, so its pages are not released
+		// under them.
+		var reason string
 		var err error
-		d.await(res, func() { err = d.o.Engine.CommitArrived(res.r) }, func() {
-			if err != nil {
-				d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
-				answer(refuse(Precondition, "reservation %s is %s; commit dropped", key, res.r.State()))
-				return
-			}
-			// The checks read the pages: the request takes no other
-			// event (an abort, the timer) until they end, so its pages
-			// are not released under them.
-			var reason string
-			d.await(res, func() { reason, err = d.check(ctx, res, c) }, func() {
-				d.verified(res, c, first, reason, err, answer)
-			})
+		d.await(res, func() { reason, err = d.check(ctx, res, c) }, func() {
+			d.verified(res, c, first, reason, err, answer)
 		})
 	})
 }
@@ -110,10 +108,8 @@ func (d *Decode) verified(res *reservation, c Commit, first time.Time, reason st
 	if err != nil {
 		d.o.Metrics.HandoffFailures.WithLabelValues(reason).Inc()
 		d.o.Log.Warn("commit refused", "request_id", res.r.ID, "room", key.Room, "check", reason, "err", err)
-		fail := fmt.Errorf("KV handoff failed the %s check: %w", reason, err)
-		d.await(res, func() { d.o.Engine.Fail(res.r, fail) }, func() {
-			answer(refuse(Precondition, "commit refused by the %s check: %v", reason, err))
-		})
+		res.ho.End(reason, fmt.Errorf("KV handoff failed the %s check: %w", reason, err))
+		answer(refuse(Precondition, "commit refused by the %s check: %v", reason, err))
 		return
 	}
 	if res.r.Params.PromptLogprobs && c.PromptLogprobs != nil {
@@ -122,10 +118,16 @@ func (d *Decode) verified(res *reservation, c Commit, first time.Time, reason st
 	// Reported, never trusted: the pages were shipped and checked like the
 	// rest; the count only goes into the client's usage.
 	res.r.SetCachedTokens(min(c.CachedTokens, len(res.r.Prompt)))
-	var joinErr error
-	d.await(res, func() { joinErr = d.o.Engine.Join(res.r, *c.FirstToken) }, func() {
+	joinErr := res.ho.Verified(*c.FirstToken)
+	if joinErr != nil {
+		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+		answer(refuse(Precondition, "reservation %s: %v", key, joinErr))
+		return
+	}
+	d.await(res, func() { joinErr = d.o.Engine.Enqueue(res.r) }, func() {
 		if joinErr != nil {
-			// An abort ended it while its pages were checked.
+			// The engine stopped, or an abort ended it first.
+			res.ho.End("the engine did not take the request: "+joinErr.Error(), joinErr)
 			d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 			answer(refuse(Precondition, "reservation %s: %v", key, joinErr))
 			return

@@ -219,7 +219,7 @@ func (d *Decode) Closed(k transfer.Key, proof string) { d.post(d.closedEvent(k, 
 func (d *Decode) closedEvent(k transfer.Key, proof string) func() {
 	return func() {
 		if res := d.findSession("transfer", k); res != nil {
-			d.on(res, func() { d.writerGone(res, false, proof, func() {}) })
+			d.on(res, func() { d.writerGone(res, false, proof) })
 		}
 	}
 }

@@ -41,13 +41,14 @@ func (d *Decode) reserve(peer, id, writer string, prompt []int32, params request
 		d.o.Log.Warn("reserve refused: the caller holds its share of the pool", "request_id", id, "peer", peer)
 		return Reservation{}, refuse(Exhausted, "too many reservations held by this caller")
 	}
-	if err := d.o.Engine.Reserve(r); err != nil {
+	ho, err := d.o.Engine.Reserve(r)
+	if err != nil {
 		d.releasePeer(peer, held)
 		d.o.Log.Info("reserve refused", "request_id", id, "err", err)
 		return Reservation{}, err
 	}
 	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch, Cap: transfer.NewCapability()}
-	res := &reservation{r: r, key: key, writer: writer, prompt: r.Pages()[:d.o.Pool.PagesFor(len(prompt))], peer: peer, held: held}
+	res := &reservation{r: r, ho: ho, key: key, writer: writer, prompt: r.Pages()[:d.o.Pool.PagesFor(len(prompt))], peer: peer, held: held}
 	res.lease = &lease{r: r, cap: key.Cap, prompt: res.prompt}
 	d.o.Metrics.ReservationsTotal.Inc()
 	d.o.Metrics.ReservationsActive.Inc()

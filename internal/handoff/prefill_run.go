@@ -38,7 +38,7 @@ func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, 
 	d.o.Metrics.TransferSessions.Inc()
 	ship := newShipper(t, d.o.Pool.PageSize(), len(prompt), sess)
 	r.OnChunk = ship.onChunk
-	if err := d.o.Engine.Submit(r); err != nil {
+	if err := d.o.Engine.Enqueue(r); err != nil {
 		_ = sess.Close()
 		_ = ship.finish()
 		d.drained(id, t.DecodeAddr, key)

@@ -11,7 +11,7 @@ import (
 func generate(t *testing.T, e *Engine, prompt []int32, p Params) ([]int32, string) {
 	t.Helper()
 	r := NewRequest("r", prompt, p)
-	if err := e.Submit(r); err != nil {
+	if err := e.Enqueue(r); err != nil {
 		t.Fatal(err)
 	}
 	toks, fin := collect(t, r)
@@ -112,10 +112,10 @@ func TestEnginePromptLogprobs(t *testing.T) {
 		// must not be mistaken for the other's.
 		plain := NewRequest("p", want.PromptIDs, Params{MaxTokens: 12})
 		r := NewRequest("r", prompt, Params{MaxTokens: 1, PromptLogprobs: true, Sampling: model.Sampling{TopLogprobs: 2}})
-		if err := e.Submit(plain); err != nil {
+		if err := e.Enqueue(plain); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Submit(r); err != nil {
+		if err := e.Enqueue(r); err != nil {
 			t.Fatal(err)
 		}
 		ev, _ := r.Next(t.Context())
@@ -140,7 +140,7 @@ func TestEnginePromptLogprobs(t *testing.T) {
 	// Without the flag, nothing.
 	e, _ := newEngine(t, 16, 300, 512)
 	r := NewRequest("r", prompt, Params{MaxTokens: 1})
-	if err := e.Submit(r); err != nil {
+	if err := e.Enqueue(r); err != nil {
 		t.Fatal(err)
 	}
 	if ev, _ := r.Next(t.Context()); ev.Prompt != nil {

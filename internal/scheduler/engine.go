@@ -161,12 +161,21 @@ func (e *Engine) Pool() *kvpool.Pool { return e.pool }
 // Config is the engine's effective configuration.
 func (e *Engine) Config() Config { return e.cfg }
 
-// Submit checks a standalone or prefill request at the door. A refused
-// request moves to Rejected and allocates nothing; an accepted one waits for
-// admission.
-func (e *Engine) Submit(r *Request) error {
-	if r.life.Role() != e.cfg.Role || e.cfg.Role == RoleDecode {
-		return fmt.Errorf("scheduler: a %s engine cannot take a %s request through Submit", e.cfg.Role, r.life.Role())
+// Enqueue is the engine's one entry. A standalone or prefill request is
+// checked at the door: a refused one moves to Rejected and allocates
+// nothing, an accepted one waits for admission. A decode request comes in
+// verified (its Handover's checks passed: Verifying, with prefill's first
+// token) and joins the batch with the pages Reserve set aside; an error
+// means it had ended, or the engine has stopped.
+func (e *Engine) Enqueue(r *Request) error {
+	if r.life.Role() != e.cfg.Role {
+		return fmt.Errorf("scheduler: a %s engine cannot take a %s request", e.cfg.Role, r.life.Role())
+	}
+	if e.cfg.Role == RoleDecode {
+		if r.eng != e {
+			return fmt.Errorf("scheduler: decode request %s was not reserved on this engine", r.ID)
+		}
+		return e.call(message{kind: msgEnqueue, r: r}).err
 	}
 	if rej := door(e, r); rej != nil {
 		return e.reject(r, rej)
@@ -190,7 +199,7 @@ func (e *Engine) Submit(r *Request) error {
 	return nil
 }
 
-// CheckDoor runs Submit's door checks without queueing r, so a worker can
+// CheckDoor runs Enqueue's door checks without queueing r, so a worker can
 // refuse a request before it opens anything on its behalf (a transport
 // session). A refused request is moved to Rejected.
 func (e *Engine) CheckDoor(r *Request) error {
@@ -211,15 +220,17 @@ func (e *Engine) reject(r *Request, rej *RejectError) error {
 }
 
 // Reserve is a decode worker's door: it checks a handed-over request like
-// Submit does, then allocates pages for its whole sequence and names writer
+// Enqueue does, then allocates pages for its whole sequence and names writer
 // as the second owner of the prompt's pages. A refusal is terminal and
-// allocates nothing.
-func (e *Engine) Reserve(r *Request) error {
+// allocates nothing. The Handover it returns makes the request's moves
+// until its Commit is verified and it comes back through Enqueue: until
+// then the loop does not see it.
+func (e *Engine) Reserve(r *Request) (*Handover, error) {
 	if e.cfg.Role != RoleDecode || r.life.Role() != RoleDecode {
-		return fmt.Errorf("scheduler: Reserve is for decode requests on a decode engine")
+		return nil, fmt.Errorf("scheduler: Reserve is for decode requests on a decode engine")
 	}
 	if rej := door(e, r); rej != nil {
-		return e.reject(r, rej)
+		return nil, e.reject(r, rej)
 	}
 	e.mu.Lock()
 	e.nextRoom++
@@ -227,27 +238,27 @@ func (e *Engine) Reserve(r *Request) error {
 	e.mu.Unlock()
 	a, held, err := e.reservePages(r, room)
 	if err != nil {
-		return e.reject(r, &RejectError{Status: 503, Reason: "no_space", RetryAfter: 1,
+		return nil, e.reject(r, &RejectError{Status: 503, Reason: "no_space", RetryAfter: 1,
 			Message: fmt.Sprintf("no room for %d tokens in the KV pool now; retry later", e.maxSeqLen(r))})
 	}
 	// The writer gets the prompt pages decode does not hold already.
 	prompt := a.Pages[len(held):e.pool.PagesFor(len(r.Prompt))]
 	if err := e.pool.AttachWriter(a.Owner, prompt); err != nil {
 		_ = e.pool.Release(a.Owner, a.Pages)
-		return err
+		return nil, err
 	}
 	if err := r.life.To(StateReserved, ""); err != nil {
 		e.must(r, err)
 		_ = e.pool.WriterClosed(a.Owner, prompt, "reservation never handed out")
 		_ = e.pool.Release(a.Owner, a.Pages)
-		return err
+		return nil, err
 	}
 	r.room, r.owner, r.pages, r.promptPages, r.held, r.eng = room, a.Owner, a.Pages, prompt, held, e
 	e.poolGauges()
-	return nil
+	return &Handover{r: r, e: e}, nil
 }
 
-// door is every entry's check in Received: Submit, CheckDoor and Reserve
+// door is every entry's check in Received: Enqueue, CheckDoor and Reserve
 // all call it, so a request is judged by one rule whichever way it came
 // in.
 func door(e *Engine, r *Request) *RejectError { return e.cfg.Guards.Door(e, r) }
@@ -667,31 +678,18 @@ func (e *Engine) tearDown(r *Request, why string) bool {
 		e.must(r, err)
 		return false
 	}
-	e.releaseAborting(r, from, why)
+	e.releaseAborting(r, why)
 	return true
 }
 
-// releaseAborting is the rest of a teardown once r is Aborting; from is
-// the state it left, which says whether a writer still holds its prompt
-// pages (State.WriterHolds).
-func (e *Engine) releaseAborting(r *Request, from State, why string) {
-	owner, prompt := r.owner, r.promptPages
+// releaseAborting is the rest of a teardown once r is Aborting. A
+// standalone request, or a decode request in the batch (its writer let go
+// at Commit), is then Aborted; a prefill request stays Aborting until its
+// worker has closed the session.
+func (e *Engine) releaseAborting(r *Request, why string) {
 	e.release(r)
-	switch r.life.Role() {
-	case RoleStandalone:
+	if r.life.Role() != RolePrefill {
 		e.must(r, r.life.To(StateAborted, why))
-	case RoleDecode:
-		switch {
-		case from == StateLanded:
-			// The writer's session was proven closed before Commit: nothing
-			// more lands, so its hold ends with this abort, by that proof.
-			e.poolErr(r, e.pool.WriterClosed(owner, prompt, "the writer's session closed before the abort"))
-			e.must(r, r.life.To(StateAborted, why))
-		case from.WriterHolds():
-			e.must(r, r.life.To(StateDraining, why))
-		default:
-			e.must(r, r.life.To(StateAborted, why))
-		}
 	}
 }
 
@@ -714,7 +712,7 @@ func (e *Engine) poolErr(r *Request, err error) {
 }
 
 // release gives r's pages back; pages a writer still holds wait in
-// quarantine until WriterGone.
+// quarantine until the writer lets go (Handover.WriterGone).
 func (e *Engine) release(r *Request) {
 	e.drafter.drop(r)
 	if r.pages == nil {

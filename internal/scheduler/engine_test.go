@@ -103,7 +103,7 @@ func runReference(t *testing.T, e *Engine, n int, what string) {
 		go func() {
 			defer wg.Done()
 			r := NewRequest("r", want.PromptIDs, Params{MaxTokens: len(want.GeneratedIDs), Sampling: model.Sampling{TopLogprobs: 5}})
-			if err := e.Submit(r); err != nil {
+			if err := e.Enqueue(r); err != nil {
 				t.Error(err)
 				return
 			}
@@ -158,7 +158,7 @@ func TestEngineRejectsAtTheDoorAllocatingNothing(t *testing.T) {
 		{[]int32{1, 9999}, 4},
 	} {
 		r := NewRequest("x", tc.prompt, Params{MaxTokens: tc.max})
-		err := e.Submit(r)
+		err := e.Enqueue(r)
 		rej, ok := err.(*RejectError)
 		if !ok || rej.Status != 400 {
 			t.Fatalf("prompt %d max %d: got %v, want a 400 reject", len(tc.prompt), tc.max, err)
@@ -179,7 +179,7 @@ func TestEngineQueuesWhatFitsLater(t *testing.T) {
 	var reqs []*Request
 	for i := 0; i < 3; i++ {
 		r := NewRequest("q", want.PromptIDs, Params{MaxTokens: 40})
-		if err := e.Submit(r); err != nil {
+		if err := e.Enqueue(r); err != nil {
 			t.Fatal(err)
 		}
 		reqs = append(reqs, r)
@@ -199,7 +199,7 @@ func TestEngineCancelFreesPages(t *testing.T) {
 	want := loadRef(t)
 	e, _ := newEngine(t, 16, 64, 64)
 	r := NewRequest("c", want.PromptIDs, Params{})
-	if err := e.Submit(r); err != nil {
+	if err := e.Enqueue(r); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -243,7 +243,7 @@ func TestEnginePreemptedRequestsResumeExactly(t *testing.T) {
 	var reqs []*Request
 	for i := 0; i < 3; i++ {
 		r := NewRequest("p", want.PromptIDs, Params{MaxTokens: 40})
-		if err := e.Submit(r); err != nil {
+		if err := e.Enqueue(r); err != nil {
 			t.Fatal(err)
 		}
 		reqs = append(reqs, r)
@@ -300,7 +300,7 @@ func manualEngine(t *testing.T) (*Engine, *metrics.Set) {
 func startManual(t *testing.T, e *Engine) *Request {
 	t.Helper()
 	r := NewRequest("m", loadRef(t).PromptIDs, Params{MaxTokens: 8})
-	if err := e.Submit(r); err != nil {
+	if err := e.Enqueue(r); err != nil {
 		t.Fatal(err)
 	}
 	e.takeInbox()
@@ -374,11 +374,11 @@ func TestQueueFullIs429(t *testing.T) {
 	}
 	// The loop is not started, so the first request stays queued.
 	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 1, MaxQueue: 1}, metrics.New("standalone"))
-	if err := e.Submit(NewRequest("a", []int32{1, 2, 3}, Params{MaxTokens: 2})); err != nil {
+	if err := e.Enqueue(NewRequest("a", []int32{1, 2, 3}, Params{MaxTokens: 2})); err != nil {
 		t.Fatal(err)
 	}
 	r := NewRequest("b", []int32{1, 2, 3}, Params{MaxTokens: 2})
-	err = e.Submit(r)
+	err = e.Enqueue(r)
 	var rej *RejectError
 	if !errors.As(err, &rej) || rej.Status != 429 || rej.Reason != "queue_full" || rej.RetryAfter < 1 {
 		t.Fatalf("got %v (%+v), want a 429 queue_full with Retry-After", err, rej)
@@ -428,7 +428,7 @@ func TestSeededDrawsAreTheSameInABatch(t *testing.T) {
 	}
 	run := func(rs ...*Request) [][]model.Sampled {
 		for _, r := range rs {
-			if err := e.Submit(r); err != nil {
+			if err := e.Enqueue(r); err != nil {
 				t.Fatal(err)
 			}
 		}

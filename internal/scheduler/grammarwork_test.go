@@ -103,7 +103,7 @@ func finalEvent(t *testing.T, r *Request, d time.Duration) (Event, []int32) {
 func TestConstraintAdmittingNoTokenIs400(t *testing.T) {
 	e, ms := constrainedEngine(t, func() *testMatcher { return &testMatcher{vocab: 512, fill: func([]uint64) {}} }, 0)
 	r := NewRequest("none", loadRef(t).PromptIDs, Params{MaxTokens: 8, Constraint: someConstraint})
-	if err := e.Submit(r); err != nil {
+	if err := e.Enqueue(r); err != nil {
 		t.Fatal(err)
 	}
 	ev, ids := finalEvent(t, r, 10*time.Second)
@@ -131,7 +131,7 @@ func TestSlowMaskDoesNotHoldTheBatch(t *testing.T) {
 	}, 0)
 	want := loadRef(t)
 	held := NewRequest("held", want.PromptIDs, Params{MaxTokens: len(want.GeneratedIDs), Constraint: someConstraint})
-	if err := e.Submit(held); err != nil {
+	if err := e.Enqueue(held); err != nil {
 		t.Fatal(err)
 	}
 	var opened sync.Once
@@ -139,7 +139,7 @@ func TestSlowMaskDoesNotHoldTheBatch(t *testing.T) {
 	t.Cleanup(open) // before the engine's own cleanup: a loop stuck in the mask would never stop
 	<-inFill        // its first mask is being made, and will not end until the gate opens
 	victim := NewRequest("victim", want.PromptIDs, Params{MaxTokens: len(want.GeneratedIDs)})
-	if err := e.Submit(victim); err != nil {
+	if err := e.Enqueue(victim); err != nil {
 		t.Fatal(err)
 	}
 	ev, got := finalEvent(t, victim, 20*time.Second)
@@ -166,7 +166,7 @@ func TestLateMasksKeepTheReference(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 4 {
 		r := NewRequest("late", want.PromptIDs, Params{MaxTokens: len(want.GeneratedIDs), Constraint: someConstraint})
-		if err := e.Submit(r); err != nil {
+		if err := e.Enqueue(r); err != nil {
 			t.Fatal(err)
 		}
 		wg.Add(1)
@@ -188,7 +188,7 @@ func TestLateMasksKeepTheReference(t *testing.T) {
 func TestMaskWorkPastTheBudgetIs400(t *testing.T) {
 	e, ms := constrainedEngine(t, func() *testMatcher { return &testMatcher{vocab: 512, spin: 40 * time.Millisecond} }, 50*time.Millisecond)
 	r := NewRequest("costly", loadRef(t).PromptIDs, Params{MaxTokens: 40, Constraint: someConstraint, IgnoreEOS: true})
-	if err := e.Submit(r); err != nil {
+	if err := e.Enqueue(r); err != nil {
 		t.Fatal(err)
 	}
 	ev, ids := finalEvent(t, r, 30*time.Second)

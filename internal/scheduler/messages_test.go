@@ -33,81 +33,97 @@ func decodeEngine(t *testing.T) (e *Engine, ms *metrics.Set, stop func()) {
 	return e, ms, stop
 }
 
-func reserve(t *testing.T, e *Engine, id string) *Request {
+func reserve(t *testing.T, e *Engine, id string) *Handover {
 	t.Helper()
 	r := NewRoleRequest(RoleDecode, id, loadRef(t).PromptIDs[:6], Params{MaxTokens: 4})
-	if err := e.Reserve(r); err != nil {
+	h, err := e.Reserve(r)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return r
+	return h
 }
 
-// The decode worker's messages, as the loop answers them: an abort leaves
-// the pages quarantined while the writer holds them (Draining) until its
-// word; a Drained before Commit ends the hold (Abandoned) and the request
-// waits for its abort; a session closed before Commit is Landed and an abort then frees
-// by that proof; a Commit ends the writer's hold (Drained, not a reclaim);
-// a stopped engine answers ErrStopped.
-func TestDecodeMessages(t *testing.T) {
+// A handed-over decode request's moves, as its Handover makes them: an
+// abort leaves the pages quarantined while the writer holds them
+// (Draining) until its word; a Drained before Commit ends the hold
+// (Abandoned) and the request waits for its abort; a session closed
+// before Commit is Landed and an abort then frees by that proof; a Commit
+// ends the writer's hold (Drained, not a reclaim); the loop does not end
+// a request it has not been given, and one enqueued unverified is
+// refused; a stopped engine answers ErrStopped.
+func TestHandover(t *testing.T) {
 	e, ms, stop := decodeEngine(t)
 	pool := e.Pool()
 
-	a := reserve(t, e, "abort")
+	ha := reserve(t, e, "abort")
+	a := ha.Request()
 	if !a.State().WriterHolds() {
 		t.Fatalf("reserved request in %s: the writer should hold its pages", a.State())
 	}
-	if !e.Abort(a, "test") || a.State() != StateDraining {
+	if e.Abort(a, "test") || a.State() != StateReserved {
+		t.Fatalf("the loop ended a request it was never given: state %s", a.State())
+	}
+	if !ha.End("test", nil) || a.State() != StateDraining {
 		t.Fatalf("abort of a reserved request: state %s, want Draining", a.State())
 	}
 	if st := pool.Stats(); st.Quarantined == 0 {
 		t.Fatal("an abort freed pages the writer still holds")
 	}
-	if e.Abort(a, "again") {
+	if ha.End("again", nil) {
 		t.Fatal("a second abort ended the request again")
 	}
-	if !e.WriterGone(a, true, "") || a.State() != StateAborted {
+	if !ha.WriterGone(true, "") || a.State() != StateAborted {
 		t.Fatalf("Drained of a draining request: state %s, want Aborted", a.State())
 	}
-	if e.WriterGone(a, true, "") {
+	if ha.WriterGone(true, "") {
 		t.Fatal("a late Drained was taken for a hold")
 	}
 
-	l := reserve(t, e, "landed")
+	hl := reserve(t, e, "landed")
+	l := hl.Request()
 	if err := l.Lifecycle().To(StateReceiving, ""); err != nil {
 		t.Fatal(err)
 	}
-	if !e.WriterGone(l, false, "session closed") || l.State() != StateLanded {
+	if !hl.WriterGone(false, "session closed") || l.State() != StateLanded {
 		t.Fatalf("close before Commit: state %s, want Landed", l.State())
 	}
 	before := pool.Stats()
-	if !e.Abort(l, "test") || l.State() != StateAborted {
+	if !hl.End("test", nil) || l.State() != StateAborted {
 		t.Fatalf("abort of a landed request: state %s, want Aborted", l.State())
 	}
 	if st := pool.Stats(); st.Reclaims != before.Reclaims+1 {
 		t.Fatalf("abort after the close proof: %d reclaims, want %d", st.Reclaims, before.Reclaims+1)
 	}
 
-	g := reserve(t, e, "abandoned")
-	if !e.WriterGone(g, true, "") || g.State() != StateAbandoned {
+	hg := reserve(t, e, "abandoned")
+	g := hg.Request()
+	if !hg.WriterGone(true, "") || g.State() != StateAbandoned {
 		t.Fatalf("Drained before Commit: state %s, want Abandoned", g.State())
 	}
-	if err := e.CommitArrived(g); err == nil {
+	if err := hg.CommitArrived(); err == nil {
 		t.Fatal("a Commit after the writer's Drained was taken")
 	}
-	if !e.Abort(g, "router gave up") || g.State() != StateAborted {
+	if !hg.End("router gave up", nil) || g.State() != StateAborted {
 		t.Fatalf("abort of an abandoned request: state %s, want Aborted", g.State())
 	}
 
-	c := reserve(t, e, "commit")
+	hc := reserve(t, e, "commit")
+	c := hc.Request()
+	if err := e.Enqueue(c); err == nil {
+		t.Fatal("the engine took a request whose Commit had not come")
+	}
 	before = pool.Stats()
-	if err := e.CommitArrived(c); err != nil || c.State() != StateVerifying || c.State().WriterHolds() {
+	if err := hc.CommitArrived(); err != nil || c.State() != StateVerifying || c.State().WriterHolds() {
 		t.Fatalf("commit: %v, state %s", err, c.State())
 	}
 	if st := pool.Stats(); st.Drains != before.Drains+1 || st.Reclaims != before.Reclaims {
 		t.Fatalf("commit: drains %d→%d, reclaims %d→%d; want one drain", before.Drains, st.Drains, before.Reclaims, st.Reclaims)
 	}
-	if err := e.CommitArrived(c); err == nil {
+	if err := hc.CommitArrived(); err == nil {
 		t.Fatal("a second Commit moved the request again")
+	}
+	if err := e.Enqueue(c); err == nil || c.State() != StateVerifying {
+		t.Fatalf("the engine took a request not yet verified: %v, state %s", err, c.State())
 	}
 	// The prompt's KV "landed" (zeros), so the read gate lets it decode.
 	for i, n := range []int{4, 2} {
@@ -115,8 +131,14 @@ func TestDecodeMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := e.Join(c, model.Sampled{TokenLogprob: model.TokenLogprob{ID: 5}}); err != nil {
+	if err := hc.Verified(model.Sampled{TokenLogprob: model.TokenLogprob{ID: 5}}); err != nil {
 		t.Fatal(err)
+	}
+	if err := e.Enqueue(c); err != nil {
+		t.Fatal(err)
+	}
+	if hc.End("too late", nil) {
+		t.Fatal("a Handover ended a request the engine had taken")
 	}
 	for {
 		ev, ok := c.Next(context.Background())
@@ -131,12 +153,18 @@ func TestDecodeMessages(t *testing.T) {
 		t.Fatalf("%v illegal moves", n)
 	}
 
-	s := reserve(t, e, "stopped")
-	stop()
-	if e.Abort(s, "after stop") {
-		t.Fatal("a stopped engine ended a request")
+	hs := reserve(t, e, "stopped")
+	if err := hs.CommitArrived(); err != nil {
+		t.Fatal(err)
 	}
-	if err := e.CommitArrived(s); !errors.Is(err, ErrStopped) {
-		t.Fatalf("Commit to a stopped engine: %v, want ErrStopped", err)
+	if err := hs.Verified(model.Sampled{}); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if err := e.Enqueue(hs.Request()); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Enqueue to a stopped engine: %v, want ErrStopped", err)
+	}
+	if !hs.End("engine stopped", nil) || hs.Request().State() != StateAborted {
+		t.Fatalf("a verified request the engine did not take: state %s, want Aborted", hs.Request().State())
 	}
 }

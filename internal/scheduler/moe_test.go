@@ -65,7 +65,7 @@ func TestEngineMoEGreedyUnderBatching(t *testing.T) {
 					defer wg.Done()
 					want := wants[i]
 					r := NewRequest("r", prompts[i], Params{MaxTokens: steps})
-					if err := e.Submit(r); err != nil {
+					if err := e.Enqueue(r); err != nil {
 						t.Error(err)
 						return
 					}

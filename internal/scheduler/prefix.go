@@ -173,5 +173,5 @@ func (e *Engine) shipCached(r *Request) {
 
 // SetCachedTokens tells a decode request how many of its prompt tokens its
 // prefill read from a prefix cache, to go out with the first token; call
-// it before Join.
+// it before Enqueue.
 func (r *Request) SetCachedTokens(n int) { r.cached = n }

@@ -30,7 +30,7 @@ func newCachedEngine(t *testing.T, pageSize, pages, chunk int) *Engine {
 func run(t *testing.T, e *Engine, prompt []int32, p Params) ([]model.Sampled, int) {
 	t.Helper()
 	r := NewRequest("r", prompt, p)
-	if err := e.Submit(r); err != nil {
+	if err := e.Enqueue(r); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -195,7 +195,7 @@ func TestPrefixCacheWaitsForPrefixInFlight(t *testing.T) {
 			p.Tenant = prefixcache.TenantSalt(prefixcache.ScopeKey, "bob", "")
 		}
 		r := NewRequest("r", want.PromptIDs, p)
-		if err := e.Submit(r); err != nil {
+		if err := e.Enqueue(r); err != nil {
 			t.Fatal(err)
 		}
 		rs = append(rs, r)

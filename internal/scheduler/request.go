@@ -47,7 +47,7 @@ type Request struct {
 	OnChunk ChunkHook
 
 	life *Lifecycle
-	eng  *Engine // set by Submit or Reserve, before the request is shared
+	eng  *Engine // set by Enqueue or Reserve, before the request is shared
 
 	mu     sync.Mutex
 	events []Event
@@ -131,7 +131,7 @@ func (r *Request) Next(ctx context.Context) (ev Event, ok bool) {
 }
 
 // SetPromptLogprobs hands a decode request the prompt logprobs its prefill
-// computed, to go out with the first token; call it before Join.
+// computed, to go out with the first token; call it before Enqueue.
 func (r *Request) SetPromptLogprobs(lp []model.Sampled) { r.promptLP = lp }
 
 // takePromptLP hands the prompt's logprobs out once, with the first token.

@@ -74,7 +74,7 @@ func BenchmarkSpecStreams(b *testing.B) {
 					var wg sync.WaitGroup
 					for i := range streams {
 						r := NewRequest("b", prompt(i), Params{MaxTokens: gen, IgnoreEOS: true})
-						if err := e.Submit(r); err != nil {
+						if err := e.Enqueue(r); err != nil {
 							b.Fatal(err)
 						}
 						wg.Go(func() {

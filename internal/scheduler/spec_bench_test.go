@@ -62,7 +62,7 @@ func BenchmarkSpecDecode(b *testing.B) {
 				var decode time.Duration
 				for b.Loop() {
 					r := NewRequest("b", m.prompt, Params{MaxTokens: m.gen, IgnoreEOS: true})
-					if err := e.Submit(r); err != nil {
+					if err := e.Enqueue(r); err != nil {
 						b.Fatal(err)
 					}
 					var first time.Time

@@ -245,7 +245,7 @@ func TestSpecBacksOffOnALargeBatch(t *testing.T) {
 			// A prompt within one chunk: the six prefill in one step, then
 			// decode in lockstep to the same last step.
 			r := NewRequest("r", loadRef(t).PromptIDs, Params{MaxTokens: 100, IgnoreEOS: true})
-			if err := e.Submit(r); err != nil {
+			if err := e.Enqueue(r); err != nil {
 				t.Fatal(err)
 			}
 			rs = append(rs, r)

@@ -59,7 +59,7 @@ func TestSpecGuardRules(t *testing.T) {
 // runOne generates on e and returns the tokens and the last event.
 func runOne(t *testing.T, e *Engine, r *Request) ([]int32, Event) {
 	t.Helper()
-	if err := e.Submit(r); err != nil {
+	if err := e.Enqueue(r); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)

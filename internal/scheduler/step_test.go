@@ -14,7 +14,7 @@ func TestPlanOnlyReads(t *testing.T) {
 	a := NewRequest("a", want.PromptIDs, Params{MaxTokens: 4})
 	b := NewRequest("b", want.PromptIDs[:3], Params{MaxTokens: 4})
 	for _, r := range []*Request{a, b} {
-		if err := e.Submit(r); err != nil {
+		if err := e.Enqueue(r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -52,7 +52,7 @@ func TestPlanSharesTheChunkBudget(t *testing.T) {
 	a := NewRequest("a", prompt[:5], Params{MaxTokens: 2})
 	b := NewRequest("b", prompt[:6], Params{MaxTokens: 2})
 	for _, r := range []*Request{a, b} {
-		if err := e.Submit(r); err != nil {
+		if err := e.Enqueue(r); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -158,7 +158,7 @@ func TestHiCacheWaitsForLoads(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			r := NewRequest("r", want.PromptIDs, p)
-			if err := e.Submit(r); err != nil {
+			if err := e.Enqueue(r); err != nil {
 				t.Fatal(err)
 			}
 			if !wait {

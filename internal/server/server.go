@@ -54,7 +54,7 @@ type EngineGenerator struct{ Engine *scheduler.Engine }
 // Generate implements Generator.
 func (g EngineGenerator) Generate(id string, prompt []int32, p scheduler.Params) (Stream, error) {
 	r := scheduler.NewRequest(id, prompt, p)
-	if err := g.Engine.Submit(r); err != nil {
+	if err := g.Engine.Enqueue(r); err != nil {
 		return nil, err
 	}
 	return r, nil
