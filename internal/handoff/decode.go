@@ -84,14 +84,14 @@ type Writers interface {
 // Only the desk's goroutine reads or writes its fields, but for the lease,
 // which the transport's goroutines share.
 type reservation struct {
-	r      *scheduler.Request
-	ho     *scheduler.Handover // the request's moves until it is enqueued
-	key    transfer.Key        // with the capability; the bound session is the lease's
-	writer string              // prefill gRPC address
-	prompt []int32
-	peer   string // who reserved it, for the per-peer bounds
-	held   int    // pages it counts against its peer
-	lease  *lease
+	r       *scheduler.Request
+	ho      *scheduler.Handover // the request's moves until it is enqueued
+	key     transfer.Key        // with the capability; the bound session is the lease's
+	writer  string              // prefill gRPC address
+	prompt  []int32
+	peer    string // who reserved it, for the per-peer bounds
+	counted int    // pages it counts against its peer
+	lease   *lease
 
 	firstByte time.Time
 	abortedAt time.Time
@@ -197,7 +197,7 @@ func (d *Decode) Busy() bool {
 // res waits on the engine, since it moves nothing.
 func (d *Decode) ended(res *reservation) {
 	d.o.Metrics.ReservationsActive.Dec()
-	d.releasePeer(res.peer, res.held)
+	d.releasePeer(res.peer, res.counted)
 	d.over[roomKey(res.key.Room, res.key.Epoch)] = time.Now()
 }
 

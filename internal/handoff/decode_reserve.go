@@ -36,19 +36,19 @@ func (d *Decode) Reserve(peer, id, writer string, prompt []int32, params request
 
 func (d *Decode) reserve(peer, id, writer string, prompt []int32, params request.Params) (Reservation, error) {
 	r := scheduler.NewRoleRequest(scheduler.RoleDecode, id, prompt, params)
-	held := d.peerPages(r)
-	if !d.admitPeer(peer, held) {
+	counted := d.peerPages(r)
+	if !d.admitPeer(peer, counted) {
 		d.o.Log.Warn("reserve refused: the caller holds its share of the pool", "request_id", id, "peer", peer)
 		return Reservation{}, refuse(Exhausted, "too many reservations held by this caller")
 	}
 	ho, err := d.o.Engine.Reserve(r)
 	if err != nil {
-		d.releasePeer(peer, held)
+		d.releasePeer(peer, counted)
 		d.o.Log.Info("reserve refused", "request_id", id, "err", err)
 		return Reservation{}, err
 	}
 	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch, Cap: transfer.NewCapability()}
-	res := &reservation{r: r, ho: ho, key: key, writer: writer, prompt: r.Pages()[:d.o.Pool.PagesFor(len(prompt))], peer: peer, held: held}
+	res := &reservation{r: r, ho: ho, key: key, writer: writer, prompt: r.Pages()[:d.o.Pool.PagesFor(len(prompt))], peer: peer, counted: counted}
 	res.lease = &lease{r: r, cap: key.Cap, prompt: res.prompt}
 	d.o.Metrics.ReservationsTotal.Inc()
 	d.o.Metrics.ReservationsActive.Inc()
@@ -151,12 +151,12 @@ func (d *Decode) admitPeer(peer string, pages int) bool {
 }
 
 // exceedsQuota is the peer_quota check (DecodeGuards.OverQuota): one more
-// reservation of pages would take a caller holding reservations and held
+// reservation of pages would take a caller with reservations and counted
 // pages past its bounds. The desk asks it next to the usage Reserve gives
 // back on failure.
-func (d *Decode) exceedsQuota(reservations, held, pages int) bool {
+func (d *Decode) exceedsQuota(reservations, counted, pages int) bool {
 	return (d.o.MaxReservationsPerPeer > 0 && reservations+1 > d.o.MaxReservationsPerPeer) ||
-		(d.o.MaxPagesPerPeer > 0 && held+pages > d.o.MaxPagesPerPeer)
+		(d.o.MaxPagesPerPeer > 0 && counted+pages > d.o.MaxPagesPerPeer)
 }
 
 // releasePeer gives back what admitPeer counted.

@@ -31,7 +31,7 @@ type DecodeGuards struct {
 	// CapabilityMatches says whether a message carries its reservation's capability (capability).
 	CapabilityMatches func(want transfer.Capability, got []byte) bool
 	// OverQuota says whether one more reservation of pages takes a caller holding reservations and held pages past its bounds (peer_quota).
-	OverQuota func(reservations, held, pages int) bool
+	OverQuota func(reservations, counted, pages int) bool
 	// DrainWait asks an aborted reservation's writer to stop (tell) and keeps its pages quarantined until it answers; release, which the check never calls, would end the quarantine at once (drain_wait).
 	DrainWait func(tell func(), release func(proof string))
 }

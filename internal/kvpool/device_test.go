@@ -62,7 +62,7 @@ func TestDevicePoolPoison(t *testing.T) {
 	if !nan(int(a.Pages[0])) || nan(int(a.Pages[1])) || nan(2) {
 		t.Fatal("release poisoned the wrong pages (want only the freed one, not the quarantined one or the free one)")
 	}
-	if err := p.WriterDrained(a.Owner, a.Pages[1:]); err != nil {
+	if err := p.WriterDone(a.Owner, a.Pages[1:]); err != nil {
 		t.Fatal(err)
 	}
 	if !nan(int(a.Pages[1])) || nan(2) {

@@ -92,7 +92,7 @@ func TestReleaseDuringLoadWaitsForTheLoad(t *testing.T) {
 	}
 	checkInvariants(t, p)
 	// A transfer writer's word does not end a load.
-	wantErr(t, p.WriterDrained(a.Owner, a.Pages[:1]), ErrNoWriter)
+	wantErr(t, p.WriterDone(a.Owner, a.Pages[:1]), ErrNoWriter)
 	for _, id := range a.Pages {
 		if ok, err := p.EndLoad(a.Owner, id, true); ok || err != nil {
 			t.Fatal(ok, err)

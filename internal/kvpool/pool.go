@@ -46,7 +46,7 @@ var (
 	// ErrDoubleRelease: the page was already released by this owner (or is
 	// free, or is named twice in one call). Always a bug in the caller.
 	ErrDoubleRelease = errors.New("kvpool: page released twice")
-	// ErrNoWriter: WriterDrained or WriterClosed for a page with no writer
+	// ErrNoWriter: WriterDone or WriterClosed for a page with no writer
 	// attached.
 	ErrNoWriter = errors.New("kvpool: no writer attached to page")
 	// ErrWriterAttached: AttachWriter for a page that already has a writer.
@@ -173,10 +173,10 @@ type Stats struct {
 	Allocations   uint64 // successful Alloc calls
 	AllocFailures uint64 // Alloc calls refused for lack of space
 	Releases      uint64 // successful Release calls
-	Drains        uint64 // successful WriterDrained calls
+	WritersDone   uint64 // successful WriterDone calls
 	Reclaims      uint64 // successful WriterClosed calls
 	PagesFreed    uint64 // pages returned to the free list
-	// ReleaseErrors counts refused Release, WriterDrained and WriterClosed
+	// ReleaseErrors counts refused Release, WriterDone and WriterClosed
 	// calls: double releases, wrong or stale tags, free pages, bad ids. Each
 	// is a bug in a caller, so tests assert it stays zero.
 	ReleaseErrors uint64
@@ -693,7 +693,7 @@ func (p *Pool) AttachWriter(owner Owner, pages []int32) error {
 
 // Release is the request letting go of its pages (it reached a terminal
 // state). A page no writer holds goes back to the free list; a page a writer
-// still holds goes to quarantine until WriterDrained or WriterClosed. The
+// still holds goes to quarantine until WriterDone or WriterClosed. The
 // call is all-or-nothing: any page that is not allocated to owner (free,
 // already released, someone else's, named twice) makes it change nothing and
 // return an error, which is counted as a bug.
@@ -770,11 +770,12 @@ func (p *Pool) loadingOwned(owner Owner, id int32) bool {
 	return pg.state == PageLoading && pg.room == owner.Room && pg.epoch == owner.Epoch
 }
 
-// WriterDrained is the writer's word that no write to these pages is in
-// flight and none will come. Pages their request already released leave
-// quarantine and are freed; pages the request still holds just lose their
-// second owner, so the request's Release frees them at once.
-func (p *Pool) WriterDrained(owner Owner, pages []int32) error {
+// WriterDone is the writer's word (its Commit, or Drained after an abort)
+// that no write to these pages is in flight and none will come. Pages
+// their request already released leave quarantine and are freed; pages
+// the request still holds just lose their second owner, so the request's
+// Release frees them at once.
+func (p *Pool) WriterDone(owner Owner, pages []int32) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.checkWriter(owner, pages); err != nil {
@@ -782,7 +783,7 @@ func (p *Pool) WriterDrained(owner Owner, pages []int32) error {
 		return err
 	}
 	p.dropWriter(pages)
-	p.stats.Drains++
+	p.stats.WritersDone++
 	return nil
 }
 

@@ -343,14 +343,14 @@ func TestQuarantineReleaseThenDrain(t *testing.T) {
 	wantErr(t, p.Release(a.Owner, a.Pages), ErrDoubleRelease)
 	checkInvariants(t, p)
 
-	if err := p.WriterDrained(a.Owner, a.Pages); err != nil {
+	if err := p.WriterDone(a.Owner, a.Pages); err != nil {
 		t.Fatal(err)
 	}
 	if p.Free() != 4 {
 		t.Fatalf("free %d after drain, want 4", p.Free())
 	}
-	wantErr(t, p.WriterDrained(a.Owner, a.Pages), ErrDoubleRelease)
-	if s := p.Stats(); s.ReleaseErrors != 2 || s.Drains != 1 {
+	wantErr(t, p.WriterDone(a.Owner, a.Pages), ErrDoubleRelease)
+	if s := p.Stats(); s.ReleaseErrors != 2 || s.WritersDone != 1 {
 		t.Fatalf("stats %+v", s)
 	}
 	checkInvariants(t, p)
@@ -362,14 +362,14 @@ func TestQuarantineDrainThenRelease(t *testing.T) {
 	if err := p.AttachWriter(a.Owner, a.Pages); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.WriterDrained(a.Owner, a.Pages); err != nil {
+	if err := p.WriterDone(a.Owner, a.Pages); err != nil {
 		t.Fatal(err)
 	}
 	// The request still owns the pages; the drain alone frees nothing.
 	if p.Free() != 2 {
 		t.Fatalf("drain freed pages the request holds: free %d", p.Free())
 	}
-	wantErr(t, p.WriterDrained(a.Owner, a.Pages), ErrNoWriter)
+	wantErr(t, p.WriterDone(a.Owner, a.Pages), ErrNoWriter)
 	if err := p.Release(a.Owner, a.Pages); err != nil {
 		t.Fatal(err)
 	}
@@ -382,9 +382,9 @@ func TestQuarantineDrainThenRelease(t *testing.T) {
 func TestDrainWrongOwner(t *testing.T) {
 	p := newPool(t, 4, false)
 	a := quarantined(t, p, 1, 2)
-	wantErr(t, p.WriterDrained(Owner{Room: 1, Epoch: a.Owner.Epoch + 1}, a.Pages), ErrWrongOwner)
+	wantErr(t, p.WriterDone(Owner{Room: 1, Epoch: a.Owner.Epoch + 1}, a.Pages), ErrWrongOwner)
 	// Partly wrong: nothing leaves quarantine.
-	wantErr(t, p.WriterDrained(a.Owner, []int32{a.Pages[0], 3}), ErrDoubleRelease)
+	wantErr(t, p.WriterDone(a.Owner, []int32{a.Pages[0], 3}), ErrDoubleRelease)
 	if p.Free() != 2 {
 		t.Fatalf("free %d, want 2", p.Free())
 	}
@@ -604,7 +604,7 @@ func TestPoison(t *testing.T) {
 	if p.PageData(b.Pages[0])[5] != 3 {
 		t.Fatal("quarantined page poisoned early")
 	}
-	if err := p.WriterDrained(b.Owner, b.Pages); err != nil {
+	if err := p.WriterDone(b.Owner, b.Pages); err != nil {
 		t.Fatal(err)
 	}
 	if f := p.PageData(b.Pages[0])[5]; !math.IsNaN(float64(f)) {
@@ -678,7 +678,7 @@ func TestConcurrent(t *testing.T) {
 				}
 				drainFirst := rng.IntN(2) == 0
 				if writer && drainFirst {
-					if err := p.WriterDrained(a.Owner, a.Pages); err != nil {
+					if err := p.WriterDone(a.Owner, a.Pages); err != nil {
 						fail("drain: %v", err)
 					}
 				}
@@ -695,7 +695,7 @@ func TestConcurrent(t *testing.T) {
 					if rng.IntN(4) == 0 {
 						err = p.WriterClosed(a.Owner, a.Pages, "test: peer gone")
 					} else {
-						err = p.WriterDrained(a.Owner, a.Pages)
+						err = p.WriterDone(a.Owner, a.Pages)
 					}
 					if err != nil {
 						fail("drain after release: %v", err)

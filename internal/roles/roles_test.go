@@ -238,7 +238,7 @@ func handoffsMatch(t *testing.T, p *pair, want reference, n int, what string) {
 	// A normal handoff ends the writer's hold by its Commit (its word that
 	// it is done), never by a reclaim on a close proof.
 	st := p.dPool.Stats()
-	drains, reclaims := st.Drains-before.Drains, st.Reclaims-before.Reclaims
+	drains, reclaims := st.WritersDone-before.WritersDone, st.Reclaims-before.Reclaims
 	if reclaims != 0 || drains != uint64(n) || st.ReleaseErrors != 0 {
 		t.Errorf("%s: decode pool drains %d (want %d), reclaims %d (want 0), release errors %d", what, drains, n, reclaims, st.ReleaseErrors)
 	}

@@ -88,8 +88,8 @@ type Engine struct {
 	nextRoom uint64
 	queued   int // requests submitted but not yet admitted (inbox + waiting)
 
-	// held are Stop messages for requests not decoding yet (loop only).
-	held []message
+	// deferredStops are Stop messages for requests not decoding yet (loop only).
+	deferredStops []message
 
 	nRunning, nQueued atomic.Int32
 
@@ -734,7 +734,7 @@ func (e *Engine) shutdown() {
 	for _, r := range append(e.running, e.ready...) {
 		e.abort(r, "server shutting down")
 	}
-	e.waiting, e.running, e.ready, e.held = nil, nil, nil, nil
+	e.waiting, e.running, e.ready, e.deferredStops = nil, nil, nil, nil
 	e.gauges()
 	e.mu.Lock()
 	e.stopped = true

@@ -25,7 +25,7 @@ type Handover struct {
 
 // unjoined are the decode states of a request that has not joined the
 // batch: the states a Handover may end.
-var unjoined = []State{StateReserved, StateReceiving, StateLanded, StateAbandoned, StateVerifying}
+var unjoined = []State{StateReserved, StateReceiving, StateSealed, StateAbandoned, StateVerifying}
 
 // Request is the handed-over request.
 func (h *Handover) Request() *Request { return h.r }
@@ -37,10 +37,10 @@ func (h *Handover) Request() *Request { return h.r }
 // An error: the request is no longer open for a Commit.
 func (h *Handover) CommitArrived() error {
 	r, e := h.r, h.e
-	if err := r.life.Move([]State{StateReserved, StateReceiving, StateLanded}, StateVerifying, ""); err != nil {
+	if err := r.life.Move([]State{StateReserved, StateReceiving, StateSealed}, StateVerifying, ""); err != nil {
 		return err
 	}
-	e.poolErr(r, e.pool.WriterDrained(r.owner, r.promptPages))
+	e.poolErr(r, e.pool.WriterDone(r.owner, r.promptPages))
 	return nil
 }
 
@@ -70,7 +70,7 @@ func (h *Handover) End(why string, err error) bool {
 	_ = e.pool.Release(r.owner, r.pages) // a refusal is counted by the pool, which keeps the pages
 	r.pages = nil
 	switch {
-	case from == StateLanded:
+	case from == StateSealed:
 		// The writer's session was proven closed before the abort: nothing
 		// more lands, so its hold ends now, by that proof.
 		e.poolErr(r, e.pool.WriterClosed(owner, prompt, "the writer's session closed before the abort"))
@@ -95,7 +95,7 @@ func (h *Handover) End(why string, err error) bool {
 // WriterGone acts on the writer letting go of the prompt pages: its word
 // (drained: Drained) or a transport's proof that no further write can
 // land. A Draining request's pages leave quarantine and it is Aborted; one
-// still receiving is Landed (session closed) or, on a Drained without a
+// still receiving is Sealed (session closed) or, on a Drained without a
 // Commit, Abandoned (the hold ends by that word, and the request waits for
 // the abort). False: there was no hold to end (a late message).
 func (h *Handover) WriterGone(drained bool, proof string) bool {
@@ -103,7 +103,7 @@ func (h *Handover) WriterGone(drained bool, proof string) bool {
 	switch st := r.life.State(); {
 	case st == StateDraining:
 		if drained {
-			e.poolErr(r, e.pool.WriterDrained(r.owner, r.promptPages))
+			e.poolErr(r, e.pool.WriterDone(r.owner, r.promptPages))
 		} else {
 			e.poolErr(r, e.pool.WriterClosed(r.owner, r.promptPages, proof))
 		}
@@ -113,15 +113,15 @@ func (h *Handover) WriterGone(drained bool, proof string) bool {
 		// The session closed before its Commit (a tcp writer closes, then
 		// commits): what it wrote is in, and nothing more lands. The hold
 		// ends at Commit, or with the abort, by this proof.
-		e.must(r, r.life.Move([]State{StateReceiving}, StateLanded, ""))
+		e.must(r, r.life.Move([]State{StateReceiving}, StateSealed, ""))
 		return true
-	case drained && (st == StateReserved || st == StateReceiving || st == StateLanded):
+	case drained && (st == StateReserved || st == StateReceiving || st == StateSealed):
 		// The writer stopped without a Commit (a prefill that failed or
 		// refused): its hold ends by its word.
-		if r.life.Move([]State{StateReserved, StateReceiving, StateLanded}, StateAbandoned, "") != nil {
+		if r.life.Move([]State{StateReserved, StateReceiving, StateSealed}, StateAbandoned, "") != nil {
 			return false
 		}
-		e.poolErr(r, e.pool.WriterDrained(r.owner, r.promptPages))
+		e.poolErr(r, e.pool.WriterDone(r.owner, r.promptPages))
 		return true
 	case !drained && (st == StateVerifying || st == StateCommitted || st == StateDecoding || st == StateFinished):
 		// The writer let go at Commit; its session's close is expected.

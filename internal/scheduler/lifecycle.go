@@ -54,7 +54,7 @@ const (
 	StateDrained                     // prefill, terminal: torn down after in-flight writes completed and decode was told
 	StatePreempted                   // standalone: taken off the batch, waiting for re-admission; see Lifecycle
 	StateVerifying                   // decode: Commit arrived (the writer's word that it is done); no write lands while its claims are checked
-	StateLanded                      // decode: the writer's session closed before Commit; what it wrote stays, nothing more lands
+	StateSealed                      // decode: the writer's session closed before Commit; what it wrote stays, nothing more lands
 	StateAbandoned                   // decode: the writer said Drained without a Commit; its hold ended, the request waits for its abort
 	numStates
 )
@@ -77,7 +77,7 @@ var stateNames = [numStates]string{
 	StateDrained:    "Drained",
 	StatePreempted:  "Preempted",
 	StateVerifying:  "Verifying",
-	StateLanded:     "Landed",
+	StateSealed:     "Sealed",
 	StateAbandoned:  "Abandoned",
 }
 
@@ -108,13 +108,13 @@ func (s State) Live() bool {
 // WriterHolds reports whether, in state s, a decode request's transfer
 // writer still holds its prompt pages: from Reserve until Commit (the
 // writer's word that it is done), and while an abort waits for its proof
-// (Draining). Landed counts: the session's close is proven, but the pool
+// (Draining). Sealed counts: the session's close is proven, but the pool
 // still names the writer until the request is committed or torn down;
 // Abandoned does not (the writer's Drained ended its hold). It
 // is a function of the state alone, so there is no second field to drift.
 func (s State) WriterHolds() bool {
 	switch s {
-	case StateReserved, StateReceiving, StateLanded, StateDraining:
+	case StateReserved, StateReceiving, StateSealed, StateDraining:
 		return true
 	}
 	return false
@@ -179,18 +179,18 @@ var moves = map[Role][][2]State{
 		{StateReserved, StateReceiving},
 		{StateReserved, StateVerifying},
 		{StateReceiving, StateVerifying},
-		{StateReceiving, StateLanded},
-		{StateLanded, StateVerifying},
+		{StateReceiving, StateSealed},
+		{StateSealed, StateVerifying},
 		{StateReserved, StateAbandoned},
 		{StateReceiving, StateAbandoned},
-		{StateLanded, StateAbandoned},
+		{StateSealed, StateAbandoned},
 		{StateVerifying, StateCommitted},
 		{StateCommitted, StateDecoding},
 		{StateDecoding, StateFinished},
 		{StateReceived, StateAborting},
 		{StateReserved, StateAborting},
 		{StateReceiving, StateAborting},
-		{StateLanded, StateAborting},
+		{StateSealed, StateAborting},
 		{StateAbandoned, StateAborting},
 		{StateVerifying, StateAborting},
 		{StateCommitted, StateAborting},

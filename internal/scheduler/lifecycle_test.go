@@ -14,7 +14,7 @@ var lcAllStates = []State{
 	StateReceived, StateRejected, StateAdmitted, StatePrefilling, StateSending,
 	StateSent, StateReserved, StateReceiving, StateCommitted, StateDecoding,
 	StateFinished, StateAborting, StateDraining, StateAborted, StateDrained,
-	StatePreempted, StateVerifying, StateLanded, StateAbandoned,
+	StatePreempted, StateVerifying, StateSealed, StateAbandoned,
 }
 
 var lcAllRoles = []Role{RoleStandalone, RolePrefill, RoleDecode}
@@ -55,7 +55,7 @@ func lifecycleSituations() map[Role][]lcSituation {
 		drd  = StateDrained
 		pmt  = StatePreempted
 		vfy  = StateVerifying
-		lnd  = StateLanded
+		lnd  = StateSealed
 		abn  = StateAbandoned
 	)
 	p := func(s ...State) []State { return s }
@@ -101,11 +101,11 @@ func lifecycleSituations() map[Role][]lcSituation {
 			{"Rejected", p(rej), p()},
 			{"Reserved", p(res), p(rcvg, vfy, abn, abt)},
 			{"Receiving", p(res, rcvg), p(vfy, lnd, abn, abt)},
-			{"Landed", p(res, rcvg, lnd), p(vfy, abn, abt)},
+			{"Sealed", p(res, rcvg, lnd), p(vfy, abn, abt)},
 			{"Abandoned", p(res, rcvg, abn), p(abt)},
 			{"Aborting from Abandoned", p(res, abn, abt), p(drn, abd)},
 			{"Verifying after the session closed", p(res, rcvg, lnd, vfy), p(com, abt)},
-			{"Aborting from Landed", p(res, rcvg, lnd, abt), p(drn, abd)},
+			{"Aborting from Sealed", p(res, rcvg, lnd, abt), p(drn, abd)},
 			{"Verifying", p(res, rcvg, vfy), p(com, abt)},
 			{"Verifying without a frame", p(res, vfy), p(com, abt)},
 			{"Committed", p(res, rcvg, vfy, com), p(dec, abt)},
@@ -471,7 +471,7 @@ func TestOnEndRunsOnceAtTheEnd(t *testing.T) {
 
 // Whether a decode writer holds the prompt pages is read off the state.
 func TestWriterHolds(t *testing.T) {
-	holds := map[State]bool{StateReserved: true, StateReceiving: true, StateLanded: true, StateDraining: true}
+	holds := map[State]bool{StateReserved: true, StateReceiving: true, StateSealed: true, StateDraining: true}
 	// Abandoned: the writer's Drained ended its hold.
 	for _, s := range lcAllStates {
 		if s.WriterHolds() != holds[s] {

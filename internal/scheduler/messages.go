@@ -64,12 +64,12 @@ func (e *Engine) call(m message) answer {
 }
 
 // handle acts on the messages, in the order they were sent. Stop messages
-// for requests not decoding yet wait in e.held and are tried again on the
+// for requests not decoding yet wait in e.deferredStops and are tried again on the
 // next round.
 func (e *Engine) handle(msgs []message) {
-	if len(e.held) > 0 {
-		msgs = append(e.held, msgs...)
-		e.held = nil
+	if len(e.deferredStops) > 0 {
+		msgs = append(e.deferredStops, msgs...)
+		e.deferredStops = nil
 	}
 	for _, m := range msgs {
 		switch m.kind {
@@ -122,7 +122,7 @@ func (e *Engine) stop(m message) {
 	case r.life.State() == StateDecoding && take(&e.running, r):
 		e.finish(r, FinishStop)
 	case r.life.Live():
-		e.held = append(e.held, m)
+		e.deferredStops = append(e.deferredStops, m)
 	}
 }
 

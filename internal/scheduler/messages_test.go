@@ -47,7 +47,7 @@ func reserve(t *testing.T, e *Engine, id string) *Handover {
 // abort leaves the pages quarantined while the writer holds them
 // (Draining) until its word; a Drained before Commit ends the hold
 // (Abandoned) and the request waits for its abort; a session closed
-// before Commit is Landed and an abort then frees by that proof; a Commit
+// before Commit is Sealed and an abort then frees by that proof; a Commit
 // ends the writer's hold (Drained, not a reclaim); the loop does not end
 // a request it has not been given, and one enqueued unverified is
 // refused; a stopped engine answers ErrStopped.
@@ -84,8 +84,8 @@ func TestHandover(t *testing.T) {
 	if err := l.Lifecycle().To(StateReceiving, ""); err != nil {
 		t.Fatal(err)
 	}
-	if !hl.WriterGone(false, "session closed") || l.State() != StateLanded {
-		t.Fatalf("close before Commit: state %s, want Landed", l.State())
+	if !hl.WriterGone(false, "session closed") || l.State() != StateSealed {
+		t.Fatalf("close before Commit: state %s, want Sealed", l.State())
 	}
 	before := pool.Stats()
 	if !hl.End("test", nil) || l.State() != StateAborted {
@@ -116,8 +116,8 @@ func TestHandover(t *testing.T) {
 	if err := hc.CommitArrived(); err != nil || c.State() != StateVerifying || c.State().WriterHolds() {
 		t.Fatalf("commit: %v, state %s", err, c.State())
 	}
-	if st := pool.Stats(); st.Drains != before.Drains+1 || st.Reclaims != before.Reclaims {
-		t.Fatalf("commit: drains %d→%d, reclaims %d→%d; want one drain", before.Drains, st.Drains, before.Reclaims, st.Reclaims)
+	if st := pool.Stats(); st.WritersDone != before.WritersDone+1 || st.Reclaims != before.Reclaims {
+		t.Fatalf("commit: writers done %d→%d, reclaims %d→%d; want one writer done", before.WritersDone, st.WritersDone, before.Reclaims, st.Reclaims)
 	}
 	if err := hc.CommitArrived(); err == nil {
 		t.Fatal("a second Commit moved the request again")

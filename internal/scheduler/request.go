@@ -39,7 +39,7 @@ type ChunkHook func(kv kernels.PagedKV, pages []int32, from, to int)
 // events with Next and may Cancel or Stop it (messages to the engine loop);
 // everything else belongs to the engine loop. A decode request's state
 // moves before Commit are made by the worker that reserved it (Reserved,
-// Receiving, Landed), every other one by the loop.
+// Receiving, Sealed), every other one by the loop.
 type Request struct {
 	ID      string
 	Prompt  []int32
