@@ -91,8 +91,10 @@ type Prefill struct {
 	inbox
 
 	// Owned by the desk's goroutine.
-	active map[transfer.Key]context.CancelFunc // prefills in progress
-	known  map[string]bool                     // decode gRPC addresses the router paired this worker with
+	active  map[transfer.Key]context.CancelFunc // prefills in progress
+	known   map[string]bool                     // decode gRPC addresses the router paired this worker with
+	closing bool                                // Close began: no new prefill is taken
+	idle    chan struct{}                       // closed by the last prefill to leave once closing
 }
 
 // NewPrefill makes a prefill desk and starts its goroutine.
@@ -114,12 +116,50 @@ func (d *Prefill) call(ev func()) bool {
 	return ok
 }
 
-// do runs ev on the desk, or here once the desk has stopped (a prefill
-// still ending while the worker closes makes its last moves itself).
-func (d *Prefill) do(ev func()) {
-	if !d.call(ev) {
-		ev()
+// enter puts a prefill in the desk's table, where an Abort finds it; false
+// once the desk is closing.
+func (d *Prefill) enter(key transfer.Key, cancel context.CancelFunc) bool {
+	taken := false
+	d.call(func() {
+		if !d.closing {
+			d.active[key] = cancel
+			taken = true
+		}
+	})
+	return taken
+}
+
+// leave takes a prefill out of the table, the last thing it does.
+func (d *Prefill) leave(key transfer.Key) {
+	d.call(func() {
+		delete(d.active, key)
+		if d.closing && len(d.active) == 0 && d.idle != nil {
+			close(d.idle)
+			d.idle = nil
+		}
+	})
+}
+
+// Close stops the desk once no prefill is in progress: new ones are
+// refused, those in progress are cancelled (the engine has stopped, or
+// their callers left) and make their last moves on the desk as always,
+// and then its goroutine ends.
+func (d *Prefill) Close() {
+	var idle chan struct{}
+	d.call(func() {
+		d.closing = true
+		for _, cancel := range d.active {
+			cancel()
+		}
+		if len(d.active) > 0 {
+			d.idle = make(chan struct{})
+			idle = d.idle
+		}
+	})
+	if idle != nil {
+		<-idle
 	}
+	d.inbox.Close()
 }
 
 // Learn remembers a decode worker the router paired this worker with;

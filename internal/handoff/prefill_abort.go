@@ -16,14 +16,14 @@ func (d *Prefill) end(id string, r *scheduler.Request, sess transfer.Session, t 
 	}
 	// Refused when the engine tore the request down first, which leaves it
 	// Aborting just the same; anywhere else it is a bug.
-	d.do(func() {
+	d.call(func() {
 		if err := r.Lifecycle().Move(prefillLive, scheduler.StateAborting, why); err != nil && r.State() != scheduler.StateAborting {
 			d.o.Metrics.IllegalMoves.Inc()
 			d.o.Log.Error("prefill request not Aborting", "request_id", id, "err", err)
 		}
 	})
 	d.drained(id, t.DecodeAddr, t.Key)
-	d.do(func() {
+	d.call(func() {
 		if err := r.Lifecycle().To(scheduler.StateDrained, ""); err != nil {
 			d.o.Metrics.IllegalMoves.Inc()
 			d.o.Log.Error("prefill request not Drained", "request_id", id, "err", err)

@@ -212,3 +212,33 @@ func TestPrefillDeskCommitThenAbort(t *testing.T) {
 		t.Fatal("the desk still has the prefill")
 	}
 }
+
+// Close while a prefill waits on decode's answer: the prefill is
+// cancelled and makes its last moves on the desk (Drained, told once),
+// Close returns only after it has, and a prefill after Close is refused
+// without running (decode is still told Drained, so its pages come back).
+func TestPrefillDeskCloseWaitsForRuns(t *testing.T) {
+	f := newPrefillFixture(t)
+	out := f.start(t)
+	closed := make(chan struct{})
+	go func() { f.d.Close(); close(closed) }()
+	r := result(t, out)
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close never returned")
+	}
+	if r.err == nil {
+		t.Fatal("a prefill cancelled by Close was Sent")
+	}
+	if n := f.dec.count(); n != 1 {
+		t.Fatalf("Drained told %d times, want 1", n)
+	}
+	_, err := f.d.Run(context.Background(), "late", f.ticket, f.prompt, request.Params{MaxTokens: 4})
+	if ref, ok := err.(*Refusal); !ok || ref.Kind != Stopped {
+		t.Fatalf("a prefill after Close: %v, want Stopped", err)
+	}
+	if n := f.dec.count(); n != 2 {
+		t.Fatalf("Drained told %d times after the refused prefill, want 2", n)
+	}
+}

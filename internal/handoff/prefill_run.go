@@ -19,8 +19,11 @@ func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, 
 	log := d.o.Log.With("request_id", id, "room", key.Room, "epoch", key.Epoch)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	d.call(func() { d.active[key] = cancel })
-	defer d.call(func() { delete(d.active, key) })
+	if !d.enter(key, cancel) {
+		d.drained(id, t.DecodeAddr, key)
+		return Sent{}, refuse(Stopped, "the prefill worker is stopping")
+	}
+	defer d.leave(key)
 
 	r := scheduler.NewRoleRequest(scheduler.RolePrefill, id, prompt, params)
 	// The door first: a request this worker cannot hold is rejected before
@@ -93,7 +96,7 @@ func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, 
 		log.Warn("commit refused", "err", err)
 		return Sent{}, &Refusal{Kind: Refused, Msg: "commit refused by decode: " + err.Error(), Err: err}
 	}
-	d.do(func() { err = r.Lifecycle().To(scheduler.StateSent, "") })
+	d.call(func() { err = r.Lifecycle().To(scheduler.StateSent, "") })
 	if err != nil {
 		d.o.Metrics.IllegalMoves.Inc()
 		log.Error("prefill request not Sent", "err", err)
