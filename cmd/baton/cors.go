@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/batonlm/baton/internal/server"
 )
@@ -22,6 +23,11 @@ func (f *serveFlags) cors() (*server.CORS, error) {
 			return nil, fmt.Errorf("--%s %q: %v", l.name, l.val, err)
 		}
 		*l.dst = v
+	}
+	if c.Credentials && slices.Contains(c.Origins, "*") {
+		// Answers would name whatever origin asked, with credentials:
+		// every web page a user opens could call the API as that user.
+		return nil, fmt.Errorf("--allow-credentials with --allowed-origins %q lets any web page call the API with its visitors' credentials; name the origins allowed", f.allowedOrigins)
 	}
 	return c, nil
 }

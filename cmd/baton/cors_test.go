@@ -32,5 +32,8 @@ func TestCORSFlags(t *testing.T) {
 		}
 	}
 	dryRun(t, []string{"--allowed-origins", `["a",`}, "--allowed-origins", "")
+	dryRun(t, []string{"--allow-credentials"}, "name the origins allowed", "")
+	dryRun(t, []string{"--allow-credentials", "--allowed-origins", "https://a.example,*"}, "name the origins allowed", "")
+	dryRun(t, []string{"--allow-credentials", "--allowed-origins", "https://a.example"}, "", "")
 	dryRun(t, []string{"--role", "decode", "--allowed-origins", "*"}, "allowed-origins", "")
 }
