@@ -19,7 +19,10 @@ const (
 	msgMisconfig   = "the prefill and decode workers are not configured alike; the operator's logs say how"
 	msgInterrupted = "generation was interrupted: the decode worker stopped answering"
 	msgDecodeFail  = "generation failed on the decode worker"
-	msgAnomaly     = "generation stopped: speculative decoding on the decode worker found its KV cache suspect (spec_anomaly), and no other decode worker could take the request over; retry it"
+	// msgMigrations takes the number of decode workers that failed the
+	// request (one more than the migrations it made).
+	msgMigrations = "generation was interrupted: %d decode workers in a row failed while generating it, the most the router tries; retry the request"
+	msgAnomaly    = "generation stopped: speculative decoding on the decode worker found its KV cache suspect (spec_anomaly), and no other decode worker could take the request over; retry it"
 )
 
 // internalWords mark a worker's text as one about the cluster, not about

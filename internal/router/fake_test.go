@@ -63,6 +63,9 @@ type fake struct {
 	prefillFn  func(ctx context.Context, req *pdv1.PrefillRequest) error
 	streamFn   func(rm *fakeRoom, srv grpc.ServerStreamingServer[pdv1.TokenEvent]) error
 	tokens     int // tokens a default stream sends (default 3)
+	// readSoFar, when a test sets it, is closed once its client has read
+	// what the worker sent so far.
+	readSoFar chan struct{}
 	// advertiseAny makes the worker advertise 0.0.0.0:port, as one
 	// listening on every interface does.
 	advertiseAny bool

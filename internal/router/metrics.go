@@ -8,10 +8,13 @@ import (
 
 // routerMetrics are the figures only a router has, next to the shared set.
 type routerMetrics struct {
-	healthy  *prometheus.GaugeVec   // url, role
-	retries  *prometheus.CounterVec // stage
-	picks    *prometheus.CounterVec // url, role
-	mismatch prometheus.Counter
+	healthy *prometheus.GaugeVec   // url, role
+	retries *prometheus.CounterVec // stage
+	// migrations counts requests moved to another pair after tokens
+	// reached the caller, by reason (migrateReasons).
+	migrations *prometheus.CounterVec
+	picks      *prometheus.CounterVec // url, role
+	mismatch   prometheus.Counter
 }
 
 // retryStages are the steps whose failure before the first token is tried
@@ -27,6 +30,9 @@ func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 		retries: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_router_retries_total", Help: "Requests tried again on another pair before their first token, by the step that failed (spec_anomaly: continued after the tokens the client has).",
 		}, []string{"stage"})),
+		migrations: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_router_migrations_total", Help: "Requests continued on another pair after tokens reached the client, from the tokens it has, by reason (decode_gone: the token stream broke; decode_error: decode reported a failure of its own; spec_guard: decode's spec guard stopped it).",
+		}, []string{"reason"})),
 		picks: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_router_worker_requests_total", Help: "Requests (attempts included) sent to each worker.",
 		}, []string{"url", "role"})),
@@ -36,6 +42,9 @@ func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 	}
 	for _, st := range retryStages {
 		rm.retries.WithLabelValues(st)
+	}
+	for _, why := range migrateReasons {
+		rm.migrations.WithLabelValues(why)
 	}
 	return rm
 }

@@ -13,12 +13,13 @@ const (
 	phaseReserved               // a decode worker holds pages for it
 	phaseRelaying               // prefill computes the prompt into them; decode's token stream is open
 	phaseStreaming              // its first event reached the caller
+	phaseMigrating              // its decode worker failed it after tokens reached the caller; it goes on elsewhere from them
 	phaseDone                   // its last event was delivered, or a stop string ended it
 	phaseFailed                 // it ended with an error
 	phaseCancelled              // the caller left
 )
 
-var phaseNames = [...]string{"picking", "queued", "reserved", "relaying", "streaming", "done", "failed", "cancelled"}
+var phaseNames = [...]string{"picking", "queued", "reserved", "relaying", "streaming", "migrating", "done", "failed", "cancelled"}
 
 func (p phase) String() string {
 	if int(p) < len(phaseNames) {
@@ -30,15 +31,18 @@ func (p phase) String() string {
 func (p phase) terminal() bool { return p >= phaseDone }
 
 // phaseMoves are the legal moves: an attempt that fails before the first
-// token goes back to picking, and so does one whose decode worker's spec
-// guard stopped it after tokens (it goes on elsewhere); any live phase may
-// end with an error or a caller that left.
+// token goes back to picking; one whose decode worker failed it after
+// tokens (the worker went away, reported a failure of its own, or its spec
+// guard stopped it) migrates, and from there picks again to go on from the
+// tokens the caller has, or ends; any live phase may end with an error or
+// a caller that left.
 var phaseMoves = map[phase][]phase{
 	phasePicking:   {phaseQueued, phaseReserved, phaseFailed, phaseCancelled},
 	phaseQueued:    {phasePicking, phaseFailed, phaseCancelled},
 	phaseReserved:  {phaseRelaying, phaseFailed, phaseCancelled},
-	phaseRelaying:  {phaseStreaming, phasePicking, phaseFailed, phaseCancelled, phaseDone},
-	phaseStreaming: {phaseDone, phasePicking, phaseFailed, phaseCancelled},
+	phaseRelaying:  {phaseStreaming, phasePicking, phaseMigrating, phaseFailed, phaseCancelled, phaseDone},
+	phaseStreaming: {phaseDone, phaseMigrating, phaseFailed, phaseCancelled},
+	phaseMigrating: {phasePicking, phaseDone, phaseFailed, phaseCancelled},
 }
 
 func (p phase) may(next phase) bool {

@@ -27,6 +27,10 @@ import (
 	"github.com/batonlm/baton/internal/server"
 )
 
+// DefaultMaxMigrations is how many times a request is continued on another
+// pair after its decode worker failed it mid-stream, unless told otherwise.
+const DefaultMaxMigrations = 2
+
 // Worker-selection policies.
 const (
 	PolicyRoundRobin = "round_robin"
@@ -54,6 +58,12 @@ type Options struct {
 	// token is tried again on another pair: 0 means the default (2), a
 	// negative value means never.
 	Retries int
+	// MaxMigrations is how many times a request whose decode worker failed
+	// it after tokens reached the client (the worker went away, or reported
+	// a failure of its own, or its spec guard stopped it) is continued on
+	// another pair from the tokens the client has: 0 means the default
+	// (2), a negative value means never.
+	MaxMigrations int
 	// APIKey, when set, is sent as a bearer token to the workers'
 	// /server_info (which a worker started with --api-key protects).
 	APIKey string
@@ -82,9 +92,10 @@ type Options struct {
 
 // Router picks workers for requests and relays their tokens.
 type Router struct {
-	o       Options
-	policy  string
-	retries int
+	o          Options
+	policy     string
+	retries    int
+	migrations int // most migrations per request (Options.MaxMigrations)
 	// cache_aware's thresholds
 	cacheThreshold float64
 	balanceAbs     int
@@ -157,6 +168,13 @@ func New(o Options) (*Router, error) {
 	case retries < 0:
 		retries = 0
 	}
+	migrations := o.MaxMigrations
+	switch {
+	case migrations == 0:
+		migrations = DefaultMaxMigrations
+	case migrations < 0:
+		migrations = 0
+	}
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -176,7 +194,7 @@ func New(o Options) (*Router, error) {
 		o.QueueTimeout = time.Minute
 	}
 	r := &Router{
-		o: o, policy: policy, retries: retries, log: log, m: m, rm: newRouterMetrics(m.Registerer),
+		o: o, policy: policy, retries: retries, migrations: migrations, log: log, m: m, rm: newRouterMetrics(m.Registerer),
 		done: make(chan struct{}), queue: queue{max: o.MaxQueued, timeout: o.QueueTimeout},
 		cacheThreshold: o.CacheThreshold, balanceAbs: o.BalanceAbsThreshold, balanceRel: o.BalanceRelThreshold,
 		// Each probe's context bounds its requests, so the client needs no

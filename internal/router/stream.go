@@ -64,10 +64,15 @@ type stream struct {
 	started   chan<- error // nil once the first event is ready
 	gotToken  bool         // this attempt delivered a token
 	lastToken time.Time
-	// orig is the request's own prompt and sent the tokens the caller
-	// took, over every attempt: a request decode's spec guard stopped
-	// goes on elsewhere with sent joined to its prompt.
+	// orig and origP are the request's own prompt and parameters, and
+	// sent the tokens the caller took, over every attempt: a request
+	// that migrates goes on elsewhere with sent joined to its prompt and
+	// taken off its bounds (migrate).
 	orig, sent []int32
+	origP      request.Params
+	// migrations counts the request's moves to another pair after tokens
+	// reached the caller, whatever the reason; at most Router.migrations.
+	migrations int
 	// spec sums the attempts' speculation figures; suspect are the decode
 	// workers whose spec guard stopped this request, never tried again.
 	spec    request.SpecCounts
@@ -79,7 +84,7 @@ type stream struct {
 
 func newStream(r *Router, id string, prompt []int32, p request.Params, log *slog.Logger) *stream {
 	return &stream{
-		r: r, id: id, prompt: prompt, orig: prompt, p: p, log: log, start: time.Now(),
+		r: r, id: id, prompt: prompt, orig: prompt, p: p, origP: p, log: log, start: time.Now(),
 		md:     metadata.AppendToOutgoingContext(context.Background(), RequestIDKey, id),
 		events: make(chan request.Event), quit: make(chan struct{}),
 	}
@@ -118,10 +123,29 @@ type failure struct {
 	// detail is what happened, in the workers' words, for the log only.
 	detail error
 	retry  bool
-	// anomaly: decode's spec guard stopped the request after tokens
-	// reached the caller; it ended it there, so nothing needs aborting.
-	anomaly bool
+	// midStream is set on a failure after tokens reached the caller that
+	// the request may go on from on another pair: why (a migrate* reason,
+	// the label of baton_router_migrations_total). The decode worker has
+	// ended the request or was told to, so nothing needs aborting.
+	midStream string
+	// afterTokens: the failure came after tokens reached the caller, so
+	// it ends the stream with an error event unless the request migrates.
+	afterTokens bool
 }
+
+// Why a request migrates to another pair after tokens reached the caller.
+const (
+	migrateDecodeGone  = "decode_gone"  // its token stream broke: process gone, connection reset, Unavailable
+	migrateDecodeError = "decode_error" // decode reported a failure of its own (5xx) on the stream
+	migrateSpecGuard   = "spec_guard"   // decode's spec guard found its KV suspect (finish spec_anomaly)
+)
+
+// migrateReasons are every label baton_router_migrations_total takes.
+var migrateReasons = []string{migrateDecodeGone, migrateDecodeError, migrateSpecGuard}
+
+// anomaly: decode's spec guard stopped the request after tokens reached
+// the caller.
+func (f *failure) anomaly() bool { return f.midStream == migrateSpecGuard }
 
 // run drives the attempts. started receives nil once the first event (a
 // token, or the end of a request that generated none) is ready, or the
@@ -196,13 +220,19 @@ func (s *stream) run(started chan<- error) {
 			}
 		}
 		last = *f
-		if f.anomaly {
-			if !s.resume(d, avoid) {
+		if f.afterTokens {
+			if f.midStream != "" {
+				s.to(phaseMigrating)
+			}
+			if s.finishedAt(f) {
+				return
+			}
+			if !s.migrate(&last, d, avoid) {
 				break
 			}
-			s.r.rm.retries.WithLabelValues(f.stage).Inc()
-			s.log.Warn("decode's spec guard stopped the request; continuing on another pair",
-				"decode", d.url, "prefill", p.url, "delivered", len(s.sent), "err", f.detail)
+			tries = 0
+			s.log.Warn("decode failed the request after tokens reached the client; continuing on another pair",
+				"reason", f.midStream, "decode", d.url, "prefill", p.url, "delivered", len(s.sent), "migration", s.migrations, "err", f.detail)
 			continue
 		}
 		if f.noRoom() && s.r.queue.max > 0 && s.r.mayFreeUp(d, f) && (tries >= s.r.retries || !s.r.untriedDecode(avoid)) {
@@ -254,29 +284,85 @@ func (s *stream) run(started chan<- error) {
 	s.finish(request.Event{Finish: request.FinishError, Err: asError(last.err)})
 }
 
-// resume prepares another attempt after decode d's spec guard stopped the
-// request: the tokens the caller took join the prompt and come off
-// max_tokens (and min_tokens), so that the next pair goes on where d
-// stopped and the client sees one stream without repeats. False: this
-// was the request's second trip, or no other decode worker is there to
-// take it, and the client gets an error.
-func (s *stream) resume(d *worker, avoid map[*worker]bool) bool {
-	if s.suspect == nil {
-		s.suspect = map[*worker]bool{}
-	}
-	s.suspect[d] = true
-	if len(s.suspect) > 1 || !s.r.untriedDecode(avoid) {
+// migrate prepares another attempt after decode worker d failed the
+// request mid-stream: the tokens the caller took join the prompt and come
+// off max_tokens (and min_tokens), so that the next pair goes on where d
+// stopped and the client reads one stream with no token repeated or
+// missing. The sampling parameters stay the request's own. False: the
+// request may not go on, and last (its error reworded where the reason is
+// the bound) ends it: the failure is not one to migrate on (a client that
+// left, a 4xx, the router shutting down), it has migrated the most
+// --max-migrations allows, no healthy decode worker but d is there, or
+// decode's spec guard stopped it a second time.
+func (s *stream) migrate(last *failure, d *worker, avoid map[*worker]bool) bool {
+	if last.midStream == "" || s.quitting() || s.r.closed.Load() {
 		return false
 	}
-	s.prompt = append(append(make([]int32, 0, len(s.orig)+len(s.sent)), s.orig...), s.sent...)
-	// One resume per request (a second trip ends it), so s.p still holds
-	// the request's own bounds here.
-	if s.p.MaxTokens > 0 {
-		s.p.MaxTokens -= len(s.sent)
+	if last.anomaly() {
+		if s.suspect == nil {
+			s.suspect = map[*worker]bool{}
+		}
+		s.suspect[d] = true
+		if len(s.suspect) > 1 {
+			return false
+		}
 	}
-	s.p.MinTokens = max(0, s.p.MinTokens-len(s.sent))
-	s.p.PromptLogprobs = false
+	if s.migrations >= s.r.migrations {
+		if s.migrations > 0 && !last.anomaly() {
+			last.err = &Error{Status: http.StatusBadGateway, Message: fmt.Sprintf(msgMigrations, s.migrations+1)}
+		}
+		last.detail = fmt.Errorf("%w (after %d migrations, the most allowed)", last.detail, s.migrations)
+		return false
+	}
+	// The failed worker is passed over while any other will do; the
+	// prefill worker did nothing wrong. Suspects are never tried again.
+	clear(avoid)
+	avoid[d] = true
+	for w := range s.suspect {
+		avoid[w] = true
+	}
+	if !s.r.untriedDecode(avoid) {
+		return false
+	}
+	s.migrations++
+	s.r.rm.migrations.WithLabelValues(last.midStream).Inc()
+	if last.anomaly() {
+		s.r.rm.retries.WithLabelValues(last.stage).Inc()
+	}
+	s.prompt = append(append(make([]int32, 0, len(s.orig)+len(s.sent)), s.orig...), s.sent...)
+	s.p = s.continuation()
 	s.gotToken = false
+	return true
+}
+
+// continuation is the request's own parameters for an attempt that goes on
+// after the tokens the caller has: its bounds less what was sent, its
+// prompt's logprobs (delivered with the first token) not asked again.
+func (s *stream) continuation() request.Params {
+	p := s.origP
+	if p.MaxTokens > 0 {
+		p.MaxTokens -= len(s.sent)
+	}
+	p.MinTokens = max(0, p.MinTokens-len(s.sent))
+	p.PromptLogprobs = false
+	return p
+}
+
+// finishedAt ends a request whose decode worker failed after sending its
+// last token but before saying so: max_tokens are all out, and a
+// continuation would be asked for none, which reads as "up to the context
+// length".
+func (s *stream) finishedAt(f *failure) bool {
+	if s.origP.MaxTokens == 0 || len(s.sent) < s.origP.MaxTokens || f.midStream == "" {
+		return false
+	}
+	ev := request.Event{Finish: request.FinishLength}
+	if s.spec.Steps > 0 {
+		c := s.spec
+		ev.Spec = &c
+	}
+	s.log.Warn("decode failed the request after its last token; it ends there", "reason", f.midStream, "err", f.detail)
+	s.finish(ev)
 	return true
 }
 
@@ -342,8 +428,9 @@ type received struct {
 // relay runs one attempt on a reservation: it opens decode's token stream,
 // asks prefill to fill the reservation, and passes tokens on until the
 // request ends. nil means the request is over (last event delivered, or
-// the caller cancelled or stopped); a failure means no token was delivered
-// and the reservation was cancelled.
+// the caller cancelled or stopped); a failure means either that no token
+// was delivered and the reservation was cancelled, or (afterTokens) that
+// decode failed the request after tokens and has ended it or was told to.
 func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, res *pdv1.Reservation) *failure {
 	s.to(phaseRelaying)
 	log := s.log.With("decode", d.url, "prefill", p.url, "room", res.Room, "epoch", res.Epoch)
@@ -400,11 +487,10 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				if s.gotToken {
 					log.Warn("stream failed after the first token", "err", it.err)
 					// A decode worker that is still alive may not have seen
-					// the break; the request is over either way.
+					// the break; this attempt is over either way.
 					s.abort(log, dc, res, "token stream to the router broke")
-					s.finish(request.Event{Finish: request.FinishError, Err: &Error{Status: http.StatusBadGateway, Message: msgInterrupted}})
 					s.settle(nil, pending)
-					return nil
+					return broken(it.err)
 				}
 				var f *failure
 				if errors.Is(it.err, io.EOF) {
@@ -419,7 +505,8 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				return f
 			}
 			if done, f := s.forward(log, it.ev, dc, res); f != nil {
-				if f.anomaly {
+				if f.afterTokens {
+					// Decode ended the request with the event that said so.
 					s.settle(recv, pending)
 					return f
 				}
@@ -444,7 +531,11 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 	if te.Token != nil {
 		tok := pdwire.TokenFromPB(te.Token)
 		ev.Token = &tok
-		ev.CachedTokens = int(te.CachedTokens)
+		if len(s.sent) == 0 {
+			// A continuation's figure is of its own prompt, which holds
+			// tokens the client did not send.
+			ev.CachedTokens = int(te.CachedTokens)
+		}
 		if s.p.PromptLogprobs && !s.gotToken {
 			for _, t := range te.PromptLogprobs[:min(len(te.PromptLogprobs), max(0, len(s.prompt)-1))] {
 				ev.Prompt = append(ev.Prompt, pdwire.TokenFromPB(t))
@@ -460,17 +551,21 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 		// Decode stopped the request before the step that tripped its
 		// guard sent anything, and ended it there; the run loop goes on
 		// on another pair, or tells the client.
-		return false, &failure{stage: "spec_anomaly", anomaly: true, err: &Error{Status: http.StatusBadGateway, Message: msgAnomaly},
-			detail: fmt.Errorf("decode's spec guard: %s", te.Error)}
+		return false, &failure{stage: "spec_anomaly", midStream: migrateSpecGuard, afterTokens: true,
+			err: &Error{Status: http.StatusBadGateway, Message: msgAnomaly}, detail: fmt.Errorf("decode's spec guard: %s", te.Error)}
 	case te.Error != "":
 		st := httpStatus(te.Code)
 		e := decodeEventError(st, te.Error, !first)
+		detail := fmt.Errorf("decode error event %d: %s", te.Code, te.Error)
 		if first {
 			// Nothing reached the client yet: its answer is still a status,
 			// and a failure that another pair may not repeat is retried.
-			return false, &failure{stage: "decode", err: e, retry: retryableHTTP(st), detail: fmt.Errorf("decode error event %d: %s", te.Code, te.Error)}
+			return false, &failure{stage: "decode", err: e, retry: retryableHTTP(st), detail: detail}
 		}
 		log.Warn("decode failed the request", "code", te.Code, "err", te.Error)
+		if why := eventMigration(st); why != "" {
+			return false, &failure{stage: "decode", midStream: why, afterTokens: true, err: e, detail: detail}
+		}
 		ev.Finish, ev.Err = request.FinishError, e
 	case te.Finish == request.FinishStop || te.Finish == request.FinishLength:
 		ev.Finish = te.Finish
@@ -604,6 +699,51 @@ func (s *stream) settle(recv <-chan received, pending <-chan error) {
 			return
 		}
 	}
+}
+
+// broken is a token stream that ended without a last event after tokens
+// reached the caller. A decode worker that went away (process gone,
+// connection reset, Unavailable, an orderly close with the request still
+// running) or failed the stream itself lets the request go on elsewhere;
+// Canceled is the router's own doing (the caller left, or it is shutting
+// down), and a refusal (InvalidArgument, FailedPrecondition, ...) would be
+// refused again, so those end it.
+func broken(err error) *failure {
+	f := &failure{stage: "stream", code: codes.Unknown, afterTokens: true,
+		err: &Error{Status: http.StatusBadGateway, Message: msgInterrupted}, detail: fmt.Errorf("decode token stream broke: %w", err)}
+	if errors.Is(err, io.EOF) {
+		f.midStream = migrateDecodeGone
+		return f
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		f.midStream = migrateDecodeGone // below gRPC: a reset connection
+		return f
+	}
+	f.code = st.Code()
+	switch st.Code() {
+	case codes.Unavailable, codes.Aborted:
+		f.midStream = migrateDecodeGone
+	case codes.Internal, codes.Unknown, codes.DataLoss, codes.DeadlineExceeded, codes.ResourceExhausted:
+		f.midStream = migrateDecodeError
+	}
+	return f
+}
+
+// eventMigration says whether decode's error event after tokens lets the
+// request go on elsewhere: a failure of decode's own (5xx), or decode
+// letting the request go without the router asking (499: its shutdown;
+// the router reads no events after it asked). A 4xx is the request's own
+// fault (a constraint that admits nothing), which another pair would
+// repeat.
+func eventMigration(status int) string {
+	switch {
+	case status >= 500:
+		return migrateDecodeError
+	case status == 499:
+		return migrateDecodeGone
+	}
+	return ""
 }
 
 // rpcFailure classifies a failed worker call. Unavailable,
