@@ -45,7 +45,7 @@ var flagRoles = map[string][]string{
 	"speculative-num-steps": {"standalone", "decode"}, "speculative-draft-model-path": {"standalone", "decode"},
 	"speculative-draft-load-format": {"standalone", "decode"}, "speculative-disable-by-batch-size": {"standalone", "decode"},
 	"max-queued-requests": {"standalone", "prefill", "router"},
-	"queue-timeout":       {"router"},
+	"queue-timeout":       {"router"}, "max-migrations": {"router"},
 
 	"disaggregation-mode":             {"prefill", "decode", "standalone"},
 	"disaggregation-transfer-backend": workerRoles, "transport": workerRoles,

@@ -70,7 +70,8 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	}
 	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy,
 		CacheThreshold: f.cacheThresh, BalanceAbsThreshold: f.balanceAbs, BalanceRelThreshold: f.balanceRel, APIKey: f.apiKey, Metrics: ms, Logger: log, Auth: plane,
-		ModelName: name, TokenizerFingerprint: tok.Fingerprint(), MaxQueued: f.maxQueued, QueueTimeout: f.queueTimeout})
+		ModelName: name, TokenizerFingerprint: tok.Fingerprint(), MaxQueued: f.maxQueued, QueueTimeout: f.queueTimeout,
+		MaxMigrations: routerMigrations(f.maxMigrations)})
 	if err != nil {
 		return err
 	}
@@ -140,6 +141,15 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		stopping.Store(!ready)
 		srv.SetReady(ready && rt.Ready())
 	}, drain)
+}
+
+// routerMigrations is --max-migrations as router.Options takes it, where 0
+// means the default and "never" is negative.
+func routerMigrations(flag int) int {
+	if flag == 0 {
+		return -1
+	}
+	return flag
 }
 
 // learnTokenizer asks the prefill workers for their tokenizer's files (a

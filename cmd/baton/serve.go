@@ -65,6 +65,7 @@ type serveFlags struct {
 	maxRunning        int
 	maxQueued         int
 	queueTimeout      time.Duration
+	maxMigrations     int
 	preemptAfter      time.Duration
 	specAlgorithm     string
 	specDraftTokens   int
@@ -250,6 +251,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.allowCredentials, "allow-credentials", false, "standalone/router: let browsers send credentials (cookies, Authorization) cross-origin")
 	fs.StringVar(&f.reasoningParser, "reasoning-parser", "", "standalone/router: split <think> blocks into reasoning_content: "+strings.Join(reasoning.Formats, " | "))
 	fs.DurationVar(&f.queueTimeout, "queue-timeout", time.Minute, "router: how long a request may wait in the queue for a decode worker with room; then 429 with Retry-After")
+	fs.IntVar(&f.maxMigrations, "max-migrations", router.DefaultMaxMigrations, "router: most times a request whose decode worker fails after tokens reached the client is continued on another pair from the tokens it has (0: never)")
 	return cmd
 }
 
@@ -317,6 +319,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--speculative-disable-by-batch-size must not be negative")
 	case f.queueTimeout <= 0:
 		return fmt.Errorf("--queue-timeout must be positive")
+	case f.maxMigrations < 0:
+		return fmt.Errorf("--max-migrations must not be negative")
 	case f.metricsKey && f.apiKey == "":
 		return fmt.Errorf("--metrics-require-key needs --api-key")
 	case f.transport != "tcp" && f.transport != "ucx":
