@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/batonlm/baton/internal/grammar"
 	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
@@ -37,7 +39,16 @@ func (cs *constraints) matcher(c scheduler.Constraint, tenant prefixcache.Salt) 
 	if err != nil {
 		return nil, err
 	}
-	return grammarMatcher{comp.NewMatcher(), comp.MaskWords()}, nil
+	m := comp.NewMatcher()
+	// A continuation of a request another pair failed mid-stream: its
+	// output so far was chosen under this constraint, so the state the
+	// next token is chosen in is past it.
+	for _, id := range c.Generated {
+		if err := m.Accept(id); err != nil {
+			return nil, fmt.Errorf("the output generated so far does not follow the constraint at token %d: %w", id, err)
+		}
+	}
+	return grammarMatcher{m, comp.MaskWords()}, nil
 }
 
 type grammarMatcher struct {

@@ -37,3 +37,50 @@ func TestConstraintsPerTenant(t *testing.T) {
 		t.Fatalf("matcher for a tenant that checked already: %v, %d compiled", err, cs.cache.Len())
 	}
 }
+
+// A continuation's matcher starts past the output generated so far: after
+// "ab" under ab+c only b and c may come, as on the pair that generated it,
+// and output the constraint refuses is an error, not a fresh start.
+func TestConstraintMatcherStartsPastGenerated(t *testing.T) {
+	f, err := gguf.Parse(bundled.Stories260K)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.FromGGUF(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := func(s string) int32 {
+		t.Helper()
+		v, ok := tok.TokenID(s)
+		if !ok {
+			t.Fatalf("no token %q", s)
+		}
+		return v
+	}
+	a, b, c := id("a"), id("b"), id("c")
+	cs := newConstraints(tok)
+	var tenant prefixcache.Salt
+	allowed := func(m scheduler.Matcher, id int32) bool {
+		mask := make([]uint64, m.MaskWords())
+		m.FillMask(mask)
+		return mask[id/64]&(1<<(id%64)) != 0
+	}
+	fresh, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c"}, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !allowed(fresh, a) || allowed(fresh, b) {
+		t.Fatal("a fresh matcher of ab+c does not start at a")
+	}
+	m, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c", Generated: []int32{a, b}}, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if allowed(m, a) || !allowed(m, b) || !allowed(m, c) {
+		t.Errorf("after ab: a %v, b %v, c %v allowed; want b and c only", allowed(m, a), allowed(m, b), allowed(m, c))
+	}
+	if _, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c", Generated: []int32{b}}, tenant); err == nil {
+		t.Error("output the constraint refuses gave a matcher")
+	}
+}

@@ -50,6 +50,10 @@ type Sampled struct {
 // expression or grammar. The zero value constrains nothing.
 type Constraint struct {
 	Kind, Spec string
+	// Generated are tokens the request already generated under the
+	// constraint elsewhere (a continuation after its decode worker failed
+	// it: they end its prompt): a matcher starts past them.
+	Generated []int32
 }
 
 // Salt keeps one tenant's prefix-cache pages from another's: a request

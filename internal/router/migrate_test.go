@@ -437,3 +437,36 @@ func TestMigrationNotOnClientOrRequestFault(t *testing.T) {
 		}
 	})
 }
+
+// A structured-output request continues with the output the client has
+// given to the constraint, so that the new pair's matchers start past it;
+// one without a constraint sends none.
+func TestMigrationCarriesTheConstraintsOutput(t *testing.T) {
+	for _, kind := range []string{"regex", ""} {
+		c := newCluster(t, 1, 2, nil)
+		c.refresh()
+		b := &breaking{t: t, fails: []breakAfter{{3, unavailable}}}
+		b.install(c)
+		st, err := c.generate("constrained", migrationPrompt, request.Params{MaxTokens: 6, Constraint: request.Constraint{Kind: kind, Spec: "x"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if toks, _ := readAll(t, st); !slices.Equal(toks, greedyRun(6)) {
+			t.Fatalf("the client read %v", toks)
+		}
+		res := reservedInOrder(c)
+		if len(res) != 2 {
+			t.Fatalf("%d reservations", len(res))
+		}
+		want := greedyRun(3)
+		if kind == "" {
+			want = nil
+		}
+		if got := res[1].Sampling.ConstraintGenerated; !slices.Equal(got, want) || res[1].Sampling.ConstraintKind != kind {
+			t.Errorf("constraint %q: continuation carries %v, want %v", kind, got, want)
+		}
+		if got := res[0].Sampling.ConstraintGenerated; len(got) != 0 {
+			t.Errorf("the first attempt carries generated output %v", got)
+		}
+	}
+}

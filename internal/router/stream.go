@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -337,7 +338,8 @@ func (s *stream) migrate(last *failure, d *worker, avoid map[*worker]bool) bool 
 
 // continuation is the request's own parameters for an attempt that goes on
 // after the tokens the caller has: its bounds less what was sent, its
-// prompt's logprobs (delivered with the first token) not asked again.
+// prompt's logprobs (delivered with the first token) not asked again, and
+// a constraint given the output so far.
 func (s *stream) continuation() request.Params {
 	p := s.origP
 	if p.MaxTokens > 0 {
@@ -345,6 +347,11 @@ func (s *stream) continuation() request.Params {
 	}
 	p.MinTokens = max(0, p.MinTokens-len(s.sent))
 	p.PromptLogprobs = false
+	if p.Constraint.Kind != "" {
+		// The new pair's matchers start from the constraint's first state;
+		// they must start past the output the client has.
+		p.Constraint.Generated = slices.Clone(s.sent)
+	}
 	return p
 }
 

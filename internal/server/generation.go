@@ -101,7 +101,7 @@ func (g *generation) params() scheduler.Params {
 		p.Sampling.TopLogprobs = sp.TopLogprobs
 	}
 	p.PromptLogprobs = g.echoLogprobs
-	p.Constraint = scheduler.Constraint(sp.Constraint)
+	p.Constraint = scheduler.Constraint{Kind: sp.Constraint.Kind, Spec: sp.Constraint.Spec}
 	p.Tenant = g.tenant
 	if sp.Seed != nil {
 		seed := uint64(*sp.Seed)

@@ -357,9 +357,13 @@ type SamplingParams struct {
 	// The request's prefix cache tenant (a salt derived from its API key and
 	// cache_salt, never the key): a worker reads cached KV pages only of
 	// requests with the same one.
-	Tenant        []byte `protobuf:"bytes,18,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Tenant []byte `protobuf:"bytes,18,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Tokens the request already generated under the constraint, on a pair
+	// that failed it mid-stream (they end the prompt here): the constraint's
+	// state starts past them.
+	ConstraintGenerated []int32 `protobuf:"varint,19,rep,packed,name=constraint_generated,json=constraintGenerated,proto3" json:"constraint_generated,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -514,6 +518,13 @@ func (x *SamplingParams) GetConstraintSpec() string {
 func (x *SamplingParams) GetTenant() []byte {
 	if x != nil {
 		return x.Tenant
+	}
+	return nil
+}
+
+func (x *SamplingParams) GetConstraintGenerated() []int32 {
+	if x != nil {
+		return x.ConstraintGenerated
 	}
 	return nil
 }
@@ -1599,7 +1610,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\x12!\n" +
 	"\fserved_model\x18\x0f \x01(\tR\vservedModel\x123\n" +
 	"\x15tokenizer_fingerprint\x18\x10 \x01(\tR\x14tokenizerFingerprint\x12!\n" +
-	"\fcached_pages\x18\x11 \x01(\rR\vcachedPages\"\xdc\x05\n" +
+	"\fcached_pages\x18\x11 \x01(\rR\vcachedPages\"\x8f\x06\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
@@ -1623,7 +1634,8 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x0fprompt_logprobs\x18\x0f \x01(\bR\x0epromptLogprobs\x12'\n" +
 	"\x0fconstraint_kind\x18\x10 \x01(\tR\x0econstraintKind\x12'\n" +
 	"\x0fconstraint_spec\x18\x11 \x01(\tR\x0econstraintSpec\x12\x16\n" +
-	"\x06tenant\x18\x12 \x01(\fR\x06tenant\x1a<\n" +
+	"\x06tenant\x18\x12 \x01(\fR\x06tenant\x121\n" +
+	"\x14constraint_generated\x18\x13 \x03(\x05R\x13constraintGenerated\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\a\n" +
