@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -183,5 +184,21 @@ func TestWaitP99(t *testing.T) {
 	}
 	if w := waitP99(2, 3, 1); w <= 1e300 {
 		t.Errorf("overload waits %v, want +Inf", w)
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	h := Histogram{Bounds: []float64{0.1, 0.5, 1, math.Inf(1)}, Counts: []float64{50, 90, 100, 100}, Count: 100}
+	for q, want := range map[float64]float64{0.5: 0.1, 0.7: 0.3, 0.95: 0.75, 0.99: 0.95} {
+		if got := h.Quantile(q); math.Abs(got-want) > 1e-9 {
+			t.Errorf("q%.2f = %v, want %v", q, got, want)
+		}
+	}
+	prev := Histogram{Bounds: h.Bounds, Counts: []float64{50, 50, 50, 50}, Count: 50}
+	if got := h.Sub(prev).Quantile(0.5); math.Abs(got-0.35) > 1e-9 { // 25th of 40 in (0.1, 0.5]
+		t.Errorf("window median %v, want 0.35", got)
+	}
+	if (Histogram{}).Quantile(0.99) != 0 {
+		t.Error("empty histogram has a quantile")
 	}
 }
