@@ -39,7 +39,7 @@ type Result struct {
 	WorkerHours, PrefillHours, DecodeHours float64
 	// TTFT and per-request mean ITL percentiles, seconds.
 	TTFTP50, TTFTP99, ITLP50, ITLP99 float64
-	MaxPrefill, MaxDecode             int
+	MaxPrefill, MaxDecode            int
 	// Changes are the planner's decisions that moved a count.
 	Changes []planner.RoleDecision
 	// End is when the last request finished.
@@ -109,8 +109,8 @@ func (e events) Len() int { return len(e) }
 func (e events) Less(i, j int) bool {
 	return e[i].at < e[j].at || (e[i].at == e[j].at && e[i].seq < e[j].seq)
 }
-func (e events) Swap(i, j int)  { e[i], e[j] = e[j], e[i] }
-func (e *events) Push(x any)    { *e = append(*e, x.(*event)) }
+func (e events) Swap(i, j int) { e[i], e[j] = e[j], e[i] }
+func (e *events) Push(x any)   { *e = append(*e, x.(*event)) }
 func (e *events) Pop() (x any) { old := *e; x, *e = old[len(old)-1], old[:len(old)-1]; return x }
 
 type sim struct {
@@ -127,7 +127,7 @@ type sim struct {
 
 	// The current window's figures, as a scrape would see them.
 	winPrompt, winGen, winArrived, winOut int
-	winTTFT, winITL                      planner.Histogram
+	winTTFT, winITL                       planner.Histogram
 }
 
 // Run replays reqs (in arrival order) on the fleet cfg describes.
