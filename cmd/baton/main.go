@@ -26,7 +26,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), versionCmd(), envCmd(), checkCmd(), modelCmd(), benchCmd(), keysCmd())
+	root.AddCommand(serveCmd(), versionCmd(), envCmd(), checkCmd(), modelCmd(), benchCmd(), keysCmd(), planCmd(), simCmd())
 	return root
 }
 

@@ -79,6 +79,9 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	rctx, rstop := context.WithCancel(context.Background())
 	defer rstop()
 	rt.Start(rctx)
+	if err := startPlanner(rctx, f, rt, ms, log); err != nil {
+		return err
+	}
 	// A router told nothing of the model serves the bundled one's name and
 	// tokenizer; workers that report another identity are a router started
 	// without their --model, which must not come up half-configured.

@@ -114,6 +114,7 @@ type serveFlags struct {
 
 	// internal plane (router, prefill, decode)
 	internal internalFlags
+	planner  plannerFlags // router --planner (plan.go)
 
 	// router
 	prefillURLs []string
@@ -173,6 +174,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 		},
 	}
 	fs := cmd.Flags()
+	f.planner.register(fs, true)
 	fs.StringVar(&f.role, "role", "standalone", "standalone | prefill | decode | router")
 	fs.StringVar(&f.modelPath, "model", "", "GGUF file, Hugging Face model directory (config.json + safetensors), or a config.json with --load-format dummy; empty: the bundled stories260K")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")
