@@ -46,6 +46,8 @@ var flagRoles = map[string][]string{
 	"speculative-draft-load-format": {"standalone", "decode"}, "speculative-disable-by-batch-size": {"standalone", "decode"},
 	"max-queued-requests": {"standalone", "prefill", "router"},
 	"queue-timeout":       {"router"}, "max-migrations": {"router"},
+	"planner": {"router"}, "planner-interval": {"router"}, "ttft-slo": {"router"}, "itl-slo": {"router"},
+	"planner-capacity": {"router"},
 
 	"disaggregation-mode":             {"prefill", "decode", "standalone"},
 	"disaggregation-transfer-backend": workerRoles, "transport": workerRoles,

@@ -61,12 +61,6 @@ func (p *plannerFlags) register(fs *pflag.FlagSet, serve bool) {
 	}
 }
 
-func init() {
-	for _, name := range []string{"planner", "planner-interval", "ttft-slo", "itl-slo", "planner-capacity"} {
-		flagRoles[name] = []string{"router"}
-	}
-}
-
 // capacityJSON is the calibration file's form: durations as Go strings.
 type capacityJSON struct {
 	PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec"`
