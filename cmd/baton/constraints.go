@@ -34,7 +34,7 @@ func (cs *constraints) check(c scheduler.Constraint, tenant prefixcache.Salt) er
 }
 
 // matcher is a scheduler.Constrainer.
-func (cs *constraints) matcher(c scheduler.Constraint, tenant prefixcache.Salt) (scheduler.Matcher, error) {
+func (cs *constraints) matcher(c scheduler.Constraint, tenant prefixcache.Salt, output []int32) (scheduler.Matcher, error) {
 	comp, err := cs.cache.GetScoped(string(tenant[:]), c.Kind, c.Spec, cs.tok)
 	if err != nil {
 		return nil, err
@@ -43,7 +43,7 @@ func (cs *constraints) matcher(c scheduler.Constraint, tenant prefixcache.Salt) 
 	// A continuation of a request another pair failed mid-stream: its
 	// output so far was chosen under this constraint, so the state the
 	// next token is chosen in is past it.
-	for _, id := range c.Generated {
+	for _, id := range output {
 		if err := m.Accept(id); err != nil {
 			return nil, fmt.Errorf("the output generated so far does not follow the constraint at token %d: %w", id, err)
 		}

@@ -33,7 +33,7 @@ func TestConstraintsPerTenant(t *testing.T) {
 			t.Fatalf("after check %d: %d compiled grammars, want %d", i, cs.cache.Len(), want)
 		}
 	}
-	if _, err := cs.matcher(c, b); err != nil || cs.cache.Len() != 2 {
+	if _, err := cs.matcher(c, b, nil); err != nil || cs.cache.Len() != 2 {
 		t.Fatalf("matcher for a tenant that checked already: %v, %d compiled", err, cs.cache.Len())
 	}
 }
@@ -66,21 +66,21 @@ func TestConstraintMatcherStartsPastGenerated(t *testing.T) {
 		m.FillMask(mask)
 		return mask[id/64]&(1<<(id%64)) != 0
 	}
-	fresh, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c"}, tenant)
+	fresh, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c"}, tenant, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !allowed(fresh, a) || allowed(fresh, b) {
 		t.Fatal("a fresh matcher of ab+c does not start at a")
 	}
-	m, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c", Generated: []int32{a, b}}, tenant)
+	m, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c"}, tenant, []int32{a, b})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if allowed(m, a) || !allowed(m, b) || !allowed(m, c) {
 		t.Errorf("after ab: a %v, b %v, c %v allowed; want b and c only", allowed(m, a), allowed(m, b), allowed(m, c))
 	}
-	if _, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c", Generated: []int32{b}}, tenant); err == nil {
+	if _, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c"}, tenant, []int32{b}); err == nil {
 		t.Error("output the constraint refuses gave a matcher")
 	}
 }

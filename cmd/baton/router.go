@@ -71,7 +71,7 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	rt, err := router.New(router.Options{Prefill: f.prefillURLs, Decode: f.decodeURLs, Policy: f.policy,
 		CacheThreshold: f.cacheThresh, BalanceAbsThreshold: f.balanceAbs, BalanceRelThreshold: f.balanceRel, APIKey: f.apiKey, Metrics: ms, Logger: log, Auth: plane,
 		ModelName: name, TokenizerFingerprint: tok.Fingerprint(), MaxQueued: f.maxQueued, QueueTimeout: f.queueTimeout,
-		MaxMigrations: routerMigrations(f.maxMigrations)})
+		MaxMigrations: zeroIsNever(f.maxMigrations), DisaggPrefillThreshold: zeroIsNever(f.disaggThreshold)})
 	if err != nil {
 		return err
 	}
@@ -146,9 +146,10 @@ func runRouter(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	}, drain)
 }
 
-// routerMigrations is --max-migrations as router.Options takes it, where 0
-// means the default and "never" is negative.
-func routerMigrations(flag int) int {
+// zeroIsNever is a count flag whose 0 means never (--max-migrations,
+// --disagg-prefill-threshold) as router.Options takes it, where 0 means
+// the default and never is negative.
+func zeroIsNever(flag int) int {
 	if flag == 0 {
 		return -1
 	}

@@ -66,6 +66,7 @@ type serveFlags struct {
 	maxQueued         int
 	queueTimeout      time.Duration
 	maxMigrations     int
+	disaggThreshold   int
 	preemptAfter      time.Duration
 	specAlgorithm     string
 	specDraftTokens   int
@@ -254,6 +255,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.reasoningParser, "reasoning-parser", "", "standalone/router: split <think> blocks into reasoning_content: "+strings.Join(reasoning.Formats, " | "))
 	fs.DurationVar(&f.queueTimeout, "queue-timeout", time.Minute, "router: how long a request may wait in the queue for a decode worker with room; then 429 with Retry-After")
 	fs.IntVar(&f.maxMigrations, "max-migrations", router.DefaultMaxMigrations, "router: most times a request whose decode worker fails after tokens reached the client is continued on another pair from the tokens it has (0: never)")
+	fs.IntVar(&f.disaggThreshold, "disagg-prefill-threshold", router.DefaultDisaggPrefillThreshold, "router: compute a prompt on its decode worker, with no handoff, when the part the worker is not thought to cache is at most this many tokens, or it caches most of the prompt (0: hand every prompt over)")
 	return cmd
 }
 
@@ -323,6 +325,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--queue-timeout must be positive")
 	case f.maxMigrations < 0:
 		return fmt.Errorf("--max-migrations must not be negative")
+	case f.disaggThreshold < 0:
+		return fmt.Errorf("--disagg-prefill-threshold must not be negative")
 	case f.metricsKey && f.apiKey == "":
 		return fmt.Errorf("--metrics-require-key needs --api-key")
 	case f.transport != "tcp" && f.transport != "ucx":

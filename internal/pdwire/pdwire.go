@@ -19,8 +19,8 @@ func ToPB(p request.Params) *pdv1.SamplingParams {
 		PresencePenalty: p.Sampling.PresencePenalty, FrequencyPenalty: p.Sampling.FrequencyPenalty,
 		RepetitionPenalty: p.Sampling.RepetitionPenalty, MinTokens: uint32(max(0, p.MinTokens)),
 		PromptLogprobs: p.PromptLogprobs, ConstraintKind: p.Constraint.Kind, ConstraintSpec: p.Constraint.Spec,
-		ConstraintGenerated: p.Constraint.Generated,
-		Tenant:              p.Tenant[:],
+		Continued: uint32(max(0, p.Continued)),
+		Tenant:    p.Tenant[:],
 	}
 }
 
@@ -33,7 +33,7 @@ func FromPB(s *pdv1.SamplingParams) request.Params {
 		Sampling: request.Sampling{Temperature: s.Temperature, TopP: s.TopP, TopK: int(s.TopK), MinP: s.MinP, TopLogprobs: int(s.TopLogprobs),
 			LogitBias: s.LogitBias, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepetitionPenalty: s.RepetitionPenalty},
 		MaxTokens: int(s.MaxTokens), StopTokenIDs: s.StopTokenIds, IgnoreEOS: s.IgnoreEos, MinTokens: int(s.MinTokens),
-		PromptLogprobs: s.PromptLogprobs, Constraint: request.Constraint{Kind: s.ConstraintKind, Spec: s.ConstraintSpec, Generated: s.ConstraintGenerated},
+		PromptLogprobs: s.PromptLogprobs, Constraint: request.Constraint{Kind: s.ConstraintKind, Spec: s.ConstraintSpec}, Continued: int(s.Continued),
 	}
 	if s.Seed != nil {
 		seed := *s.Seed

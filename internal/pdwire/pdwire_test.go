@@ -16,8 +16,9 @@ func fullParams() request.Params {
 		Sampling: request.Sampling{Temperature: 0.5, TopP: 0.9, TopK: 4, MinP: 0.1, TopLogprobs: 3,
 			LogitBias: map[int32]float64{5: -100, 7: 2}, PresencePenalty: 0.5, FrequencyPenalty: -1, RepetitionPenalty: 1.2},
 		MaxTokens: 12, Seed: &seed, StopTokenIDs: []int32{2, 3}, IgnoreEOS: true, MinTokens: 4, PromptLogprobs: true,
-		Constraint: request.Constraint{Kind: "regex", Spec: "a+", Generated: []int32{97}},
+		Constraint: request.Constraint{Kind: "regex", Spec: "a+"},
 		Tenant:     prefixcache.TenantSalt(prefixcache.ScopeKey, "key", "salt"),
+		Continued:  2,
 	}
 }
 

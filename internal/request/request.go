@@ -50,10 +50,6 @@ type Sampled struct {
 // expression or grammar. The zero value constrains nothing.
 type Constraint struct {
 	Kind, Spec string
-	// Generated are tokens the request already generated under the
-	// constraint elsewhere (a continuation after its decode worker failed
-	// it: they end its prompt): a matcher starts past them.
-	Generated []int32
 }
 
 // Salt keeps one tenant's prefix-cache pages from another's: a request
@@ -84,6 +80,17 @@ type Params struct {
 	// Tenant is the request's prefix cache salt: it reads cached pages
 	// only of requests with the same one.
 	Tenant Salt
+	// Continued counts the prompt's last tokens that are the request's own
+	// output from before it moved to this pair (a continuation after its
+	// decode worker failed it): the penalties weigh them as generated, and
+	// a constraint's state starts past them.
+	Continued int
+}
+
+// Output is the request's own output at the end of prompt (Continued of
+// its tokens, at most all of them).
+func (p Params) Output(prompt []int32) []int32 {
+	return prompt[len(prompt)-min(max(p.Continued, 0), len(prompt)):]
 }
 
 // Finish reasons, as the OpenAI API names them, and baton's own.

@@ -28,6 +28,7 @@ var callers = map[string][]auth.Role{
 	"/baton.pd.v1.Decode/Abort":      {auth.RoleRouter},
 	"/baton.pd.v1.Decode/Finish":     {auth.RoleRouter},
 	"/baton.pd.v1.Decode/Stream":     {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Generate":   {auth.RoleRouter},
 	"/baton.pd.v1.Prefill/Info":      {auth.RoleRouter},
 	"/baton.pd.v1.Prefill/Prefill":   {auth.RoleRouter},
 	"/baton.pd.v1.Prefill/Abort":     {auth.RoleDecode},

@@ -56,6 +56,7 @@ var wantCallers = map[string][]auth.Role{
 	"/baton.pd.v1.Decode/Abort":      {auth.RoleRouter},
 	"/baton.pd.v1.Decode/Finish":     {auth.RoleRouter},
 	"/baton.pd.v1.Decode/Stream":     {auth.RoleRouter},
+	"/baton.pd.v1.Decode/Generate":   {auth.RoleRouter},
 	"/baton.pd.v1.Prefill/Info":      {auth.RoleRouter},
 	"/baton.pd.v1.Prefill/Prefill":   {auth.RoleRouter},
 	"/baton.pd.v1.Prefill/Abort":     {auth.RoleDecode},
@@ -86,8 +87,16 @@ func serveAuthed(t *testing.T, p *auth.Plane) string {
 
 // callRPC makes the RPC method with an empty request and returns its error.
 func callRPC(ctx context.Context, cc *grpc.ClientConn, method string) error {
-	if method == "/baton.pd.v1.Decode/Stream" {
+	switch method {
+	case "/baton.pd.v1.Decode/Stream":
 		st, err := pdv1.NewDecodeClient(cc).Stream(ctx, &pdv1.StreamRequest{})
+		if err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	case "/baton.pd.v1.Decode/Generate":
+		st, err := pdv1.NewDecodeClient(cc).Generate(ctx, &pdv1.GenerateRequest{})
 		if err != nil {
 			return err
 		}

@@ -132,7 +132,7 @@ func (d *Decode) Close() {
 func (d *Decode) WorkerInfo() *pdv1.WorkerInfo {
 	running, queued := d.o.Engine.Load()
 	info := &pdv1.WorkerInfo{Role: "decode", Layout: d.o.Layout, ContextLength: uint32(d.o.ContextLength), MaxSequenceTokens: uint32(d.o.MaxSeq),
-		Running: uint32(running), Queued: uint32(queued), Transport: d.transport(), GrpcAddr: d.grpcAddr}
+		Running: uint32(running), Queued: uint32(queued), Transport: d.transport(), GrpcAddr: d.grpcAddr, PrefillsLocally: true}
 	info.TransferAddr = d.transferAddr
 	info.InternalAuth = describeAuth(d.o.Auth)
 	info.ServedModel, info.TokenizerFingerprint = d.o.Identity.ServedModel, d.o.Identity.Tokenizer

@@ -32,28 +32,7 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			rd.Gone("router stream closed")
 			return ctx.Err()
 		}
-		te := &pdv1.TokenEvent{Token: pdwire.TokenToPB(ev.Token), PromptLogprobs: pdwire.TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)}
-		if c := ev.Spec; c != nil {
-			te.SpecDraftTokens, te.SpecAcceptedTokens, te.SpecVerifySteps = uint32(c.Drafted), uint32(c.Accepted), uint32(c.Steps)
-		}
-		switch ev.Finish {
-		case "":
-		case scheduler.FinishStop, scheduler.FinishLength:
-			te.Finish = ev.Finish
-		case scheduler.FinishSpecAnomaly:
-			// Its own finish, not an error: the router retries it on
-			// another pair from the tokens the client already has.
-			te.Finish, te.Error, te.Code = ev.Finish, errString(ev.Err), 503
-		case scheduler.FinishAbort:
-			te.Error, te.Code = "request aborted: "+errString(ev.Err), 499
-		default:
-			te.Error, te.Code = errString(ev.Err), 500
-			var hs interface{ HTTPStatus() int }
-			if errors.As(ev.Err, &hs) && hs.HTTPStatus() == http.StatusBadRequest {
-				te.Code = http.StatusBadRequest // the request's own fault: the router says so
-			}
-		}
-		if err := out.Send(te); err != nil {
+		if err := out.Send(tokenEvent(ev)); err != nil {
 			rd.Gone("router stream broken")
 			return err
 		}
@@ -64,6 +43,33 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			return nil
 		}
 	}
+}
+
+// tokenEvent is an engine event as the router reads it: a token, or the
+// last event with its finish or its error (code an HTTP status).
+func tokenEvent(ev scheduler.Event) *pdv1.TokenEvent {
+	te := &pdv1.TokenEvent{Token: pdwire.TokenToPB(ev.Token), PromptLogprobs: pdwire.TokensToPB(ev.Prompt), CachedTokens: uint32(ev.CachedTokens)}
+	if c := ev.Spec; c != nil {
+		te.SpecDraftTokens, te.SpecAcceptedTokens, te.SpecVerifySteps = uint32(c.Drafted), uint32(c.Accepted), uint32(c.Steps)
+	}
+	switch ev.Finish {
+	case "":
+	case scheduler.FinishStop, scheduler.FinishLength:
+		te.Finish = ev.Finish
+	case scheduler.FinishSpecAnomaly:
+		// Its own finish, not an error: the router retries it on
+		// another pair from the tokens the client already has.
+		te.Finish, te.Error, te.Code = ev.Finish, errString(ev.Err), 503
+	case scheduler.FinishAbort:
+		te.Error, te.Code = "request aborted: "+errString(ev.Err), 499
+	default:
+		te.Error, te.Code = errString(ev.Err), 500
+		var hs interface{ HTTPStatus() int }
+		if errors.As(ev.Err, &hs) && hs.HTTPStatus() == http.StatusBadRequest {
+			te.Code = http.StatusBadRequest // the request's own fault: the router says so
+		}
+	}
+	return te
 }
 
 func errString(err error) string {

@@ -56,12 +56,17 @@ type fake struct {
 	aborts   []*pdv1.AbortRequest
 	finishes []*pdv1.AbortRequest
 	prefills []*pdv1.PrefillRequest
+	gens     []*pdv1.GenerateRequest
 	rooms    map[uint64]*fakeRoom
 
 	// behaviour; nil means the default
 	reserveErr func() error
 	prefillFn  func(ctx context.Context, req *pdv1.PrefillRequest) error
 	streamFn   func(rm *fakeRoom, srv grpc.ServerStreamingServer[pdv1.TokenEvent]) error
+	// generateFn stands in for a decode worker computing the prompt itself
+	// (nil: it sends tokens as Stream does, from 100 + the tokens it was
+	// given beyond the first request's prompt).
+	generateFn func(req *pdv1.GenerateRequest, srv grpc.ServerStreamingServer[pdv1.TokenEvent]) error
 	tokens     int // tokens a default stream sends (default 3)
 	// readSoFar, when a test sets it, is closed once its client has read
 	// what the worker sent so far.
@@ -306,6 +311,27 @@ func (d fakeDecode) Stream(req *pdv1.StreamRequest, srv grpc.ServerStreamingServ
 	}
 	for i := range d.tokens {
 		ev := &pdv1.TokenEvent{Token: &pdv1.Token{Id: int32(100 + i), Logprob: -0.5, Top: []*pdv1.TokenLogprob{{Id: int32(100 + i), Logprob: -0.5}, {Id: 7, Logprob: -2}}}}
+		if i == d.tokens-1 {
+			ev.Finish = request.FinishLength
+		}
+		if err := srv.Send(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d fakeDecode) Generate(req *pdv1.GenerateRequest, srv grpc.ServerStreamingServer[pdv1.TokenEvent]) error {
+	d.record(srv.Context(), "Generate")
+	d.mu.Lock()
+	d.gens = append(d.gens, req)
+	fn := d.generateFn
+	d.mu.Unlock()
+	if fn != nil {
+		return fn(req, srv)
+	}
+	for i := range d.tokens {
+		ev := &pdv1.TokenEvent{Token: &pdv1.Token{Id: int32(100 + i), Logprob: -0.5}}
 		if i == d.tokens-1 {
 			ev.Finish = request.FinishLength
 		}

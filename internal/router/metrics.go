@@ -15,12 +15,15 @@ type routerMetrics struct {
 	migrations *prometheus.CounterVec
 	picks      *prometheus.CounterVec // url, role
 	mismatch   prometheus.Counter
+	// localPrefills counts attempts whose decode worker computed the
+	// prompt itself, with no handoff (Router.computesHere).
+	localPrefills prometheus.Counter
 }
 
 // retryStages are the steps whose failure before the first token is tried
 // again on another pair, and spec_anomaly: a request decode's spec guard
 // stopped, continued on another pair from the tokens the client has.
-var retryStages = []string{"reserve", "stream", "prefill", "decode", "spec_anomaly"}
+var retryStages = []string{"reserve", "stream", "prefill", "decode", "generate", "spec_anomaly"}
 
 func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 	rm := &routerMetrics{
@@ -38,6 +41,9 @@ func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 		}, []string{"url", "role"})),
 		mismatch: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "baton_router_layout_mismatch_total", Help: "Prefill/decode pairs refused because their KV layouts differ (counted once per difference seen).",
+		})),
+		localPrefills: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_router_local_prefill_total", Help: "Attempts sent to a decode worker alone, which computed the prompt itself with no handoff (its uncached part was at most --disagg-prefill-threshold tokens, or the worker held most of it).",
 		})),
 	}
 	for _, st := range retryStages {

@@ -438,16 +438,18 @@ func TestMigrationNotOnClientOrRequestFault(t *testing.T) {
 	})
 }
 
-// A structured-output request continues with the output the client has
-// given to the constraint, so that the new pair's matchers start past it;
-// one without a constraint sends none.
-func TestMigrationCarriesTheConstraintsOutput(t *testing.T) {
+// A continuation says how much of its prompt is the request's own output
+// (the tokens the client has), so that the new pair's penalties weigh them
+// as generated and its constraint starts past them; the first attempt
+// says none.
+func TestMigrationMarksTheOutput(t *testing.T) {
 	for _, kind := range []string{"regex", ""} {
 		c := newCluster(t, 1, 2, nil)
 		c.refresh()
 		b := &breaking{t: t, fails: []breakAfter{{3, unavailable}}}
 		b.install(c)
-		st, err := c.generate("constrained", migrationPrompt, request.Params{MaxTokens: 6, Constraint: request.Constraint{Kind: kind, Spec: "x"}})
+		st, err := c.generate("constrained", migrationPrompt, request.Params{MaxTokens: 6, Constraint: request.Constraint{Kind: kind, Spec: "x"},
+			Sampling: request.Sampling{FrequencyPenalty: 0.5}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -458,15 +460,11 @@ func TestMigrationCarriesTheConstraintsOutput(t *testing.T) {
 		if len(res) != 2 {
 			t.Fatalf("%d reservations", len(res))
 		}
-		want := greedyRun(3)
-		if kind == "" {
-			want = nil
+		if got := res[1].Sampling.GetContinued(); got != 3 || res[1].Sampling.ConstraintKind != kind || !slices.Equal(res[1].Prompt[len(res[1].Prompt)-3:], greedyRun(3)) {
+			t.Errorf("constraint %q: continuation says %d of its prompt's tokens are output (want 3), prompt ends %v", kind, got, res[1].Prompt)
 		}
-		if got := res[1].Sampling.ConstraintGenerated; !slices.Equal(got, want) || res[1].Sampling.ConstraintKind != kind {
-			t.Errorf("constraint %q: continuation carries %v, want %v", kind, got, want)
-		}
-		if got := res[0].Sampling.ConstraintGenerated; len(got) != 0 {
-			t.Errorf("the first attempt carries generated output %v", got)
+		if got := res[0].Sampling.GetContinued(); got != 0 {
+			t.Errorf("the first attempt says %d tokens are output", got)
 		}
 	}
 }

@@ -30,14 +30,16 @@ func (p phase) String() string {
 
 func (p phase) terminal() bool { return p >= phaseDone }
 
-// phaseMoves are the legal moves: an attempt that fails before the first
+// phaseMoves are the legal moves (a prompt its decode worker computes
+// itself goes from picking straight to relaying: nothing is reserved): an
+// attempt that fails before the first
 // token goes back to picking; one whose decode worker failed it after
 // tokens (the worker went away, reported a failure of its own, or its spec
 // guard stopped it) migrates, and from there picks again to go on from the
 // tokens the caller has, or ends; any live phase may end with an error or
 // a caller that left.
 var phaseMoves = map[phase][]phase{
-	phasePicking:   {phaseQueued, phaseReserved, phaseFailed, phaseCancelled},
+	phasePicking:   {phaseQueued, phaseReserved, phaseRelaying, phaseFailed, phaseCancelled},
 	phaseQueued:    {phasePicking, phaseFailed, phaseCancelled},
 	phaseReserved:  {phaseRelaying, phaseFailed, phaseCancelled},
 	phaseRelaying:  {phaseStreaming, phasePicking, phaseMigrating, phaseFailed, phaseCancelled, phaseDone},

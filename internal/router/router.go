@@ -31,6 +31,11 @@ import (
 // pair after its decode worker failed it mid-stream, unless told otherwise.
 const DefaultMaxMigrations = 2
 
+// DefaultDisaggPrefillThreshold is the longest uncached prompt a decode
+// worker computes itself rather than have it handed over (SGLang's
+// conditional disaggregation uses the same order of size).
+const DefaultDisaggPrefillThreshold = 256
+
 // Worker-selection policies.
 const (
 	PolicyRoundRobin = "round_robin"
@@ -64,6 +69,12 @@ type Options struct {
 	// another pair from the tokens the client has: 0 means the default
 	// (2), a negative value means never.
 	MaxMigrations int
+	// DisaggPrefillThreshold is the longest prompt part a decode worker is
+	// not thought to cache that it computes itself, with no handoff (a
+	// decode worker that holds most of a prompt computes the rest itself
+	// too): 0 means the default (DefaultDisaggPrefillThreshold), a
+	// negative value means every prompt is handed over.
+	DisaggPrefillThreshold int
 	// APIKey, when set, is sent as a bearer token to the workers'
 	// /server_info (which a worker started with --api-key protects).
 	APIKey string
@@ -96,6 +107,8 @@ type Router struct {
 	policy     string
 	retries    int
 	migrations int // most migrations per request (Options.MaxMigrations)
+	// localPrefill is Options.DisaggPrefillThreshold, 0 for never.
+	localPrefill int
 	// cache_aware's thresholds
 	cacheThreshold float64
 	balanceAbs     int
@@ -175,6 +188,13 @@ func New(o Options) (*Router, error) {
 	case migrations < 0:
 		migrations = 0
 	}
+	localPrefill := o.DisaggPrefillThreshold
+	switch {
+	case localPrefill == 0:
+		localPrefill = DefaultDisaggPrefillThreshold
+	case localPrefill < 0:
+		localPrefill = 0
+	}
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -194,7 +214,7 @@ func New(o Options) (*Router, error) {
 		o.QueueTimeout = time.Minute
 	}
 	r := &Router{
-		o: o, policy: policy, retries: retries, migrations: migrations, log: log, m: m, rm: newRouterMetrics(m.Registerer),
+		o: o, policy: policy, retries: retries, migrations: migrations, localPrefill: localPrefill, log: log, m: m, rm: newRouterMetrics(m.Registerer),
 		done: make(chan struct{}), queue: queue{max: o.MaxQueued, timeout: o.QueueTimeout},
 		cacheThreshold: o.CacheThreshold, balanceAbs: o.BalanceAbsThreshold, balanceRel: o.BalanceRelThreshold,
 		// Each probe's context bounds its requests, so the client needs no
@@ -606,10 +626,19 @@ func (r *Router) checkPairsLocked() {
 	}
 }
 
-// pick chooses a decode worker and a prefill worker whose layout agrees
-// with it. Workers in avoid (those that just failed this request) are
-// passed over while any other will do.
-func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant request.Salt) (d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient, err error) {
+// pair is an attempt's workers: a decode worker and a prefill worker whose
+// layout agrees with it, or (local) the decode worker alone, which computes
+// the prompt itself.
+type pair struct {
+	d, p  *worker
+	dc    pdv1.DecodeClient
+	pc    pdv1.PrefillClient
+	local bool
+}
+
+// pick chooses a pair for a prompt. Workers in avoid (those that just
+// failed this request) are passed over while any other will do.
+func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant request.Salt) (pair, error) {
 	promptTokens := len(prompt)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -620,27 +649,22 @@ func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant request.Sal
 		}
 	}
 	if len(decodes) == 0 {
-		return nil, nil, nil, nil, r.noPairLocked()
+		return pair{}, r.noPairLocked()
 	}
+	var d, p *worker
+	held := 0 // prompt tokens the chosen decode worker is thought to cache
 	if r.policy == PolicyCacheAware {
 		ds := preferOthers(decodes, avoid)
-		d = r.chooseCacheAware(ds, promptKeys(tenant, prompt, int(ds[0].info.GetLayout().GetPageSize())), roleDecode)
+		ps := int(ds[0].info.GetLayout().GetPageSize())
+		keys := promptKeys(tenant, prompt, ps)
+		matched := make(map[*worker]int, len(ds))
+		for _, w := range ds {
+			matched[w] = w.tree.match(keys)
+		}
+		d = r.chooseCacheAware(ds, keys, roleDecode)
+		held = matched[d] * ps
 	} else {
 		d = r.choose(preferOthers(decodes, avoid), roleDecode)
-	}
-	var prefills []*worker
-	for _, w := range r.prefill {
-		if w.healthy && w.conn != nil && r.compatibleLocked(w, d) {
-			prefills = append(prefills, w)
-		}
-	}
-	if len(prefills) == 0 {
-		return nil, nil, nil, nil, r.noPairLocked()
-	}
-	if r.policy == PolicyCacheAware {
-		p = r.chooseCacheAware(preferOthers(prefills, avoid), promptKeys(tenant, prompt, int(d.info.GetLayout().GetPageSize())), rolePrefill)
-	} else {
-		p = r.choose(preferOthers(prefills, avoid), rolePrefill)
 	}
 	// Between probes the workers' reported load is stale; count what this
 	// router sent them since so that least_load does not pile a burst of
@@ -649,9 +673,40 @@ func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant request.Sal
 	if ps := d.info.GetLayout().GetPageSize(); ps > 0 {
 		d.assignedPages += (promptTokens + int(ps) - 1) / int(ps)
 	}
+	if r.computesHere(d, promptTokens, held) {
+		r.holdLocked(d)
+		return pair{d: d, dc: pdv1.NewDecodeClient(d.conn), local: true}, nil
+	}
+	var prefills []*worker
+	for _, w := range r.prefill {
+		if w.healthy && w.conn != nil && r.compatibleLocked(w, d) {
+			prefills = append(prefills, w)
+		}
+	}
+	if len(prefills) == 0 {
+		return pair{}, r.noPairLocked()
+	}
+	if r.policy == PolicyCacheAware {
+		p = r.chooseCacheAware(preferOthers(prefills, avoid), promptKeys(tenant, prompt, int(d.info.GetLayout().GetPageSize())), rolePrefill)
+	} else {
+		p = r.choose(preferOthers(prefills, avoid), rolePrefill)
+	}
 	p.assigned++
 	r.holdLocked(d, p)
-	return d, p, pdv1.NewDecodeClient(d.conn), pdv1.NewPrefillClient(p.conn), nil
+	return pair{d: d, p: p, dc: pdv1.NewDecodeClient(d.conn), pc: pdv1.NewPrefillClient(p.conn)}, nil
+}
+
+// computesHere says whether decode worker d computes a prompt of n tokens
+// itself rather than have it handed over: d can, and the prompt's part it
+// is not thought to hold (held tokens, the cache_aware record) is at most
+// the threshold, or it holds most of it. Moving a short prompt's KV costs
+// more than computing it where it decodes (SGLang's and llm-d's
+// conditional disaggregation).
+func (r *Router) computesHere(d *worker, n, held int) bool {
+	if r.localPrefill <= 0 || !d.info.GetPrefillsLocally() {
+		return false
+	}
+	return n-held <= r.localPrefill || 2*held > n
 }
 
 func (r *Router) noPairLocked() error {
@@ -717,4 +772,12 @@ func (r *Router) choose(ws []*worker, role string) *worker {
 		}
 	}
 	return best
+}
+
+// workers are the pair's workers, held for the attempt.
+func (pr pair) workers() []*worker {
+	if pr.p == nil {
+		return []*worker{pr.d}
+	}
+	return []*worker{pr.d, pr.p}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -185,12 +184,13 @@ func (s *stream) run(started chan<- error) {
 			s.endOutcome()
 			return
 		}
-		d, p, dc, pc, err := s.r.pick(avoid, s.prompt, s.p.Tenant)
+		pr, err := s.r.pick(avoid, s.prompt, s.p.Tenant)
 		if err != nil {
 			last = failure{stage: "pick", err: err, detail: err}
 			break
 		}
-		held = []*worker{d, p}
+		d, p := pr.d, pr.p
+		held = pr.workers()
 		if s.suspect[d] {
 			// Only the worker that tripped is left: its text after the
 			// trip must not reach the client.
@@ -198,27 +198,16 @@ func (s *stream) run(started chan<- error) {
 				detail: fmt.Errorf("only %s, whose spec guard stopped the request, is left", d.url)}
 			break
 		}
-		s.r.rm.picks.WithLabelValues(d.url, d.role).Inc()
-		s.r.rm.picks.WithLabelValues(p.url, p.role).Inc()
 		// A failed pair is passed over for the rest of this request: a
 		// prefill error may come from decode's transport and the other way
 		// round, so both sides of it are suspects.
-		avoid[d], avoid[p] = true, true
-		res, f := s.reserve(d, p, dc)
-		if f == nil {
-			s.to(phaseReserved)
+		for _, w := range held {
+			s.r.rm.picks.WithLabelValues(w.url, w.role).Inc()
+			avoid[w] = true
 		}
-		if f == nil && s.quitting() {
-			s.abort(s.log, dc, res, "client went away before prefill was asked")
-			s.endOutcome()
+		f, over := s.attempt(pr, leave)
+		if over {
 			return
-		}
-		if f == nil {
-			leave()
-			f = s.relay(d, p, dc, pc, res)
-			if f == nil {
-				return
-			}
 		}
 		last = *f
 		if f.afterTokens {
@@ -233,7 +222,7 @@ func (s *stream) run(started chan<- error) {
 			}
 			tries = 0
 			s.log.Warn("decode failed the request after tokens reached the client; continuing on another pair",
-				"reason", f.midStream, "decode", d.url, "prefill", p.url, "delivered", len(s.sent), "migration", s.migrations, "err", f.detail)
+				"reason", f.midStream, "decode", d.url, "prefill", p.name(), "delivered", len(s.sent), "migration", s.migrations, "err", f.detail)
 			continue
 		}
 		if f.noRoom() && s.r.queue.max > 0 && s.r.mayFreeUp(d, f) && (tries >= s.r.retries || !s.r.untriedDecode(avoid)) {
@@ -273,7 +262,7 @@ func (s *stream) run(started chan<- error) {
 		}
 		s.r.rm.retries.WithLabelValues(f.stage).Inc()
 		s.log.Warn("attempt failed before the first token; retrying on another pair",
-			"stage", f.stage, "decode", d.url, "prefill", p.url, "attempt", tries, "err", f.detail)
+			"stage", f.stage, "decode", d.url, "prefill", p.name(), "attempt", tries, "err", f.detail)
 	}
 	s.log.Warn("request failed", "stage", last.stage, "code", last.code, "err", last.detail, "client_error", last.err, "phases", s.phases())
 	if s.started != nil {
@@ -347,11 +336,9 @@ func (s *stream) continuation() request.Params {
 	}
 	p.MinTokens = max(0, p.MinTokens-len(s.sent))
 	p.PromptLogprobs = false
-	if p.Constraint.Kind != "" {
-		// The new pair's matchers start from the constraint's first state;
-		// they must start past the output the client has.
-		p.Constraint.Generated = slices.Clone(s.sent)
-	}
+	// The output the client has ends the new prompt: the new pair's
+	// penalties and constraint take it as the request's own.
+	p.Continued = len(s.sent)
 	return p
 }
 
@@ -403,6 +390,31 @@ func (s *stream) quitting() bool {
 	default:
 		return false
 	}
+}
+
+// attempt runs one try on pr: the decode worker alone when it computes the
+// prompt itself, else the handoff. over: the request ended (its last
+// event delivered, or the caller left); otherwise f says what failed.
+func (s *stream) attempt(pr pair, leave func()) (f *failure, over bool) {
+	if pr.local {
+		leave()
+		s.r.rm.localPrefills.Inc()
+		f = s.generate(pr.d, pr.dc)
+		return f, f == nil
+	}
+	res, f := s.reserve(pr.d, pr.p, pr.dc)
+	if f != nil {
+		return f, false
+	}
+	s.to(phaseReserved)
+	if s.quitting() {
+		s.abort(s.log, pr.dc, res, "client went away before prefill was asked")
+		s.endOutcome()
+		return nil, true
+	}
+	leave()
+	f = s.relay(pr.d, pr.p, pr.dc, pr.pc, res)
+	return f, f == nil
 }
 
 func (s *stream) reserve(d, p *worker, dc pdv1.DecodeClient) (*pdv1.Reservation, *failure) {
@@ -511,7 +523,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				s.abort(log, dc, res, "token stream failed: "+it.err.Error())
 				return f
 			}
-			if done, f := s.forward(log, it.ev, dc, res); f != nil {
+			if done, f := s.forward(log, it.ev, func() { s.tellDecode(log, dc, res) }); f != nil {
 				if f.afterTokens {
 					// Decode ended the request with the event that said so.
 					s.settle(recv, pending)
@@ -531,9 +543,70 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 	}
 }
 
+// generate runs one attempt on decode worker d alone, which computes the
+// prompt itself (Generate) and streams the tokens: no reservation, no
+// prefill worker, no handoff. Its result reads as relay's. Ending the call
+// ends the request on d, so a caller that left or stopped ends it there.
+func (s *stream) generate(d *worker, dc pdv1.DecodeClient) *failure {
+	s.to(phaseRelaying)
+	log := s.log.With("decode", d.url, "prefill", "none: computed on decode")
+	ctx, cancel := context.WithCancel(s.md)
+	defer cancel()
+	evs, err := dc.Generate(ctx, &pdv1.GenerateRequest{RequestId: s.id, Prompt: s.prompt, Sampling: pdwire.ToPB(s.p)})
+	if err != nil {
+		return rpcFailure("generate", "decode worker refused the request", err)
+	}
+	recv := make(chan received)
+	go func() {
+		for {
+			ev, err := evs.Recv()
+			select {
+			case recv <- received{ev, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	ended := func() {
+		cancel()
+		s.endOutcome()
+	}
+	counted := false
+	for {
+		select {
+		case it := <-recv:
+			switch {
+			case it.err != nil && s.gotToken:
+				log.Warn("stream failed after the first token", "err", it.err)
+				return broken(it.err)
+			case errors.Is(it.err, io.EOF):
+				return &failure{stage: "generate", retry: true, err: handoffError(http.StatusBadGateway),
+					detail: errors.New("decode's stream ended before the first token")}
+			case it.err != nil:
+				return rpcFailure("generate", "decode worker failed the request", it.err)
+			}
+			if !counted {
+				counted = true
+				s.r.m.PromptTokens.Add(float64(len(s.prompt)))
+			}
+			if done, f := s.forward(log, it.ev, ended); f != nil || done {
+				return f
+			}
+		case <-s.quit:
+			ended()
+			return nil
+		}
+	}
+}
+
 // forward passes one decode event to the caller. done means the request is
-// over; a failure is an error event before any token that may be retried.
-func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeClient, res *pdv1.Reservation) (done bool, f *failure) {
+// over; a failure is an error event before any token that may be retried,
+// or one after tokens that lets the request go on elsewhere. tell tells
+// decode the caller left or stopped.
+func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, tell func()) (done bool, f *failure) {
 	var ev request.Event
 	if te.Token != nil {
 		tok := pdwire.TokenFromPB(te.Token)
@@ -612,7 +685,7 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, dc pdv1.DecodeCl
 		}
 		return false, nil
 	case <-s.quit:
-		s.tellDecode(log, dc, res)
+		tell()
 		return true, nil
 	}
 }

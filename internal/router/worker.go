@@ -374,3 +374,12 @@ func (r *Router) identityDiff(info *pdv1.WorkerInfo) string {
 	}
 	return ""
 }
+
+// name is the worker's URL for the log, or what stood in for it where an
+// attempt had none (a prompt its decode worker computed itself).
+func (w *worker) name() string {
+	if w == nil {
+		return "none: computed on decode"
+	}
+	return w.url
+}

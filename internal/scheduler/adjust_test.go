@@ -147,3 +147,27 @@ func TestEnginePromptLogprobs(t *testing.T) {
 		t.Fatalf("prompt logprobs without asking: %d", len(ev.Prompt))
 	}
 }
+
+// A continuation's own output at the end of its prompt (Params.Continued)
+// counts as generated for the penalties, as it did on the pair that failed
+// it: a token pushed up by logit_bias is chosen next when it is only in the
+// prompt, and not when the prompt's tail that holds it is the output.
+func TestContinuedOutputIsPenalised(t *testing.T) {
+	want := loadRef(t)
+	e, _ := newEngine(t, 16, 300, 512)
+	out := want.GeneratedIDs[:3]
+	prompt := append(slices.Clone(want.PromptIDs), out...)
+	s := model.Sampling{LogitBias: map[int32]float64{out[0]: 30}, PresencePenalty: 100}
+	got, _ := generate(t, e, prompt, Params{MaxTokens: 1, Sampling: s})
+	if len(got) != 1 || got[0] != out[0] {
+		t.Fatalf("the prompt alone is not penalised: got %v, want %d", got, out[0])
+	}
+	got, _ = generate(t, e, prompt, Params{MaxTokens: 1, Sampling: s, Continued: len(out)})
+	if len(got) != 1 || got[0] == out[0] {
+		t.Fatalf("output at the prompt's end, counted as generated, was not penalised: got %v", got)
+	}
+	got, _ = generate(t, e, prompt, Params{MaxTokens: 1, Sampling: s, Continued: 1000})
+	if len(got) != 1 || got[0] == out[0] {
+		t.Fatalf("Continued past the prompt: got %v", got)
+	}
+}

@@ -22,9 +22,11 @@ type Matcher interface {
 }
 
 // Constrainer makes a request's Matcher; its error says why the constraint
-// cannot be followed (a schema that does not compile). tenant keeps
-// compiled grammars apart per tenant, as the prefix cache keeps pages.
-type Constrainer func(c Constraint, tenant prefixcache.Salt) (Matcher, error)
+// cannot be followed (a schema that does not compile, or output that does
+// not follow it). tenant keeps compiled grammars apart per tenant, as the
+// prefix cache keeps pages. output is what the request generated under c
+// before it moved here (Params.Output): the matcher starts past it.
+type Constrainer func(c Constraint, tenant prefixcache.Salt, output []int32) (Matcher, error)
 
 // errNoConstraints: this engine was made without a Constrainer.
 var errNoConstraints = errors.New("structured output (response_format, regex, ebnf) is not available on this server")

@@ -168,10 +168,10 @@ func (e *Engine) Config() Config { return e.cfg }
 // token) and joins the batch with the pages Reserve set aside; an error
 // means it had ended, or the engine has stopped.
 func (e *Engine) Enqueue(r *Request) error {
-	if r.life.Role() != e.cfg.Role {
+	if !e.takes(r.life.Role()) {
 		return fmt.Errorf("scheduler: a %s engine cannot take a %s request", e.cfg.Role, r.life.Role())
 	}
-	if e.cfg.Role == RoleDecode {
+	if r.life.Role() == RoleDecode {
 		if r.eng != e {
 			return fmt.Errorf("scheduler: decode request %s was not reserved on this engine", r.ID)
 		}
@@ -197,6 +197,13 @@ func (e *Engine) Enqueue(r *Request) error {
 	e.mu.Unlock()
 	e.poke()
 	return nil
+}
+
+// takes says whether the engine runs requests of a role: its own, and on
+// a decode engine standalone ones too (a prompt its worker computes
+// itself rather than have it handed over, DESIGN's short-prompt path).
+func (e *Engine) takes(role Role) bool {
+	return role == e.cfg.Role || (e.cfg.Role == RoleDecode && role == RoleStandalone)
 }
 
 // CheckDoor runs Enqueue's door checks without queueing r, so a worker can
@@ -283,7 +290,7 @@ func (e *Engine) checkDoor(r *Request) *RejectError {
 	case n >= ctx:
 		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens; the prompt has %d tokens, leaving no room to generate", ctx, n)}
-	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx && !e.traits.handsOn: // prefill holds only the prompt
+	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx && !r.traits.handsOn: // prefill holds only the prompt
 		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens; you requested %d tokens (%d in the prompt, %d for the completion)",
 			ctx, n+r.Params.MaxTokens, n, r.Params.MaxTokens)}
@@ -511,7 +518,7 @@ func (e *Engine) maybePreempt() {
 // maxSeqLen is the longest r can grow: its prompt plus max_tokens, or the
 // context length when max_tokens was not given.
 func (e *Engine) maxSeqLen(r *Request) int {
-	if e.traits.handsOn {
+	if r.traits.handsOn {
 		return len(r.Prompt)
 	}
 	if r.Params.MaxTokens > 0 {
@@ -537,7 +544,8 @@ func (e *Engine) scorePrompt(r *Request, rows []float32, from int) {
 // history is what r's penalties and bans look at: its prompt, what it
 // generated, and until min_tokens the tokens that would end it.
 func (e *Engine) history(r *Request) model.History {
-	h := model.History{Prompt: r.seq[:len(r.Prompt)], Generated: r.seq[len(r.Prompt):]}
+	own := len(r.Prompt) - len(r.Params.Output(r.Prompt))
+	h := model.History{Prompt: r.seq[:own], Generated: r.seq[own:]}
 	if r.generated < r.Params.MinTokens {
 		if !r.Params.IgnoreEOS {
 			h.Ban = e.eog

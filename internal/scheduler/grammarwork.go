@@ -90,6 +90,7 @@ func (e *Engine) askMask(r *Request) {
 	m, buf, pending := r.matcher, g.spare, g.pending
 	g.spare, g.pending = nil, nil
 	c, tenant, words := r.Params.Constraint, r.Params.Tenant, (e.model.Config.Vocab+63)/64
+	output := r.Params.Output(r.Prompt)
 	allowance := e.maskBudget() + time.Duration(g.masks+1)*maskPerToken - g.spent
 	constrain := e.cfg.Constrain
 	go func() {
@@ -111,7 +112,7 @@ func (e *Engine) askMask(r *Request) {
 				return
 			}
 			var err error
-			if m, err = constrain(c, tenant); err != nil {
+			if m, err = constrain(c, tenant, output); err != nil {
 				j.err = fmt.Errorf("constraint: %w", err)
 				return
 			}
@@ -283,7 +284,7 @@ func (e *Engine) settle(r *Request, tok model.Sampled) {
 		e.fail(r, err)
 		return
 	}
-	if e.traits.handsOn {
+	if r.traits.handsOn {
 		e.prefilled(r, tok)
 		return
 	}

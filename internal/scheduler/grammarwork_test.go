@@ -68,7 +68,7 @@ func constrainedEngine(t *testing.T, m func() *testMatcher, budget time.Duration
 	ms := metrics.New("standalone")
 	e := NewEngine(lm, pool, Config{ContextLength: c.ContextLength, ChunkSize: 512, MaxRunning: 16, IsEOG: func(id int32) bool { return id == 2 },
 		MaskBudget: budget,
-		Constrain:  func(Constraint, prefixcache.Salt) (Matcher, error) { return m(), nil }}, ms)
+		Constrain:  func(Constraint, prefixcache.Salt, []int32) (Matcher, error) { return m(), nil }}, ms)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()

@@ -47,7 +47,9 @@ type Request struct {
 	OnChunk ChunkHook
 
 	life *Lifecycle
-	eng  *Engine // set by Enqueue or Reserve, before the request is shared
+	// traits are what its role changes in the loop (roleTraits).
+	traits roleTraits
+	eng    *Engine // set by Enqueue or Reserve, before the request is shared
 
 	mu     sync.Mutex
 	events []Event
@@ -93,7 +95,7 @@ func NewRequest(id string, prompt []int32, p Params) *Request {
 
 // NewRoleRequest makes a request of a role in state Received.
 func NewRoleRequest(role Role, id string, prompt []int32, p Params) *Request {
-	return &Request{ID: id, Prompt: prompt, Params: p, life: NewLifecycle(role), wake: make(chan struct{}, 1), arrived: time.Now()}
+	return &Request{ID: id, Prompt: prompt, Params: p, life: NewLifecycle(role), traits: traitsOf(role), wake: make(chan struct{}, 1), arrived: time.Now()}
 }
 
 // State is the request's lifecycle state.

@@ -23,8 +23,10 @@ import (
 //
 // What the role changes is decided once, in roleTraits.
 
-// roleTraits are what an engine's role changes in its loop, chosen at
-// construction so that the loop asks a property, not a role.
+// roleTraits are what a role changes in the loop, chosen once (a
+// request's from its role, an engine's from its own) so that the loop asks
+// a property, not a role. A decode engine runs standalone requests too:
+// prompts short enough to compute where they decode (Enqueue).
 type roleTraits struct {
 	// handsOn: the first sampled token ends the request here, and the
 	// worker takes it from Sending on (prefill). Such a request's pages
@@ -35,7 +37,8 @@ type roleTraits struct {
 	// whose prompts arrive written).
 	computesPrompts bool
 	// preempts: a request that waited long for a full batch may take a
-	// running one's slot (standalone).
+	// running one's slot (a standalone engine: the engine's trait, not a
+	// request's).
 	preempts bool
 }
 
@@ -235,7 +238,7 @@ func (e *Engine) settleStep(p *stepPlan, logits []float32) {
 			e.fail(r, err)
 			continue
 		}
-		if r.generated == 0 && e.traits.computesPrompts {
+		if r.generated == 0 && r.traits.computesPrompts {
 			e.m.PromptTokens.Add(float64(s.QLen))
 		}
 		if r.OnChunk != nil {

@@ -155,6 +155,40 @@ type Options struct {
 	Unready bool
 	// AutoKV leaves the KV dtype to the server's default (see withKVDType).
 	AutoKV bool
+	// LocalPrefill leaves a router's --disagg-prefill-threshold to its
+	// default (see withHandoff).
+	LocalPrefill bool
+}
+
+// withHandoff makes a router whose args name no --disagg-prefill-threshold
+// hand every prompt over: the tests' prompts are short, and by default a
+// decode worker would compute them itself, so the handoff they are there
+// to exercise would never run. Tests of the short-prompt path say
+// LocalPrefill.
+func withHandoff(o Options, args []string) []string {
+	if o.LocalPrefill || roleOf(args) != "router" {
+		return args
+	}
+	for _, a := range args {
+		if a == "--disagg-prefill-threshold" || strings.HasPrefix(a, "--disagg-prefill-threshold=") {
+			return args
+		}
+	}
+	return append(args[:len(args):len(args)], "--disagg-prefill-threshold", "0")
+}
+
+// roleOf is the role args name (the last --role wins), standalone if none.
+func roleOf(args []string) string {
+	role := "standalone"
+	for i, a := range args {
+		switch {
+		case a == "--role" && i+1 < len(args):
+			role = args[i+1]
+		case strings.HasPrefix(a, "--role="):
+			role = strings.TrimPrefix(a, "--role=")
+		}
+	}
+	return role
 }
 
 // withKVDType pins an engine (not a router) whose args name no
@@ -165,18 +199,12 @@ type Options struct {
 // batch shapes, enough to flip a near-tie greedy token. Tests of the
 // default say AutoKV.
 func withKVDType(o Options, args []string) []string {
-	role := "standalone"
-	for i, a := range args {
-		switch {
-		case a == "--kv-cache-dtype" || strings.HasPrefix(a, "--kv-cache-dtype="):
+	for _, a := range args {
+		if a == "--kv-cache-dtype" || strings.HasPrefix(a, "--kv-cache-dtype=") {
 			return args
-		case a == "--role" && i+1 < len(args):
-			role = args[i+1]
-		case strings.HasPrefix(a, "--role="):
-			role = strings.TrimPrefix(a, "--role=")
 		}
 	}
-	if o.AutoKV || role == "router" {
+	if o.AutoKV || roleOf(args) == "router" {
 		return args
 	}
 	return append(args[:len(args):len(args)], "--kv-cache-dtype", "f32")
@@ -189,7 +217,7 @@ func StartWith(t testing.TB, o Options, args ...string) *Server {
 	if bin == "" {
 		bin = Binary(t)
 	}
-	argv := append([]string{"serve", "--role", "standalone", "--host", "127.0.0.1", "--port", "0"}, withKVDType(o, args)...)
+	argv := append([]string{"serve", "--role", "standalone", "--host", "127.0.0.1", "--port", "0"}, withHandoff(o, withKVDType(o, args))...)
 	cmd := exec.Command(bin, argv...)
 	cmd.Env = append(CleanEnv(), o.Env...)
 	s := &Server{cmd: cmd, stderr: newWatchWriter(listenRE), stdout: newWatchWriter(nil), exited: make(chan struct{})}

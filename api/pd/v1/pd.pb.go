@@ -173,9 +173,12 @@ type WorkerInfo struct {
 	TokenizerFingerprint string `protobuf:"bytes,16,opt,name=tokenizer_fingerprint,json=tokenizerFingerprint,proto3" json:"tokenizer_fingerprint,omitempty"`
 	// Prefix cache pages no request pins: not free, but an allocation takes
 	// them (eviction), so room = free_pages + cached_pages.
-	CachedPages   uint32 `protobuf:"varint,17,opt,name=cached_pages,json=cachedPages,proto3" json:"cached_pages,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CachedPages uint32 `protobuf:"varint,17,opt,name=cached_pages,json=cachedPages,proto3" json:"cached_pages,omitempty"`
+	// Decode: it answers Generate, computing a prompt itself (a short one,
+	// or one its prefix cache mostly holds) with no handoff.
+	PrefillsLocally bool `protobuf:"varint,18,opt,name=prefills_locally,json=prefillsLocally,proto3" json:"prefills_locally,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WorkerInfo) Reset() {
@@ -327,6 +330,13 @@ func (x *WorkerInfo) GetCachedPages() uint32 {
 	return 0
 }
 
+func (x *WorkerInfo) GetPrefillsLocally() bool {
+	if x != nil {
+		return x.PrefillsLocally
+	}
+	return false
+}
+
 type SamplingParams struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	Temperature  float64                `protobuf:"fixed64,1,opt,name=temperature,proto3" json:"temperature,omitempty"`
@@ -358,12 +368,12 @@ type SamplingParams struct {
 	// cache_salt, never the key): a worker reads cached KV pages only of
 	// requests with the same one.
 	Tenant []byte `protobuf:"bytes,18,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	// Tokens the request already generated under the constraint, on a pair
-	// that failed it mid-stream (they end the prompt here): the constraint's
-	// state starts past them.
-	ConstraintGenerated []int32 `protobuf:"varint,19,rep,packed,name=constraint_generated,json=constraintGenerated,proto3" json:"constraint_generated,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// How many of the prompt's last tokens are the request's own output, from
+	// a pair that failed it mid-stream: the penalties weigh them as
+	// generated, and a constraint's state starts past them.
+	Continued     uint32 `protobuf:"varint,20,opt,name=continued,proto3" json:"continued,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -522,11 +532,11 @@ func (x *SamplingParams) GetTenant() []byte {
 	return nil
 }
 
-func (x *SamplingParams) GetConstraintGenerated() []int32 {
+func (x *SamplingParams) GetContinued() uint32 {
 	if x != nil {
-		return x.ConstraintGenerated
+		return x.Continued
 	}
-	return nil
+	return 0
 }
 
 type ReserveRequest struct {
@@ -1339,6 +1349,69 @@ func (x *StreamRequest) GetCapability() []byte {
 	return nil
 }
 
+// GenerateRequest asks a decode worker to compute the prompt itself and
+// generate from it, as a standalone server would: no reservation, no
+// writer, no handoff.
+type GenerateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Prompt        []int32                `protobuf:"varint,2,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	Sampling      *SamplingParams        `protobuf:"bytes,3,opt,name=sampling,proto3" json:"sampling,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GenerateRequest) Reset() {
+	*x = GenerateRequest{}
+	mi := &file_api_pd_v1_pd_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GenerateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GenerateRequest) ProtoMessage() {}
+
+func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_pd_v1_pd_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
+func (*GenerateRequest) Descriptor() ([]byte, []int) {
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GenerateRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *GenerateRequest) GetPrompt() []int32 {
+	if x != nil {
+		return x.Prompt
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetSampling() *SamplingParams {
+	if x != nil {
+		return x.Sampling
+	}
+	return nil
+}
+
 // TokenEvent is one generated token; the last event carries finish
 // ("stop", "length") or error (the request failed; code is an HTTP status).
 type TokenEvent struct {
@@ -1364,7 +1437,7 @@ type TokenEvent struct {
 
 func (x *TokenEvent) Reset() {
 	*x = TokenEvent{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[15]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1449,7 @@ func (x *TokenEvent) String() string {
 func (*TokenEvent) ProtoMessage() {}
 
 func (x *TokenEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[15]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1462,7 @@ func (x *TokenEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenEvent.ProtoReflect.Descriptor instead.
 func (*TokenEvent) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{15}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TokenEvent) GetToken() *Token {
@@ -1463,7 +1536,7 @@ type TokenizerRequest struct {
 
 func (x *TokenizerRequest) Reset() {
 	*x = TokenizerRequest{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[16]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1548,7 @@ func (x *TokenizerRequest) String() string {
 func (*TokenizerRequest) ProtoMessage() {}
 
 func (x *TokenizerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[16]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1561,7 @@ func (x *TokenizerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenizerRequest.ProtoReflect.Descriptor instead.
 func (*TokenizerRequest) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{16}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{17}
 }
 
 // TokenizerFiles are the files a worker read its tokenizer, chat template
@@ -1512,7 +1585,7 @@ type TokenizerFiles struct {
 
 func (x *TokenizerFiles) Reset() {
 	*x = TokenizerFiles{}
-	mi := &file_api_pd_v1_pd_proto_msgTypes[17]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1597,7 @@ func (x *TokenizerFiles) String() string {
 func (*TokenizerFiles) ProtoMessage() {}
 
 func (x *TokenizerFiles) ProtoReflect() protoreflect.Message {
-	mi := &file_api_pd_v1_pd_proto_msgTypes[17]
+	mi := &file_api_pd_v1_pd_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1610,7 @@ func (x *TokenizerFiles) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenizerFiles.ProtoReflect.Descriptor instead.
 func (*TokenizerFiles) Descriptor() ([]byte, []int) {
-	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{17}
+	return file_api_pd_v1_pd_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TokenizerFiles) GetFormat() string {
@@ -1587,7 +1660,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x06layers\x18\x04 \x01(\rR\x06layers\x12\x19\n" +
 	"\bkv_heads\x18\x05 \x01(\rR\akvHeads\x12\x19\n" +
 	"\bhead_dim\x18\x06 \x01(\rR\aheadDim\"\r\n" +
-	"\vInfoRequest\"\xe4\x04\n" +
+	"\vInfoRequest\"\x8f\x05\n" +
 	"\n" +
 	"WorkerInfo\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12-\n" +
@@ -1610,7 +1683,8 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\rinternal_auth\x18\x0e \x01(\tR\finternalAuth\x12!\n" +
 	"\fserved_model\x18\x0f \x01(\tR\vservedModel\x123\n" +
 	"\x15tokenizer_fingerprint\x18\x10 \x01(\tR\x14tokenizerFingerprint\x12!\n" +
-	"\fcached_pages\x18\x11 \x01(\rR\vcachedPages\"\x8f\x06\n" +
+	"\fcached_pages\x18\x11 \x01(\rR\vcachedPages\x12)\n" +
+	"\x10prefills_locally\x18\x12 \x01(\bR\x0fprefillsLocally\"\x80\x06\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x01R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x01R\x04topP\x12\x13\n" +
@@ -1634,12 +1708,12 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x0fprompt_logprobs\x18\x0f \x01(\bR\x0epromptLogprobs\x12'\n" +
 	"\x0fconstraint_kind\x18\x10 \x01(\tR\x0econstraintKind\x12'\n" +
 	"\x0fconstraint_spec\x18\x11 \x01(\tR\x0econstraintSpec\x12\x16\n" +
-	"\x06tenant\x18\x12 \x01(\fR\x06tenant\x121\n" +
-	"\x14constraint_generated\x18\x13 \x03(\x05R\x13constraintGenerated\x1a<\n" +
+	"\x06tenant\x18\x12 \x01(\fR\x06tenant\x12\x1c\n" +
+	"\tcontinued\x18\x14 \x01(\rR\tcontinued\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\a\n" +
-	"\x05_seed\"\xc7\x01\n" +
+	"\x05_seedJ\x04\b\x13\x10\x14\"\xc7\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -1720,7 +1794,12 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
 	"\n" +
 	"capability\x18\x03 \x01(\fR\n" +
-	"capability\"\xe4\x02\n" +
+	"capability\"\x81\x01\n" +
+	"\x0fGenerateRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06prompt\x18\x02 \x03(\x05R\x06prompt\x127\n" +
+	"\bsampling\x18\x03 \x01(\v2\x1b.baton.pd.v1.SamplingParamsR\bsampling\"\xe4\x02\n" +
 	"\n" +
 	"TokenEvent\x12(\n" +
 	"\x05token\x18\x01 \x01(\v2\x12.baton.pd.v1.TokenR\x05token\x12\x16\n" +
@@ -1742,7 +1821,7 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\n" +
 	"FilesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x012\xa5\x03\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x012\xea\x03\n" +
 	"\x06Decode\x129\n" +
 	"\x04Info\x12\x18.baton.pd.v1.InfoRequest\x1a\x17.baton.pd.v1.WorkerInfo\x12@\n" +
 	"\aReserve\x12\x1b.baton.pd.v1.ReserveRequest\x1a\x18.baton.pd.v1.Reservation\x126\n" +
@@ -1750,7 +1829,8 @@ const file_api_pd_v1_pd_proto_rawDesc = "" +
 	"\aDrained\x12\x1b.baton.pd.v1.DrainedRequest\x1a\x10.baton.pd.v1.Ack\x124\n" +
 	"\x05Abort\x12\x19.baton.pd.v1.AbortRequest\x1a\x10.baton.pd.v1.Ack\x125\n" +
 	"\x06Finish\x12\x19.baton.pd.v1.AbortRequest\x1a\x10.baton.pd.v1.Ack\x12?\n" +
-	"\x06Stream\x12\x1a.baton.pd.v1.StreamRequest\x1a\x17.baton.pd.v1.TokenEvent0\x012\x86\x02\n" +
+	"\x06Stream\x12\x1a.baton.pd.v1.StreamRequest\x1a\x17.baton.pd.v1.TokenEvent0\x01\x12C\n" +
+	"\bGenerate\x12\x1c.baton.pd.v1.GenerateRequest\x1a\x17.baton.pd.v1.TokenEvent0\x012\x86\x02\n" +
 	"\aPrefill\x129\n" +
 	"\x04Info\x12\x18.baton.pd.v1.InfoRequest\x1a\x17.baton.pd.v1.WorkerInfo\x12A\n" +
 	"\aPrefill\x12\x1b.baton.pd.v1.PrefillRequest\x1a\x19.baton.pd.v1.PrefillReply\x124\n" +
@@ -1769,7 +1849,7 @@ func file_api_pd_v1_pd_proto_rawDescGZIP() []byte {
 	return file_api_pd_v1_pd_proto_rawDescData
 }
 
-var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_api_pd_v1_pd_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_api_pd_v1_pd_proto_goTypes = []any{
 	(*KVLayout)(nil),         // 0: baton.pd.v1.KVLayout
 	(*InfoRequest)(nil),      // 1: baton.pd.v1.InfoRequest
@@ -1786,15 +1866,16 @@ var file_api_pd_v1_pd_proto_goTypes = []any{
 	(*AbortRequest)(nil),     // 12: baton.pd.v1.AbortRequest
 	(*DrainedRequest)(nil),   // 13: baton.pd.v1.DrainedRequest
 	(*StreamRequest)(nil),    // 14: baton.pd.v1.StreamRequest
-	(*TokenEvent)(nil),       // 15: baton.pd.v1.TokenEvent
-	(*TokenizerRequest)(nil), // 16: baton.pd.v1.TokenizerRequest
-	(*TokenizerFiles)(nil),   // 17: baton.pd.v1.TokenizerFiles
-	nil,                      // 18: baton.pd.v1.SamplingParams.LogitBiasEntry
-	nil,                      // 19: baton.pd.v1.TokenizerFiles.FilesEntry
+	(*GenerateRequest)(nil),  // 15: baton.pd.v1.GenerateRequest
+	(*TokenEvent)(nil),       // 16: baton.pd.v1.TokenEvent
+	(*TokenizerRequest)(nil), // 17: baton.pd.v1.TokenizerRequest
+	(*TokenizerFiles)(nil),   // 18: baton.pd.v1.TokenizerFiles
+	nil,                      // 19: baton.pd.v1.SamplingParams.LogitBiasEntry
+	nil,                      // 20: baton.pd.v1.TokenizerFiles.FilesEntry
 }
 var file_api_pd_v1_pd_proto_depIdxs = []int32{
 	0,  // 0: baton.pd.v1.WorkerInfo.layout:type_name -> baton.pd.v1.KVLayout
-	18, // 1: baton.pd.v1.SamplingParams.logit_bias:type_name -> baton.pd.v1.SamplingParams.LogitBiasEntry
+	19, // 1: baton.pd.v1.SamplingParams.logit_bias:type_name -> baton.pd.v1.SamplingParams.LogitBiasEntry
 	3,  // 2: baton.pd.v1.ReserveRequest.sampling:type_name -> baton.pd.v1.SamplingParams
 	0,  // 3: baton.pd.v1.ReserveRequest.layout:type_name -> baton.pd.v1.KVLayout
 	0,  // 4: baton.pd.v1.Reservation.layout:type_name -> baton.pd.v1.KVLayout
@@ -1803,36 +1884,39 @@ var file_api_pd_v1_pd_proto_depIdxs = []int32{
 	9,  // 7: baton.pd.v1.Token.top:type_name -> baton.pd.v1.TokenLogprob
 	10, // 8: baton.pd.v1.CommitRequest.first_token:type_name -> baton.pd.v1.Token
 	10, // 9: baton.pd.v1.CommitRequest.prompt_logprobs:type_name -> baton.pd.v1.Token
-	10, // 10: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
-	10, // 11: baton.pd.v1.TokenEvent.prompt_logprobs:type_name -> baton.pd.v1.Token
-	19, // 12: baton.pd.v1.TokenizerFiles.files:type_name -> baton.pd.v1.TokenizerFiles.FilesEntry
-	1,  // 13: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
-	4,  // 14: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
-	11, // 15: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
-	13, // 16: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
-	12, // 17: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
-	12, // 18: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
-	14, // 19: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
-	1,  // 20: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
-	7,  // 21: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
-	12, // 22: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
-	16, // 23: baton.pd.v1.Prefill.Tokenizer:input_type -> baton.pd.v1.TokenizerRequest
-	2,  // 24: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
-	5,  // 25: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
-	6,  // 26: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
-	6,  // 27: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
-	6,  // 28: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
-	6,  // 29: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
-	15, // 30: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
-	2,  // 31: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
-	8,  // 32: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
-	6,  // 33: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
-	17, // 34: baton.pd.v1.Prefill.Tokenizer:output_type -> baton.pd.v1.TokenizerFiles
-	24, // [24:35] is the sub-list for method output_type
-	13, // [13:24] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	3,  // 10: baton.pd.v1.GenerateRequest.sampling:type_name -> baton.pd.v1.SamplingParams
+	10, // 11: baton.pd.v1.TokenEvent.token:type_name -> baton.pd.v1.Token
+	10, // 12: baton.pd.v1.TokenEvent.prompt_logprobs:type_name -> baton.pd.v1.Token
+	20, // 13: baton.pd.v1.TokenizerFiles.files:type_name -> baton.pd.v1.TokenizerFiles.FilesEntry
+	1,  // 14: baton.pd.v1.Decode.Info:input_type -> baton.pd.v1.InfoRequest
+	4,  // 15: baton.pd.v1.Decode.Reserve:input_type -> baton.pd.v1.ReserveRequest
+	11, // 16: baton.pd.v1.Decode.Commit:input_type -> baton.pd.v1.CommitRequest
+	13, // 17: baton.pd.v1.Decode.Drained:input_type -> baton.pd.v1.DrainedRequest
+	12, // 18: baton.pd.v1.Decode.Abort:input_type -> baton.pd.v1.AbortRequest
+	12, // 19: baton.pd.v1.Decode.Finish:input_type -> baton.pd.v1.AbortRequest
+	14, // 20: baton.pd.v1.Decode.Stream:input_type -> baton.pd.v1.StreamRequest
+	15, // 21: baton.pd.v1.Decode.Generate:input_type -> baton.pd.v1.GenerateRequest
+	1,  // 22: baton.pd.v1.Prefill.Info:input_type -> baton.pd.v1.InfoRequest
+	7,  // 23: baton.pd.v1.Prefill.Prefill:input_type -> baton.pd.v1.PrefillRequest
+	12, // 24: baton.pd.v1.Prefill.Abort:input_type -> baton.pd.v1.AbortRequest
+	17, // 25: baton.pd.v1.Prefill.Tokenizer:input_type -> baton.pd.v1.TokenizerRequest
+	2,  // 26: baton.pd.v1.Decode.Info:output_type -> baton.pd.v1.WorkerInfo
+	5,  // 27: baton.pd.v1.Decode.Reserve:output_type -> baton.pd.v1.Reservation
+	6,  // 28: baton.pd.v1.Decode.Commit:output_type -> baton.pd.v1.Ack
+	6,  // 29: baton.pd.v1.Decode.Drained:output_type -> baton.pd.v1.Ack
+	6,  // 30: baton.pd.v1.Decode.Abort:output_type -> baton.pd.v1.Ack
+	6,  // 31: baton.pd.v1.Decode.Finish:output_type -> baton.pd.v1.Ack
+	16, // 32: baton.pd.v1.Decode.Stream:output_type -> baton.pd.v1.TokenEvent
+	16, // 33: baton.pd.v1.Decode.Generate:output_type -> baton.pd.v1.TokenEvent
+	2,  // 34: baton.pd.v1.Prefill.Info:output_type -> baton.pd.v1.WorkerInfo
+	8,  // 35: baton.pd.v1.Prefill.Prefill:output_type -> baton.pd.v1.PrefillReply
+	6,  // 36: baton.pd.v1.Prefill.Abort:output_type -> baton.pd.v1.Ack
+	18, // 37: baton.pd.v1.Prefill.Tokenizer:output_type -> baton.pd.v1.TokenizerFiles
+	26, // [26:38] is the sub-list for method output_type
+	14, // [14:26] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_api_pd_v1_pd_proto_init() }
@@ -1847,7 +1931,7 @@ func file_api_pd_v1_pd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_pd_v1_pd_proto_rawDesc), len(file_api_pd_v1_pd_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -25,13 +25,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Decode_Info_FullMethodName    = "/baton.pd.v1.Decode/Info"
-	Decode_Reserve_FullMethodName = "/baton.pd.v1.Decode/Reserve"
-	Decode_Commit_FullMethodName  = "/baton.pd.v1.Decode/Commit"
-	Decode_Drained_FullMethodName = "/baton.pd.v1.Decode/Drained"
-	Decode_Abort_FullMethodName   = "/baton.pd.v1.Decode/Abort"
-	Decode_Finish_FullMethodName  = "/baton.pd.v1.Decode/Finish"
-	Decode_Stream_FullMethodName  = "/baton.pd.v1.Decode/Stream"
+	Decode_Info_FullMethodName     = "/baton.pd.v1.Decode/Info"
+	Decode_Reserve_FullMethodName  = "/baton.pd.v1.Decode/Reserve"
+	Decode_Commit_FullMethodName   = "/baton.pd.v1.Decode/Commit"
+	Decode_Drained_FullMethodName  = "/baton.pd.v1.Decode/Drained"
+	Decode_Abort_FullMethodName    = "/baton.pd.v1.Decode/Abort"
+	Decode_Finish_FullMethodName   = "/baton.pd.v1.Decode/Finish"
+	Decode_Stream_FullMethodName   = "/baton.pd.v1.Decode/Stream"
+	Decode_Generate_FullMethodName = "/baton.pd.v1.Decode/Generate"
 )
 
 // DecodeClient is the client API for Decode service.
@@ -50,6 +51,10 @@ type DecodeClient interface {
 	Abort(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*Ack, error)
 	Finish(ctx context.Context, in *AbortRequest, opts ...grpc.CallOption) (*Ack, error)
 	Stream(ctx context.Context, in *StreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TokenEvent], error)
+	// Generate runs a request whose prompt is short enough (or cached
+	// enough) that moving its KV would cost more than computing it here.
+	// Ending the call ends the request.
+	Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TokenEvent], error)
 }
 
 type decodeClient struct {
@@ -139,6 +144,25 @@ func (c *decodeClient) Stream(ctx context.Context, in *StreamRequest, opts ...gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Decode_StreamClient = grpc.ServerStreamingClient[TokenEvent]
 
+func (c *decodeClient) Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TokenEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Decode_ServiceDesc.Streams[1], Decode_Generate_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GenerateRequest, TokenEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Decode_GenerateClient = grpc.ServerStreamingClient[TokenEvent]
+
 // DecodeServer is the server API for Decode service.
 // All implementations must embed UnimplementedDecodeServer
 // for forward compatibility.
@@ -155,6 +179,10 @@ type DecodeServer interface {
 	Abort(context.Context, *AbortRequest) (*Ack, error)
 	Finish(context.Context, *AbortRequest) (*Ack, error)
 	Stream(*StreamRequest, grpc.ServerStreamingServer[TokenEvent]) error
+	// Generate runs a request whose prompt is short enough (or cached
+	// enough) that moving its KV would cost more than computing it here.
+	// Ending the call ends the request.
+	Generate(*GenerateRequest, grpc.ServerStreamingServer[TokenEvent]) error
 	mustEmbedUnimplementedDecodeServer()
 }
 
@@ -185,6 +213,9 @@ func (UnimplementedDecodeServer) Finish(context.Context, *AbortRequest) (*Ack, e
 }
 func (UnimplementedDecodeServer) Stream(*StreamRequest, grpc.ServerStreamingServer[TokenEvent]) error {
 	return status.Error(codes.Unimplemented, "method Stream not implemented")
+}
+func (UnimplementedDecodeServer) Generate(*GenerateRequest, grpc.ServerStreamingServer[TokenEvent]) error {
+	return status.Error(codes.Unimplemented, "method Generate not implemented")
 }
 func (UnimplementedDecodeServer) mustEmbedUnimplementedDecodeServer() {}
 func (UnimplementedDecodeServer) testEmbeddedByValue()                {}
@@ -326,6 +357,17 @@ func _Decode_Stream_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Decode_StreamServer = grpc.ServerStreamingServer[TokenEvent]
 
+func _Decode_Generate_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GenerateRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DecodeServer).Generate(m, &grpc.GenericServerStream[GenerateRequest, TokenEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Decode_GenerateServer = grpc.ServerStreamingServer[TokenEvent]
+
 // Decode_ServiceDesc is the grpc.ServiceDesc for Decode service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -362,6 +404,11 @@ var Decode_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Stream",
 			Handler:       _Decode_Stream_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Generate",
+			Handler:       _Decode_Generate_Handler,
 			ServerStreams: true,
 		},
 	},
