@@ -1,12 +1,9 @@
 package main
 
 import (
-	"crypto/ed25519"
-	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -60,7 +57,7 @@ deploys; deriving again gives the same files, so lost ones can be made again.`,
 				if err := writePrivate(path, b); err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s key %s\n", path, r, keyIDOf(b, r))
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s key %s\n", path, r, auth.RoleKeyID(secret, r))
 			}
 			return nil
 		},
@@ -106,17 +103,4 @@ func writePrivate(path string, b []byte) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
-}
-
-// keyIDOf reads role's public key back out of a key file, for the line
-// that names it: the ID the workers' logs and quotas show.
-func keyIDOf(file []byte, role auth.Role) string {
-	for _, l := range strings.Split(string(file), "\n") {
-		if f := strings.Fields(l); len(f) == 3 && f[0] == "public" && f[1] == string(role) {
-			if pub, err := base64.StdEncoding.DecodeString(f[2]); err == nil && len(pub) == ed25519.PublicKeySize {
-				return auth.KeyID(pub)
-			}
-		}
-	}
-	return "?"
 }

@@ -81,6 +81,12 @@ func KeyID(pub ed25519.PublicKey) string {
 	return hex.EncodeToString(sum[:6])
 }
 
+// RoleKeyID is the ID (KeyID) of role's public key derived from master:
+// what a member of role shows in its peers' logs and quotas.
+func RoleKeyID(master []byte, role Role) string {
+	return KeyID(ed25519.NewKeyFromSeed(roleSeed(master, role)).Public().(ed25519.PublicKey))
+}
+
 // RoleKeyFile is the file a member of role mounts in place of the master
 // secret: role's private key and every role's public key. Derivation is
 // deterministic, so deriving again gives the same file.

@@ -395,3 +395,33 @@ func TestSessionRoleKeys(t *testing.T) {
 	liar := newPlane(t, keyOptions(authtest.ForgeRoleKey(t, keys[auth.RoleRouter], auth.RolePrefill), auth.RolePrefill), nil)
 	refusedBoth(t, liar, decode, &f, "bad proof", auth.RoleDecode, auth.RolePrefill)
 }
+
+// RoleKeyID names the key a role key file carries for that role, the one
+// its member signs with and its peers log.
+func TestRoleKeyID(t *testing.T) {
+	master := []byte("0123456789abcdef0123456789abcdef-master")
+	ids := map[string]auth.Role{}
+	for _, r := range auth.Roles {
+		b, err := auth.RoleKeyFile(master, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want string
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) == 3 && f[0] == "public" && f[1] == string(r) {
+				pub, err := base64.StdEncoding.DecodeString(f[2])
+				if err != nil {
+					t.Fatal(err)
+				}
+				want = auth.KeyID(pub)
+			}
+		}
+		if id := auth.RoleKeyID(master, r); id != want || id == "" {
+			t.Errorf("%s: RoleKeyID %q, the file's key is %q", r, id, want)
+		}
+		if other, dup := ids[want]; dup {
+			t.Errorf("%s and %s have one key ID %s", r, other, want)
+		}
+		ids[want] = r
+	}
+}
