@@ -150,7 +150,7 @@ func jsonIDs(ids []int32) string {
 	return string(b)
 }
 
-var deliveredRE = regexp.MustCompile(`spec guard stopped the request; continuing on another pair.* delivered=(\d+)`)
+var deliveredRE = regexp.MustCompile(`continuing on another pair" .* reason=spec_guard .*delivered=(\d+)`)
 
 // startSpecCluster starts 2 prefill and 2 decode workers with ngram
 // speculation and the checksum and owner-tag guards off, decode 0 with
