@@ -28,6 +28,7 @@ var flagRoles = map[string][]string{
 	"served-model-name": allRoles, "api-key": allRoles, "metrics-require-key": allRoles,
 	"request-read-timeout": allRoles, "shutdown-timeout": allRoles,
 	"http-idle-timeout": allRoles, "max-connections": allRoles,
+	"otlp-traces-endpoint": allRoles, "otlp-traces-sample-ratio": allRoles,
 	"allow-special-tokens-in-prompt": {"standalone", "router"},
 
 	"chat-template":    {"standalone", "router"},

@@ -116,6 +116,7 @@ type serveFlags struct {
 	// internal plane (router, prefill, decode)
 	internal internalFlags
 	planner  plannerFlags // router --planner (plan.go)
+	tracing  tracingFlags // --otlp-traces-* (tracing.go)
 
 	// router
 	prefillURLs []string
@@ -154,6 +155,9 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 			if err := f.validate(); err != nil {
 				return err
 			}
+			if err := f.tracing.validate(); err != nil {
+				return err
+			}
 			if f.dryRun {
 				fmt.Fprintf(cmd.OutOrStdout(), "baton: %s configuration is valid\n", f.role)
 				return nil
@@ -165,6 +169,11 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 				}
 				defer stop()
 			}
+			stopTracing, err := f.tracing.start(f.role)
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
 			switch f.role {
 			case "prefill", "decode":
 				return runWorker(cmd.Context(), f, cmd.ErrOrStderr())
@@ -176,6 +185,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	}
 	fs := cmd.Flags()
 	f.planner.register(fs, true)
+	f.tracing.register(fs)
 	fs.StringVar(&f.role, "role", "standalone", "standalone | prefill | decode | router")
 	fs.StringVar(&f.modelPath, "model", "", "GGUF file, Hugging Face model directory (config.json + safetensors), or a config.json with --load-format dummy; empty: the bundled stories260K")
 	fs.StringVar(&f.host, "host", "127.0.0.1", "address to listen on")

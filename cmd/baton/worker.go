@@ -17,6 +17,7 @@ import (
 	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/roles"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/tracing"
 	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/rdma"
 	"github.com/batonlm/baton/internal/transfer/tcp"
@@ -59,7 +60,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	grpcAddr := advertised(f, gln.Addr().String())
-	gs := grpc.NewServer(append(roles.ServerOptions(plane), decorate.serverOptions()...)...)
+	gs := grpc.NewServer(append(append(roles.ServerOptions(plane), decorate.serverOptions()...), tracing.ServerOptions()...)...)
 	var worker roles.Worker
 	var eng *scheduler.Engine
 	switch f.role {
@@ -88,7 +89,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 			return fmt.Errorf("tokenizer files: %w", err)
 		}
 		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: decorate.sender(sender), Transport: f.transport,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: decorate.dialOptions(), Identity: id, Log: le.log,
+			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: append(decorate.dialOptions(), tracing.DialOptions()...), Identity: id, Log: le.log,
 			Guards: guards.prefill})
 		p.SetAddr(grpcAddr)
 		defer p.Close()

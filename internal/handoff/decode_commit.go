@@ -10,6 +10,7 @@ import (
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/tracing"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -65,6 +66,7 @@ func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 	d.on(res, func() {
 		first := res.firstByte
 		res.lease.revoke()
+		tracing.Span(ctx, tracing.SpanLanded, first, time.Now(), tracing.AttrPages.Int(len(c.PageChecksums)))
 		if err := res.ho.CommitArrived(); err != nil {
 			d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
 			answer(refuse(Precondition, "reservation %s is %s; commit dropped", key, res.r.State()))
@@ -75,7 +77,11 @@ func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 		// under them.
 		var reason string
 		var err error
-		d.await(res, func() { reason, err = d.check(ctx, res, c) }, func() {
+		d.await(res, func() {
+			vctx, span := tracing.Start(ctx, tracing.SpanVerify)
+			reason, err = d.check(vctx, res, c)
+			traceVerified(span, reason, err)
+		}, func() {
 			d.verified(res, c, first, reason, err, answer)
 		})
 	})

@@ -6,6 +6,7 @@ import (
 
 	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/tracing"
 )
 
 // Run prefills prompt into decode's reservation t and hands it over: the
@@ -16,7 +17,7 @@ import (
 // Abort finds it. Every way out but Sent tells decode Drained.
 func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, params request.Params) (Sent, error) {
 	key := t.Key
-	log := d.o.Log.With("request_id", id, "room", key.Room, "epoch", key.Epoch)
+	log := tracing.Log(d.o.Log.With("request_id", id, "room", key.Room, "epoch", key.Epoch), ctx)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if !d.enter(key, cancel) {
@@ -40,6 +41,7 @@ func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, 
 	}
 	d.o.Metrics.TransferSessions.Inc()
 	ship := newShipper(t, d.o.Pool.PageSize(), len(prompt), sess)
+	ship.traced = tracing.Enabled()
 	r.OnChunk = ship.onChunk
 	if err := d.o.Engine.Enqueue(r); err != nil {
 		_ = sess.Close()
@@ -53,6 +55,7 @@ func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, 
 	for ok && ev.Finish == "" {
 		ev, ok = r.Next(ctx)
 	}
+	ship.trace(ctx, start, r, ok)
 	if !ok || ev.Finish != scheduler.FinishPrefilled {
 		why := "prefill aborted"
 		if ok && ev.Err != nil {
@@ -75,8 +78,11 @@ func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, 
 	}
 	// Every write must have landed before Commit claims it did.
 	err = ship.finish()
+	ship.traceShipped(ctx, err)
 	if err == nil {
-		err = sess.Flush(ctx)
+		fctx, span := tracing.Start(ctx, tracing.SpanPrefillFlush)
+		err = sess.Flush(fctx)
+		tracing.End(span, err)
 	}
 	if err != nil {
 		d.o.Metrics.HandoffFailures.WithLabelValues("transfer").Inc()
@@ -84,6 +90,7 @@ func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, 
 		return Sent{}, refuse(Unavailable, "KV transfer failed: %v", err)
 	}
 	bytes := sess.Bytes()
+	tracing.Annotate(ctx, tracing.AttrBytes.Int64(bytes))
 	_ = sess.Close()
 	d.o.Metrics.TransferBytes.Add(float64(bytes))
 	d.o.Metrics.TransferSeconds.Observe(time.Since(ship.firstAt).Seconds())

@@ -22,6 +22,10 @@ type shipper struct {
 	done      chan error
 	firstAt   time.Time // when the first page was queued (engine loop only, read after finish)
 	packErr   error     // a page that could not be read from the pool (engine loop only, read after finish)
+	// traced: marks records each chunk's end (engine loop only, read
+	// after the request's last event) for the chunks' spans (trace.go).
+	traced bool
+	marks  []chunkMark
 }
 
 func newShipper(t Ticket, pageSize, promptLen int, sess transfer.Session) *shipper {
@@ -43,6 +47,9 @@ func newShipper(t Ticket, pageSize, promptLen int, sess transfer.Session) *shipp
 // it ships every page this completed (the last, partial page with the
 // prompt's end). The queue holds every page of the prompt, so it never blocks.
 func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
+	if s.traced {
+		s.marks = append(s.marks, chunkMark{from: from, to: to, at: time.Now()})
+	}
 	for i := from / s.pageSize; i*s.pageSize < to; i++ {
 		end := min((i+1)*s.pageSize, s.promptLen)
 		if to < end || i >= len(s.pages) {

@@ -7,6 +7,7 @@ import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/tracing"
 )
 
 // Generate implements the RPC: a request whose prompt this worker computes
@@ -15,7 +16,9 @@ import (
 // handoff). Its pages are the engine's alone from admission to release:
 // no reservation, no writer, so none of the handoff's gates is involved.
 // The call's end (the router gone, or the client) ends the request.
-func (d *Decode) Generate(req *pdv1.GenerateRequest, out pdv1.Decode_GenerateServer) error {
+func (d *Decode) Generate(req *pdv1.GenerateRequest, out pdv1.Decode_GenerateServer) (err error) {
+	tr := traceStream(out.Context(), tracing.SpanGenerate)
+	defer tr.end(&err)
 	if d.shuttingDown.Load() {
 		return status.Error(codes.Unavailable, "decode worker is shutting down")
 	}
@@ -34,6 +37,7 @@ func (d *Decode) Generate(req *pdv1.GenerateRequest, out pdv1.Decode_GenerateSer
 			d.o.Engine.Abort(r, "router stream broken")
 			return err
 		}
+		tr.sent(r, ev)
 		if ev.Finish != "" {
 			return nil
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/batonlm/baton/internal/handoff"
 	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/request"
+	"github.com/batonlm/baton/internal/tracing"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -27,7 +28,9 @@ func deskStatus(err error) error {
 }
 
 // Reserve implements the RPC: the decode door.
-func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.Reservation, error) {
+func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (_ *pdv1.Reservation, err error) {
+	ctx, span := tracing.Start(ctx, tracing.SpanDecodeReserve, tracing.AttrPromptTokens.Int(len(req.Prompt)))
+	defer traceEnd(span, &err)
 	if d.shuttingDown.Load() {
 		return nil, status.Error(codes.Unavailable, "decode worker is shutting down")
 	}
@@ -39,6 +42,7 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (*pdv1.R
 	if err != nil {
 		return nil, deskStatus(err)
 	}
+	tracing.Annotate(ctx, tracing.AttrPages.Int(len(res.Pages)), tracing.AttrCachedTokens.Int(res.HeldTokens))
 	return &pdv1.Reservation{Room: res.Key.Room, Epoch: res.Key.Epoch, Pages: res.Pages, PromptTokens: uint32(len(req.Prompt)),
 		Layout: d.o.Layout, Transport: d.transport(), TransferAddr: d.transferAddr, DecodeAddr: d.grpcAddr, Capability: res.Key.Cap[:],
 		HeldTokens: uint32(res.HeldTokens)}, nil
@@ -56,7 +60,10 @@ func (d *Decode) Closed(k transfer.Key, proof string) { d.desk.Closed(k, proof) 
 
 // Commit implements the RPC: the desk checks every claim of the handoff
 // before the request may decode.
-func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (*pdv1.Ack, error) {
+func (d *Decode) Commit(ctx context.Context, c *pdv1.CommitRequest) (_ *pdv1.Ack, err error) {
+	ctx, span := tracing.Start(ctx, tracing.SpanCommit, tracing.AttrPromptTokens.Int(int(c.TokensWritten)),
+		tracing.AttrPages.Int(len(c.PageChecksums)), tracing.AttrCachedTokens.Int(int(c.CachedTokens)))
+	defer traceEnd(span, &err)
 	hc := handoff.Commit{Room: c.Room, Epoch: c.Epoch, Capability: c.Capability, SessionID: c.SessionId, Writer: c.Writer,
 		TokensWritten: int(c.TokensWritten), PageChecksums: c.PageChecksums, CachedTokens: int(c.CachedTokens),
 		PromptLogprobs: func(limit int) []request.Sampled { return pdwire.TokensFromPB(c.PromptLogprobs, limit) }}

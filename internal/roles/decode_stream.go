@@ -11,10 +11,13 @@ import (
 	"github.com/batonlm/baton/internal/handoff"
 	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/tracing"
 )
 
 // Stream implements the RPC: the generated tokens, to the router.
-func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) error {
+func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) (err error) {
+	tr := traceStream(out.Context(), tracing.SpanDecodeStream)
+	defer tr.end(&err)
 	rd, err := d.desk.Read(req.Room, req.Epoch, req.Capability)
 	if err != nil {
 		var ref *handoff.Refusal
@@ -36,6 +39,7 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) e
 			rd.Gone("router stream broken")
 			return err
 		}
+		tr.sent(rd.Request(), ev)
 		if ev.Finish != "" {
 			// Forgotten now if it has ended; one still Draining is
 			// forgotten by the sweep a minute after it ends.

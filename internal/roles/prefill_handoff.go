@@ -13,6 +13,7 @@ import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/handoff"
 	"github.com/batonlm/baton/internal/pdwire"
+	"github.com/batonlm/baton/internal/tracing"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -27,7 +28,10 @@ func requestID(ctx context.Context, fallback string) string {
 
 // Prefill implements the RPC: the reservation's own checks, then the desk
 // runs the prefill and hands it over.
-func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (*pdv1.PrefillReply, error) {
+func (p *Prefill) Prefill(ctx context.Context, req *pdv1.PrefillRequest) (_ *pdv1.PrefillReply, err error) {
+	ctx, span := tracing.Start(ctx, tracing.SpanPrefill, tracing.AttrPromptTokens.Int(len(req.Prompt)),
+		tracing.AttrPages.Int(len(req.GetReservation().GetPages())), tracing.AttrCachedTokens.Int(int(req.GetReservation().GetHeldTokens())))
+	defer traceEnd(span, &err)
 	id := requestID(ctx, req.RequestId)
 	res := req.Reservation
 	if res == nil {

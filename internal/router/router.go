@@ -25,6 +25,7 @@ import (
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/server"
+	"github.com/batonlm/baton/internal/tracing"
 )
 
 // DefaultMaxMigrations is how many times a request is continued on another
@@ -483,7 +484,7 @@ func (r *Router) Generate(id string, prompt []int32, p request.Params) (server.S
 // event or call Cancel or Stop: the stream hands events over one at a time
 // and holds its worker calls open until then.
 func (r *Router) GenerateContext(ctx context.Context, id string, prompt []int32, p request.Params) (server.Stream, error) {
-	log := r.log.With("request_id", id)
+	log := tracing.Log(r.log.With("request_id", id), ctx)
 	if rej := r.gate(prompt, p); rej != nil {
 		r.m.Reject(rej.Reason)
 		r.m.Outcome("rejected")
@@ -491,6 +492,7 @@ func (r *Router) GenerateContext(ctx context.Context, id string, prompt []int32,
 		return nil, rej
 	}
 	s := newStream(r, id, prompt, p, log)
+	s.traceBegin(ctx)
 	started := make(chan error, 1)
 	r.inflight.Add(1)
 	r.gauges()

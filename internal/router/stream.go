@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"go.opentelemetry.io/otel/trace"
+
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/pdwire"
 	"github.com/batonlm/baton/internal/request"
@@ -80,6 +82,11 @@ type stream struct {
 	// phase is where the request stands (phase.go), trail its moves.
 	phase phase
 	trail []phase
+	// tracing (trace.go): the request's span context, the queue wait's
+	// span, and the attempts so far.
+	tctx     context.Context
+	qspan    trace.Span
+	attempts int
 }
 
 func newStream(r *Router, id string, prompt []int32, p request.Params, log *slog.Logger) *stream {
@@ -167,6 +174,7 @@ func (s *stream) run(started chan<- error) {
 	var qw *waiter
 	leave := func() {
 		if qw != nil {
+			s.traceLeft(nil)
 			s.r.queue.leave(qw)
 			qw = nil
 			s.r.gauges()
@@ -184,7 +192,9 @@ func (s *stream) run(started chan<- error) {
 			s.endOutcome()
 			return
 		}
+		ps := s.tracePick()
 		pr, err := s.r.pick(avoid, s.prompt, s.p.Tenant)
+		tracePicked(ps, pr, err)
 		if err != nil {
 			last = failure{stage: "pick", err: err, detail: err}
 			break
@@ -234,11 +244,13 @@ func (s *stream) run(started chan<- error) {
 					break
 				}
 				s.to(phaseQueued)
+				s.traceQueued()
 				s.r.m.QueuedTotal.Inc()
 				s.r.gauges()
 				s.log.Debug("queued: no decode worker has room now", "waiting", s.r.queue.len())
 			}
 			if err := s.await(qw); err != nil {
+				s.traceLeft(err)
 				if errors.Is(err, errClientLeft) {
 					s.endOutcome()
 					return
@@ -261,6 +273,7 @@ func (s *stream) run(started chan<- error) {
 			continue
 		}
 		s.r.rm.retries.WithLabelValues(f.stage).Inc()
+		s.traceRetry(f)
 		s.log.Warn("attempt failed before the first token; retrying on another pair",
 			"stage", f.stage, "decode", d.url, "prefill", p.name(), "attempt", tries, "err", f.detail)
 	}
@@ -316,6 +329,7 @@ func (s *stream) migrate(last *failure, d *worker, avoid map[*worker]bool) bool 
 	}
 	s.migrations++
 	s.r.rm.migrations.WithLabelValues(last.midStream).Inc()
+	s.traceMigrate(last)
 	if last.anomaly() {
 		s.r.rm.retries.WithLabelValues(last.stage).Inc()
 	}
@@ -396,6 +410,7 @@ func (s *stream) quitting() bool {
 // prompt itself, else the handoff. over: the request ended (its last
 // event delivered, or the caller left); otherwise f says what failed.
 func (s *stream) attempt(pr pair, leave func()) (f *failure, over bool) {
+	defer s.traceAttempt(pr)(&f)
 	if pr.local {
 		leave()
 		s.r.rm.localPrefills.Inc()
@@ -429,9 +444,11 @@ func (s *stream) reserve(d, p *worker, dc pdv1.DecodeClient) (*pdv1.Reservation,
 	s.r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(s.md, controlTimeout)
 	defer cancel()
+	ctx, span := traceReserve(ctx)
 	res, err := dc.Reserve(ctx, &pdv1.ReserveRequest{
 		RequestId: s.id, Prompt: s.prompt, Sampling: pdwire.ToPB(s.p), Layout: layout, Writer: writer,
 	})
+	traceReserved(span, res, err)
 	if err != nil {
 		return nil, rpcFailure("reserve", "decode worker refused the reservation", err)
 	}

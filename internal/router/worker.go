@@ -18,6 +18,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
+	"github.com/batonlm/baton/internal/tracing"
 )
 
 const (
@@ -226,6 +227,7 @@ func (r *Router) connFor(w *worker, addr string) (*grpc.ClientConn, error) {
 	if r.o.Auth != nil {
 		creds = r.o.Auth.DialOptions(auth.Role(w.role))
 	}
+	creds = append(creds, tracing.DialOptions()...)
 	conn, err := grpc.NewClient(addr, append(creds,
 		// A restarted worker on the same address must be reachable at the
 		// next probe, not after gRPC's default backoff of up to two minutes.

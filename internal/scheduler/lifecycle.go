@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Role is the part a worker plays for a request; each role has its own
@@ -241,6 +242,11 @@ type Lifecycle struct {
 	reason      string
 	preemptions int
 	onEnd       func()
+	// committed and started are when a decode request's Commit was
+	// verified (Committed) and when the engine first took the request
+	// into its batch (Admitted, or Decoding on decode): the edges of its
+	// queue wait, read for tracing once the request has gone past them.
+	committed, started time.Time
 }
 
 // NewLifecycle starts a request of the given role in Received.
@@ -286,6 +292,14 @@ func (l *Lifecycle) Reason() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.reason
+}
+
+// Times are when a decode request's Commit was verified and when the
+// engine first took the request into its batch; zero until it has.
+func (l *Lifecycle) Times() (committed, started time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.committed, l.started
 }
 
 // Requeued reports whether the request is waiting for re-admission after a
@@ -353,6 +367,12 @@ func (l *Lifecycle) moveLocked(next State, reason string) error {
 		l.reason = reason
 	case StatePreempted:
 		l.preemptions++
+	case StateCommitted:
+		l.committed = time.Now()
+	case StateAdmitted, StateDecoding:
+		if l.started.IsZero() {
+			l.started = time.Now()
+		}
 	}
 	l.state = next
 	return nil

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/batonlm/baton/api/openai"
 	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/prefixcache"
@@ -47,6 +49,8 @@ type generation struct {
 	spec scheduler.SpecCounts
 
 	choices []*choice
+	// span is the generation's trace span (trace.go); nil when not traced.
+	span trace.Span
 }
 
 // choice is one of a generation's answers: choice i of prompt p has
@@ -280,7 +284,8 @@ func (g *generation) open(w http.ResponseWriter, r *http.Request, prompt []int32
 	if g.batch == nil {
 		g.batch = [][]int32{prompt}
 	}
-	if e := g.start(r.Context()); e != nil {
+	if e := g.start(g.traced(w, r)); e != nil {
+		g.traceEnd(e.Status)
 		openai.WriteError(w, e)
 		return nil, false
 	}
@@ -290,6 +295,7 @@ func (g *generation) open(w http.ResponseWriter, r *http.Request, prompt []int32
 func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32) {
 	done := make(chan struct{})
 	defer close(done)
+	defer g.traceEnd(0)
 	events, ok := g.open(w, r, prompt, done)
 	if !ok {
 		return
@@ -348,6 +354,7 @@ func (g *generation) run(w http.ResponseWriter, r *http.Request, prompt []int32)
 			default:
 				g.cancel()
 				e := g.s.eventError(g.id, ev)
+				g.traceEnd(e.Status)
 				if sse != nil {
 					_ = sse.SendError(e)
 					_ = sse.Done()

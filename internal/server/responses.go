@@ -36,6 +36,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		tenant: s.Tenant(r, cr.Sampling.CacheSalt)}
 	done := make(chan struct{})
 	defer close(done)
+	defer g.traceEnd(0)
 	events, ok := g.open(w, r, prompt, done)
 	if !ok {
 		return
@@ -72,6 +73,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 			default:
 				g.cancel()
 				e := s.eventError(g.id, ev.ev)
+				g.traceEnd(e.Status)
 				if rw.sse == nil {
 					openai.WriteError(w, e)
 					return
