@@ -57,7 +57,9 @@ const (
 	SpanDecodeStream  = "decode.stream"  // decode's token stream to the router
 	SpanDecodeQueue   = "decode.queue"   // verified (or enqueued) to taken into the decode batch
 	SpanFirstToken    = "decode.first_token"
-	SpanGenerate      = "decode.generate" // a prompt decode computes itself (no handoff)
+	SpanGenerate      = "decode.generate"  // a prompt decode computes itself (no handoff)
+	SpanAbort         = "handoff.abort"    // decode: a reservation ended before it joined the batch (timeout, the router's abort, its reader gone)
+	SpanAuth          = "internal.refused" // a worker refused an internal call's credentials or role (a root of its own)
 )
 
 // Attribute keys.
@@ -79,9 +81,16 @@ const (
 	AttrPrefill      = attribute.Key("baton.prefill")
 	AttrLocal        = attribute.Key("baton.local") // the prompt is computed on decode alone
 	AttrFinish       = attribute.Key("baton.finish")
+	AttrLanded       = attribute.Key("baton.landed") // an aborted reservation had pages land
+	AttrJoined       = attribute.Key("baton.joined") // an aborted reservation had joined the batch
 	AttrStatus       = attribute.Key("http.response.status_code")
 	AttrRPCCode      = attribute.Key("rpc.grpc.status_code")
 	AttrRoute        = attribute.Key("http.route")
+	// AttrError is the failure class of a failed span (OpenTelemetry's
+	// error.type): the same fixed word as its status, a check's name, a
+	// gRPC code's name or a queue's reason; never an error's text.
+	AttrError = attribute.Key("error.type")
+	AttrRPC   = attribute.Key("rpc.method") // the internal call a refusal answered
 )
 
 // Config is what serve's flags say about tracing.
@@ -248,13 +257,63 @@ func End(sp trace.Span, err error) {
 	sp.End()
 }
 
-// Fail marks sp failed; why must be a fixed word or a check's name, never
-// text that may quote the request.
+// Fail marks sp failed and names the failure's class in its error.type
+// attribute; why must be a fixed word or a check's name, never text that
+// may quote the request. A span failed twice keeps the first class as
+// error.type (the most specific: the check that saw it) and takes the
+// later status (the code its caller was answered).
 func Fail(sp trace.Span, why string) {
 	if !sp.IsRecording() {
 		return
 	}
+	if ro, ok := sp.(sdktrace.ReadOnlySpan); !ok || !hasAttr(ro, AttrError) {
+		sp.SetAttributes(AttrError.String(why))
+	}
 	sp.SetStatus(codes.Error, why)
+}
+
+// hasAttr reports whether sp already carries key.
+func hasAttr(sp sdktrace.ReadOnlySpan, key attribute.Key) bool {
+	for _, kv := range sp.Attributes() {
+		if kv.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// FailCtx marks ctx's span failed with why (Fail).
+func FailCtx(ctx context.Context, why string) { Fail(trace.SpanFromContext(ctx), why) }
+
+// Detach is a context carrying only ctx's span, for spans made later
+// under it (a reservation's timer, its abort) once ctx itself is done.
+// With no valid span in ctx, context.Background.
+func Detach(ctx context.Context) context.Context {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return context.Background()
+	}
+	return trace.ContextWithSpanContext(context.Background(), sc)
+}
+
+// Event records a failure that happened at one moment, outside any call
+// (a timer, an abort): a span of no length named name under ctx's span,
+// failed with why.
+func Event(ctx context.Context, name, why string, attrs ...attribute.KeyValue) {
+	if cur.Load() == nil {
+		return
+	}
+	_, sp := Start(ctx, name, attrs...)
+	Fail(sp, why)
+	sp.End()
+}
+
+// SetTracerProvider makes tp the provider of every span from now on (a
+// test's span recorder) and returns what puts the previous state back.
+// Setup is how a process turns tracing on.
+func SetTracerProvider(tp trace.TracerProvider) (restore func()) {
+	prev := cur.Swap(&state{tracer: tp.Tracer("github.com/batonlm/baton"), prop: propagation.TraceContext{}})
+	return func() { cur.Store(prev) }
 }
 
 // ErrorClass is what a span says of err: the gRPC code's name when err
