@@ -24,6 +24,7 @@
 package handoff
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -92,6 +93,11 @@ type reservation struct {
 	peer    string // who reserved it, for the per-peer bounds
 	counted int    // pages it counts against its peer
 	lease   *lease
+	// log names the request (and its trace, when traced) on the desk's
+	// lines about it; tctx carries the span of its Reserve call, the
+	// parent of the spans the desk makes for it after that call returned.
+	log  *slog.Logger
+	tctx context.Context
 
 	firstByte time.Time
 	abortedAt time.Time

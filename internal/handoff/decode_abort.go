@@ -28,6 +28,8 @@ func (d *Decode) abortEvent(room, epoch uint64, capability []byte, why string) f
 			d.abort(res, why, func(ok bool) {
 				if !ok {
 					d.o.Metrics.LateDropped.WithLabelValues("abort").Inc()
+				} else {
+					res.traceAbort("abort")
 				}
 				answer(ok)
 			})
@@ -89,7 +91,7 @@ func (d *Decode) abort(res *reservation, why string, done func(bool)) {
 		done(true) // nothing held it: the writer was proven gone, or had let go
 		return
 	}
-	d.o.Log.Info("aborted before decode", "request_id", res.r.ID, "room", res.key.Room, "why", why)
+	res.log.Info("aborted before decode", "room", res.key.Room, "why", why)
 	landed := !res.firstByte.IsZero()
 	if !res.lease.isBound() || (!landed && !d.oneSided) {
 		// No session was ever admitted for this reservation, so no
@@ -114,7 +116,7 @@ func (d *Decode) drain(res *reservation, why string, landed bool, done func(bool
 		// (Closed) is then the proof that nothing more lands.
 		d.after(d.o.HandoffTimeout, res, func() {
 			if writerHolds(res) {
-				d.o.Log.Warn("writer still holds its session after an abort; the receiver ends it", "request_id", res.r.ID, "room", res.key.Room)
+				res.log.Warn("writer still holds its session after an abort; the receiver ends it", "room", res.key.Room)
 				go ev.Evict(d.sessionKey(res))
 			}
 		})
@@ -172,8 +174,8 @@ func (d *Decode) tellWriter(res *reservation, why string) {
 	}
 	if err := d.o.Writers.Abort(res.writer, res.key, res.r.ID, why); err != nil {
 		// The pages stay quarantined: only Drained or a transport proof frees them.
-		d.o.Log.Warn("abort to prefill failed; pages stay quarantined until the session is proven closed",
-			"request_id", res.r.ID, "writer", res.writer, "err", err)
+		res.log.Warn("abort to prefill failed; pages stay quarantined until the session is proven closed",
+			"writer", res.writer, "err", err)
 	}
 }
 
@@ -216,7 +218,14 @@ func (rd *Reader) Request() *scheduler.Request { return rd.res.r }
 // Gone ends the request: its reader went away.
 func (rd *Reader) Gone(why string) {
 	call(&rd.d.inbox, func(answer func(struct{})) {
-		rd.d.on(rd.res, func() { rd.d.abort(rd.res, why, func(bool) { answer(struct{}{}) }) })
+		rd.d.on(rd.res, func() {
+			rd.d.abort(rd.res, why, func(ok bool) {
+				if ok {
+					rd.res.traceAbort("reader_gone")
+				}
+				answer(struct{}{})
+			})
+		})
 	})
 }
 

@@ -53,6 +53,7 @@ func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 	res := d.find("Commit", c.Room, c.Epoch, c.Capability)
 	if res == nil {
 		d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+		tracing.FailCtx(ctx, "no_reservation")
 		answer(refuse(NotFound, "no live reservation for %s", key))
 		return
 	}
@@ -60,6 +61,7 @@ func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 		// Refused without touching the reservation: its own writer's
 		// Commit may still come.
 		d.authFailure("Commit")
+		tracing.FailCtx(ctx, "session_bind")
 		answer(refuse(Denied, "commit for %s does not come from the session that wrote its pages", key))
 		return
 	}
@@ -69,6 +71,7 @@ func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 		tracing.Span(ctx, tracing.SpanLanded, first, time.Now(), tracing.AttrPages.Int(len(c.PageChecksums)))
 		if err := res.ho.CommitArrived(); err != nil {
 			d.o.Metrics.LateDropped.WithLabelValues("commit").Inc()
+			tracing.FailCtx(ctx, "late")
 			answer(refuse(Precondition, "reservation %s is %s; commit dropped", key, res.r.State()))
 			return
 		}
@@ -81,6 +84,9 @@ func (d *Decode) commit(ctx context.Context, c Commit, answer func(error)) {
 			vctx, span := tracing.Start(ctx, tracing.SpanVerify)
 			reason, err = d.check(vctx, res, c)
 			traceVerified(span, reason, err)
+			if err != nil {
+				tracing.FailCtx(ctx, reason)
+			}
 		}, func() {
 			d.verified(res, c, first, reason, err, answer)
 		})
@@ -113,7 +119,7 @@ func (d *Decode) verified(res *reservation, c Commit, first time.Time, reason st
 	key := roomKey(c.Room, c.Epoch)
 	if err != nil {
 		d.o.Metrics.HandoffFailures.WithLabelValues(reason).Inc()
-		d.o.Log.Warn("commit refused", "request_id", res.r.ID, "room", key.Room, "check", reason, "err", err)
+		res.log.Warn("commit refused", "room", key.Room, "check", reason, "err", err)
 		res.ho.End(reason, fmt.Errorf("KV handoff failed the %s check: %w", reason, err))
 		answer(refuse(Precondition, "commit refused by the %s check: %v", reason, err))
 		return
@@ -143,7 +149,7 @@ func (d *Decode) verified(res *reservation, c Commit, first time.Time, reason st
 		if !first.IsZero() {
 			d.o.Metrics.TransferSeconds.Observe(time.Since(first).Seconds())
 		}
-		d.o.Log.Info("committed", "request_id", res.r.ID, "room", key.Room, "tokens", c.TokensWritten)
+		res.log.Info("committed", "room", key.Room, "tokens", c.TokensWritten)
 		answer(nil)
 	})
 }

@@ -1,10 +1,13 @@
 package handoff
 
 import (
+	"context"
+	"errors"
 	"time"
 
 	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/tracing"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -18,14 +21,16 @@ type Reservation struct {
 
 // Reserve is the decode door: peer's request, to be written by writer, gets
 // its pages, its capability and its handoff timer, or is refused (a
-// *Refusal, or the engine's *scheduler.RejectError).
-func (d *Decode) Reserve(peer, id, writer string, prompt []int32, params request.Params) (Reservation, error) {
+// *Refusal, or the engine's *scheduler.RejectError). ctx's span (the
+// Reserve call's) is the parent of the reservation's later spans, and its
+// trace id is on the reservation's log lines.
+func (d *Decode) Reserve(ctx context.Context, peer, id, writer string, prompt []int32, params request.Params) (Reservation, error) {
 	type out struct {
 		res Reservation
 		err error
 	}
 	o, ok := call(&d.inbox, func(answer func(out)) {
-		res, err := d.reserve(peer, id, writer, prompt, params)
+		res, err := d.reserve(ctx, peer, id, writer, prompt, params)
 		answer(out{res, err})
 	})
 	if !ok {
@@ -34,21 +39,30 @@ func (d *Decode) Reserve(peer, id, writer string, prompt []int32, params request
 	return o.res, o.err
 }
 
-func (d *Decode) reserve(peer, id, writer string, prompt []int32, params request.Params) (Reservation, error) {
+func (d *Decode) reserve(ctx context.Context, peer, id, writer string, prompt []int32, params request.Params) (Reservation, error) {
+	log := tracing.Log(d.o.Log.With("request_id", id), ctx)
 	r := scheduler.NewRoleRequest(scheduler.RoleDecode, id, prompt, params)
 	counted := d.peerPages(r)
 	if !d.admitPeer(peer, counted) {
-		d.o.Log.Warn("reserve refused: the caller holds its share of the pool", "request_id", id, "peer", peer)
+		log.Warn("reserve refused: the caller holds its share of the pool", "peer", peer)
+		tracing.FailCtx(ctx, "peer_quota")
 		return Reservation{}, refuse(Exhausted, "too many reservations held by this caller")
 	}
 	ho, err := d.o.Engine.Reserve(r)
 	if err != nil {
 		d.releasePeer(peer, counted)
-		d.o.Log.Info("reserve refused", "request_id", id, "err", err)
+		log.Info("reserve refused", "err", err)
+		why := "engine"
+		var rej *request.RejectError
+		if errors.As(err, &rej) && rej.Reason != "" {
+			why = rej.Reason
+		}
+		tracing.FailCtx(ctx, why)
 		return Reservation{}, err
 	}
 	key := transfer.Key{Room: r.Room(), Epoch: r.Owner().Epoch, Cap: transfer.NewCapability()}
-	res := &reservation{r: r, ho: ho, key: key, writer: writer, prompt: r.Pages()[:d.o.Pool.PagesFor(len(prompt))], peer: peer, counted: counted}
+	res := &reservation{r: r, ho: ho, key: key, writer: writer, prompt: r.Pages()[:d.o.Pool.PagesFor(len(prompt))], peer: peer, counted: counted,
+		log: log, tctx: tracing.Detach(ctx)}
 	res.lease = &lease{r: r, cap: key.Cap, prompt: res.prompt}
 	d.o.Metrics.ReservationsTotal.Inc()
 	d.o.Metrics.ReservationsActive.Inc()
@@ -57,7 +71,7 @@ func (d *Decode) reserve(peer, id, writer string, prompt []int32, params request
 	d.rooms[k] = res
 	d.leases.add(k, res.lease)
 	res.timer = d.after(d.o.HandoffTimeout, res, func() { d.timeout(res) })
-	d.o.Log.Info("reserved", "request_id", id, "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
+	log.Info("reserved", "room", key.Room, "epoch", key.Epoch, "pages", len(r.Pages()), "prompt_pages", len(res.prompt))
 	return Reservation{Key: key, Pages: res.prompt, HeldTokens: len(r.Held()) * d.o.Pool.PageSize()}, nil
 }
 
@@ -69,6 +83,7 @@ func (d *Decode) timeout(res *reservation) {
 	d.abort(res, "handoff timeout: no commit from prefill", func(aborted bool) {
 		if aborted {
 			d.o.Metrics.HandoffFailures.WithLabelValues("timeout").Inc()
+			res.traceAbort("timeout")
 		}
 	})
 }

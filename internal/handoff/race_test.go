@@ -52,7 +52,11 @@ func (w *fakeWriters) Abort(string, transfer.Key, string, string) error {
 
 const writer = "prefill:1"
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, context.Background(), nil) }
+
+// newFixtureWith is newFixture with its reservation made under ctx and
+// the desk's options changed by opt (nil: none).
+func newFixtureWith(t *testing.T, rctx context.Context, opt func(*DecodeOptions)) *fixture {
 	l, err := model.Load(model.LoadOptions{}, cpu.New(1))
 	if err != nil {
 		t.Fatal(err)
@@ -70,10 +74,14 @@ func newFixture(t *testing.T) *fixture {
 	go func() { e.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	f := &fixture{t: t, pool: pool, writers: &fakeWriters{}, prompt: []int32{1, 5, 9, 13, 17, 21, 25, 29, 33, 37}}
-	f.d = NewDecode(DecodeOptions{Engine: e, Pool: pool, Metrics: ms, MaxSeq: 512, HandoffTimeout: time.Hour, Writers: f.writers,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	o := DecodeOptions{Engine: e, Pool: pool, Metrics: ms, MaxSeq: 512, HandoffTimeout: time.Hour, Writers: f.writers,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if opt != nil {
+		opt(&o)
+	}
+	f.d = NewDecode(o)
 	t.Cleanup(f.d.Close)
-	f.res, err = f.d.Reserve("router", "race", writer, f.prompt, request.Params{MaxTokens: 400})
+	f.res, err = f.d.Reserve(rctx, "router", "race", writer, f.prompt, request.Params{MaxTokens: 400})
 	if err != nil {
 		t.Fatal(err)
 	}

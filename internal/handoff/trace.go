@@ -50,6 +50,13 @@ func (s *shipper) traceShipped(ctx context.Context, err error) {
 	tracing.End(sp, err)
 }
 
+// traceAbort records that the desk ended res's request (why: timeout,
+// abort, reader_gone) as a failed span under its Reserve call's.
+func (res *reservation) traceAbort(why string) {
+	tracing.Event(res.tctx, tracing.SpanAbort, why, tracing.AttrReason.String(why), tracing.AttrPages.Int(len(res.prompt)),
+		tracing.AttrLanded.Bool(!res.firstByte.IsZero()), tracing.AttrJoined.Bool(res.joined))
+}
+
 // traceVerified ends the span of Commit's checks, failed with the name
 // of the check that failed.
 func traceVerified(sp trace.Span, reason string, err error) {

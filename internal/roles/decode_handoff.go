@@ -38,7 +38,7 @@ func (d *Decode) Reserve(ctx context.Context, req *pdv1.ReserveRequest) (_ *pdv1
 		d.o.Metrics.HandoffFailures.WithLabelValues("layout").Inc()
 		return nil, status.Errorf(codes.FailedPrecondition, "KV layout mismatch between prefill and decode: %s", why)
 	}
-	res, err := d.desk.Reserve(callerID(ctx), req.RequestId, req.Writer, req.Prompt, pdwire.FromPB(req.Sampling))
+	res, err := d.desk.Reserve(ctx, callerID(ctx), req.RequestId, req.Writer, req.Prompt, pdwire.FromPB(req.Sampling))
 	if err != nil {
 		return nil, deskStatus(err)
 	}
