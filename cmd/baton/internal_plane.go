@@ -14,6 +14,7 @@ import (
 	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/roles"
+	"github.com/batonlm/baton/internal/tracing"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -36,10 +37,14 @@ func (f *internalFlags) register(fs *pflag.FlagSet) {
 }
 
 // plane makes this process's side of the internal plane; its refusals
-// count in baton_internal_auth_failures_total{rpc}.
+// count in baton_internal_auth_failures_total{rpc} and, when traced, are
+// internal.refused spans.
 func (f *internalFlags) plane(role auth.Role, log *slog.Logger, ms *metrics.Set) (*auth.Plane, error) {
 	o := auth.Options{Role: role, CertFile: f.tlsCert, KeyFile: f.tlsKey, CAFile: f.tlsCA, SecretFile: f.secretFile,
-		Insecure: f.insecure, Log: log, OnFailure: func(rpc, _ string) { ms.InternalAuthFailures.WithLabelValues(rpc).Inc() }}
+		Insecure: f.insecure, Log: log, OnFailure: func(rpc, reason string) {
+			ms.InternalAuthFailures.WithLabelValues(rpc).Inc()
+			tracing.Refused(rpc, reason)
+		}}
 	return newPlane(o)
 }
 

@@ -308,6 +308,15 @@ func Event(ctx context.Context, name, why string, attrs ...attribute.KeyValue) {
 	sp.End()
 }
 
+// Refused records a worker's refusal of an internal call's or transfer
+// session's credentials or role (rpc: the call's short name, "transfer"
+// or "tls"; reason: the plane's fixed word for it) as a failed span of
+// its own. It is a root: nothing a caller who failed to prove itself
+// sent may name its parent.
+func Refused(rpc, reason string) {
+	Event(context.Background(), SpanAuth, reason, AttrRPC.String(rpc))
+}
+
 // SetTracerProvider makes tp the provider of every span from now on (a
 // test's span recorder) and returns what puts the previous state back.
 // Setup is how a process turns tracing on.

@@ -6,8 +6,13 @@ import (
 	"runtime"
 	"testing"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func TestOffByDefault(t *testing.T) {
@@ -105,5 +110,50 @@ func TestExtractAndErrorClass(t *testing.T) {
 	}
 	if c := ErrorClass(http.ErrBodyNotAllowed); c != "error" {
 		t.Errorf("ErrorClass of a plain error = %q", c)
+	}
+}
+
+// A refused internal call is a failed span of its own, a root, naming
+// the call and the plane's reason; a caller's trace context is not its
+// parent.
+func TestRefusedIsARoot(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer SetTracerProvider(tp)()
+	Refused("Reserve", "role")
+	spans := rec.Ended()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans", len(spans))
+	}
+	sp := spans[0]
+	if sp.Name() != SpanAuth || sp.Parent().IsValid() || sp.Status().Code != codes.Error {
+		t.Fatalf("span %s parent %v status %v", sp.Name(), sp.Parent(), sp.Status())
+	}
+	got := map[attribute.Key]string{}
+	for _, kv := range sp.Attributes() {
+		got[kv.Key] = kv.Value.Emit()
+	}
+	if got[AttrError] != "role" || got[AttrRPC] != "Reserve" {
+		t.Fatalf("attributes %v", got)
+	}
+}
+
+// Failed twice, a span keeps the first class as error.type and the last
+// status: the check that saw the failure, the code its caller got.
+func TestFailKeepsFirstClass(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer SetTracerProvider(tp)()
+	ctx, sp := Start(context.Background(), SpanCommit)
+	FailCtx(ctx, "checksum")
+	End(sp, status.Error(grpccodes.FailedPrecondition, "commit refused by the checksum check: page 3 ..."))
+	got := rec.Ended()[0]
+	if got.Status().Description != "FailedPrecondition" {
+		t.Errorf("status %q", got.Status().Description)
+	}
+	for _, kv := range got.Attributes() {
+		if kv.Key == AttrError && kv.Value.AsString() != "checksum" {
+			t.Errorf("error.type %q, want checksum", kv.Value.AsString())
+		}
 	}
 }
