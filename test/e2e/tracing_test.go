@@ -2,103 +2,12 @@ package e2e
 
 import (
 	"bytes"
-	"compress/gzip"
-	"encoding/hex"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
-
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/batonlm/baton/test/harness"
 )
-
-// otlpSpan is one exported span with the role of the process that sent it.
-type otlpSpan struct {
-	role string
-	*tracepb.Span
-}
-
-func (s otlpSpan) traceID() string { return hex.EncodeToString(s.TraceId) }
-func (s otlpSpan) id() string      { return hex.EncodeToString(s.SpanId) }
-func (s otlpSpan) parent() string  { return hex.EncodeToString(s.ParentSpanId) }
-
-// otlpReceiver is an OTLP/HTTP trace collector on 127.0.0.1 that keeps
-// what it is sent, and every request body as it came (to look for text
-// that must never be exported).
-type otlpReceiver struct {
-	srv   *httptest.Server
-	mu    sync.Mutex
-	spans []otlpSpan
-	raw   [][]byte
-}
-
-func startOTLPReceiver(t *testing.T) *otlpReceiver {
-	r := &otlpReceiver{}
-	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" {
-			http.Error(w, "not here", http.StatusNotFound)
-			return
-		}
-		var body io.Reader = req.Body
-		if req.Header.Get("Content-Encoding") == "gzip" {
-			zr, err := gzip.NewReader(req.Body)
-			if err != nil {
-				http.Error(w, err.Error(), http.StatusBadRequest)
-				return
-			}
-			body = zr
-		}
-		b, err := io.ReadAll(body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		var ex coltracepb.ExportTraceServiceRequest
-		if err := proto.Unmarshal(b, &ex); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		r.mu.Lock()
-		r.raw = append(r.raw, b)
-		for _, rs := range ex.ResourceSpans {
-			role := ""
-			for _, a := range rs.GetResource().GetAttributes() {
-				if a.Key == "baton.role" {
-					role = a.GetValue().GetStringValue()
-				}
-			}
-			for _, ss := range rs.ScopeSpans {
-				for _, sp := range ss.Spans {
-					r.spans = append(r.spans, otlpSpan{role, sp})
-				}
-			}
-		}
-		r.mu.Unlock()
-		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		_, _ = w.Write(out)
-	}))
-	t.Cleanup(r.srv.Close)
-	return r
-}
-
-func (r *otlpReceiver) trace(id string) []otlpSpan {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []otlpSpan
-	for _, s := range r.spans {
-		if s.traceID() == id {
-			out = append(out, s)
-		}
-	}
-	return out
-}
 
 // traceOf is the trace id of a response's traceparent header.
 func traceOf(t *testing.T, h http.Header) string {
@@ -116,8 +25,8 @@ func traceOf(t *testing.T, h http.Header) string {
 // traceparent is ignored and an unsampled one cannot switch tracing off;
 // a request whose prefill worker is gone leaves a failed span.
 func TestTracesOneTreeAcrossProcesses(t *testing.T) {
-	rc := startOTLPReceiver(t)
-	ep := []string{"--otlp-traces-endpoint", rc.srv.URL}
+	rc := harness.StartOTLPReceiver(t)
+	ep := rc.Args()
 	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, WorkerArgs: ep, RouterArgs: ep})
 
 	const secret = "zebraquokka"
@@ -166,23 +75,23 @@ func TestTracesOneTreeAcrossProcesses(t *testing.T) {
 		}
 	}
 
-	spans := rc.trace(clientTrace)
+	spans := rc.Trace(clientTrace)
 	ids, roles, names := map[string]bool{}, map[string]bool{}, map[string]int{}
 	for _, s := range spans {
-		ids[s.id()] = true
-		roles[s.role] = true
+		ids[s.ID()] = true
+		roles[s.Role] = true
 		names[s.Name]++
 	}
-	var roots []otlpSpan
+	var roots []harness.OTLPSpan
 	for _, s := range spans {
 		switch {
-		case s.parent() == clientSpan:
+		case s.Parent() == clientSpan:
 			roots = append(roots, s)
-		case !ids[s.parent()]:
-			t.Errorf("span %s (%s) has parent %s, which is not in the trace", s.Name, s.role, s.parent())
+		case !ids[s.Parent()]:
+			t.Errorf("span %s (%s) has parent %s, which is not in the trace", s.Name, s.Role, s.Parent())
 		}
 	}
-	if len(roots) != 1 || roots[0].Name != "baton.request" || roots[0].role != "router" {
+	if len(roots) != 1 || roots[0].Name != "baton.request" || roots[0].Role != "router" {
 		t.Errorf("roots under the client's span: %v", roots)
 	}
 	for _, r := range []string{"router", "prefill", "decode"} {
@@ -198,19 +107,19 @@ func TestTracesOneTreeAcrossProcesses(t *testing.T) {
 		}
 	}
 	for _, s := range spans {
-		if s.Status.GetCode() == tracepb.Status_STATUS_CODE_ERROR {
-			t.Errorf("span %s (%s) of a request that succeeded failed: %s", s.Name, s.role, s.Status.GetMessage())
+		if s.Failed() {
+			t.Errorf("span %s (%s) of a request that succeeded failed: %s", s.Name, s.Role, s.Status.GetMessage())
 		}
 	}
-	if len(rc.trace(unsampled)) == 0 {
+	if len(rc.Trace(unsampled)) == 0 {
 		t.Errorf("the request whose client said unsampled was not traced")
 	}
 
-	fs := rc.trace(failed)
+	fs := rc.Trace(failed)
 	var why []string
 	for _, s := range fs {
-		if s.Status.GetCode() == tracepb.Status_STATUS_CODE_ERROR {
-			why = append(why, s.role+"/"+s.Name+": "+s.Status.GetMessage())
+		if s.Failed() {
+			why = append(why, s.Role+"/"+s.Name+": "+s.Status.GetMessage())
 		}
 	}
 	if len(why) == 0 {
@@ -218,14 +127,19 @@ func TestTracesOneTreeAcrossProcesses(t *testing.T) {
 	}
 	t.Logf("the failed request's failed spans: %v", why)
 
-	rc.mu.Lock()
-	for _, b := range rc.raw {
+	for _, b := range rc.Raw() {
 		if bytes.Contains(b, []byte(secret)) {
 			t.Errorf("the prompt's text was exported")
 		}
 	}
-	rc.mu.Unlock()
 	if !strings.Contains(c.Prefill[0].Stderr(), "trace_id="+clientTrace) {
 		t.Errorf("prefill's log lines of the request do not name its trace id")
 	}
+	for _, line := range strings.Split(c.Decode[0].Stderr(), "\n") {
+		if strings.Contains(line, "request_id=") && (strings.Contains(line, "msg=reserved") || strings.Contains(line, "msg=committed")) &&
+			strings.Contains(line, "trace_id="+clientTrace) {
+			return
+		}
+	}
+	t.Errorf("decode's reserved and committed lines of the request do not name its trace id")
 }
