@@ -127,22 +127,26 @@ func (s *stream) traceLeft(err error) {
 }
 
 // traceRetry records an attempt that failed before the first token and
-// is tried again on another pair.
+// is tried again on another pair: failed with the stage it failed in
+// (the request may still succeed; the span says what it recovered from).
 func (s *stream) traceRetry(f *failure) {
 	if !tracing.Enabled() {
 		return
 	}
 	_, sp := tracing.Start(s.traceCtx(), tracing.SpanRetry, tracing.AttrStage.String(f.stage), tracing.AttrAttempt.Int(s.attempts))
+	tracing.Fail(sp, f.stage)
 	sp.End()
 }
 
 // traceMigrate records a request going on elsewhere after its decode
-// worker failed it mid-stream.
+// worker failed it mid-stream: failed with the migration's reason
+// (decode_gone, spec_anomaly, ...).
 func (s *stream) traceMigrate(f *failure) {
 	if !tracing.Enabled() {
 		return
 	}
 	_, sp := tracing.Start(s.traceCtx(), tracing.SpanMigrate, tracing.AttrReason.String(f.midStream),
 		tracing.AttrStage.String(f.stage), tracing.AttrOutputTokens.Int(len(s.sent)), tracing.AttrMigrations.Int(s.migrations))
+	tracing.Fail(sp, f.midStream)
 	sp.End()
 }
