@@ -63,7 +63,7 @@ func spanNames(spans []sdktrace.ReadOnlySpan) []string {
 func attrOf(sp sdktrace.ReadOnlySpan, key string) string {
 	for _, kv := range sp.Attributes() {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

@@ -131,7 +131,7 @@ func TestRefusedIsARoot(t *testing.T) {
 	}
 	got := map[attribute.Key]string{}
 	for _, kv := range sp.Attributes() {
-		got[kv.Key] = kv.Value.Emit()
+		got[kv.Key] = kv.Value.String()
 	}
 	if got[AttrError] != "role" || got[AttrRPC] != "Reserve" {
 		t.Fatalf("attributes %v", got)
