@@ -124,6 +124,11 @@ type Event struct {
 // elsewhere; a standalone client gets an error.
 const FinishSpecAnomaly = "spec_anomaly"
 
+// FinishDrain ends, on decode's token stream only, a request a draining
+// decode worker handed back (its last event, code 503): the router goes on
+// on another pair from the tokens the client has. No client sees it.
+const FinishDrain = "drain"
+
 // SpecCounts are one request's speculation figures: the draft tokens it
 // verified, how many of them the target accepted, and its verifying
 // steps (each emits the accepted drafts plus one token of the target's).

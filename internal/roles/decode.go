@@ -87,6 +87,7 @@ type Decode struct {
 	transferAddr string
 	peers        conns
 	shuttingDown atomic.Bool
+	live         liveStreams // the Stream calls, for HandBack
 }
 
 // NewDecode makes a decode worker. Attach a receiver with SetReceiver.

@@ -10,6 +10,7 @@ import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/handoff"
 	"github.com/batonlm/baton/internal/pdwire"
+	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/tracing"
 )
@@ -29,13 +30,31 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) (
 		return deskStatus(err)
 	}
 	ctx := out.Context()
+	// next ends early when the worker hands its requests back (HandBack).
+	next, unwatch := d.watch(ctx)
+	defer unwatch()
+	handedBack := false
 	for {
-		ev, ok := rd.Request().Next(ctx)
+		ev, ok := rd.Request().Next(next)
+		if !ok && ctx.Err() == nil {
+			// Handed back: the desk aborts it, and its last event, after
+			// whatever it generated before the abort, says so.
+			rd.Gone(errHandBack.Error())
+			handedBack, next = true, ctx
+			continue
+		}
 		if !ok { // the router went away: the request has no reader left
 			rd.Gone("router stream closed")
 			return ctx.Err()
 		}
-		if err := out.Send(tokenEvent(ev)); err != nil {
+		te := tokenEvent(ev)
+		if handedBack && ev.Finish == scheduler.FinishAbort {
+			// Not the router's doing: it goes on elsewhere (an older
+			// router reads the 503 as decode's own failure, and goes on
+			// all the same).
+			te.Finish, te.Error, te.Code = request.FinishDrain, errHandBack.Error(), http.StatusServiceUnavailable
+		}
+		if err := out.Send(te); err != nil {
 			rd.Gone("router stream broken")
 			return err
 		}
