@@ -34,7 +34,7 @@ func newRouterMetrics(reg prometheus.Registerer) *routerMetrics {
 			Name: "baton_router_retries_total", Help: "Requests tried again on another pair before their first token, by the step that failed (spec_anomaly: continued after the tokens the client has).",
 		}, []string{"stage"})),
 		migrations: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "baton_router_migrations_total", Help: "Requests continued on another pair after tokens reached the client, from the tokens it has, by reason (decode_gone: the token stream broke; decode_error: decode reported a failure of its own; spec_guard: decode's spec guard stopped it).",
+			Name: "baton_router_migrations_total", Help: "Requests continued on another pair after tokens reached the client, from the tokens it has, by reason (decode_gone: the token stream broke; decode_error: decode reported a failure of its own; spec_guard: decode's spec guard stopped it; drain: a draining decode worker handed it back).",
 		}, []string{"reason"})),
 		picks: register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_router_worker_requests_total", Help: "Requests (attempts included) sent to each worker.",

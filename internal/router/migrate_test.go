@@ -49,6 +49,9 @@ type breaking struct {
 	next  int
 	// starts records where each attempt's output began.
 	starts []int
+	// skew moves where every attempt after the first takes the output to
+	// stand (a mutation: -1 repeats a token, +1 drops one).
+	skew int
 }
 
 type breakAfter struct {
@@ -75,6 +78,11 @@ var (
 		go d.stopGRPC()
 		<-srv.Context().Done()
 		return srv.Context().Err()
+	}
+	// handBack: decode, draining, hands the request back (roles'
+	// Decode.HandBack): finish drain, code 503.
+	handBack = func(_ *fake, srv grpc.ServerStreamingServer[pdv1.TokenEvent]) error {
+		return srv.Send(&pdv1.TokenEvent{Finish: request.FinishDrain, Error: "decode worker draining: the request is handed back to the router", Code: 503})
 	}
 	// clientFault: decode refuses the request for its own content (a
 	// constraint that admits nothing), which no other worker would take.
@@ -104,6 +112,9 @@ func (b *breaking) stream(d *fake, rm *fakeRoom, srv grpc.ServerStreamingServer[
 	b.next++
 	b.mu.Unlock()
 	start := len(req.Prompt) - migrationPrompt
+	if i > 0 {
+		start += b.skew
+	}
 	b.mu.Lock()
 	b.starts = append(b.starts, start)
 	b.mu.Unlock()
@@ -191,6 +202,8 @@ func TestMigrationContinuesTheStream(t *testing.T) {
 		{"worker gone", []breakAfter{{3, unavailable}}, map[string]float64{migrateDecodeGone: 1}, []int{0, 3}},
 		{"worker killed", []breakAfter{{killAt, killed}}, map[string]float64{migrateDecodeGone: 1}, []int{0, killAt}},
 		{"decode's own failure", []breakAfter{{5, internalEvent}}, map[string]float64{migrateDecodeError: 1}, []int{0, 5}},
+		{"worker draining", []breakAfter{{4, handBack}}, map[string]float64{migrateDrain: 1}, []int{0, 4}},
+		{"drained twice", []breakAfter{{2, handBack}, {3, handBack}}, map[string]float64{migrateDrain: 2}, []int{0, 2, 5}},
 		{"twice", []breakAfter{{2, unavailable}, {3, internalEvent}}, map[string]float64{migrateDecodeGone: 1, migrateDecodeError: 1}, []int{0, 2, 5}},
 		// The continuation's own attempt fails before its first token: that
 		// is a retry, not a second migration.
@@ -465,6 +478,44 @@ func TestMigrationMarksTheOutput(t *testing.T) {
 		}
 		if got := res[0].Sampling.GetContinued(); got != 0 {
 			t.Errorf("the first attempt says %d tokens are output", got)
+		}
+	}
+}
+
+// drainRun sends one greedy request of max tokens through a router with
+// three decode workers; the first hands it back after 4 tokens, as a
+// draining worker does. It returns what the client read and its last event.
+func drainRun(t *testing.T, skew int) ([]int32, request.Event, *cluster) {
+	c := newCluster(t, 1, 3, nil)
+	c.refresh()
+	b := &breaking{t: t, fails: []breakAfter{{4, handBack}}, skew: skew}
+	b.install(c)
+	st, err := c.generate("drained", migrationPrompt, request.Params{MaxTokens: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, last := readAll(t, st)
+	eventually(t, "the request to end", func() bool { return c.r.InFlight() == 0 })
+	return toks, last, c
+}
+
+// A request a draining decode worker hands back goes on on another pair:
+// the client reads the uninterrupted run, each token once, with its own
+// finish, and the move counts under drain, not as a failure. Its mutation
+// proof: a continuation that goes on one token early (repeating one) or
+// late (dropping one) is caught by the same check.
+func TestDrainHandBackContinues(t *testing.T) {
+	toks, last, c := drainRun(t, 0)
+	if want := greedyRun(12); !slices.Equal(toks, want) || last.Finish != request.FinishLength || last.Err != nil {
+		t.Fatalf("the client read %v and %+v, want %v and finish length", toks, last, want)
+	}
+	if got, want := migrations(c), withZeros(map[string]float64{migrateDrain: 1}); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("migrations %v, want %v", got, want)
+	}
+	for _, skew := range []int{-1, 1} {
+		toks, _, _ := drainRun(t, skew)
+		if slices.Equal(toks, greedyRun(12)) {
+			t.Errorf("a continuation %d token(s) off reads as the uninterrupted run: the check proves nothing", skew)
 		}
 	}
 }

@@ -145,10 +145,11 @@ const (
 	migrateDecodeGone  = "decode_gone"  // its token stream broke: process gone, connection reset, Unavailable
 	migrateDecodeError = "decode_error" // decode reported a failure of its own (5xx) on the stream
 	migrateSpecGuard   = "spec_guard"   // decode's spec guard found its KV suspect (finish spec_anomaly)
+	migrateDrain       = "drain"        // decode, draining, handed the request back (finish drain)
 )
 
 // migrateReasons are every label baton_router_migrations_total takes.
-var migrateReasons = []string{migrateDecodeGone, migrateDecodeError, migrateSpecGuard}
+var migrateReasons = []string{migrateDecodeGone, migrateDecodeError, migrateSpecGuard, migrateDrain}
 
 // anomaly: decode's spec guard stopped the request after tokens reached
 // the caller.
@@ -658,6 +659,11 @@ func (s *stream) forward(log *slog.Logger, te *pdv1.TokenEvent, tell func()) (do
 			// Nothing reached the client yet: its answer is still a status,
 			// and a failure that another pair may not repeat is retried.
 			return false, &failure{stage: "decode", err: e, retry: retryableHTTP(st), detail: detail}
+		}
+		if te.Finish == request.FinishDrain {
+			// A draining decode worker handed the request back: no failure.
+			log.Info("decode handed the request back while draining")
+			return false, &failure{stage: "decode", midStream: migrateDrain, afterTokens: true, err: e, detail: detail}
 		}
 		log.Warn("decode failed the request", "code", te.Code, "err", te.Error)
 		if why := eventMigration(st); why != "" {
