@@ -104,6 +104,9 @@ type HTTPOptions struct {
 	// MetricsRequireKey puts /metrics behind APIKey too; by default it
 	// stays open for scrapers.
 	MetricsRequireKey bool
+	// Drain, when set, is what POST /drain starts (drainHandler says who
+	// may ask).
+	Drain func()
 }
 
 // HTTPHandler serves a worker's /health, /metrics and /server_info.
@@ -134,6 +137,9 @@ func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set, o HTTPOptions) h
 		metricsH = httpauth.Require(o.APIKey, metricsH)
 	}
 	mux.Handle("GET /metrics", metricsH)
+	if o.Drain != nil {
+		mux.Handle("/drain", drainHandler(o))
+	}
 	// Unknown routes are keyed too, so that a caller without the key
 	// cannot map what a worker serves.
 	mux.Handle("/", httpauth.Require(o.APIKey, openai.NoRoute(mux)))

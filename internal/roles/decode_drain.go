@@ -3,7 +3,13 @@ package roles
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
+	"net/netip"
 	"sync"
+
+	"github.com/batonlm/baton/api/openai"
+	"github.com/batonlm/baton/internal/httpauth"
 )
 
 // errHandBack is the cause that ends a stream's wait for its next event
@@ -64,4 +70,47 @@ func (d *Decode) HandBack() int {
 	}
 	clear(l.set)
 	return n
+}
+
+// drainHandler serves POST /drain: the worker stops taking work as on
+// SIGTERM (a decode worker hands its running requests back once its drain
+// grace is over) but keeps running, answering /health with 503, until it
+// is stopped. It ends the worker's service, so a stranger gets nothing of
+// it: with --api-key, a caller without the key gets the 401 every keyed
+// route gives; without one, only a caller on this host that is no web page
+// (no Origin header: a browser sends one with any cross-site POST) may
+// ask, and to anyone else the route does not exist (the 404 of an unknown
+// route). Nothing of the body is read.
+func drainHandler(o HTTPOptions) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		switch {
+		case o.APIKey != "":
+			if !httpauth.Valid(r, o.APIKey) {
+				httpauth.Refuse(rw)
+				return
+			}
+		case !fromLoopback(r) || len(r.Header.Values("Origin")) > 0:
+			openai.WriteError(rw, openai.NotFound("unknown route "+openai.Cut(r.Method)+" "+openai.Cut(r.URL.Path), "not_found"))
+			return
+		}
+		if r.Method != http.MethodPost {
+			rw.Header().Set("Allow", http.MethodPost)
+			openai.WriteError(rw, openai.MethodNotAllowed("invalid method for URL ("+openai.Cut(r.Method)+" "+openai.Cut(r.URL.Path)+"); it takes POST"))
+			return
+		}
+		o.Drain()
+		rw.Header().Set("Content-Type", "application/json")
+		rw.WriteHeader(http.StatusAccepted)
+		_, _ = rw.Write([]byte(`{"status":"draining"}`))
+	})
+}
+
+// fromLoopback says whether r's connection comes from this host.
+func fromLoopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }

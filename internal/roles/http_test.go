@@ -127,3 +127,66 @@ func TestWorkerHTTPWrongMethod(t *testing.T) {
 		requireWorkerOpenAIError(t, c.method+" "+c.path, b)
 	}
 }
+
+// POST /drain stops a worker's service, so a stranger gets nothing of it:
+// with a key, the 401 of every keyed route; without one, callers off this
+// host and web pages (an Origin header) get the 404 of an unknown route.
+// Only an allowed POST starts the drain.
+func TestWorkerDrainEndpoint(t *testing.T) {
+	const key = "cluster-key"
+	var ready atomic.Bool
+	ready.Store(true)
+	for _, c := range []struct {
+		name            string
+		key             string
+		method          string
+		auth            []string
+		remote, origin  string
+		status, drained int
+	}{
+		{"keyed, no key", key, "POST", nil, "", "", 401, 0},
+		{"keyed, wrong key", key, "POST", []string{"Bearer wrong"}, "", "", 401, 0},
+		{"keyed, wrong key off host", key, "POST", []string{"Bearer wrong"}, "10.0.0.5:4000", "", 401, 0},
+		{"keyed, GET", key, "GET", []string{"Bearer " + key}, "", "", 405, 0},
+		{"keyed", key, "POST", []string{"Bearer " + key}, "10.0.0.5:4000", "", 202, 1},
+		{"keyed, two keys", key, "POST", []string{"Bearer " + key, "Bearer wrong"}, "", "", 401, 0},
+		{"no key, loopback", "", "POST", nil, "", "", 202, 1},
+		{"no key, loopback v6", "", "POST", nil, "[::1]:4000", "", 202, 1},
+		{"no key, off host", "", "POST", nil, "10.0.0.5:4000", "", 404, 0},
+		{"no key, mapped off host", "", "POST", nil, "[::ffff:10.0.0.5]:4000", "", 404, 0},
+		{"no key, web page", "", "POST", nil, "", "http://evil.example", 404, 0},
+		{"no key, GET off host", "", "GET", nil, "10.0.0.5:4000", "", 404, 0},
+		{"no key, GET", "", "GET", nil, "", "", 405, 0},
+	} {
+		drained := 0
+		h := HTTPHandler(infoWorker{}, &ready, metrics.New("decode"), HTTPOptions{APIKey: c.key, Drain: func() { drained++ }})
+		req := httptest.NewRequest(c.method, "/drain", strings.NewReader(`{}`))
+		req.RemoteAddr = "127.0.0.1:4000"
+		if c.remote != "" {
+			req.RemoteAddr = c.remote
+		}
+		for _, a := range c.auth {
+			req.Header.Add("Authorization", a)
+		}
+		if c.origin != "" {
+			req.Header.Set("Origin", c.origin)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != c.status || drained != c.drained {
+			t.Errorf("%s: status %d, drained %d times; want %d, %d (%s)", c.name, rec.Code, drained, c.status, c.drained, rec.Body)
+		}
+		if rec.Code != 202 {
+			requireWorkerOpenAIError(t, c.name, rec.Body.Bytes())
+		}
+		if rec.Code == 404 && !strings.Contains(rec.Body.String(), "unknown route") {
+			t.Errorf("%s: a 404 unlike an unknown route's: %s", c.name, rec.Body)
+		}
+	}
+	// A worker given no drain serves no such route.
+	rec := httptest.NewRecorder()
+	HTTPHandler(infoWorker{}, &ready, metrics.New("decode"), HTTPOptions{}).ServeHTTP(rec, httptest.NewRequest("POST", "/drain", nil))
+	if rec.Code != 404 {
+		t.Errorf("no drain: POST /drain got %d", rec.Code)
+	}
+}
