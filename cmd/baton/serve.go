@@ -92,6 +92,7 @@ type serveFlags struct {
 	strictCapacity    bool
 	threads           int
 	shutdownTimeout   time.Duration
+	drainGrace        time.Duration
 
 	// the speculative decoding guard (standalone, decode)
 	specGuard          string
@@ -246,6 +247,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.grpcPort, "grpc-port", 0, "prefill/decode: gRPC control-plane port (0: any free port)")
 	fs.IntVar(&f.transferPort, "transfer-port", 0, "decode: KV transport receiver port (0: any free port)")
 	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp)")
+	fs.DurationVar(&f.drainGrace, "drain-grace", 10*time.Second, "decode: after SIGTERM or POST /drain, how long running requests may go on before the worker hands them back to the router, which continues each on another pair (0: at once)")
 	fs.DurationVar(&f.handoffTimeout, "handoff-timeout", 60*time.Second, "decode: abort a reservation whose commit has not come by then; a writer still holding its session that long after an abort is cut off")
 	fs.IntVar(&f.maxResPerPeer, "max-reservations-per-peer", 256, "decode: most reservations one caller may hold at once (0: no bound)")
 	f.maxPagesPeer = defaultPeerPages
@@ -337,6 +339,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--max-migrations must not be negative")
 	case f.disaggThreshold < 0:
 		return fmt.Errorf("--disagg-prefill-threshold must not be negative")
+	case f.drainGrace < 0:
+		return fmt.Errorf("--drain-grace must not be negative")
 	case f.metricsKey && f.apiKey == "":
 		return fmt.Errorf("--metrics-require-key needs --api-key")
 	case f.transport != "tcp" && f.transport != "ucx":

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -146,13 +147,48 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		return err
 	}
 	var ready atomic.Bool
+	// stopTaking starts a drain (SIGTERM, or POST /drain): new work is
+	// refused (the router retries it elsewhere) before /health turns 503,
+	// so that nothing sent after the 503 is taken. A decode worker lets
+	// what it runs go on for --drain-grace, then hands it back to the
+	// router, which continues each request on another pair from the
+	// tokens its client has (a request not committed yet is aborted, its
+	// pages waiting for the writer's drain as after any abort); a prefill
+	// worker finishes what it has.
+	var drainOnce sync.Once
+	var draining atomic.Bool
+	var handBack *time.Timer
+	var handBackMu sync.Mutex
+	stopTaking := func() {
+		drainOnce.Do(func() {
+			draining.Store(true)
+			worker.SetShuttingDown()
+			ready.Store(false)
+			d, ok := worker.(*roles.Decode)
+			if !ok {
+				return
+			}
+			le.log.Info("draining: running requests go back to the router after the drain grace", "drain_grace", f.drainGrace)
+			handBackMu.Lock()
+			defer handBackMu.Unlock()
+			handBack = time.AfterFunc(f.drainGrace, func() {
+				if n := d.HandBack(); n > 0 {
+					le.log.Info("drain grace over: handed running requests back to the router", "requests", n)
+				}
+			})
+		})
+	}
+	defer func() {
+		handBackMu.Lock()
+		defer handBackMu.Unlock()
+		if handBack != nil {
+			handBack.Stop()
+		}
+	}()
 	drain := func(ctx context.Context) {
-		// New work is refused (the router retries it elsewhere) before
-		// /health turns 503, so that nothing sent after the 503 is taken;
-		// what this worker holds runs to its end, then the control plane
-		// closes.
-		worker.SetShuttingDown()
-		ready.Store(false)
+		stopTaking()
+		// What the worker still holds (on decode, until the hand-back)
+		// ends, then the control plane closes.
 		for worker.Busy() {
 			select {
 			case <-ctx.Done():
@@ -168,7 +204,9 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		case <-ctx.Done():
 		}
 	}
-	return serveHTTP(ctx, f, logw, le.log, ln, roles.HTTPHandler(worker, &ready, ms, roles.HTTPOptions{APIKey: f.apiKey, MetricsRequireKey: f.metricsKey}), ready.Store, drain)
+	h := roles.HTTPHandler(worker, &ready, ms, roles.HTTPOptions{APIKey: f.apiKey, MetricsRequireKey: f.metricsKey, Drain: stopTaking})
+	setReady := func(ok bool) { ready.Store(ok && !draining.Load()) }
+	return serveHTTP(ctx, f, logw, le.log, ln, h, setReady, drain)
 }
 
 // advertised is the address peers use for a listener: its port with
