@@ -396,6 +396,15 @@ func problems(m *manifests, gpu bool) []string {
 		if need := preStop + shutdown + 5*time.Second; grace < need {
 			bad("Deployment %s: terminationGracePeriodSeconds %v < preStop %v + --shutdown-timeout %v + 5s", name, grace, preStop, shutdown)
 		}
+		// A decode worker hands its requests back to the router after
+		// --drain-grace; past --shutdown-timeout it would be cut off first.
+		if p.role == "decode" {
+			if dg, err := time.ParseDuration(last(p.f, "drain-grace", "10s")); err != nil {
+				bad("Deployment %s: --drain-grace: %v", name, err)
+			} else if dg+5*time.Second > shutdown {
+				bad("Deployment %s: --drain-grace %v leaves less than 5s of --shutdown-timeout %v to hand requests back", name, dg, shutdown)
+			}
+		}
 
 		// Resources.
 		res := c.Resources
@@ -1019,7 +1028,8 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"service name", "router.yaml", "dns+http://baton-prefill-headless:8100", "dns+http://baton-prefill:8100", "names no Service"},
 		{"plain URL", "router.yaml", "dns+http://baton-decode-headless:8200", "http://baton-decode-headless:8200", "not a dns+http URL"},
 		{"worker port", "router.yaml", "dns+http://baton-prefill-headless:8100", "dns+http://baton-prefill-headless:8101", "dials port 8101"},
-		{"grace period", "decode.yaml", "terminationGracePeriodSeconds: 135", "terminationGracePeriodSeconds: 60", "terminationGracePeriodSeconds 1m0s"},
+		{"grace period", "decode.yaml", "terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: 30", "terminationGracePeriodSeconds 30s"},
+		{"drain grace past shutdown", "decode.yaml", "--drain-grace=10s", "--drain-grace=40s", "--drain-grace 40s leaves less than 5s"},
 		{"service selects all", "decode.yaml", "  clusterIP: None\n  selector:\n    app.kubernetes.io/component: decode", "  clusterIP: None\n  selector:\n    app.kubernetes.io/name: baton", "selects [baton-router baton-prefill baton-decode]"},
 		{"container port", "prefill.yaml", "containerPort: 8101", "containerPort: 9101", `container port "grpc" is 9101`},
 		{"no advertise host", "decode.yaml", "            - --advertise-host=$(POD_IP)\n", "", "--advertise-host"},
@@ -1042,7 +1052,7 @@ func TestChecksCatchMistakes(t *testing.T) {
 		{"one secret for all", "decode.yaml", "secretName: baton-decode-key", "secretName: baton-cluster-secret", "role key from Secret baton-cluster-secret, want baton-decode-key"},
 		{"optional secret", "decode.yaml", "optional: false", "optional: true", "is optional"},
 		{"secret in the build", "kustomization.yaml", "resources:\n", "secretGenerator:\n  - name: baton-prefill-key\n    literals: [key=0123456789abcdef0123456789abcdef]\nresources:\n", "a Secret in a kustomization"},
-		{"half of mTLS", "decode.yaml", "--shutdown-timeout=120s", "--shutdown-timeout=120s\n            - --internal-tls-cert=/etc/baton/role-key/tls.crt", "both --cluster-secret-file and [internal-tls-cert]"},
+		{"half of mTLS", "decode.yaml", "--shutdown-timeout=30s", "--shutdown-timeout=30s\n            - --internal-tls-cert=/etc/baton/role-key/tls.crt", "both --cluster-secret-file and [internal-tls-cert]"},
 
 		// NetworkPolicy.
 		{"transfer open", "networkpolicy.yaml", "    - from:\n        - podSelector:\n            matchLabels:\n              app.kubernetes.io/component: prefill\n      ports:\n        - port: transfer", "    - ports:\n        - port: transfer", "decode port transfer (8202): reachable from [decode outside prefill router stranger], want [prefill]"},
