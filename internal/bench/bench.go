@@ -119,6 +119,14 @@ type Report struct {
 	SpecDraftTokens    float64 `json:"spec_draft_tokens,omitempty"`
 	SpecAcceptedTokens float64 `json:"spec_accepted_tokens,omitempty"`
 	SpecAcceptRate     float64 `json:"spec_accept_rate,omitempty"`
+	// Migrations are the requests a baton router continued on another
+	// pair during the run, by reason (its baton_router_migrations_total
+	// before and after; absent from other servers), MigrationsTotal their
+	// sum, and MigrationStall the extra latency of a migrated request
+	// (migrationFigures says how it is told).
+	Migrations      map[string]float64 `json:"migrations,omitempty"`
+	MigrationsTotal int                `json:"migrations_total,omitempty"`
+	MigrationStall  Stats              `json:"migration_stall_ms,omitzero"`
 
 	RequestThroughput     float64 `json:"request_throughput"`      // completed requests/s
 	OutputThroughput      float64 `json:"output_throughput"`       // generated tokens/s
@@ -227,6 +235,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}
 	d0, a0, spec := specCounters(ctx, client, base, cfg.APIKey)
+	m0, migr := migrationCounters(ctx, client, base, cfg.APIKey)
 
 	results := make([]result, cfg.NumPrompts)
 	slots := make(chan struct{}, cfg.Concurrency)
@@ -280,6 +289,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if d1, a1, ok := specCounters(ctx, client, base, cfg.APIKey); spec && ok && d1 > d0 {
 		rep.SpecDraftTokens, rep.SpecAcceptedTokens = d1-d0, a1-a0
 		rep.SpecAcceptRate = rep.SpecAcceptedTokens / rep.SpecDraftTokens
+	}
+	if m1, ok := migrationCounters(ctx, client, base, cfg.APIKey); migr && ok {
+		rep.migrationFigures(m0, m1, results)
 	}
 	rep.PromptsMeasured = measured
 	if rep.Completed == 0 {

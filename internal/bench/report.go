@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -53,6 +54,14 @@ func (r *Report) WriteText(w io.Writer) error {
 		line("Speculative accepted tokens", "%.0f", r.SpecAcceptedTokens)
 		line("Speculative accept rate", "%.3f", r.SpecAcceptRate)
 	}
+	if r.MigrationsTotal > 0 {
+		reasons := make([]string, 0, len(r.Migrations))
+		for why, n := range r.Migrations {
+			reasons = append(reasons, fmt.Sprintf("%s %.0f", why, n))
+		}
+		slices.Sort(reasons)
+		line("Migrated requests", "%s", fmt.Sprintf("%d (%s)", r.MigrationsTotal, strings.Join(reasons, ", ")))
+	}
 	for _, s := range []struct {
 		title, short string
 		st           Stats
@@ -67,6 +76,11 @@ func (r *Report) WriteText(w io.Writer) error {
 		line("P50 "+s.short+" (ms)", "%.2f", s.st.P50)
 		line("P90 "+s.short+" (ms)", "%.2f", s.st.P90)
 		line("P99 "+s.short+" (ms)", "%.2f", s.st.P99)
+	}
+	if r.MigrationsTotal > 0 {
+		rule("Migration stall (longest token gap less median ITL)")
+		line("P50 stall (ms)", "%.2f", r.MigrationStall.P50)
+		line("P99 stall (ms)", "%.2f", r.MigrationStall.P99)
 	}
 	if len(r.Errors) > 0 {
 		rule("Errors")
