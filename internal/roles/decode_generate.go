@@ -15,7 +15,8 @@ import (
 // ones this worker's prefix cache mostly holds, so that they pay no
 // handoff). Its pages are the engine's alone from admission to release:
 // no reservation, no writer, so none of the handoff's gates is involved.
-// The call's end (the router gone, or the client) ends the request.
+// The call's end (the router gone, or the client) ends the request; a
+// draining worker hands it back as it does a handed-over one (HandBack).
 func (d *Decode) Generate(req *pdv1.GenerateRequest, out pdv1.Decode_GenerateServer) (err error) {
 	tr := traceStream(out.Context(), tracing.SpanGenerate)
 	defer tr.end(&err)
@@ -27,13 +28,23 @@ func (d *Decode) Generate(req *pdv1.GenerateRequest, out pdv1.Decode_GenerateSer
 		return rejectStatus(err)
 	}
 	ctx := out.Context()
+	next, unwatch := d.watch(ctx)
+	defer unwatch()
+	handedBack := false
 	for {
-		ev, ok := r.Next(ctx)
+		ev, ok := r.Next(next)
+		if !ok && ctx.Err() == nil {
+			// Handed back: its last event, after whatever it generated
+			// before the abort, says so.
+			d.o.Engine.Abort(r, errHandBack.Error())
+			handedBack, next = true, ctx
+			continue
+		}
 		if !ok {
 			d.o.Engine.Abort(r, "router stream closed")
 			return ctx.Err()
 		}
-		if err := out.Send(tokenEvent(ev)); err != nil {
+		if err := out.Send(handBackEvent(ev, handedBack)); err != nil {
 			d.o.Engine.Abort(r, "router stream broken")
 			return err
 		}

@@ -47,14 +47,7 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) (
 			rd.Gone("router stream closed")
 			return ctx.Err()
 		}
-		te := tokenEvent(ev)
-		if handedBack && ev.Finish == scheduler.FinishAbort {
-			// Not the router's doing: it goes on elsewhere (an older
-			// router reads the 503 as decode's own failure, and goes on
-			// all the same).
-			te.Finish, te.Error, te.Code = request.FinishDrain, errHandBack.Error(), http.StatusServiceUnavailable
-		}
-		if err := out.Send(te); err != nil {
+		if err := out.Send(handBackEvent(ev, handedBack)); err != nil {
 			rd.Gone("router stream broken")
 			return err
 		}
@@ -66,6 +59,18 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) (
 			return nil
 		}
 	}
+}
+
+// handBackEvent is tokenEvent, with the abort of a request the worker
+// handed back (HandBack) said to be one: not the router's doing, so it
+// goes on elsewhere (an older router reads the 503 as decode's own
+// failure, and goes on all the same).
+func handBackEvent(ev scheduler.Event, handedBack bool) *pdv1.TokenEvent {
+	te := tokenEvent(ev)
+	if handedBack && ev.Finish == scheduler.FinishAbort {
+		te.Finish, te.Error, te.Code = request.FinishDrain, errHandBack.Error(), http.StatusServiceUnavailable
+	}
+	return te
 }
 
 // tokenEvent is an engine event as the router reads it: a token, or the

@@ -94,3 +94,43 @@ func TestHandBackEndsStreams(t *testing.T) {
 		t.Fatalf("decode pool %+v", st)
 	}
 }
+
+// A request its decode worker computes itself (Generate) is handed back
+// like a handed-over one: finish "drain", code 503, after tokens of the
+// uninterrupted run, and its pages come back.
+func TestHandBackEndsGenerate(t *testing.T) {
+	want := loadRef(t)
+	p := newPair(t, 4, 16)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := p.dc.Generate(ctx, &pdv1.GenerateRequest{RequestId: "local", Prompt: want.PromptIDs, Sampling: &pdv1.SamplingParams{MaxTokens: 400, IgnoreEos: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var toks []int32
+	var last *pdv1.TokenEvent
+	for last == nil {
+		ev, err := st.Recv()
+		if err != nil {
+			t.Fatalf("stream broke after %d tokens: %v", len(toks), err)
+		}
+		if ev.Token != nil {
+			if toks = append(toks, ev.Token.Id); len(toks) == 3 {
+				if n := p.decode.HandBack(); n != 1 {
+					t.Errorf("HandBack told %d streams, want 1", n)
+				}
+			}
+		}
+		if ev.Finish != "" || ev.Error != "" {
+			last = ev
+		}
+	}
+	if last.Finish != request.FinishDrain || last.Code != 503 || len(toks) < 3 || len(toks) >= 400 {
+		t.Fatalf("%d tokens, last event %+v; want finish %q code 503 after at least 3", len(toks), last, request.FinishDrain)
+	}
+	n := min(len(toks), len(want.GeneratedIDs))
+	if !slices.Equal(toks[:n], want.GeneratedIDs[:n]) {
+		t.Errorf("tokens %v, want a prefix of %v", toks, want.GeneratedIDs)
+	}
+	waitAllFree(t, p.dPool)
+}
