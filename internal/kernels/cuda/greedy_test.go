@@ -69,6 +69,21 @@ func TestGPUGreedyStories260K(t *testing.T) { checkGreedy(t, gpuBackend(t)) }
 func checkDummyModels(t *testing.T, b *Backend) {
 	c := model.Config{Arch: "qwen2", Vocab: 256, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 128,
 		ContextLength: 64, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: 16, Theta: 10000, NeoX: true}, QKVBias: true}
+	checkDummyConfig(t, b, c)
+}
+
+// checkDummyMoE does the same for a mixture of experts (8 experts, 2 a
+// token, renormalised as Qwen3-MoE's norm_topk_prob): the rows of a step
+// are routed on the host and each chosen expert's products run on the
+// backend over the rows gathered for it.
+func checkDummyMoE(t *testing.T, b *Backend) {
+	c := model.Config{Arch: "qwen3moe", Vocab: 256, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 32,
+		ContextLength: 64, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: 16, Theta: 10000, NeoX: true}, QKNorm: true,
+		Experts: 8, ExpertsUsed: 2, ExpertNorm: true}
+	checkDummyConfig(t, b, c)
+}
+
+func checkDummyConfig(t *testing.T, b *Backend, c model.Config) {
 	// Logit tolerance relative to the largest |logit|: f16/bf16 prefill
 	// rounds activations for the tensor cores.
 	tol := map[kernels.DType]float64{kernels.F32: 1e-4, kernels.F16: 5e-3, kernels.BF16: 3e-2, kernels.Q8_0: 1e-4}
@@ -126,6 +141,10 @@ func checkDummyModels(t *testing.T, b *Backend) {
 func TestFakeDummyModels(t *testing.T) { checkDummyModels(t, fakeBackend(t)) }
 
 func TestGPUDummyModels(t *testing.T) { checkDummyModels(t, gpuBackend(t)) }
+
+func TestFakeDummyMoE(t *testing.T) { checkDummyMoE(t, fakeBackend(t)) }
+
+func TestGPUDummyMoE(t *testing.T) { checkDummyMoE(t, gpuBackend(t)) }
 
 // TotalMemory reports the device's memory (the fake driver's), what
 // --mem-fraction-static is a fraction of.
