@@ -20,22 +20,7 @@ func (p *pair) generate(ctx context.Context, prompt []int32, maxTokens int) ([]i
 	if err != nil {
 		return nil, "", err
 	}
-	var toks []int32
-	for {
-		ev, err := st.Recv()
-		if err != nil {
-			return toks, "", err
-		}
-		if ev.Token != nil {
-			toks = append(toks, ev.Token.Id)
-		}
-		if ev.Error != "" {
-			return toks, "", &eventError{ev.Error}
-		}
-		if ev.Finish != "" {
-			return toks, ev.Finish, nil
-		}
-	}
+	return readTokens(st)
 }
 
 // A decode worker computes a prompt itself when asked to (Generate): the

@@ -167,6 +167,19 @@ func (p *pair) handoff(t *testing.T, prompt []int32, maxTokens int) ([]int32, st
 		_, err := p.pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: "t", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: uint32(maxTokens)}, Reservation: res})
 		perr <- err
 	}()
+	toks, fin, err := readTokens(st)
+	if _, event := err.(*eventError); err == nil || event {
+		// The stream ended as decode meant it to: prefill's answer is in.
+		if perr := <-perr; err == nil {
+			err = perr
+		}
+	}
+	return toks, fin, err
+}
+
+// readTokens reads a token stream to its last event: the tokens, and its
+// finish, or its error (an error event is an *eventError).
+func readTokens(st grpc.ServerStreamingClient[pdv1.TokenEvent]) ([]int32, string, error) {
 	var toks []int32
 	for {
 		ev, err := st.Recv()
@@ -177,11 +190,10 @@ func (p *pair) handoff(t *testing.T, prompt []int32, maxTokens int) ([]int32, st
 			toks = append(toks, ev.Token.Id)
 		}
 		if ev.Error != "" {
-			<-perr
 			return toks, "", &eventError{ev.Error}
 		}
 		if ev.Finish != "" {
-			return toks, ev.Finish, <-perr
+			return toks, ev.Finish, nil
 		}
 	}
 }

@@ -175,27 +175,9 @@ func New(o Options) (*Router, error) {
 	if o.HealthInterval <= 0 {
 		o.HealthInterval = time.Second
 	}
-	retries := o.Retries
-	switch {
-	case retries == 0:
-		retries = 2
-	case retries < 0:
-		retries = 0
-	}
-	migrations := o.MaxMigrations
-	switch {
-	case migrations == 0:
-		migrations = DefaultMaxMigrations
-	case migrations < 0:
-		migrations = 0
-	}
-	localPrefill := o.DisaggPrefillThreshold
-	switch {
-	case localPrefill == 0:
-		localPrefill = DefaultDisaggPrefillThreshold
-	case localPrefill < 0:
-		localPrefill = 0
-	}
+	retries := orDefault(o.Retries, 2)
+	migrations := orDefault(o.MaxMigrations, DefaultMaxMigrations)
+	localPrefill := orDefault(o.DisaggPrefillThreshold, DefaultDisaggPrefillThreshold)
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -774,6 +756,17 @@ func (r *Router) choose(ws []*worker, role string) *worker {
 		}
 	}
 	return best
+}
+
+// orDefault reads a count option: 0 is def, a negative value none.
+func orDefault(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
 }
 
 // workers are the pair's workers, held for the attempt.

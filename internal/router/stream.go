@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -462,6 +463,27 @@ type received struct {
 	err error
 }
 
+// receive hands decode's token events over a channel, so that the attempt
+// can wait on them beside its other events; it returns with the stream's
+// end or ctx's.
+func receive(ctx context.Context, evs grpc.ServerStreamingClient[pdv1.TokenEvent]) <-chan received {
+	recv := make(chan received)
+	go func() {
+		for {
+			ev, err := evs.Recv()
+			select {
+			case recv <- received{ev, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return recv
+}
+
 // relay runs one attempt on a reservation: it opens decode's token stream,
 // asks prefill to fill the reservation, and passes tokens on until the
 // request ends. nil means the request is over (last event delivered, or
@@ -486,20 +508,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 		_, err := pc.Prefill(ctx, &pdv1.PrefillRequest{RequestId: s.id, Prompt: s.prompt, Sampling: pdwire.ToPB(s.p), Reservation: res})
 		prefillDone <- err
 	}()
-	recv := make(chan received)
-	go func() {
-		for {
-			ev, err := evs.Recv()
-			select {
-			case recv <- received{ev, err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	recv := receive(ctx, evs)
 	pending := prefillDone // nil once prefill answered
 	for {
 		select {
@@ -574,20 +583,7 @@ func (s *stream) generate(d *worker, dc pdv1.DecodeClient) *failure {
 	if err != nil {
 		return rpcFailure("generate", "decode worker refused the request", err)
 	}
-	recv := make(chan received)
-	go func() {
-		for {
-			ev, err := evs.Recv()
-			select {
-			case recv <- received{ev, err}:
-			case <-ctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	recv := receive(ctx, evs)
 	ended := func() {
 		cancel()
 		s.endOutcome()
