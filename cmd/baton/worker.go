@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -146,7 +145,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var ready atomic.Bool
+	var ready roles.Readiness
 	// stopTaking starts a drain (SIGTERM, or POST /drain): new work is
 	// refused (the router retries it elsewhere) before /health turns 503,
 	// so that nothing sent after the 503 is taken. A decode worker lets
@@ -156,14 +155,12 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 	// pages waiting for the writer's drain as after any abort); a prefill
 	// worker finishes what it has.
 	var drainOnce sync.Once
-	var draining atomic.Bool
 	var handBack *time.Timer
 	var handBackMu sync.Mutex
 	stopTaking := func() {
 		drainOnce.Do(func() {
-			draining.Store(true)
 			worker.SetShuttingDown()
-			ready.Store(false)
+			ready.Drain()
 			d, ok := worker.(*roles.Decode)
 			if !ok {
 				return
@@ -205,8 +202,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		}
 	}
 	h := roles.HTTPHandler(worker, &ready, ms, roles.HTTPOptions{APIKey: f.apiKey, MetricsRequireKey: f.metricsKey, Drain: stopTaking})
-	setReady := func(ok bool) { ready.Store(ok && !draining.Load()) }
-	return serveHTTP(ctx, f, logw, le.log, ln, h, setReady, drain)
+	return serveHTTP(ctx, f, logw, le.log, ln, h, ready.SetReady, drain)
 }
 
 // advertised is the address peers use for a listener: its port with

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -109,16 +108,50 @@ type HTTPOptions struct {
 	Drain func()
 }
 
+// Readiness is what a worker's /health says: starting, ok, or draining.
+// One lock holds both, so that a late "ready" (the server coming up) can
+// never undo a drain that began first.
+type Readiness struct {
+	mu              sync.Mutex
+	ready, draining bool
+}
+
+// SetReady says whether the worker may take work, unless it is draining.
+func (r *Readiness) SetReady(ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ready = ok && !r.draining
+}
+
+// Drain says the worker takes no more work, for good.
+func (r *Readiness) Drain() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ready, r.draining = false, true
+}
+
+// status is /health's word and whether it is a 200.
+func (r *Readiness) status() (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.ready:
+		return "ok", true
+	case r.draining:
+		return "draining", false
+	}
+	return "starting", false
+}
+
 // HTTPHandler serves a worker's /health, /metrics and /server_info.
-func HTTPHandler(w Worker, ready *atomic.Bool, ms *metrics.Set, o HTTPOptions) http.Handler {
+func HTTPHandler(w Worker, ready *Readiness, ms *metrics.Set, o HTTPOptions) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(rw http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() {
+		st, ok := ready.status()
+		if !ok {
 			rw.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = rw.Write([]byte(`{"status":"starting"}`))
-			return
 		}
-		_, _ = rw.Write([]byte(`{"status":"ok"}`))
+		_, _ = fmt.Fprintf(rw, `{"status":%q}`, st)
 	})
 	mux.Handle("GET /server_info", httpauth.Require(o.APIKey, http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		info := w.WorkerInfo()

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
@@ -51,8 +50,8 @@ func requireWorkerOpenAIError(t *testing.T, what string, body []byte) {
 
 func TestWorkerHTTPKey(t *testing.T) {
 	const key = "cluster-key"
-	var ready atomic.Bool
-	ready.Store(true)
+	var ready Readiness
+	ready.SetReady(true)
 	for _, keyedMetrics := range []bool{false, true} {
 		ts := httptest.NewServer(HTTPHandler(infoWorker{}, &ready, metrics.New("decode"), HTTPOptions{APIKey: key, MetricsRequireKey: keyedMetrics}))
 		for _, auth := range []string{"", "Bearer wrong", "Bearer " + key + "!", key} {
@@ -101,8 +100,8 @@ func TestWorkerHTTPKey(t *testing.T) {
 // A worker answers a known route under a wrong method with 405 and Allow,
 // an unknown one with 404, both in OpenAI's shape.
 func TestWorkerHTTPWrongMethod(t *testing.T) {
-	var ready atomic.Bool
-	ready.Store(true)
+	var ready Readiness
+	ready.SetReady(true)
 	ts := httptest.NewServer(HTTPHandler(infoWorker{}, &ready, metrics.New("prefill"), HTTPOptions{}))
 	defer ts.Close()
 	for _, c := range []struct {
@@ -134,8 +133,8 @@ func TestWorkerHTTPWrongMethod(t *testing.T) {
 // Only an allowed POST starts the drain.
 func TestWorkerDrainEndpoint(t *testing.T) {
 	const key = "cluster-key"
-	var ready atomic.Bool
-	ready.Store(true)
+	var ready Readiness
+	ready.SetReady(true)
 	for _, c := range []struct {
 		name            string
 		key             string
@@ -188,5 +187,33 @@ func TestWorkerDrainEndpoint(t *testing.T) {
 	HTTPHandler(infoWorker{}, &ready, metrics.New("decode"), HTTPOptions{}).ServeHTTP(rec, httptest.NewRequest("POST", "/drain", nil))
 	if rec.Code != 404 {
 		t.Errorf("no drain: POST /drain got %d", rec.Code)
+	}
+}
+
+// /health says starting, ok, then draining once a drain began; a late
+// "ready" (the server finishing its start after a drain began) leaves it
+// draining, so a drained worker never takes work again.
+func TestHealthReadiness(t *testing.T) {
+	var ready Readiness
+	h := HTTPHandler(infoWorker{}, &ready, metrics.New("decode"), HTTPOptions{Drain: ready.Drain})
+	health := func() (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/health", nil))
+		return rec.Code, rec.Body.String()
+	}
+	for _, step := range []struct {
+		do   func()
+		code int
+		body string
+	}{
+		{func() {}, 503, `{"status":"starting"}`},
+		{func() { ready.SetReady(true) }, 200, `{"status":"ok"}`},
+		{ready.Drain, 503, `{"status":"draining"}`},
+		{func() { ready.SetReady(true) }, 503, `{"status":"draining"}`},
+	} {
+		step.do()
+		if code, body := health(); code != step.code || body != step.body {
+			t.Fatalf("/health %d %s, want %d %s", code, body, step.code, step.body)
+		}
 	}
 }
