@@ -15,14 +15,15 @@ import (
 	"github.com/batonlm/baton/internal/bench"
 )
 
-// benchCmd groups the load generators; `serve` is the only one so far.
+// benchCmd groups the load generators: serve, and calibrate, which
+// measures a fleet for the planner.
 func benchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmark a running server",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(benchServeCmd())
+	cmd.AddCommand(benchServeCmd(), benchCalibrateCmd())
 	return cmd
 }
 

@@ -165,3 +165,42 @@ func BenchmarkHiCache(b *testing.B) {
 		b.ReportMetric(p50["tiered"]/p50["recompute"], "tiered/recompute")
 	}
 }
+
+// TestBenchCalibrate measures a real router + prefill + decode as a user
+// would, writes the planner's capacity file, and the simulator reads it:
+// prefill's tokens/s and a decode step's time come out positive, and the
+// decode bounds are the ones given.
+func TestBenchCalibrate(t *testing.T) {
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1})
+	file := filepath.Join(t.TempDir(), "capacity.json")
+	if out, err := runCommand(context.Background(), 120*time.Second, repoRoot(t), cleanEnv(), batonBinary(t),
+		"bench", "calibrate", "--url", c.Router.URL, "--prompt-lens", "16,160", "--batches", "1,4", "--per", "1",
+		"--input-len", "32", "--output-len", "16", "--decode-max-batch", "48", "--kv-tokens", "4096", "--out", file); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var capa struct {
+		PrefillTokensPerSec float64 `json:"prefill_tokens_per_sec"`
+		DecodeStepBase      string  `json:"decode_step_base"`
+		DecodeMaxBatch      int     `json:"decode_max_batch"`
+		KVTokens            int     `json:"kv_tokens"`
+	}
+	if err := json.Unmarshal(b, &capa); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	if base, err := time.ParseDuration(capa.DecodeStepBase); err != nil || base <= 0 || capa.PrefillTokensPerSec <= 0 ||
+		capa.DecodeMaxBatch != 48 || capa.KVTokens != 4096 {
+		t.Fatalf("capacity %s", b)
+	}
+	if m := metricsOf(t, c.Decode[0]); m["baton_kv_reservations_total"] == 0 {
+		t.Error("the prompts were not handed over: calibrate measured no prefill worker")
+	}
+	out, err := runCommand(context.Background(), 60*time.Second, repoRoot(t), cleanEnv(), batonBinary(t),
+		"sim", "--planner-capacity", file, "--trace", "poisson", "--duration", "10s", "--rate", "2", "--json")
+	if err != nil || !strings.Contains(out, `"Requests"`) {
+		t.Fatalf("sim on the measured capacity: %v\n%s", err, out)
+	}
+}
