@@ -88,9 +88,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		if id.Files, err = le.tokenizerFiles(f); err != nil {
 			return fmt.Errorf("tokenizer files: %w", err)
 		}
-		p := roles.NewPrefill(roles.PrefillOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Sender: decorate.sender(sender), Transport: f.transport,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: append(decorate.dialOptions(), tracing.DialOptions()...), Identity: id, Log: le.log,
-			Guards: guards.prefill})
+		p := roles.NewPrefill(roles.PrefillOptions{PrefillDesk: roles.PrefillDesk{Engine: eng, Pool: le.pool, Metrics: ms, Sender: decorate.sender(sender), Log: le.log, Guards: guards.prefill}, Layout: layout, Transport: f.transport, ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, Auth: plane, DialOptions: append(decorate.dialOptions(), tracing.DialOptions()...), Identity: id})
 		p.SetAddr(grpcAddr)
 		defer p.Close()
 		pdv1.RegisterPrefillServer(gs, p)
@@ -111,10 +109,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		}
 		defer closeTiers()
 		eng = le.engine(f, scheduler.RoleDecode, ms, cache, tiers)
-		d := roles.NewDecode(roles.DecodeOptions{Engine: eng, Pool: le.pool, Metrics: ms, Layout: layout, Cache: cache,
-			ContextLength: le.plan.modelContext, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Transport: f.transport,
-			Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer.of(le.pool.NumPages(), le.pool.PagesFor(le.plan.context)), Auth: plane, Identity: le.identity(), Log: le.log,
-			Guards: guards.decode, Faults: guards.decodeFaults})
+		d := roles.NewDecode(roles.DecodeOptions{DecodeDesk: roles.DecodeDesk{Engine: eng, Pool: le.pool, Metrics: ms, Cache: cache, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer.of(le.pool.NumPages(), le.pool.PagesFor(le.plan.context)), Log: le.log, Guards: guards.decode, Faults: guards.decodeFaults}, Layout: layout, ContextLength: le.plan.modelContext, Transport: f.transport, Auth: plane, Identity: le.identity()})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver
 		if f.transport == "ucx" {

@@ -330,8 +330,7 @@ func newCachedDecode(t *testing.T, pageSize int) (*pair, *prefixcache.Cache) {
 	t.Cleanup(func() { cancel(); <-done })
 	p.dPool = pool
 	p.layout = Layout(ModelID("stories260K", &c), &c, pageSize)
-	p.decode = NewDecode(DecodeOptions{Engine: e, Pool: pool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512,
-		HandoffTimeout: time.Minute, Cache: cache, Log: log})
+	p.decode = NewDecode(DecodeOptions{DecodeDesk: DecodeDesk{Engine: e, Pool: pool, Metrics: p.dm, MaxSeq: 512, HandoffTimeout: time.Minute, Cache: cache, Log: log}, Layout: p.layout, ContextLength: 512})
 	t.Cleanup(p.decode.Close)
 	recv, err := tcp.Listen("127.0.0.1:0", p.decode)
 	if err != nil {

@@ -15,64 +15,34 @@ import (
 	"context"
 	"errors"
 	"github.com/batonlm/baton/internal/handoff"
-	"log/slog"
 	"net/http"
 	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
-	"github.com/batonlm/baton/internal/kernels"
-	"github.com/batonlm/baton/internal/kvpool"
-	"github.com/batonlm/baton/internal/metrics"
-	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
-// DecodeOptions configure a decode worker.
+// DecodeOptions configure a decode worker: its desk's options (the worker
+// sets their Writers) and what only the worker's gRPC face uses.
 type DecodeOptions struct {
-	Engine  *scheduler.Engine
-	Pool    *kvpool.Pool
-	Metrics *metrics.Set
-	Layout  *pdv1.KVLayout
-	// ContextLength is the model's configured context; MaxSeq the effective one.
-	ContextLength, MaxSeq int
-	// HandoffTimeout bounds the wait for Commit after Reserve; past it the
-	// request is aborted (its pages still wait for the writer to drain).
-	HandoffTimeout time.Duration
+	DecodeDesk
+	Layout *pdv1.KVLayout
+	// ContextLength is the model's configured context (the desk's MaxSeq
+	// is the effective one).
+	ContextLength int
 	// Transport names the KV transport in Reserve replies ("tcp" if empty;
 	// "ucx").
 	Transport string
-	// Landing, when set, is where a one-sided transport's writes land
-	// instead of the pool: host memory the transport registered, page for
-	// page the pool's shape, for a pool the transport cannot reach (GPU
-	// memory). Commit verifies each page there and then copies it into
-	// the pool.
-	Landing kernels.PagedKV
-	// MaxReservationsPerPeer and MaxPagesPerPeer bound what one caller of
-	// Reserve may hold at once (0: no bound), so that one member gone
-	// wrong cannot take the whole pool.
-	MaxReservationsPerPeer, MaxPagesPerPeer int
 	// Identity is what the worker serves, reported in Info.
 	Identity Identity
-	// Cache, when set, is the engine's prefix cache (decode keeps finished
-	// requests' pages): Commit re-checks the pages a reservation holds from
-	// it against the checksums it recorded when they were cached.
-	Cache *prefixcache.Cache
 	// Auth authenticates this worker's calls to prefill workers (nil:
 	// plaintext, tests on loopback).
 	Auth *auth.Plane
-	Log  *slog.Logger
-	// Guards are the desk's handoff checks (internal/handoff/guards.go);
-	// the zero value is every check.
-	Guards DecodeGuards
-	// Faults are injected only by the faults build's command; the zero
-	// value injects none.
-	Faults DecodeFaults
 }
 
 // Decode is the decode worker: the gRPC face of its handoff desk
@@ -96,9 +66,9 @@ func NewDecode(o DecodeOptions) *Decode {
 	if o.Auth != nil {
 		d.peers.opts = o.Auth.DialOptions(auth.RolePrefill)
 	}
-	d.desk = handoff.NewDecode(handoff.DecodeOptions{Engine: o.Engine, Pool: o.Pool, Metrics: o.Metrics, MaxSeq: o.MaxSeq,
-		HandoffTimeout: o.HandoffTimeout, Landing: o.Landing, MaxReservationsPerPeer: o.MaxReservationsPerPeer,
-		MaxPagesPerPeer: o.MaxPagesPerPeer, Cache: o.Cache, Writers: prefillWriters{d}, Log: o.Log, Guards: o.Guards, Faults: o.Faults})
+	desk := o.DecodeDesk
+	desk.Writers = prefillWriters{d}
+	d.desk = handoff.NewDecode(desk)
 	return d
 }
 

@@ -37,8 +37,7 @@ func newDecodeOnly(t testing.TB, pageSize int) *pair {
 	de, dpool, c := newWorkerEngine(t, scheduler.RoleDecode, p.dm, 64, pageSize, 64)
 	p.dPool = dpool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
-	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512,
-		HandoffTimeout: time.Minute, Log: log})
+	p.decode = NewDecode(DecodeOptions{DecodeDesk: DecodeDesk{Engine: de, Pool: dpool, Metrics: p.dm, MaxSeq: 512, HandoffTimeout: time.Minute, Log: log}, Layout: p.layout, ContextLength: 512})
 	p.decode.SetReceiver(nil, "127.0.0.1:1", "127.0.0.1:1")
 	t.Cleanup(p.decode.Close)
 	return p

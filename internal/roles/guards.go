@@ -10,3 +10,11 @@ type (
 	DecodeFaults  = handoff.DecodeFaults
 	PrefillGuards = handoff.PrefillGuards
 )
+
+// DecodeDesk and PrefillDesk are the desks' own options, which a worker's
+// options carry whole: the engine, pool, bounds, timeouts, guards and
+// faults are set once, for the desk, and the worker reads them there.
+type (
+	DecodeDesk  = handoff.DecodeOptions
+	PrefillDesk = handoff.PrefillOptions
+)

@@ -11,7 +11,6 @@ package roles
 
 import (
 	"context"
-	"log/slog"
 	"slices"
 	"sync/atomic"
 
@@ -23,19 +22,13 @@ import (
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/auth"
 	"github.com/batonlm/baton/internal/handoff"
-	"github.com/batonlm/baton/internal/kvpool"
-	"github.com/batonlm/baton/internal/metrics"
-	"github.com/batonlm/baton/internal/scheduler"
-	"github.com/batonlm/baton/internal/transfer"
 )
 
-// PrefillOptions configure a prefill worker.
+// PrefillOptions configure a prefill worker: its desk's options (the
+// worker sets their Decoders) and what only the worker's gRPC face uses.
 type PrefillOptions struct {
-	Engine                *scheduler.Engine
-	Pool                  *kvpool.Pool
-	Metrics               *metrics.Set
+	PrefillDesk
 	Layout                *pdv1.KVLayout
-	Sender                transfer.Sender
 	Transport             string // the Sender's name ("tcp" if empty); must match Reservation.transport
 	ContextLength, MaxSeq int
 	// Identity is what the worker serves, reported in Info.
@@ -47,10 +40,6 @@ type PrefillOptions struct {
 	// that they see (and may change) a call before it is signed: where a
 	// faults build puts its decorators (cmd/baton/inject_faults.go).
 	DialOptions []grpc.DialOption
-	Log         *slog.Logger
-	// Guards are the worker's plane checks (guards.go); the zero value is
-	// every check.
-	Guards PrefillGuards
 }
 
 // Prefill is the prefill worker: it computes prompts in chunks, writes each
@@ -81,8 +70,9 @@ func NewPrefill(o PrefillOptions) *Prefill {
 	case len(o.DialOptions) > 0:
 		p.peers.opts = append(slices.Clone(o.DialOptions), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
-	p.desk = handoff.NewPrefill(handoff.PrefillOptions{Engine: o.Engine, Pool: o.Pool, Metrics: o.Metrics, Sender: o.Sender,
-		Decoders: decodeWorkers{p}, Log: o.Log, Guards: o.Guards})
+	desk := o.PrefillDesk
+	desk.Decoders = decodeWorkers{p}
+	p.desk = handoff.NewPrefill(desk)
 	return p
 }
 

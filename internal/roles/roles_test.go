@@ -121,7 +121,7 @@ func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int, opts ...fu
 	pe, ppool, _ := newWorkerEngineOn(t, be, scheduler.RolePrefill, p.pm, pages, pageSize, chunk, nil)
 	p.dPool, p.pPool = dpool, ppool
 	p.layout = Layout(ModelID("stories260K", c), c, pageSize)
-	do := DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Log: log}
+	do := DecodeOptions{DecodeDesk: DecodeDesk{Engine: de, Pool: dpool, Metrics: p.dm, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Log: log}, Layout: p.layout, ContextLength: 512}
 	for _, o := range opts {
 		o(&do)
 	}
@@ -134,7 +134,7 @@ func newPairOn(t testing.TB, be kernels.Backend, pageSize, chunk int, opts ...fu
 	t.Cleanup(func() { recv.Close() })
 	daddr := serveGRPC(t, func(gs *grpc.Server) { pdv1.RegisterDecodeServer(gs, p.decode) })
 	p.decode.SetReceiver(recv, daddr, recv.Addr())
-	p.prefill = NewPrefill(PrefillOptions{Engine: pe, Pool: ppool, Metrics: p.pm, Layout: p.layout, Sender: tcp.NewSender(), ContextLength: 512, MaxSeq: 512, Log: log})
+	p.prefill = NewPrefill(PrefillOptions{PrefillDesk: PrefillDesk{Engine: pe, Pool: ppool, Metrics: p.pm, Sender: tcp.NewSender(), Log: log}, Layout: p.layout, ContextLength: 512, MaxSeq: 512})
 	t.Cleanup(p.prefill.Close)
 	p.prefillAddr = serveGRPC(t, func(gs *grpc.Server) { pdv1.RegisterPrefillServer(gs, p.prefill) })
 	p.prefill.SetAddr(p.prefillAddr)

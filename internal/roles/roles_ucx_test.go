@@ -77,8 +77,7 @@ func newUCXPairIn(t *testing.T, mem ucxMemory, pages, pageSize, chunk int) *pair
 		landing = kernels.PagedKV{PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Data: reg.Floats()}
 		recvKV = landing
 	}
-	p.decode = NewDecode(DecodeOptions{Engine: de, Pool: dpool, Metrics: p.dm, Layout: p.layout, ContextLength: 512, MaxSeq: 512,
-		HandoffTimeout: 5 * time.Second, Transport: "ucx", Landing: landing, Log: log})
+	p.decode = NewDecode(DecodeOptions{DecodeDesk: DecodeDesk{Engine: de, Pool: dpool, Metrics: p.dm, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Landing: landing, Log: log}, Layout: p.layout, ContextLength: 512, Transport: "ucx"})
 	t.Cleanup(p.decode.Close)
 	recv, err := ucx.Listen("127.0.0.1:0", p.decode, recvKV, opts...)
 	if err != nil {
@@ -92,7 +91,7 @@ func newUCXPairIn(t *testing.T, mem ucxMemory, pages, pageSize, chunk int) *pair
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { snd.Close() })
-	p.prefill = NewPrefill(PrefillOptions{Engine: pe, Pool: ppool, Metrics: p.pm, Layout: p.layout, Sender: snd, Transport: "ucx", ContextLength: 512, MaxSeq: 512, Log: log})
+	p.prefill = NewPrefill(PrefillOptions{PrefillDesk: PrefillDesk{Engine: pe, Pool: ppool, Metrics: p.pm, Sender: snd, Log: log}, Layout: p.layout, Transport: "ucx", ContextLength: 512, MaxSeq: 512})
 	t.Cleanup(p.prefill.Close)
 	p.prefillAddr = serveGRPC(t, func(gs *grpc.Server) { pdv1.RegisterPrefillServer(gs, p.prefill) })
 	p.prefill.SetAddr(p.prefillAddr)
