@@ -250,6 +250,13 @@ func routerOnly(t *testing.T, a *attacker, prompt []int32, layout *pdv1.KVLayout
 			v.add("%s streamed a room", a.name)
 		}
 	}
+	if st, err := a.decode.Generate(ctx, &pdv1.GenerateRequest{RequestId: "intruder", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: 8}}); err == nil {
+		if _, err := st.Recv(); err == nil {
+			v.add("%s had decode generate for it", a.name)
+		} else if c := status.Code(err); c != codes.PermissionDenied && c != codes.Unauthenticated {
+			v.add("%s: Generate refused as %v, want PermissionDenied or Unauthenticated", a.name, c)
+		}
+	}
 	if _, err := a.prefill.Info(ctx, &pdv1.InfoRequest{}); err == nil {
 		v.add("%s read prefill's Info", a.name)
 	}

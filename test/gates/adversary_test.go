@@ -186,7 +186,7 @@ func scenarioAdversary(t *testing.T, guardsOff string) violations {
 		v.add("workers dialled an attacker's address %d times", n)
 	}
 	m := harness.Metrics(t, d)
-	for _, rpc := range []string{"Reserve", "Stream", "Commit", "Abort", "Finish", "Drained", "Info", "transfer"} {
+	for _, rpc := range []string{"Reserve", "Stream", "Generate", "Commit", "Abort", "Finish", "Drained", "Info", "transfer"} {
 		if m[fmt.Sprintf(`baton_internal_auth_failures_total{role="decode",rpc=%q}`, rpc)] < 1 {
 			v.add("decode counted no refused %s", rpc)
 		}
@@ -212,6 +212,13 @@ func strangerAttacks(t *testing.T, a *attacker, v *violations, prompt []int32, l
 	}
 	if _, err := a.decode.Info(ctx, &pdv1.InfoRequest{}); err == nil {
 		v.add("%s read decode's Info", a.name)
+	}
+	// A prompt decode would compute itself: tokens for a stranger, and
+	// decode's time.
+	if st, err := a.decode.Generate(ctx, &pdv1.GenerateRequest{RequestId: "stranger", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: 8}}); err == nil {
+		if ev, err := st.Recv(); err == nil {
+			v.add("%s had decode generate for it (%v)", a.name, ev)
+		}
 	}
 	if _, err := a.prefill.Info(ctx, &pdv1.InfoRequest{}); err == nil {
 		v.add("%s read prefill's Info", a.name)
