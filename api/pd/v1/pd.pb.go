@@ -1418,7 +1418,9 @@ type TokenEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Token *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
 	// stop or length; spec_anomaly: decode's speculation guard stopped the
-	// request (error says why), and the router may retry it elsewhere.
+	// request (error says why), and the router may retry it elsewhere;
+	// drain: a draining decode worker handed the request back (code 503),
+	// and the router continues it elsewhere from the tokens sent.
 	Finish string `protobuf:"bytes,2,opt,name=finish,proto3" json:"finish,omitempty"`
 	Error  string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	Code   int32  `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
