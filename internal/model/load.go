@@ -168,12 +168,13 @@ func checkDTypes(w *Weights, be kernels.Backend) error {
 	if !ok {
 		return nil
 	}
-	for _, m := range w.matrices() {
-		if !s.SupportsDType(m.DType) {
-			return fmt.Errorf("model: the %s backend does not run %s weights; use --device cpu", be.Name(), m.DType)
+	var err error
+	w.eachMatrix(func(name string, m *kernels.Matrix) {
+		if err == nil && !s.SupportsDType(m.DType) {
+			err = fmt.Errorf("model: the %s backend does not run %s weights, the format of %s; use --device cpu", be.Name(), m.DType, name)
 		}
-	}
-	return nil
+	})
+	return err
 }
 
 // loadHF loads a Hugging Face model directory: config.json, the

@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -128,6 +129,40 @@ func TestReserveKeepsScratch(t *testing.T) {
 			if p != before[i] {
 				t.Fatalf("%d x %d: scratch %d was allocated again", nseq, plen, i)
 			}
+		}
+	}
+}
+
+// refusesQ4K is a backend that multiplies every weight dtype but Q4_K.
+type refusesQ4K struct{ kernels.Backend }
+
+func (refusesQ4K) SupportsDType(dt kernels.DType) bool { return dt != kernels.Q4_K }
+
+// A weight dtype the backend does not run is refused at load, naming the
+// format, the tensor and the way out, dense and mixture of experts alike.
+func TestLoadRefusesDTypeByName(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		set  func(w *Weights)
+		name string
+	}{
+		{Config{Arch: "llama", Vocab: 64, Dim: 32, Layers: 2, Heads: 2, KVHeads: 2, HeadDim: 16, FF: 64, ContextLength: 32, NormEps: 1e-5},
+			func(w *Weights) { w.Layers[1].Down.DType = kernels.Q4_K }, "blk.1.ffn_down.weight"},
+		{Config{Arch: "qwen3moe", Vocab: 64, Dim: 32, Layers: 2, Heads: 2, KVHeads: 2, HeadDim: 16, FF: 32, ContextLength: 32, NormEps: 1e-5,
+			QKNorm: true, Experts: 4, ExpertsUsed: 2}, func(w *Weights) { w.Layers[0].Experts[3].Up.DType = kernels.Q4_K }, "blk.0.ffn_up_exps.weight[3]"},
+	} {
+		w, err := DummyWeights(&c.cfg, kernels.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		be := refusesQ4K{ref.New()}
+		if err := checkDTypes(w, be); err != nil {
+			t.Fatalf("every f32 weight refused: %v", err)
+		}
+		c.set(w)
+		err = checkDTypes(w, be)
+		if err == nil || !strings.Contains(err.Error(), c.name) || !strings.Contains(err.Error(), "q4_k") || !strings.Contains(err.Error(), "--device cpu") {
+			t.Errorf("%s: %v, want the tensor, its format and --device cpu named", c.name, err)
 		}
 	}
 }

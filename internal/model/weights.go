@@ -66,13 +66,36 @@ func (w *Weights) vectors() [][]float32 {
 
 // matrices are the weight matrices (Output may be Embed again).
 func (w *Weights) matrices() []*kernels.Matrix {
-	ms := []*kernels.Matrix{w.Embed, w.Output}
+	var ms []*kernels.Matrix
+	w.eachMatrix(func(_ string, m *kernels.Matrix) { ms = append(ms, m) })
+	return ms
+}
+
+// eachMatrix calls f on every matrix with its name as a GGUF file names
+// it (an expert's: its layer's 3-D tensor and the expert's index).
+func (w *Weights) eachMatrix(f func(name string, m *kernels.Matrix)) {
+	f("token_embd.weight", w.Embed)
+	f("output.weight", w.Output)
 	for i := range w.Layers {
 		l := &w.Layers[i]
-		ms = append(ms, l.Q, l.K, l.V, l.O)
-		ms = append(ms, l.ffnMatrices()...)
+		at := func(n string) string { return fmt.Sprintf("blk.%d.%s.weight", i, n) }
+		f(at("attn_q"), l.Q)
+		f(at("attn_k"), l.K)
+		f(at("attn_v"), l.V)
+		f(at("attn_output"), l.O)
+		if l.Router == nil {
+			f(at("ffn_gate"), l.Gate)
+			f(at("ffn_up"), l.Up)
+			f(at("ffn_down"), l.Down)
+			continue
+		}
+		f(at("ffn_gate_inp"), l.Router)
+		for e, ex := range l.Experts {
+			f(fmt.Sprintf("%s[%d]", at("ffn_gate_exps"), e), ex.Gate)
+			f(fmt.Sprintf("%s[%d]", at("ffn_up_exps"), e), ex.Up)
+			f(fmt.Sprintf("%s[%d]", at("ffn_down_exps"), e), ex.Down)
+		}
 	}
-	return ms
 }
 
 // Params counts the parameters.
