@@ -156,12 +156,12 @@ var deliveredRE = regexp.MustCompile(`continuing on another pair" .* reason=spec
 // speculation and the checksum and owner-tag guards off, decode 0 with
 // its landed KV flattened, and a router; decodes says how many decode
 // workers (1: the flattening one alone).
-func startSpecCluster(t *testing.T, decodes int, guard string) *harness.Cluster {
+func startSpecCluster(t *testing.T, decodes int, guard string, extra ...string) *harness.Cluster {
 	t.Helper()
 	bin := faultsBinary(t)
 	off := "BATON_GUARDS_OFF=checksum,owner_tag"
 	c := &harness.Cluster{}
-	args := []string{"--kv-poison", "--page-size", "4"}
+	args := append([]string{"--kv-poison", "--page-size", "4"}, extra...)
 	for i := range 2 {
 		_ = i
 		c.Prefill = append(c.Prefill, harness.StartWith(t, harness.Options{Binary: bin, Env: []string{off}}, append([]string{"--role", "prefill"}, args...)...))
@@ -181,7 +181,7 @@ func startSpecCluster(t *testing.T, decodes int, guard string) *harness.Cluster 
 	for _, w := range c.Decode {
 		rargs = append(rargs, "--decode", w.URL)
 	}
-	c.Router = harness.StartWith(t, harness.Options{Binary: bin}, rargs...)
+	c.Router = harness.StartWith(t, harness.Options{Binary: bin}, append(rargs, extra...)...)
 	return c
 }
 

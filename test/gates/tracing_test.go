@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -148,4 +149,27 @@ func TestGateTracesMigration(t *testing.T) {
 	if !failedAttempt {
 		t.Errorf("no failed router.attempt naming decode_gone")
 	}
+}
+
+// The spec guard's trip, traced: the flattened worker's stream ends as a
+// failed decode.stream naming spec_anomaly, and the router's continuation
+// on the healthy worker is a failed router.migrate naming spec_guard.
+func TestGateTracesSpecGuard(t *testing.T) {
+	rc := harness.StartOTLPReceiver(t)
+	c := startSpecCluster(t, 2, "on", rc.Args()...)
+	ref, ids := loadReference(t), pieces(t)
+	tripped := false
+	for i := 0; i < 6 && !tripped; i++ {
+		a := askSpec(t, c.Router.URL, strconv.Quote(ref.Prompt), specGuardTokens, false, ids)
+		if a.code != 200 {
+			t.Fatalf("status %d: %.300s", a.code, a.body)
+		}
+		tripped = harness.Metrics(t, c.Decode[0])["baton_spec_anomalies_total"] > 0
+	}
+	if !tripped {
+		t.Fatal("the spec guard stopped no request")
+	}
+	stopAll(t, c)
+	wantFailedSpan(t, rc, "decode", "decode.stream", "spec_anomaly")
+	wantFailedSpan(t, rc, "router", "router.migrate", "spec_guard")
 }
