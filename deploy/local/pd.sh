@@ -34,8 +34,10 @@ trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' EXIT
 for url in http://127.0.0.1:$((PORT+100)) http://127.0.0.1:$((PORT+200)); do
   for _ in $(seq 100); do curl -fs "$url/health" >/dev/null 2>&1 && break; sleep 0.1; done
 done
+# ROUTER_ARGS adds flags to the router alone (e.g. --disagg-prefill-threshold 0).
+read -r -a router_args <<<"${ROUTER_ARGS:-}"
 "$BIN" serve --role router --host 127.0.0.1 --port "$PORT" \
-  --prefill http://127.0.0.1:$((PORT+100)) --decode http://127.0.0.1:$((PORT+200)) & pids+=($!)
+  --prefill http://127.0.0.1:$((PORT+100)) --decode http://127.0.0.1:$((PORT+200)) "${router_args[@]}" & pids+=($!)
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break; sleep 0.1; done
 echo
 echo "try: curl -s http://127.0.0.1:$PORT/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":\"stories260K\",\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],\"max_tokens\":64}'"
