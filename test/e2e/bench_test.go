@@ -174,7 +174,7 @@ func TestBenchCalibrate(t *testing.T) {
 	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1})
 	file := filepath.Join(t.TempDir(), "capacity.json")
 	if out, err := runCommand(context.Background(), 120*time.Second, repoRoot(t), cleanEnv(), batonBinary(t),
-		"bench", "calibrate", "--url", c.Router.URL, "--prompt-lens", "16,160", "--batches", "1,4", "--per", "1",
+		"bench", "calibrate", "--url", c.Router.URL, "--prompt-lens", "16,440", "--batches", "1,4", "--per", "3",
 		"--input-len", "32", "--output-len", "16", "--decode-max-batch", "48", "--kv-tokens", "4096", "--out", file); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
