@@ -280,6 +280,9 @@ func (s *stream) run(started chan<- error) {
 			"stage", f.stage, "decode", d.url, "prefill", p.name(), "attempt", tries, "err", f.detail)
 	}
 	s.log.Warn("request failed", "stage", last.stage, "code", last.code, "err", last.detail, "client_error", last.err, "phases", s.phases())
+	// Out of the queue before the client hears: its gauges then never
+	// count a request whose answer is already out.
+	leave()
 	if s.started != nil {
 		s.to(phaseFailed)
 		s.started <- rejectFrom(last)
