@@ -158,3 +158,43 @@ func TestGracefulShutdownDecodeWorker(t *testing.T) {
 		t.Fatalf("decode exit after SIGTERM: %v", err)
 	}
 }
+
+// POST /drain on a running decode worker, as its owner would send it from
+// the same host: it answers 202, its /health turns 503 draining, the
+// router stops sending it work (the next request goes to the other decode
+// worker and gets the reference), and it stays up. The same call carrying
+// an Origin (a web page) gets the unknown route's 404 and drains nothing.
+func TestWorkerDrainEndpoint(t *testing.T) {
+	ref := loadReference(t)
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 2})
+	d := c.Decode[0]
+	if code, _, body := post(t, d.URL+"/drain", "", "Origin", "https://evil.example"); code != 404 {
+		t.Fatalf("POST /drain from a web page: %d %s, want 404", code, body)
+	}
+	if code, _ := get(t, d.URL+"/health"); code != 200 {
+		t.Fatalf("a refused drain drained the worker: /health %d", code)
+	}
+	if code, _, body := post(t, d.URL+"/drain", ""); code != 202 {
+		t.Fatalf("POST /drain from the worker's host: %d %s, want 202", code, body)
+	}
+	if code, body := get(t, d.URL+"/health"); code != 503 || !strings.Contains(string(body), "draining") {
+		t.Fatalf("/health after /drain: %d %s", code, body)
+	}
+	// It takes no more work: requests go to the other decode worker (the
+	// router's probe sees the 503; until then the drained one refuses
+	// Reserve and the router retries).
+	d0, d1 := metricsOf(t, d)["baton_kv_reservations_total"], metricsOf(t, c.Decode[1])["baton_kv_reservations_total"]
+	for range 4 {
+		if code, _, body := post(t, c.Router.URL+"/v1/completions", greedyBody(ref)); code != 200 {
+			t.Fatalf("a request while one decode worker drains: %d %s", code, body)
+		}
+	}
+	if n0, n1 := metricsOf(t, d)["baton_kv_reservations_total"], metricsOf(t, c.Decode[1])["baton_kv_reservations_total"]; n0 != d0 || n1 != d1+4 {
+		t.Fatalf("reservations after the drain: drained worker %v → %v, the other %v → %v; want all 4 on the other", d0, n0, d1, n1)
+	}
+	select {
+	case <-d.Exited():
+		t.Fatal("POST /drain stopped the worker; it should stay up, drained")
+	default:
+	}
+}
