@@ -72,6 +72,9 @@ type Set struct {
 	TransferBytes      prometheus.Counter
 	TransferSeconds    prometheus.Histogram
 	DrainWait          prometheus.Histogram
+	// HandedBack counts requests a draining decode worker handed back to
+	// the router (--drain-grace), which continues each elsewhere.
+	HandedBack prometheus.Counter
 
 	// Internal plane: calls and transfer sessions refused for want of a
 	// cluster member's credentials, the right role or the reservation's
@@ -172,6 +175,7 @@ func ForModel(role, model string) *Set {
 		TransferBytes:      prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_transfer_bytes_total", Help: "KV bytes transferred (landed).", ConstLabels: c}),
 		TransferSeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_kv_transfer_seconds", Help: "Time from the first page write to the flush that precedes Commit.", Buckets: latencyBuckets, ConstLabels: c}),
 		DrainWait:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_drain_wait_seconds", Help: "Time aborted pages spent in quarantine waiting for their writer.", Buckets: latencyBuckets, ConstLabels: c}),
+		HandedBack:         prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_requests_handed_back_total", Help: "Requests a draining decode worker handed back to the router, which continues each on another pair.", ConstLabels: c}),
 		InternalAuthFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_internal_auth_failures_total",
 			Help: "Internal calls and transfer sessions refused: no or wrong cluster credentials, a role not allowed the call, or a wrong reservation capability.", ConstLabels: c}, []string{"rpc"}),
 		SpecAcceptLength: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_spec_accept_length",
@@ -219,7 +223,7 @@ func ForModel(role, model string) *Set {
 			s.TransferBytes, s.TransferSeconds, s.DrainWait)
 	}
 	if role == "decode" {
-		reg.MustRegister(s.LateDropped)
+		reg.MustRegister(s.LateDropped, s.HandedBack)
 	}
 	if role == "standalone" || role == "decode" {
 		reg.MustRegister(s.SpecAcceptLength, s.SpecAcceptRate, s.SpecDraftTokens, s.SpecAcceptedTokens, s.SpecAnomalies)

@@ -44,7 +44,7 @@ func (d *Decode) Generate(req *pdv1.GenerateRequest, out pdv1.Decode_GenerateSer
 			d.o.Engine.Abort(r, "router stream closed")
 			return ctx.Err()
 		}
-		if err := out.Send(handBackEvent(ev, handedBack)); err != nil {
+		if err := d.send(out, ev, handedBack); err != nil {
 			d.o.Engine.Abort(r, "router stream broken")
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -47,7 +48,7 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) (
 			rd.Gone("router stream closed")
 			return ctx.Err()
 		}
-		if err := out.Send(handBackEvent(ev, handedBack)); err != nil {
+		if err := d.send(out, ev, handedBack); err != nil {
 			rd.Gone("router stream broken")
 			return err
 		}
@@ -61,16 +62,17 @@ func (d *Decode) Stream(req *pdv1.StreamRequest, out pdv1.Decode_StreamServer) (
 	}
 }
 
-// handBackEvent is tokenEvent, with the abort of a request the worker
-// handed back (HandBack) said to be one: not the router's doing, so it
-// goes on elsewhere (an older router reads the 503 as decode's own
-// failure, and goes on all the same).
-func handBackEvent(ev scheduler.Event, handedBack bool) *pdv1.TokenEvent {
+// send sends ev to the router as tokenEvent makes it, with the abort of a
+// request the worker handed back (HandBack) said to be one, and counted:
+// not the router's doing, so it goes on elsewhere (an older router reads
+// the 503 as decode's own failure, and goes on all the same).
+func (d *Decode) send(out grpc.ServerStreamingServer[pdv1.TokenEvent], ev scheduler.Event, handedBack bool) error {
 	te := tokenEvent(ev)
 	if handedBack && ev.Finish == scheduler.FinishAbort {
 		te.Finish, te.Error, te.Code = request.FinishDrain, errHandBack.Error(), http.StatusServiceUnavailable
+		d.o.Metrics.HandedBack.Inc()
 	}
-	return te
+	return out.Send(te)
 }
 
 // tokenEvent is an engine event as the router reads it: a token, or the

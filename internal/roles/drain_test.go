@@ -133,4 +133,7 @@ func TestHandBackEndsGenerate(t *testing.T) {
 		t.Errorf("tokens %v, want a prefix of %v", toks, want.GeneratedIDs)
 	}
 	waitAllFree(t, p.dPool)
+	if got := testutilCounter(t, p.dm, "baton_requests_handed_back_total"); got != 1 {
+		t.Errorf("baton_requests_handed_back_total = %v, want 1", got)
+	}
 }
