@@ -13,14 +13,7 @@ func TestPlanOnlyReads(t *testing.T) {
 	want := loadRef(t)
 	a := NewRequest("a", want.PromptIDs, Params{MaxTokens: 4})
 	b := NewRequest("b", want.PromptIDs[:3], Params{MaxTokens: 4})
-	for _, r := range []*Request{a, b} {
-		if err := e.Enqueue(r); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e.takeInbox()
-	e.admit()
-	e.prepare()
+	prepared(t, e, a, b)
 	free := e.pool.Free()
 	p1, p2 := e.plan(), e.plan()
 	if !reflect.DeepEqual(p1.batch, p2.batch) || len(p1.members) != 2 || len(p1.refused) != 0 {
@@ -51,7 +44,18 @@ func TestPlanSharesTheChunkBudget(t *testing.T) {
 	prompt := []int32{1, 400, 401, 402, 403, 404}
 	a := NewRequest("a", prompt[:5], Params{MaxTokens: 2})
 	b := NewRequest("b", prompt[:6], Params{MaxTokens: 2})
-	for _, r := range []*Request{a, b} {
+	prepared(t, e, a, b)
+	p := e.plan()
+	if len(p.members) != 2 || p.batch.Seqs[0].QLen != 5 || p.batch.Seqs[1].QLen != 3 {
+		t.Fatalf("plan %+v, want 5 rows of a then 3 of b", p.batch.Seqs)
+	}
+}
+
+// prepared enqueues rs on e (whose loop does not run) and takes them up to
+// the plan: admitted, each one's own business done.
+func prepared(t *testing.T, e *Engine, rs ...*Request) {
+	t.Helper()
+	for _, r := range rs {
 		if err := e.Enqueue(r); err != nil {
 			t.Fatal(err)
 		}
@@ -59,21 +63,34 @@ func TestPlanSharesTheChunkBudget(t *testing.T) {
 	e.takeInbox()
 	e.admit()
 	e.prepare()
-	p := e.plan()
-	if len(p.members) != 2 || p.batch.Seqs[0].QLen != 5 || p.batch.Seqs[1].QLen != 3 {
-		t.Fatalf("plan %+v, want 5 rows of a then 3 of b", p.batch.Seqs)
-	}
 }
 
-// Each role's traits are what its loop needs.
-func TestRoleTraits(t *testing.T) {
-	for role, want := range map[Role]roleTraits{
-		RoleStandalone: {computesPrompts: true, preempts: true},
-		RolePrefill:    {handsOn: true, computesPrompts: true},
-		RoleDecode:     {},
+// An engine takes requests of its own role, and a decode engine standalone
+// ones too (prompts its worker computes itself); any other is refused
+// before it is queued, whatever it carries.
+func TestEngineTakesItsRoles(t *testing.T) {
+	mk := func(role Role) *Engine {
+		e, _ := manualEngine(t)
+		e.cfg.Role = role
+		return e
+	}
+	prompt := loadRef(t).PromptIDs
+	for _, c := range []struct {
+		engine, request Role
+		takes           bool
+	}{
+		{RoleStandalone, RoleStandalone, true},
+		{RoleStandalone, RolePrefill, false},
+		{RolePrefill, RolePrefill, true},
+		{RolePrefill, RoleStandalone, false},
+		{RoleDecode, RoleStandalone, true},
+		{RoleDecode, RolePrefill, false},
 	} {
-		if got := traitsOf(role); got != want {
-			t.Errorf("%s: %+v, want %+v", role, got, want)
+		e := mk(c.engine)
+		r := NewRoleRequest(c.request, "r", prompt, Params{MaxTokens: 4})
+		err := e.Enqueue(r)
+		if queued := len(e.inbox) == 1; (err == nil) != c.takes || queued != c.takes {
+			t.Errorf("a %s engine given a %s request: %v, queued %v; want taken %v", c.engine, c.request, err, queued, c.takes)
 		}
 	}
 }
