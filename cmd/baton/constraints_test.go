@@ -13,14 +13,7 @@ import (
 // One tenant's compiled schema is never warm for another: a fast first
 // answer would tell the second tenant that the first sent the same schema.
 func TestConstraintsPerTenant(t *testing.T) {
-	f, err := gguf.Parse(bundled.Stories260K)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.FromGGUF(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := bundledTokenizer(t)
 	cs := newConstraints(tok)
 	c := scheduler.Constraint{Kind: "json_schema", Spec: `{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}`}
 	a := prefixcache.TenantSalt(prefixcache.ScopeKey, "key-a", "")
@@ -42,14 +35,7 @@ func TestConstraintsPerTenant(t *testing.T) {
 // "ab" under ab+c only b and c may come, as on the pair that generated it,
 // and output the constraint refuses is an error, not a fresh start.
 func TestConstraintMatcherStartsPastGenerated(t *testing.T) {
-	f, err := gguf.Parse(bundled.Stories260K)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.FromGGUF(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := bundledTokenizer(t)
 	id := func(s string) int32 {
 		t.Helper()
 		v, ok := tok.TokenID(s)
@@ -83,4 +69,18 @@ func TestConstraintMatcherStartsPastGenerated(t *testing.T) {
 	if _, err := cs.matcher(scheduler.Constraint{Kind: "regex", Spec: "ab+c"}, tenant, []int32{b}); err == nil {
 		t.Error("output the constraint refuses gave a matcher")
 	}
+}
+
+// bundledTokenizer is the bundled model's tokenizer.
+func bundledTokenizer(t *testing.T) *tokenizer.Tokenizer {
+	t.Helper()
+	f, err := gguf.Parse(bundled.Stories260K)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.FromGGUF(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }

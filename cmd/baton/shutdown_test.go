@@ -13,12 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batonlm/baton/internal/bundled"
-	"github.com/batonlm/baton/internal/gguf"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/server"
-	"github.com/batonlm/baton/internal/tokenizer"
 	"github.com/batonlm/baton/internal/tokenizer/chat"
 )
 
@@ -39,14 +36,7 @@ func (g *countGen) Generate(string, []int32, scheduler.Params) (server.Stream, e
 // reaching the generator. Before, serveHTTP reported not ready and only
 // then drained, so that request was taken.
 func TestShutdownRefusesBeforeHealthTurns(t *testing.T) {
-	f, err := gguf.Parse(bundled.Stories260K)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := tokenizer.FromGGUF(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := bundledTokenizer(t)
 	gen := &countGen{}
 	srv := server.New(server.Options{ModelName: "m", Tokenizer: tok, Template: chat.Plain(), Generator: gen, Metrics: metrics.New("standalone")})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
