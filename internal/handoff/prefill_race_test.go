@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/batonlm/baton/internal/kernels/cpu"
-	"github.com/batonlm/baton/internal/kvpool"
-	"github.com/batonlm/baton/internal/metrics"
-	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/request"
 	"github.com/batonlm/baton/internal/scheduler"
 	"github.com/batonlm/baton/internal/transfer"
@@ -76,22 +72,7 @@ type prefillFixture struct {
 }
 
 func newPrefillFixture(t *testing.T) *prefillFixture {
-	l, err := model.Load(model.LoadOptions{}, cpu.New(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := l.Model.Config
-	pool, err := kvpool.New(kvpool.Config{NumPages: 256, PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Poison: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := metrics.New("prefill")
-	e := scheduler.NewEngine(l.Model, pool, scheduler.Config{Role: scheduler.RolePrefill, ContextLength: c.ContextLength, ChunkSize: 512, MaxRunning: 8,
-		IsEOG: func(int32) bool { return false }}, ms)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e, pool, ms := runningEngine(t, scheduler.RolePrefill)
 	f := &prefillFixture{dec: &fakeDecoders{entered: make(chan struct{}), answer: make(chan struct{})},
 		prompt: []int32{1, 5, 9, 13, 17, 21, 25, 29, 33, 37}}
 	f.d = NewPrefill(PrefillOptions{Engine: e, Pool: pool, Metrics: ms, Sender: fakeSender{}, Decoders: f.dec,

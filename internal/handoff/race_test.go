@@ -52,11 +52,10 @@ func (w *fakeWriters) Abort(string, transfer.Key, string, string) error {
 
 const writer = "prefill:1"
 
-func newFixture(t *testing.T) *fixture { return newFixtureWith(t, context.Background(), nil) }
-
-// newFixtureWith is newFixture with its reservation made under ctx and
-// the desk's options changed by opt (nil: none).
-func newFixtureWith(t *testing.T, rctx context.Context, opt func(*DecodeOptions)) *fixture {
+// runningEngine is an engine of role on the bundled model, its loop
+// running until the test ends, with a poisoned pool of 256 pages.
+func runningEngine(t *testing.T, role scheduler.Role) (*scheduler.Engine, *kvpool.Pool, *metrics.Set) {
+	t.Helper()
 	l, err := model.Load(model.LoadOptions{}, cpu.New(1))
 	if err != nil {
 		t.Fatal(err)
@@ -66,13 +65,22 @@ func newFixtureWith(t *testing.T, rctx context.Context, opt func(*DecodeOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := metrics.New("decode")
-	e := scheduler.NewEngine(l.Model, pool, scheduler.Config{Role: scheduler.RoleDecode, ContextLength: c.ContextLength, ChunkSize: 512, MaxRunning: 8,
+	ms := metrics.New(role.String())
+	e := scheduler.NewEngine(l.Model, pool, scheduler.Config{Role: role, ContextLength: c.ContextLength, ChunkSize: 512, MaxRunning: 8,
 		IsEOG: func(int32) bool { return false }}, ms)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
+	return e, pool, ms
+}
+
+func newFixture(t *testing.T) *fixture { return newFixtureWith(t, context.Background(), nil) }
+
+// newFixtureWith is newFixture with its reservation made under ctx and
+// the desk's options changed by opt (nil: none).
+func newFixtureWith(t *testing.T, rctx context.Context, opt func(*DecodeOptions)) *fixture {
+	e, pool, ms := runningEngine(t, scheduler.RoleDecode)
 	f := &fixture{t: t, pool: pool, writers: &fakeWriters{}, prompt: []int32{1, 5, 9, 13, 17, 21, 25, 29, 33, 37}}
 	o := DecodeOptions{Engine: e, Pool: pool, Metrics: ms, MaxSeq: 512, HandoffTimeout: time.Hour, Writers: f.writers,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -81,6 +89,7 @@ func newFixtureWith(t *testing.T, rctx context.Context, opt func(*DecodeOptions)
 	}
 	f.d = NewDecode(o)
 	t.Cleanup(f.d.Close)
+	var err error
 	f.res, err = f.d.Reserve(rctx, "router", "race", writer, f.prompt, request.Params{MaxTokens: 400})
 	if err != nil {
 		t.Fatal(err)
