@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/prefixcache"
 	"github.com/batonlm/baton/internal/request"
 )
 
@@ -91,6 +92,28 @@ func TestCachedPromptsSkipTheHandoff(t *testing.T) {
 	}
 	if r, g := c.decode[0].count("Reserve"), c.decode[0].count("Generate"); r != 1 || g != 1 {
 		t.Fatalf("%d Reserve, %d Generate; want the first handed over and the second computed on decode", r, g)
+	}
+}
+
+// What one tenant sent a decode worker does not make another tenant's
+// same prompt computed there: the record is kept per tenant, so the
+// path a request takes (and its time) tells nothing of another tenant's
+// prompts.
+func TestCachedPromptsPerTenant(t *testing.T) {
+	c := newCluster(t, 1, 1, func(o *Options) { o.Policy = PolicyCacheAware; o.DisaggPrefillThreshold = 8 })
+	prefillsLocally(c.decode)
+	c.refresh()
+	alice := prefixcache.TenantSalt(prefixcache.ScopeKey, "alice", "")
+	bob := prefixcache.TenantSalt(prefixcache.ScopeKey, "bob", "")
+	for _, tenant := range []request.Salt{alice, alice, bob} {
+		st, err := c.generate("r", 64, request.Params{MaxTokens: 3, Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, st)
+	}
+	if r, g := c.decode[0].count("Reserve"), c.decode[0].count("Generate"); r != 2 || g != 1 {
+		t.Fatalf("%d Reserve, %d Generate; want alice's second request computed on decode and bob's first handed over", r, g)
 	}
 }
 
