@@ -84,8 +84,9 @@ func (t *approxTree) oldest() uint64 {
 // idlest. Otherwise the worker holding the longest prefix takes it if that
 // is more than the cache threshold of the prompt's pages; else the worker
 // with the least cached (most room), ties to the less loaded. The chosen
-// worker is then taken to hold the prompt's pages.
-func (r *Router) chooseCacheAware(ws []*worker, keys []request.CacheKey, role string) *worker {
+// worker is then taken to hold the prompt's pages; held is how many of
+// them it was thought to hold before.
+func (r *Router) chooseCacheAware(ws []*worker, keys []request.CacheKey, role string) (best *worker, held int) {
 	load := (*worker).prefillLoad
 	if role == roleDecode {
 		load = (*worker).decodeRunning
@@ -99,7 +100,6 @@ func (r *Router) chooseCacheAware(ws []*worker, keys []request.CacheKey, role st
 			hi = w
 		}
 	}
-	var best *worker
 	if l, h := load(lo), load(hi); h-l > r.balanceAbs && float64(h) > r.balanceRel*float64(l) {
 		best = lo
 	} else {
@@ -119,11 +119,12 @@ func (r *Router) chooseCacheAware(ws []*worker, keys []request.CacheKey, role st
 			}
 		}
 	}
+	held = best.tree.match(keys)
 	if best.tree == nil {
 		best.tree = &approxTree{keys: map[request.CacheKey]uint64{}}
 	}
 	best.tree.insert(keys)
-	return best
+	return best, held
 }
 
 // promptKeys are the page keys the cache_aware policy compares, at the

@@ -22,30 +22,30 @@ func TestCacheAwareChoice(t *testing.T) {
 	if len(keys) != 4 {
 		t.Fatalf("%d keys", len(keys))
 	}
-	if got := r.chooseCacheAware(ws, keys, rolePrefill); got != w0 {
+	if got, _ := r.chooseCacheAware(ws, keys, rolePrefill); got != w0 {
 		t.Fatalf("nothing cached anywhere: got %s, want the first of the emptiest", got.url)
 	}
-	if got := r.chooseCacheAware(ws, keys, rolePrefill); got != w0 {
+	if got, _ := r.chooseCacheAware(ws, keys, rolePrefill); got != w0 {
 		t.Fatalf("the same prompt again went to %s, not to the worker holding it", got.url)
 	}
 	// Another tenant's same prompt matches nothing: it goes where least is held.
-	if got := r.chooseCacheAware(ws, promptKeys(bob, prompt, 16), rolePrefill); got != w1 {
+	if got, _ := r.chooseCacheAware(ws, promptKeys(bob, prompt, 16), rolePrefill); got != w1 {
 		t.Fatalf("another tenant's prompt went to %s", got.url)
 	}
 	// A prompt sharing 1 page of 4 is below the threshold: least held.
 	other := append(append([]int32(nil), prompt[:16]...), make([]int32, 48)...)
 	w1.tree.insert(promptKeys(bob, make([]int32, 160), 16)) // w1 now holds more than w0
-	if got := r.chooseCacheAware(ws, promptKeys(alice, other, 16), rolePrefill); got != w0 {
+	if got, _ := r.chooseCacheAware(ws, promptKeys(alice, other, 16), rolePrefill); got != w0 {
 		t.Fatalf("a weak match went to %s, want the worker holding least", got.url)
 	}
 	// Load a little out of balance still follows the cache...
 	w0.info.Running = 20
-	if got := r.chooseCacheAware(ws, keys, rolePrefill); got != w0 {
+	if got, _ := r.chooseCacheAware(ws, keys, rolePrefill); got != w0 {
 		t.Fatalf("within the thresholds the prompt went to %s", got.url)
 	}
 	// ...far out of balance goes by load.
 	w0.info.Running = 40
-	if got := r.chooseCacheAware(ws, keys, rolePrefill); got != w1 {
+	if got, _ := r.chooseCacheAware(ws, keys, rolePrefill); got != w1 {
 		t.Fatalf("out of balance the prompt went to %s, not the idlest", got.url)
 	}
 }
@@ -83,14 +83,14 @@ func TestCacheAwareDecodeChoice(t *testing.T) {
 	d1 := &worker{url: "d1", info: &pdv1.WorkerInfo{}}
 	ws := []*worker{d0, d1}
 	keys := promptKeys(prefixcache.TenantSalt(prefixcache.ScopeKey, "alice", ""), make([]int32, 64), 16)
-	if got := r.chooseCacheAware(ws, keys, roleDecode); got != d0 {
+	if got, _ := r.chooseCacheAware(ws, keys, roleDecode); got != d0 {
 		t.Fatalf("nothing held anywhere: got %s", got.url)
 	}
-	if got := r.chooseCacheAware(ws, keys, roleDecode); got != d0 {
+	if got, _ := r.chooseCacheAware(ws, keys, roleDecode); got != d0 {
 		t.Fatalf("the same prompt again went to %s", got.url)
 	}
 	d0.assigned = 40
-	if got := r.chooseCacheAware(ws, keys, roleDecode); got != d1 {
+	if got, _ := r.chooseCacheAware(ws, keys, roleDecode); got != d1 {
 		t.Fatalf("out of balance the prompt went to %s", got.url)
 	}
 }

@@ -640,13 +640,9 @@ func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant request.Sal
 	if r.policy == PolicyCacheAware {
 		ds := preferOthers(decodes, avoid)
 		ps := int(ds[0].info.GetLayout().GetPageSize())
-		keys := promptKeys(tenant, prompt, ps)
-		matched := make(map[*worker]int, len(ds))
-		for _, w := range ds {
-			matched[w] = w.tree.match(keys)
-		}
-		d = r.chooseCacheAware(ds, keys, roleDecode)
-		held = matched[d] * ps
+		var pages int
+		d, pages = r.chooseCacheAware(ds, promptKeys(tenant, prompt, ps), roleDecode)
+		held = pages * ps
 	} else {
 		d = r.choose(preferOthers(decodes, avoid), roleDecode)
 	}
@@ -671,7 +667,7 @@ func (r *Router) pick(avoid map[*worker]bool, prompt []int32, tenant request.Sal
 		return pair{}, r.noPairLocked()
 	}
 	if r.policy == PolicyCacheAware {
-		p = r.chooseCacheAware(preferOthers(prefills, avoid), promptKeys(tenant, prompt, int(d.info.GetLayout().GetPageSize())), rolePrefill)
+		p, _ = r.chooseCacheAware(preferOthers(prefills, avoid), promptKeys(tenant, prompt, int(d.info.GetLayout().GetPageSize())), rolePrefill)
 	} else {
 		p = r.choose(preferOthers(prefills, avoid), rolePrefill)
 	}
