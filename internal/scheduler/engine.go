@@ -290,7 +290,7 @@ func (e *Engine) checkDoor(r *Request) *RejectError {
 	case n >= ctx:
 		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens; the prompt has %d tokens, leaving no room to generate", ctx, n)}
-	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx && !r.traits.handsOn: // prefill holds only the prompt
+	case r.Params.MaxTokens > 0 && n+r.Params.MaxTokens > ctx && !r.traits().handsOn: // prefill holds only the prompt
 		return &RejectError{Status: 400, Reason: "too_long", Message: fmt.Sprintf(
 			"this model's maximum context length is %d tokens; you requested %d tokens (%d in the prompt, %d for the completion)",
 			ctx, n+r.Params.MaxTokens, n, r.Params.MaxTokens)}
@@ -518,7 +518,7 @@ func (e *Engine) maybePreempt() {
 // maxSeqLen is the longest r can grow: its prompt plus max_tokens, or the
 // context length when max_tokens was not given.
 func (e *Engine) maxSeqLen(r *Request) int {
-	if r.traits.handsOn {
+	if r.traits().handsOn {
 		return len(r.Prompt)
 	}
 	if r.Params.MaxTokens > 0 {

@@ -284,7 +284,7 @@ func (e *Engine) settle(r *Request, tok model.Sampled) {
 		e.fail(r, err)
 		return
 	}
-	if r.traits.handsOn {
+	if r.traits().handsOn {
 		e.prefilled(r, tok)
 		return
 	}

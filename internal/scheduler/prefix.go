@@ -28,7 +28,7 @@ func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 	c := e.cfg.PrefixCache
 	// Prompt logprobs need the logits of every prompt position, which a
 	// cached prefix never computes here.
-	if c != nil && r.traits.computesPrompts && !r.Params.PromptLogprobs {
+	if c != nil && r.traits().computesPrompts && !r.Params.PromptLogprobs {
 		hit = c.Lookup(r.Params.Tenant, r.Prompt)
 		found = e.findLower(r, len(hit))
 		if e.prefixInFlight(r, len(hit)+len(found)) {
@@ -49,7 +49,7 @@ func (e *Engine) allocatePages(r *Request) (kvpool.Allocation, int, error) {
 		return kvpool.Allocation{}, 0, err
 	}
 	cached := len(hit) * e.pool.PageSize()
-	if c != nil && r.traits.computesPrompts {
+	if c != nil && r.traits().computesPrompts {
 		c.Count(len(r.Prompt), cached)
 		e.m.PrefixCacheQueried.Add(float64(len(r.Prompt)))
 		e.m.PrefixCacheHit.Add(float64(cached))

@@ -47,9 +47,7 @@ type Request struct {
 	OnChunk ChunkHook
 
 	life *Lifecycle
-	// traits are what its role changes in the loop (roleTraits).
-	traits roleTraits
-	eng    *Engine // set by Enqueue or Reserve, before the request is shared
+	eng  *Engine // set by Enqueue or Reserve, before the request is shared
 
 	mu     sync.Mutex
 	events []Event
@@ -95,8 +93,11 @@ func NewRequest(id string, prompt []int32, p Params) *Request {
 
 // NewRoleRequest makes a request of a role in state Received.
 func NewRoleRequest(role Role, id string, prompt []int32, p Params) *Request {
-	return &Request{ID: id, Prompt: prompt, Params: p, life: NewLifecycle(role), traits: traitsOf(role), wake: make(chan struct{}, 1), arrived: time.Now()}
+	return &Request{ID: id, Prompt: prompt, Params: p, life: NewLifecycle(role), wake: make(chan struct{}, 1), arrived: time.Now()}
 }
+
+// traits are what its role changes in the loop (roleTraits).
+func (r *Request) traits() roleTraits { return traitsOf(r.life.Role()) }
 
 // State is the request's lifecycle state.
 func (r *Request) State() State { return r.life.State() }

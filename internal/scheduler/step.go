@@ -238,7 +238,7 @@ func (e *Engine) settleStep(p *stepPlan, logits []float32) {
 			e.fail(r, err)
 			continue
 		}
-		if r.generated == 0 && r.traits.computesPrompts {
+		if r.generated == 0 && r.traits().computesPrompts {
 			e.m.PromptTokens.Add(float64(s.QLen))
 		}
 		if r.OnChunk != nil {
