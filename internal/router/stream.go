@@ -512,6 +512,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 		prefillDone <- err
 	}()
 	recv := receive(ctx, evs)
+	tell := func() { s.tellDecode(log, dc, res) }
 	pending := prefillDone // nil once prefill answered
 	for {
 		select {
@@ -553,7 +554,7 @@ func (s *stream) relay(d, p *worker, dc pdv1.DecodeClient, pc pdv1.PrefillClient
 				s.abort(log, dc, res, "token stream failed: "+it.err.Error())
 				return f
 			}
-			if done, f := s.forward(log, it.ev, func() { s.tellDecode(log, dc, res) }); f != nil {
+			if done, f := s.forward(log, it.ev, tell); f != nil {
 				if f.afterTokens {
 					// Decode ended the request with the event that said so.
 					s.settle(recv, pending)
