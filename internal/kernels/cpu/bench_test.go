@@ -241,7 +241,7 @@ func BenchmarkAttention(b *testing.B) {
 			rng := rand.New(rand.NewPCG(2, uint64(i)))
 			ac := kernelstest.NewAttnCase(rng, heads, c.kvh, hd, ps, shapes)
 			if c.dt != kernels.F32 {
-				ac.KV = narrowKV(ac.KV, c.dt)
+				ac.KV = kernelstest.NarrowKV(ac.KV, c.dt)
 			}
 			if c.layers > 0 {
 				// Each page's two layers repeated, in huge pages as a

@@ -11,18 +11,6 @@ import (
 	"github.com/batonlm/baton/internal/kernels/ref"
 )
 
-// narrowKV is kv's pool stored in dt: the same elements at the same
-// offsets (garbage included), rounded.
-func narrowKV(kv kernels.PagedKV, dt kernels.DType) kernels.PagedKV {
-	n := kv
-	n.DType = dt
-	n.Data = make([]float32, len(kv.Data)/kv.PageFloats()*n.PageFloats())
-	for off := 0; off < len(kv.Data); off += kv.RowFloats() {
-		n.StoreRow(off, kv.Data[off:off+kv.RowFloats()])
-	}
-	return n
-}
-
 // TestAttentionKVDType: over an F16 or BF16 pool the cpu backend matches
 // the reference reading the same stored values (as tight as over F32),
 // and both stay within the dtype's rounding of attention over the
@@ -51,7 +39,7 @@ func TestAttentionKVDType(t *testing.T) {
 					scale := float32(1 / math.Sqrt(float64(hd)))
 					exact := make([]float32, len(c.Q))
 					ref.New().Attention(exact, c.Q, c.KV, 1, c.Seqs, c.Heads, scale)
-					nk := narrowKV(c.KV, dt)
+					nk := kernelstest.NarrowKV(c.KV, dt)
 					want := make([]float32, len(c.Q))
 					ref.New().Attention(want, c.Q, nk, 1, c.Seqs, c.Heads, scale)
 					what := fmt.Sprintf("%s KV hd=%d heads=%d/%d ps=%d", dt, hd, gq.heads, gq.kvh, ps)

@@ -105,3 +105,15 @@ func (c AttnCase) InOrder() AttnCase {
 	}
 	return c
 }
+
+// NarrowKV is kv's pool stored in dt: the same elements at the same
+// offsets (garbage included), rounded as StoreKV rounds them.
+func NarrowKV(kv kernels.PagedKV, dt kernels.DType) kernels.PagedKV {
+	n := kv
+	n.DType = dt
+	n.Data = make([]float32, len(kv.Data)/kv.PageFloats()*n.PageFloats())
+	for off := 0; off < len(kv.Data); off += kv.RowFloats() {
+		n.StoreRow(off, kv.Data[off:off+kv.RowFloats()])
+	}
+	return n
+}
