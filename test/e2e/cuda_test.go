@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"strings"
@@ -56,6 +57,37 @@ func TestPDOnCUDA(t *testing.T) {
 		checkOnCUDA(t, w, "memory=cuda")
 	}
 	greedyConcurrently(t, c.Router.URL, ref, 2)
+	c.WaitClean(t)
+	if m := metricsOf(t, c.Decode[0]); m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
+		t.Fatalf("decode: %v handoff failures, %v NaN logits", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])
+	}
+}
+
+// A prefill worker on cuda leaves the KV dtype to auto (bf16 there) and a
+// decode worker on the cpu backend stores bf16 too: they pair (the
+// dtypes match), the prompt's bf16 pages cross from the GPU pool to host
+// memory, and the greedy output still continues the public reference
+// token for token (bf16 KV keeps the bundled model's greedy tokens).
+func TestPDCUDAPrefillHalfKV(t *testing.T) {
+	ref := loadReference(t)
+	env := cudaEnv(t)
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, PrefillEnv: env, AutoKV: true,
+		WorkerArgs:  []string{"--max-total-tokens", "1024", "--page-size", "4", "--chunked-prefill-size", "8"},
+		PrefillArgs: []string{"--device", "cuda"}, DecodeArgs: []string{"--kv-cache-dtype", "bf16"}})
+	checkOnCUDA(t, c.Prefill[0], "memory=cuda")
+	for _, w := range c.Workers() {
+		var info struct {
+			DType string `json:"kv_cache_dtype"`
+		}
+		if code, b := harness.Get(t, w.URL+"/server_info"); code != 200 || json.Unmarshal(b, &info) != nil || info.DType != "bf16" {
+			t.Fatalf("%s /server_info: %d %s; want kv_cache_dtype bf16", w.URL, code, b)
+		}
+	}
+	code, _, b := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
+	var got completion
+	if code != 200 || json.Unmarshal(b, &got) != nil || len(got.Choices) != 1 || got.Choices[0].Text != ref.GeneratedText {
+		t.Fatalf("bf16 KV from cuda: %d %s\nwant text %q", code, b, ref.GeneratedText)
+	}
 	c.WaitClean(t)
 	if m := metricsOf(t, c.Decode[0]); m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
 		t.Fatalf("decode: %v handoff failures, %v NaN logits", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])

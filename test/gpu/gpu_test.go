@@ -31,10 +31,12 @@ func matrices(w *model.Weights) []*kernels.Matrix {
 }
 
 // pool makes a KV pool of seqs sequences of up to tokens positions each,
-// in the backend's memory when it holds the pool (a GPU's; freed with tb).
+// in the backend's memory when it holds the pool (a GPU's; freed with tb),
+// of the dtype a server stores there by default (--kv-cache-dtype auto).
 func pool(tb testing.TB, be kernels.Backend, c *model.Config, seqs, tokens int) (kernels.PagedKV, [][]int32) {
 	const ps = 16
-	kv := kernels.PagedKV{PageSize: ps, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+	kv := kernels.PagedKV{PageSize: ps, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim,
+		DType: kernels.AutoKVDType(be)}
 	per := (tokens + ps - 1) / ps
 	if a, ok := be.(kernels.KVAllocator); ok {
 		dev, err := a.AllocKV(kv, seqs*per)
@@ -117,8 +119,8 @@ func BenchmarkGPUModel1B(b *testing.B) {
 	if err := be.Preload(matrices(w)...); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("dummy 1B: %.2fB params, f16; built in %v, uploaded in %v; %s", float64(w.Params())/1e9, built,
-		time.Since(start)-built, be.Describe())
+	b.Logf("dummy 1B: %.2fB params, f16, %s KV; built in %v, uploaded in %v; %s", float64(w.Params())/1e9,
+		kernels.AutoKVDType(be), built, time.Since(start)-built, be.Describe())
 	m := model.New(c, w, be)
 	// step times Forward over the batch mk makes, tokens per call.
 	step := func(name string, tokens int, mk func(b *testing.B) (*model.Batch, kernels.PagedKV)) {

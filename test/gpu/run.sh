@@ -19,7 +19,8 @@
 #   4. model       dummy 1B (f16) prefill and decode tokens/s, batch 1 and 32
 #   5. serve       the baton binary as router + prefill + decode with
 #                  --device cuda on loopback: KV pools in GPU memory, pages
-#                  over tcp through pinned buffers, the greedy reference
+#                  over tcp through pinned buffers, the greedy reference;
+#                  a cuda prefill (bf16 KV) paired with a cpu decode
 #
 # Exit status: 0 when every step passed; the GPU tests must not skip here.
 set -uo pipefail
@@ -70,7 +71,7 @@ step device 60 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^(TestO
 step kernels 240 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^TestGPU' -test.v -test.timeout 230s
 step bandwidth 120 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x -test.v -test.timeout 110s
 step model 180 "$ROOT/test/gpu" "$BIN/gpu.test" -test.run '^$' -test.bench 'GPUModel1B' -test.benchtime 3x -test.v -test.timeout 170s
-step serve 90 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^TestPDOnCUDA$' -test.v -test.timeout 80s
+step serve 120 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^(TestPDOnCUDA|TestPDCUDAPrefillHalfKV)$' -test.v -test.timeout 110s
 
 {
   echo "baton GPU run $(date -u +%FT%TZ)"

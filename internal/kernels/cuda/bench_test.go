@@ -30,9 +30,10 @@ func copyGBs(be *Backend, bytes, iters int) float64 {
 }
 
 // attnDecodeGBs runs decode attention (QLen 1) for seqs sequences of kvlen
-// positions, iters times, and returns GB/s of K and V read.
-func attnDecodeGBs(be *Backend, seqs, kvlen, heads, kvHeads, hd, ps, iters int) (float64, int) {
-	kv := kernels.PagedKV{PageSize: ps, Layers: 1, KVHeads: kvHeads, HeadDim: hd}
+// positions over a pool of dtype dt, iters times, and returns GB/s of K and
+// V read.
+func attnDecodeGBs(be *Backend, dt kernels.DType, seqs, kvlen, heads, kvHeads, hd, ps, iters int) (float64, int) {
+	kv := kernels.PagedKV{PageSize: ps, Layers: 1, KVHeads: kvHeads, HeadDim: hd, DType: dt}
 	per := (kvlen + ps - 1) / ps
 	dk, err := be.AllocKV(kv, seqs*per)
 	if err != nil {
@@ -67,7 +68,7 @@ func attnDecodeGBs(be *Backend, seqs, kvlen, heads, kvHeads, hd, ps, iters int) 
 			be.attnLaunch(a, dq, do)
 		}
 	})
-	bytes := float64(seqs) * float64(kvlen) * float64(kv.RowFloats()) * 4 * 2
+	bytes := float64(seqs) * float64(kvlen) * float64(kv.RowFloats()) * float64(kv.ElemBytes()) * 2
 	return bytes * float64(iters) / sec / 1e9, a.nsplit
 }
 
@@ -94,14 +95,16 @@ func gemvGBs(be *Backend, dt kernels.DType, rows, cols, n, iters int) float64 {
 func BenchmarkGPUAttentionDecode(b *testing.B) {
 	be := gpuBackend(b)
 	cp := copyGBs(be, 1<<30, 20)
-	for _, c := range []struct{ seqs, kvlen int }{{64, 4096}, {1, 32768}, {256, 1024}} {
-		b.Run(fmt.Sprintf("seqs%d/ctx%d/heads32-8/hd128", c.seqs, c.kvlen), func(b *testing.B) {
-			gbs, splits := attnDecodeGBs(be, c.seqs, c.kvlen, 32, 8, 128, 16, b.N)
-			b.ReportMetric(gbs, "attn_GB/s")
-			b.ReportMetric(cp, "copy_GB/s")
-			b.ReportMetric(gbs/cp*2, "attn/copy_read")
-			b.ReportMetric(float64(splits), "splits")
-		})
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F32} {
+		for _, c := range []struct{ seqs, kvlen int }{{64, 4096}, {1, 32768}, {1, 512}, {256, 1024}} {
+			b.Run(fmt.Sprintf("%s/seqs%d/ctx%d/heads32-8/hd128", dt, c.seqs, c.kvlen), func(b *testing.B) {
+				gbs, splits := attnDecodeGBs(be, dt, c.seqs, c.kvlen, 32, 8, 128, 16, b.N)
+				b.ReportMetric(gbs, "attn_GB/s")
+				b.ReportMetric(cp, "copy_GB/s")
+				b.ReportMetric(gbs/cp*2, "attn/copy_read")
+				b.ReportMetric(float64(splits), "splits")
+			})
+		}
 	}
 }
 
@@ -123,8 +126,10 @@ func TestFakeBenchHelpers(t *testing.T) {
 	if g := copyGBs(be, 1<<16, 2); g <= 0 {
 		t.Fatalf("copy %g GB/s", g)
 	}
-	if g, s := attnDecodeGBs(be, 2, 300, 8, 2, 16, 16, 2); g <= 0 || s < 1 {
-		t.Fatalf("attention %g GB/s, %d splits", g, s)
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		if g, s := attnDecodeGBs(be, dt, 2, 300, 8, 2, 16, 16, 2); g <= 0 || s < 1 {
+			t.Fatalf("%s attention %g GB/s, %d splits", dt, g, s)
+		}
 	}
 	for _, dt := range allDTypes {
 		for _, n := range []int{1, 12} {

@@ -12,9 +12,10 @@
 // what lives long and copies the rest per call:
 //   - weights: each *kernels.Matrix is uploaded once and cached by
 //     pointer (freed when the Matrix is garbage collected);
-//   - KV: the pool lives in GPU memory only (AllocKV, kv.go); StoreKV and
-//     Attention take PagedKV values whose Device is such a pool, and
-//     transfers reach its pages through pinned staging buffers;
+//   - KV: the pool lives in GPU memory only (AllocKV, kv.go), as f32, f16
+//     or bf16 (bf16 for --kv-cache-dtype auto); StoreKV and Attention take
+//     PagedKV values whose Device is such a pool, and transfers reach its
+//     pages through pinned staging buffers;
 //   - activations: buffers handed to Keep (kernels.Resident, resident.go;
 //     the model keeps its scratch) stay on the device, so a forward pass
 //     queues its kernels back to back and copies in only token ids,
@@ -27,7 +28,9 @@
 // the weights' type), and q8_0 dequantised to float32 in row chunks for
 // sgemm. Without a loadable cuBLAS every product uses the own kernels.
 //
-// Attention handles head dims up to 256. The backend runs on the device's
+// Attention (kernels/attention.cuh) handles head dims up to 256: coalesced
+// row reads shared by a GQA group, positions split across blocks from the
+// SM count (flash-decoding). The backend runs on the device's
 // primary context, on a stream of its own (each KV pool's page copies on
 // another). The KV pool must fit in GPU memory next to the weights (size
 // it with --kv-cache-memory).
@@ -66,8 +69,8 @@ const (
 	gemvMaxN       = 8   // BK_GEMV_MAXN
 	gemvWarps      = 4   // BK_GEMV_WARPS
 	attnThreads    = 128 // BK_ATTN_THREADS
+	attnWarps      = attnThreads / 32
 	attnMaxMembers = 8   // BK_ATTN_MAX_MEMBERS
-	attnTile       = 128 // BK_ATTN_TILE
 	attnMaxHD      = 256 // BK_ATTN_MAX_HD
 	attnItemFields = 6
 	attnSeqFields  = 4
@@ -75,8 +78,16 @@ const (
 	maxGrid        = 1 << 20 // grid-stride kernels use at most this many blocks
 	// dequantChunk bounds the float32 scratch of a q8_0 product (floats).
 	dequantChunk = 16 << 20
-	// attnSplitLen is the least positions per split of one attention item.
-	attnSplitLen = 256
+	// attnSplitLen is the least positions per split of one attention item:
+	// a block's groups take them a few at a time, and fewer would leave
+	// most of its warps idle.
+	attnSplitLen = 32
+	// attnBlocksPerSM is how many attention blocks per SM the splits aim
+	// for: enough resident warps to keep the loads in flight.
+	attnBlocksPerSM = 4
+	// attnMaxSplits bounds the splits of one item (and so the partial
+	// results the combine step reads).
+	attnMaxSplits = 128
 )
 
 // Kernel indices; kernelNames must match BK_KERNELS in kernels/baton.cu.
@@ -95,7 +106,12 @@ const (
 	kStoreKV
 	kPagePack
 	kPageUnpack
-	kAttention
+	kAttnF32M4
+	kAttnF16M4
+	kAttnBF16M4
+	kAttnF32M8
+	kAttnF16M8
+	kAttnBF16M8
 	kAttnCombine
 	numKernels
 )
@@ -103,7 +119,8 @@ const (
 var kernelNames = [numKernels]string{
 	"bk_gemv_f32", "bk_gemv_f16", "bk_gemv_bf16", "bk_gemv_q8_0", "bk_dequant_rows", "bk_f32_to_f16",
 	"bk_f32_to_bf16", "bk_rmsnorm", "bk_rope", "bk_swiglu", "bk_add", "bk_store_kv", "bk_page_pack",
-	"bk_page_unpack", "bk_attention", "bk_attn_combine",
+	"bk_page_unpack", "bk_attn_f32_m4", "bk_attn_f16_m4", "bk_attn_bf16_m4", "bk_attn_f32_m8", "bk_attn_f16_m8",
+	"bk_attn_bf16_m8", "bk_attn_combine",
 }
 
 // Scratch buffers for per-call data, by role.
@@ -515,9 +532,10 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 
 // ---- weights ----
 
-// AutoKVDType implements kernels.KVDTyper: the kernels compute in f32 and
-// store f32 KV (AllocKV refuses the others).
-func (*Backend) AutoKVDType() kernels.DType { return kernels.F32 }
+// AutoKVDType implements kernels.KVDTyper: bf16, half the bytes attention
+// reads and the handoff moves, with f32's range (every GPU the kernels run
+// on, sm_80 and newer, converts bf16 in hardware).
+func (*Backend) AutoKVDType() kernels.DType { return kernels.BF16 }
 
 // SupportsDType implements kernels.DTypeSupporter: the kernels cover the
 // float types and Q8_0, not the other ggml block formats.
@@ -773,7 +791,7 @@ func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []f
 	dk := b.in(sX, k[:n])
 	dv := b.in(sX2, v[:n])
 	b.launch(kStoreKV, blocks(n, elemThreads), 1, elemThreads, 0, pool, ds, dk, dv, argI(len(slots)), argI(layer),
-		argI(kv.PageSize), argI(kv.PageFloats()), argI(rf))
+		argI(kv.PageSize), argI(kv.PageElems()), argI(rf), argI(int(kv.DType)))
 	// The copies from pageable memory are staged before they return and the
 	// kernel is ordered before any later call on the stream: no wait here.
 	// The pages remember this store, so that a page read waits for it.
@@ -793,6 +811,7 @@ type attnPlan struct {
 	spans      [][2]int
 	maxLen     int
 	layer      int
+	members    int // the most (row, head) members of one item
 }
 
 func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads, qlen, outlen int) attnPlan {
@@ -805,6 +824,9 @@ func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads,
 	nh := min(group, attnMaxMembers)
 	rowsPer := max(1, attnMaxMembers/nh)
 	pl := attnPlan{contiguous: true, layer: layer}
+	for _, s := range seqs {
+		pl.members = max(pl.members, nh*min(rowsPer, s.QLen))
+	}
 	for _, s := range seqs {
 		if s.QLen <= 0 {
 			continue
@@ -832,17 +854,19 @@ func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads,
 	return pl
 }
 
-// splits picks how many parts each item's positions are cut into: enough
-// blocks for about two per SM, with at least attnSplitLen positions a part.
+// splits picks how many parts each item's positions are cut into
+// (flash-decoding): enough blocks for attnBlocksPerSM on every SM, with at
+// least attnSplitLen positions a part. A batch of many items runs unsplit
+// (one kernel, no combine step); one long sequence is cut finely.
 func (b *Backend) splits(items, maxLen int) int {
 	if b.forceSplits > 0 {
 		return b.forceSplits
 	}
-	target := 2 * max(1, b.info.sms)
+	target := attnBlocksPerSM * max(1, b.info.sms)
 	if items >= target {
 		return 1
 	}
-	return max(1, min((target+items-1)/items, (maxLen+attnSplitLen-1)/attnSplitLen, 64))
+	return max(1, min((target+items-1)/items, (maxLen+attnSplitLen-1)/attnSplitLen, attnMaxSplits))
 }
 
 // Attention implements kernels.Backend: kv must be this backend's GPU pool.
@@ -895,28 +919,68 @@ type attnCall struct {
 	part                 dptr
 	nitems, nsplit, rows int
 	heads, hd            int
-	ps, pf, rf, layer    int
+	ps, pe, rf, layer    int
 	scale                float32
+	kernel               int // by KV dtype and member bound
+	lanes                int // lanes that read one K or V row
+	vec16                bool
 }
 
 // attnUpload uploads a plan's tables.
 func (b *Backend) attnUpload(kv kernels.PagedKV, pl *attnPlan, heads int, scale float32) attnCall {
 	a := attnCall{kv: b.devKV(kv), nitems: len(pl.items) / attnItemFields, rows: pl.rows, heads: heads, hd: kv.HeadDim,
-		ps: kv.PageSize, pf: kv.PageFloats(), rf: kv.RowFloats(), layer: pl.layer, scale: scale}
+		ps: kv.PageSize, pe: kv.PageElems(), rf: kv.RowFloats(), layer: pl.layer, scale: scale}
+	a.kernel, a.lanes, a.vec16 = attnKernel(kv.DType, kv.HeadDim, pl.members)
 	a.nsplit = b.splits(a.nitems, pl.maxLen)
 	a.pages = upload(b, sIdx1, pl.pages)
 	a.seqs = upload(b, sIdx2, pl.seqs)
 	a.items = upload(b, sIdx3, pl.items)
-	a.part = b.buf(sPart, 4*a.nsplit*a.rows*heads*(a.hd+2))
+	if a.nsplit > 1 {
+		a.part = b.buf(sPart, 4*a.nsplit*a.rows*heads*(a.hd+2))
+	}
 	return a
+}
+
+// attnKernel chooses the attention kernel for a KV dtype and the most
+// members of an item, and how its lanes read a row: 16-byte vectors (4
+// floats or 8 halves) a lane, on as many lanes (a power of two, at most a
+// warp) as cover the head; vec16 when every row is 16-byte aligned so a
+// vector is one load.
+func attnKernel(dt kernels.DType, hd, members int) (kernel, lanes int, vec16 bool) {
+	eb, vec := 4, 4
+	switch dt {
+	case kernels.F32:
+		kernel = kAttnF32M4
+	case kernels.F16:
+		kernel, eb, vec = kAttnF16M4, 2, 8
+	case kernels.BF16:
+		kernel, eb, vec = kAttnBF16M4, 2, 8
+	default:
+		panic(fmt.Sprintf("cuda: KV dtype %s", dt))
+	}
+	if members > 4 {
+		kernel += kAttnF32M8 - kAttnF32M4
+	}
+	lanes = 1
+	for lanes < 32 && lanes*vec < hd {
+		lanes *= 2
+	}
+	return kernel, lanes, hd*eb%16 == 0
 }
 
 // attnLaunch runs the attention and combine kernels: out (device, rows of
 // heads*hd) from q (likewise).
 func (b *Backend) attnLaunch(a attnCall, q, out dptr) {
-	smem := 4 * (attnMaxMembers*a.hd + attnMaxMembers*attnTile + 3*attnMaxMembers)
-	b.launch(kAttention, a.nitems, a.nsplit, attnThreads, smem, a.part, q, a.kv, a.pages, a.seqs, a.items,
-		argI(a.rows), argI(a.heads), argI(a.hd), argI(a.ps), argI(a.pf), argI(a.rf), argI(a.layer), argF(a.scale))
-	b.launch(kAttnCombine, a.rows*a.heads, 1, min(128, roundUp(a.hd, 32)), 0, out, a.part, argI(a.rows*a.heads),
-		argI(a.hd), argI(a.nsplit))
+	smem := 4 * (attnWarps*attnMaxMembers*(a.hd+2) + attnMaxMembers*a.hd)
+	vec16 := 0
+	if a.vec16 {
+		vec16 = 1
+	}
+	b.launch(a.kernel, a.nitems, a.nsplit, attnThreads, smem, out, a.part, q, a.kv, a.pages, a.seqs, a.items,
+		argI(a.rows), argI(a.heads), argI(a.hd), argI(a.ps), argI(a.pe), argI(a.rf), argI(a.layer), argF(a.scale),
+		argI(a.lanes), argI(vec16))
+	if a.nsplit > 1 {
+		b.launch(kAttnCombine, a.rows*a.heads, 1, min(128, roundUp(a.hd, 32)), 0, out, a.part, argI(a.rows*a.heads),
+			argI(a.hd), argI(a.nsplit))
+	}
 }

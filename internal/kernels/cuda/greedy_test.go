@@ -155,3 +155,40 @@ func TestFakeTotalMemory(t *testing.T) {
 		t.Fatalf("TotalMemory: %d, %v", total, err)
 	}
 }
+
+// The stories260K reference over half-width KV pools on this backend:
+// the first 24 greedy tokens (the emulation is slow; the whole reference
+// runs over f32 KV above) are the reference's and each chosen token's
+// log-probability moves no more than the rounding allows (the cpu
+// backend's bounds, internal/model's TestGreedyKVDTypeMatchesReference).
+func checkGreedyKVDType(t *testing.T, b *Backend) {
+	want := loadGreedyRef(t)
+	l, err := model.Load(model.LoadOptions{}, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Model.Close()
+	tol := map[kernels.DType]float64{kernels.F16: 6e-3, kernels.BF16: 3e-2}
+	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		res, err := l.Model.GreedyDecodeKV(want.PromptIDs, min(24, len(want.GeneratedIDs)), 16, 7, 1, dt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		worst := 0.0
+		for i, r := range res {
+			if r.ID != want.GeneratedIDs[i] {
+				t.Fatalf("%s KV: token %d = %d, want %d", dt, i, r.ID, want.GeneratedIDs[i])
+			}
+			d := math.Abs(float64(r.Top[0].Logprob) - want.Top5[i][0].Logprob)
+			worst = max(worst, d)
+			if d > tol[dt] {
+				t.Fatalf("%s KV: position %d logprob %v, reference %v", dt, i, r.Top[0].Logprob, want.Top5[i][0].Logprob)
+			}
+		}
+		t.Logf("%s KV: worst chosen-token logprob difference %.2g", dt, worst)
+	}
+}
+
+func TestFakeGreedyKVDType(t *testing.T) { checkGreedyKVDType(t, fakeBackend(t)) }
+
+func TestGPUGreedyKVDType(t *testing.T) { checkGreedyKVDType(t, gpuBackend(t)) }

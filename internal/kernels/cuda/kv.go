@@ -64,10 +64,8 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	if layout.HeadDim > attnMaxHD {
 		return nil, fmt.Errorf("cuda: head dim %d > %d is not supported", layout.HeadDim, attnMaxHD)
 	}
-	// The kernels read and write float32 KV; an F16/BF16 pool would be
-	// read as garbage, so it is refused here, where a server starts.
-	if layout.DType != kernels.F32 {
-		return nil, fmt.Errorf("cuda: KV cache dtype %s is not supported (the cuda backend stores f32 KV)", layout.DType)
+	if !kernels.ValidKVDType(layout.DType) {
+		return nil, fmt.Errorf("cuda: KV cache dtype %s is not supported (f32, f16 and bf16 are)", layout.DType)
 	}
 	bytes := int64(pages) * int64(layout.PageFloats()) * 4
 	if bytes/int64(pages) != int64(layout.PageFloats())*4 || bytes > math.MaxInt/2 {
@@ -195,8 +193,8 @@ func (kp *KVPool) ReadPage(page int32, tokens int, dst []byte) ([]byte, error) {
 	}
 	defer kp.leave()
 	l, d := kp.layout, kp.b.drv
-	if err := kp.launch(kPagePack, blocks(size/4, elemThreads), elemThreads, kp.stage, kp.ptr, argI(int(page)),
-		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageFloats()), argI(l.RowFloats())); err != nil {
+	if err := kp.launch(kPagePack, blocks(size/2, elemThreads), elemThreads, kp.stage, kp.ptr, argI(int(page)),
+		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2)); err != nil {
 		return dst, err
 	}
 	if err := d.check("cuMemcpyDtoHAsync", C.bk_dtoh(d.c, kp.host, C.bk_dptr(kp.stage), C.size_t(size), C.uintptr_t(kp.stream))); err != nil {
@@ -230,8 +228,8 @@ func (kp *KVPool) WritePage(page int32, tokens int, src []byte) error {
 	if err := d.check("cuMemcpyHtoDAsync", C.bk_htod(d.c, C.bk_dptr(kp.stage), kp.host, C.size_t(size), C.uintptr_t(kp.stream))); err != nil {
 		return err
 	}
-	if err := kp.launch(kPageUnpack, blocks(size/4, elemThreads), elemThreads, kp.ptr, kp.stage, argI(int(page)),
-		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageFloats()), argI(l.RowFloats())); err != nil {
+	if err := kp.launch(kPageUnpack, blocks(size/2, elemThreads), elemThreads, kp.ptr, kp.stage, argI(int(page)),
+		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2)); err != nil {
 		return err
 	}
 	return kp.sync()

@@ -21,11 +21,11 @@ func TestFakeAllocKVTooLarge(t *testing.T) {
 	}
 }
 
-// TestFakeAllocKVHalfRefused: the kernels store f32 KV, so a pool of
-// another dtype is refused by name when it is allocated.
-func TestFakeAllocKVHalfRefused(t *testing.T) {
+// TestFakeAllocKVDTypeRefused: KV is stored as f32, f16 or bf16; a pool
+// of another dtype is refused by name when it is allocated.
+func TestFakeAllocKVDTypeRefused(t *testing.T) {
 	b := fakeBackend(t)
-	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+	for _, dt := range []kernels.DType{kernels.Q8_0, kernels.Q4_K} {
 		_, err := b.AllocKV(kernels.PagedKV{PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: dt}, 4)
 		if err == nil || !strings.Contains(err.Error(), "KV cache dtype "+dt.String()) {
 			t.Fatalf("%s pool: %v", dt, err)

@@ -24,5 +24,10 @@
   X(bk_store_kv)      \
   X(bk_page_pack)     \
   X(bk_page_unpack)   \
-  X(bk_attention)     \
+  X(bk_attn_f32_m4)   \
+  X(bk_attn_f16_m4)   \
+  X(bk_attn_bf16_m4)  \
+  X(bk_attn_f32_m8)   \
+  X(bk_attn_f16_m8)   \
+  X(bk_attn_bf16_m8)  \
   X(bk_attn_combine)
