@@ -116,3 +116,26 @@ func CheckAttention(outLen, qLen int, kv PagedKV, layer int, seqs []AttnSeq, hea
 		}
 	}
 }
+
+// CheckExperts validates Experts(out, x, n, experts, pick, weight, k):
+// experts of one shape, k of them a row, every pick one of them.
+func CheckExperts(out, x []float32, n int, experts []Expert, pick []int32, weight []float32, k int) {
+	if len(experts) == 0 || k <= 0 || k > len(experts) {
+		panic(fmt.Sprintf("kernels: Experts with %d experts, %d a row", len(experts), k))
+	}
+	d, ff := experts[0].Gate.Cols, experts[0].Gate.Rows
+	for e, ex := range experts {
+		if ex.Gate.Rows != ff || ex.Gate.Cols != d || ex.Up.Rows != ff || ex.Up.Cols != d || ex.Down.Rows != d || ex.Down.Cols != ff {
+			panic(fmt.Sprintf("kernels: Experts: expert %d is not %dx%d gate and up and %dx%d down as expert 0 is", e, ff, d, d, ff))
+		}
+	}
+	need("Experts pick", len(pick), n*k)
+	need("Experts weight", len(weight), n*k)
+	need("Experts x", len(x), n*d)
+	need("Experts out", len(out), n*d)
+	for i, e := range pick[:n*k] {
+		if e < 0 || int(e) >= len(experts) {
+			panic(fmt.Sprintf("kernels: Experts pick[%d] = %d of %d experts", i, e, len(experts)))
+		}
+	}
+}

@@ -43,6 +43,23 @@ func TestArgumentChecks(t *testing.T) {
 	CheckMatMul(make([]float32, 2), row, 1, w)
 }
 
+// Experts calls are checked the same way: one shape for every expert,
+// every pick one of them, slices long enough for n rows.
+func TestCheckExperts(t *testing.T) {
+	m := func(rows, cols int) *Matrix {
+		return &Matrix{DType: F32, Rows: rows, Cols: cols, Data: make([]byte, 4*rows*cols)}
+	}
+	ex := []Expert{{m(4, 8), m(4, 8), m(8, 4)}, {m(4, 8), m(4, 8), m(8, 4)}}
+	row, pick, weight := make([]float32, 16), []int32{1, 0, 0, 1}, make([]float32, 4)
+	CheckExperts(row, row, 2, ex, pick, weight, 2)
+	mustPanic(t, "pick[3] = 2 of 2 experts", func() { CheckExperts(row, row, 2, ex, []int32{1, 0, 0, 2}, weight, 2) })
+	mustPanic(t, "Experts with 2 experts, 3 a row", func() { CheckExperts(row, row, 1, ex, pick, weight, 3) })
+	mustPanic(t, "Experts x", func() { CheckExperts(row, row[:15], 2, ex, pick, weight, 2) })
+	mustPanic(t, "Experts weight", func() { CheckExperts(row, row, 2, ex, pick, weight[:3], 2) })
+	odd := []Expert{ex[0], {m(4, 8), m(4, 8), m(8, 8)}}
+	mustPanic(t, "expert 1 is not 4x8", func() { CheckExperts(row, row, 2, odd, pick, weight, 2) })
+}
+
 // A pool in a backend's own memory is refused by code that reads Data.
 func TestCheckHostKV(t *testing.T) {
 	kv := PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8}

@@ -487,6 +487,30 @@ func Parallel(be Backend, n int, fn func(lo, hi int)) {
 	fn(0, n)
 }
 
+// Expert is one expert of a mixture of experts: a SwiGLU FFN,
+// Down·(silu(Gate·x) * Up·x). Every expert of a layer has the same shapes.
+type Expert struct {
+	Gate, Up, Down *Matrix
+}
+
+// ExpertRunner is a backend that runs a mixture-of-experts FFN whole, so
+// that the rows of a step reach the experts without leaving its memory: a
+// backend that keeps activations on a device (Resident) would otherwise
+// copy them to the host every layer to gather each expert's rows there.
+// The routing (pick, weight) is the caller's, computed on the host: it is
+// n*k numbers, and one definition of it serves every backend.
+//
+// Experts sets out[i] (n rows of Down.Rows) to Σ_j weight[i*k+j] ·
+// experts[pick[i*k+j]](x[i]) for j = 0..k-1, summed in that order; x has n
+// rows of Gate.Cols. Each expert chosen by any row runs once, over the
+// rows that chose it, and reads its weights where the backend keeps them
+// (uploaded once, never per call). The result may differ from running
+// the same products one by one on the same backend only by the order of
+// the k-term sum.
+type ExpertRunner interface {
+	Experts(out, x []float32, n int, experts []Expert, pick []int32, weight []float32, k int)
+}
+
 // DTypeSupporter is a backend that multiplies only some weight dtypes;
 // one that does not implement it takes them all.
 type DTypeSupporter interface {
