@@ -7,8 +7,9 @@ import (
 )
 
 // moeScratch is a mixture-of-experts layer's working memory. Its buffers
-// are not kept in a backend's memory: the routing and the gather and
-// scatter of rows run on the host.
+// are not kept in a backend's memory: the routing runs on the host, and
+// so do the gather and scatter of rows on a backend that is not an
+// ExpertRunner.
 type moeScratch struct {
 	logits []float32 // n × Experts router logits
 	in     []float32 // the rows one expert runs on, gathered
@@ -82,13 +83,20 @@ func route(logits []float32, experts, k int, norm bool, pick []int32, weight []f
 
 // experts runs a mixture-of-experts FFN on the n rows of s.h into s.o.
 // Rows are grouped by expert, so that each expert chosen by any row of the
-// step has its weights read once, by one product over its rows.
+// step has its weights read once, by one product over its rows. Only the
+// router's logits come to the host: a backend that runs the experts itself
+// (kernels.ExpertRunner) gets the routing and keeps the rows where they
+// are; on any other the rows are gathered and scattered here.
 func (m *Model) experts(ly *Layer, n int) {
 	c, be, s := &m.Config, m.be, &m.s
 	ms := &s.moe
 	k, d := c.ExpertsUsed, c.Dim
 	be.MatMul(ms.logits, s.h, n, ly.Router)
 	route(ms.logits, c.Experts, k, c.ExpertNorm, ms.pick, ms.weight, ms.taken)
+	if er, ok := be.(kernels.ExpertRunner); ok {
+		er.Experts(s.o[:n*d], s.h[:n*d], n, ly.Experts, ms.pick, ms.weight, k)
+		return
+	}
 	for e := range ms.rows {
 		ms.rows[e] = ms.rows[e][:0]
 	}

@@ -28,10 +28,10 @@ type Layer struct {
 	Experts []Expert
 }
 
-// Expert is one expert's SwiGLU FFN.
-type Expert struct {
-	Gate, Up, Down *kernels.Matrix
-}
+// Expert is one expert's SwiGLU FFN: the backend's type, so that a
+// layer's Experts are what an ExpertRunner takes, with nothing to convert
+// per step.
+type Expert = kernels.Expert
 
 // ffnMatrices are the layer's FFN matrices, dense or experts'.
 func (l *Layer) ffnMatrices() []*kernels.Matrix {
