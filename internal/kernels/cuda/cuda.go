@@ -113,6 +113,9 @@ const (
 	kAttnF16M8
 	kAttnBF16M8
 	kAttnCombine
+	kMoEGather
+	kMoEGemv
+	kMoEScatter
 	numKernels
 )
 
@@ -120,7 +123,7 @@ var kernelNames = [numKernels]string{
 	"bk_gemv_f32", "bk_gemv_f16", "bk_gemv_bf16", "bk_gemv_q8_0", "bk_dequant_rows", "bk_f32_to_f16",
 	"bk_f32_to_bf16", "bk_rmsnorm", "bk_rope", "bk_swiglu", "bk_add", "bk_store_kv", "bk_page_pack",
 	"bk_page_unpack", "bk_attn_f32_m4", "bk_attn_f16_m4", "bk_attn_bf16_m4", "bk_attn_f32_m8", "bk_attn_f16_m8",
-	"bk_attn_bf16_m8", "bk_attn_combine",
+	"bk_attn_bf16_m8", "bk_attn_combine", "bk_moe_gather", "bk_moe_gemv", "bk_moe_scatter",
 }
 
 // Scratch buffers for per-call data, by role.
@@ -135,6 +138,12 @@ const (
 	sIdx1
 	sIdx2
 	sIdx3
+	sMoERoute // Experts: slot rows, pick slots and weights
+	sMoESeg   // Experts: the segment table
+	sMoEX     // Experts: x gathered by slot
+	sMoEGate  // Experts: gate products, then SwiGLU
+	sMoEUp    // Experts: up products
+	sMoEY     // Experts: down products
 	numScratch
 )
 
@@ -194,10 +203,14 @@ type Backend struct {
 	pending []pendingFree
 
 	// Tuning, and switches the tests flip.
-	gemvMax      int  // products of at most this many rows use the gemv kernels
+	gemvMax      int  // products of at most this many rows use the gemv kernels (Experts: segments)
 	exactGEMM    bool // f16/bf16 products via float32 dequantisation + sgemm, not GemmEx
 	forceSplits  int  // attention: cut every item into this many parts (0: choose)
 	exactScratch bool // scratch buffers of exactly the size asked (the fake driver's guard pages then catch overruns)
+
+	moe moePlan // Experts' host tables, reused between calls
+	// Counts the tests read: Experts calls, and bytes copied to the device.
+	expertCalls, h2dBytes int
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -482,6 +495,7 @@ func (b *Backend) buf(i, bytes int) dptr {
 }
 
 func (b *Backend) h2d(dst dptr, src unsafe.Pointer, bytes int) {
+	b.h2dBytes += bytes
 	if bytes > 0 {
 		b.must("cuMemcpyHtoDAsync", C.bk_htod(b.drv.c, C.bk_dptr(dst), src, C.size_t(bytes), C.uintptr_t(b.stream)))
 	}

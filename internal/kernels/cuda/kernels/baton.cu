@@ -6,6 +6,7 @@
 #include "elementwise.cuh"
 #include "kv.cuh"
 #include "attention.cuh"
+#include "moe.cuh"
 
 // BK_KERNELS(X) applies X to every kernel (the fake driver of the Go
 // tests registers them with it).
@@ -30,4 +31,7 @@
   X(bk_attn_f32_m8)   \
   X(bk_attn_f16_m8)   \
   X(bk_attn_bf16_m8)  \
-  X(bk_attn_combine)
+  X(bk_attn_combine)  \
+  X(bk_moe_gather)    \
+  X(bk_moe_gemv)      \
+  X(bk_moe_scatter)
