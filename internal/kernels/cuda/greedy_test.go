@@ -74,13 +74,72 @@ func checkDummyModels(t *testing.T, b *Backend) {
 
 // checkDummyMoE does the same for a mixture of experts (8 experts, 2 a
 // token, renormalised as Qwen3-MoE's norm_topk_prob): the rows of a step
-// are routed on the host and each chosen expert's products run on the
-// backend over the rows gathered for it.
+// are routed on the host and the backend runs the experts over them on
+// the device (Experts, every MoE layer of every step: the model never
+// gathers rows on the host here).
 func checkDummyMoE(t *testing.T, b *Backend) {
-	c := model.Config{Arch: "qwen3moe", Vocab: 256, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 32,
-		ContextLength: 64, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: 16, Theta: 10000, NeoX: true}, QKNorm: true,
-		Experts: 8, ExpertsUsed: 2, ExpertNorm: true}
+	c := dummyMoE
+	calls := b.expertCalls
 	checkDummyConfig(t, b, c)
+	if want := len(allDTypes) * 3 * c.Layers; b.expertCalls-calls != want {
+		t.Errorf("Experts ran %d times, want %d (every layer of 3 steps of %d dtypes)", b.expertCalls-calls, want, len(allDTypes))
+	}
+}
+
+var dummyMoE = model.Config{Arch: "qwen3moe", Vocab: 256, Dim: 64, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 32,
+	ContextLength: 64, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: 16, Theta: 10000, NeoX: true}, QKNorm: true,
+	Experts: 8, ExpertsUsed: 2, ExpertNorm: true}
+
+// TestFakeMoEStepCopiesNoWeights: with a mixture of experts' weights on
+// the device, a decode step copies in its token, position and slot, the
+// routing tables and the like, less in all than one expert matrix: no
+// expert's weights travel per step.
+func TestFakeMoEStepCopiesNoWeights(t *testing.T) {
+	b := fakeBackend(t)
+	c := dummyMoE
+	w, err := model.DummyWeights(&c, kernels.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := []*kernels.Matrix{w.Embed, w.Output}
+	for _, ly := range w.Layers {
+		ms = append(ms, ly.Q, ly.K, ly.V, ly.O, ly.Router)
+		for _, ex := range ly.Experts {
+			ms = append(ms, ex.Gate, ex.Up, ex.Down)
+		}
+	}
+	if err := b.Preload(ms...); err != nil {
+		t.Fatal(err)
+	}
+	m := model.New(c, w, b)
+	kvh := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+	kvh.Data = make([]float32, 8*kvh.PageFloats())
+	kv := toDevice(t, b, kvh)
+	pages := []int32{3, 1, 6, 0, 2}
+	expert := 4 * c.FF * c.Dim
+	start, n := 0, 12
+	for step := range 6 {
+		bt := &model.Batch{}
+		for p := start; p < start+n; p++ {
+			bt.Tokens = append(bt.Tokens, int32((p*53+7)%c.Vocab))
+			bt.Positions = append(bt.Positions, int32(p))
+			bt.Slots = append(bt.Slots, pages[p/4]*4+int32(p%4))
+		}
+		bt.Seqs = []kernels.AttnSeq{{Pages: pages, QLen: n, KVLen: start + n}}
+		before, calls := b.h2dBytes, b.expertCalls
+		if _, err := m.Forward(bt, kv); err != nil {
+			t.Fatal(err)
+		}
+		copied := b.h2dBytes - before
+		if b.expertCalls-calls != c.Layers {
+			t.Fatalf("step %d: Experts ran %d times for %d layers", step, b.expertCalls-calls, c.Layers)
+		}
+		if step > 0 && copied >= expert {
+			t.Errorf("decode step %d copied %d bytes to the device, an expert matrix is %d", step, copied, expert)
+		}
+		t.Logf("step %d (%d rows): %d bytes copied in", step, n, copied)
+		start, n = start+n, 1
+	}
 }
 
 func checkDummyConfig(t *testing.T, b *Backend, c model.Config) {
