@@ -426,3 +426,59 @@ func TestMoEDummyAndDescribe(t *testing.T) {
 		}
 	}
 }
+
+// expertRunner is a backend that runs the experts itself, one row and one
+// pick at a time from ExpertRunner's definition (the weighted sum in pick
+// order), counting its calls.
+type expertRunner struct {
+	kernels.Backend
+	calls int
+}
+
+func (r *expertRunner) Experts(out, x []float32, n int, experts []kernels.Expert, pick []int32, weight []float32, k int) {
+	kernels.CheckExperts(out, x, n, experts, pick, weight, k)
+	r.calls++
+	d, ff := experts[0].Gate.Cols, experts[0].Gate.Rows
+	g, u, y := make([]float32, ff), make([]float32, ff), make([]float32, d)
+	clear(out[:n*d])
+	for i := range n {
+		for j := range k {
+			ex := experts[pick[i*k+j]]
+			r.MatMul(g, x[i*d:(i+1)*d], 1, ex.Gate)
+			r.MatMul(u, x[i*d:(i+1)*d], 1, ex.Up)
+			r.SwiGLU(g, g, u)
+			r.MatMul(y, g, 1, ex.Down)
+			for o, v := range y {
+				out[i*d+o] += weight[i*k+j] * v
+			}
+		}
+	}
+}
+
+// On a backend that is an ExpertRunner every MoE layer of a step goes to
+// its Experts, with the routing the host path uses: the logits agree with
+// the host path's up to the order of each row's k-term sum.
+func TestExpertRunnerRunsTheLayers(t *testing.T) {
+	for _, spec := range []hftest.Spec{qwen3MoESpec, mixtralSpec} {
+		dir := t.TempDir()
+		hftest.Write(t, dir, spec, 7)
+		host, err := Load(LoadOptions{Path: dir}, ref.New())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &expertRunner{Backend: ref.New()}
+		m := New(host.Model.Config, host.Model.Weights, r)
+		want, got := lastLogits(t, host.Model, moePrompt), lastLogits(t, m, moePrompt)
+		if r.calls != host.Model.Config.Layers {
+			t.Fatalf("%s: Experts ran %d times for %d layers", spec.Arch, r.calls, host.Model.Config.Layers)
+		}
+		var mag, diff float64
+		for i := range want {
+			mag = max(mag, math.Abs(float64(want[i])))
+			diff = max(diff, math.Abs(float64(got[i]-want[i])))
+		}
+		if diff > 1e-5*mag {
+			t.Errorf("%s: logits differ by %g (largest %g)", spec.Arch, diff, mag)
+		}
+	}
+}
