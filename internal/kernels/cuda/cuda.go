@@ -28,6 +28,13 @@
 // the weights' type), and q8_0 dequantised to float32 in row chunks for
 // sgemm. Without a loadable cuBLAS every product uses the own kernels.
 //
+// A mixture of experts' FFN runs whole on the device (Experts, moe.go):
+// the model routes on the host from the router's logits and hands over
+// the choice; the rows are gathered by expert, each product runs over all
+// experts of up to 8 rows in one launch of the same gemv code (cuBLAS per
+// expert beyond, as MatMul chooses), and each row's weighted outputs are
+// summed in pick order by one kernel without atomics.
+//
 // Attention (kernels/attention.cuh) handles head dims up to 256: coalesced
 // row reads shared by a GQA group, positions split across blocks from the
 // SM count (flash-decoding). The backend runs on the device's
