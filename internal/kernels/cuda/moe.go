@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"math"
+	"slices"
 
 	"github.com/batonlm/baton/internal/kernels"
 )
@@ -30,17 +31,19 @@ type moePlan struct {
 	big [][3]int
 }
 
-// plan lays out an Experts call; segments of more than b.gemvMax rows go
-// to big when cuBLAS is there (the choice MatMul makes for a product of
-// that many rows), the rest to the table in chunks the gemv kernel takes.
+// planExperts lays out an Experts call; segments of more than b.gemvMax
+// rows go to big when cuBLAS is there (the choice MatMul makes for a
+// product of that many rows), the rest to the table in chunks the gemv
+// kernel takes. It uploads the weights of experts not yet on the device.
 func (b *Backend) planExperts(experts []kernels.Expert, pick []int32, weight []float32, k int) *moePlan {
 	p := &b.moe
 	ns := len(pick)
-	p.count = append(p.count[:0], make([]int, len(experts))...)
+	p.count = slices.Grow(p.count[:0], len(experts))[:len(experts)]
+	clear(p.count)
 	for _, e := range pick {
 		p.count[e]++
 	}
-	p.route = append(p.route[:0], make([]uint32, 3*ns)...)
+	p.route = slices.Grow(p.route[:0], 3*ns)[:3*ns]
 	rows, slots, ws := p.route[:ns], p.route[ns:2*ns], p.route[2*ns:]
 	p.seg, p.big = p.seg[:0], p.big[:0]
 	first := 0
