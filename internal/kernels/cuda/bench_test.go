@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/batonlm/baton/internal/kernels"
 )
@@ -92,6 +93,108 @@ func gemvGBs(be *Backend, dt kernels.DType, rows, cols, n, iters int) float64 {
 	return float64(len(w.Data)) * float64(iters) / sec / 1e9
 }
 
+// expertLayer is a layer of experts of dim d and ffn ff, on the device.
+func expertLayer(be *Backend, dt kernels.DType, experts, d, ff int) []kernels.Expert {
+	ex := make([]kernels.Expert, experts)
+	mat := func(rows, cols int) *kernels.Matrix {
+		w := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
+		for i := range w.Data {
+			w.Data[i] = byte(i * 7 % 61)
+		}
+		return w
+	}
+	var ms []*kernels.Matrix
+	for e := range ex {
+		ex[e] = kernels.Expert{Gate: mat(ff, d), Up: mat(ff, d), Down: mat(d, ff)}
+		ms = append(ms, ex[e].Gate, ex[e].Up, ex[e].Down)
+	}
+	if err := be.Preload(ms...); err != nil {
+		panic(err)
+	}
+	return ex
+}
+
+// expertsGBs runs the layer ex over n rows (k experts a row, rows choosing
+// experts round the table) iters times with x and out kept on the device,
+// through Experts or, with host set, as the model runs it on a backend
+// without Experts (rows gathered on the host, MatMul per expert and
+// product, the weighted sum on the host). It returns GB/s of the chosen
+// experts' weights (each read once a call), wall clock, copies included.
+func expertsGBs(be *Backend, ex []kernels.Expert, k, n, iters int, host bool) float64 {
+	experts, d, ff := len(ex), ex[0].Gate.Cols, ex[0].Gate.Rows
+	pick, weight := make([]int32, n*k), make([]float32, n*k)
+	chosen := map[int32]bool{}
+	for i := range pick {
+		pick[i] = int32((i/k*3 + i%k*5) % experts)
+		weight[i] = 1 / float32(k)
+		chosen[pick[i]] = true
+	}
+	x, out := make([]float32, n*d), make([]float32, n*d)
+	in, g, u, y := make([]float32, n*d), make([]float32, n*ff), make([]float32, n*ff), make([]float32, n*d)
+	be.Keep(x, out, g, u) // as the model keeps s.h, s.o, s.gate and s.up, not its host buffers
+	run := func() {
+		if !host {
+			be.Experts(out, x, n, ex, pick, weight, k)
+			return
+		}
+		be.Host(x) // the model's host path: rows to the host, one product per expert
+		clear(out)
+		for e := range ex {
+			var rows []int
+			for p, pe := range pick {
+				if int(pe) == e {
+					rows = append(rows, p)
+				}
+			}
+			if len(rows) == 0 {
+				continue
+			}
+			for j, p := range rows {
+				copy(in[j*d:(j+1)*d], x[p/k*d:(p/k+1)*d])
+			}
+			r := len(rows)
+			be.MatMul(g[:r*ff], in[:r*d], r, ex[e].Gate)
+			be.MatMul(u[:r*ff], in[:r*d], r, ex[e].Up)
+			be.SwiGLU(g[:r*ff], g[:r*ff], u[:r*ff])
+			be.MatMul(y[:r*d], g[:r*ff], r, ex[e].Down)
+			for j, p := range rows {
+				dst := out[p/k*d : (p/k+1)*d]
+				for c, v := range y[j*d : (j+1)*d] {
+					dst[c] += weight[p] * v
+				}
+			}
+		}
+		be.Changed(out)
+	}
+	run()
+	be.Host(out)
+	start := time.Now()
+	for range iters {
+		run()
+	}
+	be.Host(out)
+	be.Changed(out)
+	sec := time.Since(start).Seconds()
+	return float64(len(chosen)) * float64(len(ex[0].Gate.Data)+len(ex[0].Up.Data)+len(ex[0].Down.Data)) * float64(iters) / sec / 1e9
+}
+
+// BenchmarkGPUExperts: a layer of moe-2.5b's shape (64 experts of dim 1024
+// and ffn 512, 8 a row) through Experts and through the host path it
+// replaces.
+func BenchmarkGPUExperts(b *testing.B) {
+	be := gpuBackend(b)
+	for _, dt := range []kernels.DType{kernels.F16, kernels.Q8_0} {
+		ex := expertLayer(be, dt, 64, 1024, 512)
+		for _, n := range []int{1, 32, 512} {
+			for _, path := range []string{"experts", "host"} {
+				b.Run(fmt.Sprintf("%s/n%d/%s", dt, n, path), func(b *testing.B) {
+					b.ReportMetric(expertsGBs(be, ex, 8, n, b.N, path == "host"), "weights_GB/s")
+				})
+			}
+		}
+	}
+}
+
 func BenchmarkGPUAttentionDecode(b *testing.B) {
 	be := gpuBackend(b)
 	cp := copyGBs(be, 1<<30, 20)
@@ -136,6 +239,12 @@ func TestFakeBenchHelpers(t *testing.T) {
 			if g := gemvGBs(be, dt, 8, 64, n, 1); g <= 0 {
 				t.Fatalf("%s n=%d: %g GB/s", dt, n, g)
 			}
+		}
+	}
+	ex := expertLayer(be, kernels.Q8_0, 8, 64, 32)
+	for _, host := range []bool{false, true} {
+		if g := expertsGBs(be, ex, 2, 12, 1, host); g <= 0 {
+			t.Fatalf("experts (host path %v): %g GB/s", host, g)
 		}
 	}
 }
