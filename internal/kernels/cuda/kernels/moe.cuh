@@ -51,9 +51,9 @@ __device__ __forceinline__ void bk_moe_row(int n, float* __restrict__ out, const
 }
 
 // bk_moe_gemv_dt is the one place a weight format of the grouped products
-// is chosen: a format bk_gemv_row learns is one more case here (and in the
-// backend's SupportsDType). An unknown dtype computes nothing; the host
-// never sends one.
+// is chosen: a format bk_gemv_row learns is one more case here. A dtype
+// without a case writes NaN, so that a format the backend takes but this
+// switch lacks fails every test of it rather than leaving stale numbers.
 __device__ __forceinline__ void bk_moe_gemv_dt(int dt, int n, float* __restrict__ out, const float* __restrict__ x,
                                                const uint8_t* __restrict__ w, int64_t rows, int64_t cols, int64_t r,
                                                int lane) {
@@ -63,7 +63,11 @@ __device__ __forceinline__ void bk_moe_gemv_dt(int dt, int n, float* __restrict_
     case BK_F16: bk_moe_row<BK_F16>(n, out, x, wrow, rows, cols, r, lane); break;
     case BK_BF16: bk_moe_row<BK_BF16>(n, out, x, wrow, rows, cols, r, lane); break;
     case BK_Q8_0: bk_moe_row<BK_Q8_0>(n, out, x, wrow, rows, cols, r, lane); break;
-    default: break;
+    default:
+      if (lane == 0) {
+        for (int i = 0; i < n; i++) out[i * rows + r] = __uint_as_float(0x7fc00000u);
+      }
+      break;
   }
 }
 
