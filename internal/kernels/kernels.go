@@ -449,6 +449,46 @@ type Backend interface {
 	Attention(out, q []float32, kv PagedKV, layer int, seqs []AttnSeq, heads int, scale float32)
 }
 
+// AddRMSNormer is a backend that adds a residual and normalises the sum in
+// one pass over the rows: x += delta, then out = x/rms(x)*weight. Between
+// layers a forward pass does exactly that, and on a GPU two launches that
+// each read the rows cost twice one that reads them once.
+type AddRMSNormer interface {
+	AddRMSNorm(out, x, delta, weight []float32, n int, eps float32)
+}
+
+// AddRMSNorm is x += delta then RMSNorm(out, x): in one call on an
+// AddRMSNormer, else as Add then RMSNorm. Either way the same numbers.
+func AddRMSNorm(be Backend, out, x, delta, weight []float32, n int, eps float32) {
+	if a, ok := be.(AddRMSNormer); ok {
+		a.AddRMSNorm(out, x, delta, weight, n, eps)
+		return
+	}
+	d := len(weight)
+	be.Add(x[:n*d], x[:n*d], delta[:n*d])
+	be.RMSNorm(out, x, weight, n, eps)
+}
+
+// RoPEStorer is a backend that rotates a step's q and k and stores k and v
+// into the pool in one pass: the rows ApplyRoPE writes are the rows StoreKV
+// reads, so on a GPU one launch does the work of three.
+type RoPEStorer interface {
+	RoPEStoreKV(q, k, v []float32, positions []int32, heads int, r RoPE, kv PagedKV, layer int, slots []int32)
+}
+
+// RoPEStoreKV is ApplyRoPE on q (heads heads) and on k (kv.KVHeads heads),
+// then StoreKV of k and v at slots: in one call on a RoPEStorer, else as
+// those three. Either way the same numbers.
+func RoPEStoreKV(be Backend, q, k, v []float32, positions []int32, heads int, r RoPE, kv PagedKV, layer int, slots []int32) {
+	if rs, ok := be.(RoPEStorer); ok {
+		rs.RoPEStoreKV(q, k, v, positions, heads, r, kv, layer, slots)
+		return
+	}
+	be.ApplyRoPE(q, positions, heads, kv.HeadDim, r)
+	be.ApplyRoPE(k, positions, kv.KVHeads, kv.HeadDim, r)
+	be.StoreKV(kv, layer, slots, k, v)
+}
+
 // KVDTyper is a backend with its own KV dtype for --kv-cache-dtype auto:
 // the dtype its kernels compute in (the cuda backend's f32).
 type KVDTyper interface {

@@ -164,7 +164,13 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 	scale := float32(1 / math.Sqrt(float64(c.HeadDim)))
 	for l := range w.Layers {
 		ly := &w.Layers[l]
-		be.RMSNorm(s.h, s.x, ly.AttnNorm, n, c.NormEps)
+		// The residual of the layer before (its FFN's output, in s.o) is
+		// added as this layer's norm reads the rows.
+		if l == 0 {
+			be.RMSNorm(s.h, s.x, ly.AttnNorm, n, c.NormEps)
+		} else {
+			kernels.AddRMSNorm(be, s.h, s.x, s.o, ly.AttnNorm, n, c.NormEps)
+		}
 		be.MatMul(s.q, s.h, n, ly.Q)
 		be.MatMul(s.k, s.h, n, ly.K)
 		be.MatMul(s.v, s.h, n, ly.V)
@@ -180,13 +186,10 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 			be.RMSNorm(s.q, s.q, ly.QNorm, n*c.Heads, c.NormEps)
 			be.RMSNorm(s.k, s.k, ly.KNorm, n*c.KVHeads, c.NormEps)
 		}
-		be.ApplyRoPE(s.q, b.Positions, c.Heads, c.HeadDim, c.RoPE)
-		be.ApplyRoPE(s.k, b.Positions, c.KVHeads, c.HeadDim, c.RoPE)
-		be.StoreKV(kv, l, b.Slots, s.k, s.v)
+		kernels.RoPEStoreKV(be, s.q, s.k, s.v, b.Positions, c.Heads, c.RoPE, kv, l, b.Slots)
 		be.Attention(s.attn, s.q, kv, l, b.Seqs, c.Heads, scale)
 		be.MatMul(s.o, s.attn, n, ly.O)
-		be.Add(s.x, s.x, s.o)
-		be.RMSNorm(s.h, s.x, ly.FFNNorm, n, c.NormEps)
+		kernels.AddRMSNorm(be, s.h, s.x, s.o, ly.FFNNorm, n, c.NormEps)
 		if ly.Router != nil {
 			m.experts(ly, n)
 		} else {
@@ -195,8 +198,8 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 			be.SwiGLU(s.gate, s.gate, s.up)
 			be.MatMul(s.o, s.gate, n, ly.Down)
 		}
-		be.Add(s.x, s.x, s.o)
 	}
+	be.Add(s.x, s.x, s.o) // the last layer's residual
 	kernels.Host(be, s.x)
 	at := 0
 	for i, sq := range b.Seqs {

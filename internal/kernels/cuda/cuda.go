@@ -107,10 +107,12 @@ const (
 	kToF16
 	kToBF16
 	kRMSNorm
+	kAddRMSNorm
 	kRoPE
 	kSwiGLU
 	kAdd
 	kStoreKV
+	kRoPEStoreKV
 	kPagePack
 	kPageUnpack
 	kAttnF32M4
@@ -128,7 +130,8 @@ const (
 
 var kernelNames = [numKernels]string{
 	"bk_gemv_f32", "bk_gemv_f16", "bk_gemv_bf16", "bk_gemv_q8_0", "bk_dequant_rows", "bk_f32_to_f16",
-	"bk_f32_to_bf16", "bk_rmsnorm", "bk_rope", "bk_swiglu", "bk_add", "bk_store_kv", "bk_page_pack",
+	"bk_f32_to_bf16", "bk_rmsnorm", "bk_add_rmsnorm", "bk_rope", "bk_swiglu", "bk_add", "bk_store_kv",
+	"bk_rope_store_kv", "bk_page_pack",
 	"bk_page_unpack", "bk_attn_f32_m4", "bk_attn_f16_m4", "bk_attn_bf16_m4", "bk_attn_f32_m8", "bk_attn_f16_m8",
 	"bk_attn_bf16_m8", "bk_attn_combine", "bk_moe_gather", "bk_moe_gemv", "bk_moe_scatter",
 }
@@ -143,8 +146,14 @@ const (
 	sDequant
 	sPart
 	sIdx1
-	sIdx2
-	sIdx3
+	// Tables a step's layers share: each layer's call passes the same
+	// values, uploaded once (uploadSame).
+	sPositions
+	sFreq
+	sSlots
+	sPages
+	sSeqs
+	sItems
 	sMoERoute // Experts: slot rows, pick slots and weights
 	sMoESeg   // Experts: the segment table
 	sMoEX     // Experts: x gathered by slot
@@ -197,6 +206,9 @@ type Backend struct {
 	blasDesc string
 
 	scratch [numScratch]devBuf
+	// sent is, per scratch buffer written by uploadSame, the bytes last
+	// copied into it (nil: none, or since overwritten).
+	sent    [numScratch][]byte
 	weights map[weak.Pointer[kernels.Matrix]]*devMatrix
 	pools   map[*KVPool]struct{}
 	// stores counts StoreKV calls queued; storesDone is the count at the
@@ -217,7 +229,8 @@ type Backend struct {
 
 	moe moePlan // Experts' host tables, reused between calls
 	// Counts the tests read: Experts calls, and bytes copied to the device.
-	expertCalls, h2dBytes int
+	expertCalls, h2dBytes, h2dCopies int
+	launches                         [numKernels]int
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -492,6 +505,7 @@ func (b *Backend) buf(i, bytes int) dptr {
 		b.free(s.ptr)
 		s.ptr = 0
 	}
+	b.sent[i] = nil
 	size := bytes
 	if !b.exactScratch {
 		size = max(bytes, s.size+s.size/2)
@@ -504,6 +518,7 @@ func (b *Backend) buf(i, bytes int) dptr {
 func (b *Backend) h2d(dst dptr, src unsafe.Pointer, bytes int) {
 	b.h2dBytes += bytes
 	if bytes > 0 {
+		b.h2dCopies++
 		b.must("cuMemcpyHtoDAsync", C.bk_htod(b.drv.c, C.bk_dptr(dst), src, C.size_t(bytes), C.uintptr_t(b.stream)))
 	}
 }
@@ -530,6 +545,22 @@ func upload[T any](b *Backend, i int, s []T) dptr {
 	return p
 }
 
+// uploadSame is upload for tables every layer of a step passes again
+// (positions, slots, attention's page tables): when scratch buffer i
+// already holds these bytes the copy is skipped. A copy from pageable
+// memory waits for the stream's queued kernels before it starts, so one
+// per table per step, rather than one per layer, is what lets a step's
+// kernels queue back to back.
+func uploadSame[T any](b *Backend, i int, s []T) dptr {
+	bytes := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(*new(T))))
+	if b.sent[i] != nil && b.scratch[i].ptr != 0 && string(b.sent[i]) == string(bytes) {
+		return b.scratch[i].ptr
+	}
+	p := upload(b, i, s)
+	b.sent[i] = append(b.sent[i][:0], bytes...)
+	return p
+}
+
 func download(b *Backend, dst []float32, src dptr) {
 	b.d2h(unsafe.Pointer(unsafe.SliceData(dst)), src, 4*len(dst))
 }
@@ -547,6 +578,7 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 		return
 	}
 	b.args = append(b.args[:0], args...)
+	b.launches[k]++
 	b.must("cuLaunchKernel "+kernelNames[k], C.bk_launch(b.drv.c, C.uintptr_t(b.fn[k]), C.uint(gx), C.uint(gy),
 		C.uint(bx), C.uint(smem), C.uintptr_t(b.stream), (*C.uint64_t)(unsafe.Pointer(&b.args[0])), C.int(len(args))))
 }
@@ -724,28 +756,83 @@ func (b *Backend) RMSNorm(out, x, weight []float32, n int, eps float32) {
 	done()
 }
 
+// AddRMSNorm implements kernels.AddRMSNormer: one kernel adds the
+// residual into x and normalises it.
+func (b *Backend) AddRMSNorm(out, x, delta, weight []float32, n int, eps float32) {
+	d := len(weight)
+	if n <= 0 || d == 0 {
+		return
+	}
+	kernels.CheckRMSNorm(out, x, n, d)
+	kernels.CheckElementwise("AddRMSNorm", n*d, delta)
+	b.lock()
+	defer b.unlock()
+	dx, xDone := b.inOut(sX, x[:n*d])
+	dd := b.in(sX2, delta[:n*d])
+	dw := b.in(sVec, weight)
+	do, done := b.out(sOut, out, n*d)
+	b.launch(kAddRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dd, dw, argI(n), argI(d), argF(eps))
+	xDone()
+	done()
+}
+
+// ropeArgs are the rotation's arguments shared by ApplyRoPE and
+// RoPEStoreKV: the half dimension, NeoX flag, position scale and the
+// frequencies on the device.
+func (b *Backend) ropeArgs(r kernels.RoPE) (half, neox int, scale float64, freq dptr) {
+	if r.NeoX {
+		neox = 1
+	}
+	return r.Dim / 2, neox, r.PositionScale(), uploadSame(b, sFreq, r.Frequencies())
+}
+
 // ApplyRoPE implements kernels.Backend.
 func (b *Backend) ApplyRoPE(x []float32, positions []int32, heads, headDim int, r kernels.RoPE) {
-	half := r.Dim / 2
-	if len(positions) == 0 || half <= 0 || heads <= 0 {
+	if len(positions) == 0 || r.Dim/2 <= 0 || heads <= 0 {
 		return
 	}
 	kernels.CheckRoPE(x, len(positions), heads, headDim, r)
 	n := len(positions) * heads * headDim
-	scale := r.PositionScale()
-	freq := r.Frequencies()
-	neox := 0
-	if r.NeoX {
-		neox = 1
-	}
 	b.lock()
 	defer b.unlock()
 	dx, done := b.inOut(sX, x[:n])
-	dp := upload(b, sIdx1, positions)
-	df := upload(b, sVec, freq)
-	b.launch(kRoPE, blocks(len(positions)*half, elemThreads), 1, elemThreads, 0, dx, dp, argI(len(positions)),
+	dp := uploadSame(b, sPositions, positions)
+	half, neox, scale, df := b.ropeArgs(r)
+	b.launch(kRoPE, blocks(len(positions)*half*heads, elemThreads), 1, elemThreads, 0, dx, dp, argI(len(positions)),
 		argI(heads), argI(headDim), argI(half), argI(neox), argD(scale), df)
 	done()
+}
+
+// RoPEStoreKV implements kernels.RoPEStorer: one kernel rotates q and k
+// and stores k and v into the pool (kv must be this backend's GPU pool).
+func (b *Backend) RoPEStoreKV(q, k, v []float32, positions []int32, heads int, r kernels.RoPE, kv kernels.PagedKV, layer int,
+	slots []int32) {
+	if len(slots) == 0 {
+		return
+	}
+	hd := kv.HeadDim
+	kernels.CheckRoPE(q, len(positions), heads, hd, r)
+	kernels.CheckRoPE(k, len(positions), kv.KVHeads, hd, r)
+	kernels.CheckStoreKV(kv, layer, slots, k, v)
+	if len(positions) != len(slots) {
+		panic(fmt.Sprintf("cuda: RoPEStoreKV of %d positions and %d slots", len(positions), len(slots)))
+	}
+	ntok, rf := len(slots), kv.RowFloats()
+	b.lock()
+	defer b.unlock()
+	pool := b.devKV(kv)
+	dq, qDone := b.inOut(sX, q[:ntok*heads*hd])
+	dk, kDone := b.inOut(sX2, k[:ntok*rf])
+	dv := b.in(sOut, v[:ntok*rf])
+	dp := uploadSame(b, sPositions, positions)
+	ds := uploadSame(b, sSlots, slots)
+	half, neox, scale, df := b.ropeArgs(r)
+	b.launch(kRoPEStoreKV, blocks(ntok*(half*(heads+kv.KVHeads)+rf), elemThreads), 1, elemThreads, 0, dq, dk, dv, dp,
+		argI(ntok), argI(heads), argI(kv.KVHeads), argI(hd), argI(half), argI(neox), argD(scale), df, pool, ds,
+		argI(layer), argI(kv.PageSize), argI(kv.PageElems()), argI(int(kv.DType)))
+	b.noteStores(kv, slots)
+	qDone()
+	kDone()
 }
 
 // SwiGLU implements kernels.Backend.
@@ -808,14 +895,19 @@ func (b *Backend) StoreKV(kv kernels.PagedKV, layer int, slots []int32, k, v []f
 	b.lock()
 	defer b.unlock()
 	pool := b.devKV(kv)
-	ds := upload(b, sIdx1, slots)
+	ds := uploadSame(b, sSlots, slots)
 	dk := b.in(sX, k[:n])
 	dv := b.in(sX2, v[:n])
 	b.launch(kStoreKV, blocks(n, elemThreads), 1, elemThreads, 0, pool, ds, dk, dv, argI(len(slots)), argI(layer),
 		argI(kv.PageSize), argI(kv.PageElems()), argI(rf), argI(int(kv.DType)))
-	// The copies from pageable memory are staged before they return and the
-	// kernel is ordered before any later call on the stream: no wait here.
-	// The pages remember this store, so that a page read waits for it.
+	b.noteStores(kv, slots)
+}
+
+// noteStores records a queued store into the pages of slots. The copies
+// from pageable memory are staged before they return and the kernel is
+// ordered before any later call on the stream: no wait here. The pages
+// remember this store, so that a page read waits for it.
+func (b *Backend) noteStores(kv kernels.PagedKV, slots []int32) {
 	kp, seq := kv.Device.(*KVPool), b.stores.Add(1)
 	for _, s := range slots {
 		kp.stored[int(s)/kv.PageSize].Store(seq)
@@ -953,9 +1045,9 @@ func (b *Backend) attnUpload(kv kernels.PagedKV, pl *attnPlan, heads int, scale 
 		ps: kv.PageSize, pe: kv.PageElems(), rf: kv.RowFloats(), layer: pl.layer, scale: scale}
 	a.kernel, a.lanes, a.vec16 = attnKernel(kv.DType, kv.HeadDim, pl.members)
 	a.nsplit = b.splits(a.nitems, pl.maxLen)
-	a.pages = upload(b, sIdx1, pl.pages)
-	a.seqs = upload(b, sIdx2, pl.seqs)
-	a.items = upload(b, sIdx3, pl.items)
+	a.pages = uploadSame(b, sPages, pl.pages)
+	a.seqs = uploadSame(b, sSeqs, pl.seqs)
+	a.items = uploadSame(b, sItems, pl.items)
 	if a.nsplit > 1 {
 		a.part = b.buf(sPart, 4*a.nsplit*a.rows*heads*(a.hd+2))
 	}

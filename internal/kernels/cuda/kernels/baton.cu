@@ -19,10 +19,12 @@
   X(bk_f32_to_f16)    \
   X(bk_f32_to_bf16)   \
   X(bk_rmsnorm)       \
+  X(bk_add_rmsnorm)   \
   X(bk_rope)          \
   X(bk_swiglu)        \
   X(bk_add)           \
   X(bk_store_kv)      \
+  X(bk_rope_store_kv) \
   X(bk_page_pack)     \
   X(bk_page_unpack)   \
   X(bk_attn_f32_m4)   \

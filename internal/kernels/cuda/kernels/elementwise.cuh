@@ -1,4 +1,5 @@
-// elementwise.cuh: RMSNorm, RoPE, SwiGLU and Add.
+// elementwise.cuh: RMSNorm (alone or after a residual add), RoPE (alone
+// or with the KV store it precedes), SwiGLU and Add.
 //
 // These are cheap next to the products, so they use the reference's
 // float64 arithmetic where the reference does (RMSNorm's sum and scale,
@@ -7,17 +8,20 @@
 #pragma once
 #include "common.cuh"
 
-// bk_rmsnorm: out[i, :] = x[i, :] / rms(x[i, :]) * w for n rows of d.
-// Launch: grid n, block a multiple of 32 (<= 1024).
-extern "C" __global__ void bk_rmsnorm(float* out, const float* x, const float* w, int64_t n, int64_t d, float eps) {
+// bk_rms_row normalises one row with one block: out = x / rms(x) * w. When
+// delta is not null it first adds it into x (x += delta, stored), so a
+// residual add and the next norm read the row once: the model's
+// Add then RMSNorm, fused, with the same float32 sum and float64 scale.
+__device__ __forceinline__ void bk_rms_row(float* orow, float* xr, const float* dr, const float* w, int64_t d, float eps) {
   __shared__ double red[32];
-  const int64_t row = blockIdx.x;
-  if (row >= n) return;  // uniform over the block
-  const float* xr = x + row * d;
-  float* orow = out + row * d;
   double ss = 0;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    double v = xr[j];
+    float xv = xr[j];
+    if (dr) {
+      xv = xv + dr[j];
+      xr[j] = xv;
+    }
+    const double v = xv;
     ss += v * v;
   }
   ss = bk_warp_sum_d(ss);
@@ -36,25 +40,48 @@ extern "C" __global__ void bk_rmsnorm(float* out, const float* x, const float* w
   }
 }
 
+// bk_rmsnorm: out[i, :] = x[i, :] / rms(x[i, :]) * w for n rows of d.
+// Launch: grid n, block a multiple of 32 (<= 1024).
+extern "C" __global__ void bk_rmsnorm(float* out, const float* x, const float* w, int64_t n, int64_t d, float eps) {
+  const int64_t row = blockIdx.x;
+  if (row >= n) return;  // uniform over the block
+  bk_rms_row(out + row * d, const_cast<float*>(x) + row * d, nullptr, w, d, eps);
+}
+
+// bk_add_rmsnorm: x[i, :] += delta[i, :], then out[i, :] = x[i, :] /
+// rms(x[i, :]) * w (kernels.AddRMSNorm). Launch as bk_rmsnorm.
+extern "C" __global__ void bk_add_rmsnorm(float* out, float* x, const float* delta, const float* w, int64_t n, int64_t d,
+                                          float eps) {
+  const int64_t row = blockIdx.x;
+  if (row >= n) return;
+  bk_rms_row(out + row * d, x + row * d, delta + row * d, w, d, eps);
+}
+
+// bk_rope_pair rotates pair i of one head's row v by the angle whose sine
+// and cosine are s and c; a and b are the pair's dimensions.
+__device__ __forceinline__ void bk_rope_pair(float* v, int64_t i, int64_t half, int64_t neox, double s, double c,
+                                             int64_t& a, int64_t& b) {
+  a = neox ? i : 2 * i;
+  b = neox ? i + half : 2 * i + 1;
+  const double x0 = v[a], x1 = v[b];
+  v[a] = (float)(x0 * c - x1 * s);
+  v[b] = (float)(x0 * s + x1 * c);
+}
+
 // bk_rope rotates x in place: ntok rows of heads*hd; pairs (2i, 2i+1), or
 // (i, i+half) for NeoX, for i < half. freq[i] is the reference's
 // frequency (theta^(-2i/dim), divided by the llama3 factor), computed by
-// the host in float64. Launch: one thread per (token, pair).
+// the host in float64. Launch: one thread per (token, pair, head), so a
+// single token still spreads over heads*half threads.
 extern "C" __global__ void bk_rope(float* x, const int32_t* pos, int64_t ntok, int64_t heads, int64_t hd, int64_t half,
                                    int64_t neox, double posScale, const double* freq) {
-  const int64_t total = ntok * half;
+  const int64_t total = ntok * half * heads;
   for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t t = e / half, i = e % half;
-    const double ang = (double)pos[t] * posScale * freq[i];
+    const int64_t h = e % heads, i = e / heads % half, t = e / heads / half;
     double s, c;
-    sincos(ang, &s, &c);
-    const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    for (int64_t h = 0; h < heads; h++) {
-      float* v = x + (t * heads + h) * hd;
-      const double x0 = v[a], x1 = v[b];
-      v[a] = (float)(x0 * c - x1 * s);
-      v[b] = (float)(x0 * s + x1 * c);
-    }
+    sincos((double)pos[t] * posScale * freq[i], &s, &c);
+    int64_t a, b;
+    bk_rope_pair(x + (t * heads + h) * hd, i, half, neox, s, c, a, b);
   }
 }
 

@@ -5,9 +5,22 @@
 // or bf16 (BK_F32, BK_F16, BK_BF16). pe is one page in elements.
 #pragma once
 #include "common.cuh"
+#include "elementwise.cuh"
 
 __device__ __forceinline__ int64_t bk_k_off(int64_t page, int64_t layer, int64_t slot, int64_t ps, int64_t pe, int64_t rf) {
   return page * pe + (layer * 2 * ps + slot) * rf;
+}
+
+// bk_kv_put stores v at element off of a pool of dtype dt, rounded to
+// nearest even for a half-width pool (kernels.PagedKV.StoreRow).
+__device__ __forceinline__ void bk_kv_put(void* kv, int64_t off, float v, int64_t dt) {
+  if (dt == BK_F32) {
+    static_cast<float*>(kv)[off] = v;
+  } else if (dt == BK_F16) {
+    static_cast<uint16_t*>(kv)[off] = bk_f2h(v);
+  } else {
+    static_cast<uint16_t*>(kv)[off] = bk_f2bf(v);
+  }
 }
 
 // bk_store_kv writes n rows of k and v into the pool at slots
@@ -20,16 +33,43 @@ extern "C" __global__ void bk_store_kv(void* kv, const int32_t* slots, const flo
   for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t i = e / rf, j = e % rf;
     const int64_t s = slots[i];
-    const int64_t ko = bk_k_off(s / ps, layer, s % ps, ps, pe, rf) + j, vo = ko + ps * rf;
-    if (dt == BK_F32) {
-      static_cast<float*>(kv)[ko] = k[e];
-      static_cast<float*>(kv)[vo] = v[e];
-    } else if (dt == BK_F16) {
-      static_cast<uint16_t*>(kv)[ko] = bk_f2h(k[e]);
-      static_cast<uint16_t*>(kv)[vo] = bk_f2h(v[e]);
+    const int64_t ko = bk_k_off(s / ps, layer, s % ps, ps, pe, rf) + j;
+    bk_kv_put(kv, ko, k[e], dt);
+    bk_kv_put(kv, ko + ps * rf, v[e], dt);
+  }
+}
+
+// bk_rope_store_kv is bk_rope over q and over k followed by bk_store_kv of
+// k and v, in one launch (kernels.RoPEStoreKV): each rotated pair of k is
+// written to the pool by the thread that rotated it. Threads cover, in
+// order, q's (token, pair, head) triples, k's, then every element of v
+// (with k's dimensions past the rotated ones, stored as they are).
+extern "C" __global__ void bk_rope_store_kv(float* q, float* k, const float* v, const int32_t* pos, int64_t ntok,
+                                            int64_t heads, int64_t kvHeads, int64_t hd, int64_t half, int64_t neox,
+                                            double posScale, const double* freq, void* kv, const int32_t* slots,
+                                            int64_t layer, int64_t ps, int64_t pe, int64_t dt) {
+  const int64_t rf = kvHeads * hd;
+  const int64_t nq = ntok * half * heads, nk = ntok * half * kvHeads, total = nq + nk + ntok * rf;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+    if (e < nq + nk) {
+      const bool isK = e >= nq;
+      const int64_t f = isK ? e - nq : e, nh = isK ? kvHeads : heads;
+      const int64_t h = f % nh, i = f / nh % half, t = f / nh / half;
+      double s, c;
+      sincos((double)pos[t] * posScale * freq[i], &s, &c);
+      float* row = (isK ? k : q) + (t * nh + h) * hd;
+      int64_t a, b;
+      bk_rope_pair(row, i, half, neox, s, c, a, b);
+      if (isK) {
+        const int64_t sl = slots[t], ko = bk_k_off(sl / ps, layer, sl % ps, ps, pe, rf) + h * hd;
+        bk_kv_put(kv, ko + a, row[a], dt);
+        bk_kv_put(kv, ko + b, row[b], dt);
+      }
     } else {
-      static_cast<uint16_t*>(kv)[ko] = bk_f2bf(k[e]);
-      static_cast<uint16_t*>(kv)[vo] = bk_f2bf(v[e]);
+      const int64_t f = e - nq - nk, t = f / rf, j = f % rf;
+      const int64_t sl = slots[t], ko = bk_k_off(sl / ps, layer, sl % ps, ps, pe, rf) + j;
+      bk_kv_put(kv, ko + ps * rf, v[f], dt);
+      if (j % hd >= 2 * half) bk_kv_put(kv, ko, k[f], dt);
     }
   }
 }

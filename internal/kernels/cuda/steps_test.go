@@ -1,0 +1,76 @@
+package cuda
+
+import (
+	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/model"
+)
+
+// copiesPerDecodeStep runs a dummy model of the given depth on b (weights
+// preloaded, a 9-token prefill first) and returns how many host-to-device
+// copies its third decode step made, and how many times it launched each
+// kernel.
+func copiesPerDecodeStep(t *testing.T, b *Backend, layers int) (int, [numKernels]int) {
+	t.Helper()
+	c := model.Config{Arch: "llama", Vocab: 256, Dim: 64, Layers: layers, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 128,
+		ContextLength: 64, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: 16, Theta: 10000}}
+	w, err := model.DummyWeights(&c, kernels.F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := []*kernels.Matrix{w.Embed, w.Output}
+	for _, ly := range w.Layers {
+		ms = append(ms, ly.Q, ly.K, ly.V, ly.O, ly.Gate, ly.Up, ly.Down)
+	}
+	if err := b.Preload(ms...); err != nil {
+		t.Fatal(err)
+	}
+	m := model.New(c, w, b)
+	defer m.Close()
+	kvh := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kernels.BF16}
+	kvh.Data = make([]float32, 8*kvh.PageFloats())
+	kv := toDevice(t, b, kvh)
+	pages := []int32{3, 1, 6, 0}
+	copies, launches := 0, [numKernels]int{}
+	for step, start, n := 0, 0, 9; step < 4; step, start, n = step+1, start+n, 1 {
+		bt := &model.Batch{}
+		for p := start; p < start+n; p++ {
+			bt.Tokens = append(bt.Tokens, int32((p*53+7)%c.Vocab))
+			bt.Positions = append(bt.Positions, int32(p))
+			bt.Slots = append(bt.Slots, pages[p/4]*4+int32(p%4))
+		}
+		bt.Seqs = []kernels.AttnSeq{{Pages: pages, QLen: n, KVLen: start + n}}
+		before, launched := b.h2dCopies, b.launches
+		if _, err := m.Forward(bt, kv); err != nil {
+			t.Fatal(err)
+		}
+		copies = b.h2dCopies - before
+		for k := range launches {
+			launches[k] = b.launches[k] - launched[k]
+		}
+	}
+	return copies, launches
+}
+
+// TestFakeDecodeStepCopies: a decode step's copies to the device do not
+// grow with the model's depth. Each layer passes the same positions,
+// slots and attention tables; a copy from pageable memory first waits for
+// every kernel queued, so copying them again per layer would stall the
+// GPU once per table per layer.
+func TestFakeDecodeStepCopies(t *testing.T) {
+	b := fakeBackend(t)
+	one, _ := copiesPerDecodeStep(t, b, 1)
+	three, launches := copiesPerDecodeStep(t, b, 3)
+	if one != three {
+		t.Fatalf("a decode step copies %d times with 1 layer, %d with 3", one, three)
+	}
+	t.Logf("%d copies a decode step", three)
+	// The fused kernels carry the step: a layer's rotation and KV store in
+	// one launch, each residual add inside the next norm but the last.
+	for k, want := range map[int]int{kRoPEStoreKV: 3, kRoPE: 0, kStoreKV: 0, kAddRMSNorm: 5, kAdd: 1, kRMSNorm: 2} {
+		if launches[k] != want {
+			t.Errorf("%s launched %d times in a 3-layer decode step, want %d", kernelNames[k], launches[k], want)
+		}
+	}
+}
