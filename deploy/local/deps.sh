@@ -50,6 +50,7 @@ need openblas libopenblas-dev
 case $what in
 run) need curl curl ;;
 test)
+  need curl curl # test/gpu's scripts, as a GPU run uses them
   need ucx libucx-dev
   need promtool prometheus
   need node nodejs npm

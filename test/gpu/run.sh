@@ -6,7 +6,12 @@
 # first (`make gpu-test-bins` -> test/gpu/bin/) and carry test/gpu/bin along
 # with the working tree. cuBLAS is found as libcublas.so.12/.13/.11 on the
 # loader's path or in /usr/local/cuda/lib64 (without it products run on the
-# backend's own kernels, and the log says so).
+# backend's own kernels, and the log says so). The baton binary also links
+# OpenBLAS: where the GPU machine lacks libopenblas.so.0, libgfortran.so.5
+# and libquadmath.so.0, carry them from the build machine's
+# /usr/lib/x86_64-linux-gnu (with libopenblas's real file from
+# /usr/lib/x86_64-linux-gnu/openblas-pthread) in a folder and put that
+# folder on LD_LIBRARY_PATH. The served step needs curl.
 #
 # Steps (each with a time limit; logs and a summary go to $OUT, default a
 # new temporary directory):
@@ -21,6 +26,12 @@
 #                  --device cuda on loopback: KV pools in GPU memory, pages
 #                  over tcp through pinned buffers, the greedy reference;
 #                  a cuda prefill (bf16 KV) paired with a cpu decode
+#   6. served      `baton bench serve` against the binary on the GPU, dummy
+#                  Qwen3-1.7B shape (test/gpu/models), 512 in / 128 out, 1
+#                  and 32 streams, standalone then router + prefill + decode
+#                  (test/gpu/serve-bench.sh)
+# It ends with the table of figures against the limits the measured copy
+# bandwidth sets (test/gpu/table.sh), in $OUT/summary.txt.
 #
 # Exit status: 0 when every step passed; the GPU tests must not skip here.
 set -uo pipefail
@@ -72,6 +83,7 @@ step kernels 240 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^Test
 step bandwidth 120 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x -test.v -test.timeout 110s
 step model 180 "$ROOT/test/gpu" "$BIN/gpu.test" -test.run '^$' -test.bench 'GPUModel1B' -test.benchtime 3x -test.v -test.timeout 170s
 step serve 120 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^(TestPDOnCUDA|TestPDCUDAPrefillHalfKV)$' -test.v -test.timeout 110s
+step served 240 "$ROOT" env PROMPTS=32 test/gpu/serve-bench.sh "$BIN/baton" "$OUT"
 
 {
   echo "baton GPU run $(date -u +%FT%TZ)"
@@ -81,6 +93,9 @@ step serve 120 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.tes
   grep -h -E 'worst|tokens match' "$OUT/kernels.log"
   grep -h -E '^Benchmark' "$OUT/bandwidth.log" "$OUT/model.log"
   grep -h 'dummy 1B' "$OUT/model.log"
+  echo
+  bash "$ROOT/test/gpu/table.sh" "$OUT"
+  echo
   if [ ${#failed[@]} -eq 0 ]; then echo "ALL PASSED"; else echo "FAILED: ${failed[*]}"; fi
 } >"$OUT/summary.txt"
 echo

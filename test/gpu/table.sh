@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# test/gpu/table.sh OUT: the figures of issue-style GPU tables from the logs
+# test/gpu/run.sh left in OUT (bandwidth.log, model.log, served-*.json),
+# each next to the limit computed from the copy bandwidth measured in the
+# same run. Prints a Markdown table; a figure a step did not produce reads
+# "-".
+set -uo pipefail
+OUT=$1
+
+# metric LOG PATTERN UNIT: the value before UNIT on the first Benchmark line
+# of LOG matching PATTERN.
+metric() {
+  awk -v pat="$2" -v unit="$3" '$1 ~ /^Benchmark/ && $1 ~ pat { for (i = 2; i <= NF; i++) if ($i == unit) { print $(i-1); exit } }' "$1" 2>/dev/null
+}
+
+# served FILE FIELD [STAT]: a number from a `baton bench serve --json` report.
+served() {
+  [ -f "$1" ] || return 0
+  awk -v f="\"$2\"" -v st="\"${3:-}\"" '
+    index($0, f ":") { if (st == "\"\"") { v = $2; gsub(/[,]/, "", v); print v; exit } in_ = 1; next }
+    in_ && index($0, st ":") { v = $2; gsub(/[,]/, "", v); print v; exit }
+    in_ && /}/ { in_ = 0 }' "$1"
+}
+
+fmt() { if [ -n "${1:-}" ]; then printf "%.${2:-0}f" "$1"; else printf -- "-"; fi; }
+ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else printf -- "-"; fi; }
+
+copy=$(metric "$OUT/bandwidth.log" 'AttentionDecode' 'copy_GB/s')
+# The dummy 1.24B (Llama-3.2-1B shape): 2.48 GB of f16 weights a step, and
+# at context 512 its bf16 K/V: 16 layers x 8 heads x 64 dims x 2 x 2 bytes
+# a position.
+weights=2.48
+kvpos=$(awk 'BEGIN { print 16 * 8 * 64 * 2 * 2 / 1e9 }')
+limit() { [ -n "$copy" ] && awk -v c="$copy" -v w="$weights" -v k="$kvpos" -v b="$1" 'BEGIN { printf "%.0f", b * c / (w + b * 512 * k) }'; }
+d1=$(metric "$OUT/model.log" 'decode/batch1/' 'tok/s')
+d32=$(metric "$OUT/model.log" 'decode/batch32/' 'tok/s')
+p512=$(metric "$OUT/model.log" 'prefill/batch1/' 'tok/s')
+
+echo "| work | measured | limit | ratio |"
+echo "| --- | --- | --- | --- |"
+echo "| copy bandwidth (cuMemcpyDtoD, read + write) | $(fmt "$copy") GB/s | | |"
+echo "| decode step, dummy 1.24B f16, batch 1, ctx 512 | $(fmt "$d1") tok/s | $(fmt "$(limit 1)") tok/s | $(ratio "$d1" "$(limit 1)") |"
+echo "| same, batch 32 | $(fmt "$d32") tok/s | $(fmt "$(limit 32)") tok/s | $(ratio "$d32" "$(limit 32)") |"
+echo "| prefill, same model, batch 1 x 512 | $(fmt "$p512") tok/s | | |"
+for dt in bf16 f32; do
+  for shape in seqs64/ctx4096 seqs1/ctx32768 seqs1/ctx512; do
+    r=$(metric "$OUT/bandwidth.log" "AttentionDecode/$dt/$shape/" 'attn/copy_read')
+    g=$(metric "$OUT/bandwidth.log" "AttentionDecode/$dt/$shape/" 'attn_GB/s')
+    echo "| paged decode attention, $dt KV, ${shape/\// x }, GQA 32/8, hd 128 | $(fmt "$g") GB/s | read = copy | $(fmt "$r" 2) |"
+  done
+done
+for mode in standalone pd; do
+  for c in 1 32; do
+    f=$OUT/served-$mode-c$c.json
+    echo "| served, dummy Qwen3-1.7B f16, 512 in / 128 out, $mode, $c stream(s) | $(fmt "$(served "$f" output_throughput)") tok/s, TTFT p50 $(fmt "$(served "$f" ttft_ms p50)" 1) ms, ITL p50 $(fmt "$(served "$f" itl_ms p50)" 1) ms | | |"
+  done
+done
