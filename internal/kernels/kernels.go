@@ -489,6 +489,29 @@ func RoPEStoreKV(be Backend, q, k, v []float32, positions []int32, heads int, r 
 	be.StoreKV(kv, layer, slots, k, v)
 }
 
+// RowGatherer is a backend that copies rows between buffers in its own
+// memory: dst's row i is src's row rows[i], each width long. A forward
+// pass takes its logit rows out of the step's rows this way, so they need
+// not visit the host.
+type RowGatherer interface {
+	GatherRows(dst, src []float32, width int, rows []int32)
+}
+
+// GatherRows is dst[i] = src[rows[i]] for rows of width: on the backend
+// when it is a RowGatherer, else on the host (bringing kept buffers up to
+// date either side).
+func GatherRows(be Backend, dst, src []float32, width int, rows []int32) {
+	if g, ok := be.(RowGatherer); ok {
+		g.GatherRows(dst, src, width, rows)
+		return
+	}
+	Host(be, src, dst)
+	for i, r := range rows {
+		copy(dst[i*width:(i+1)*width], src[int(r)*width:(int(r)+1)*width])
+	}
+	Changed(be, dst)
+}
+
 // KVDTyper is a backend with its own KV dtype for --kv-cache-dtype auto:
 // the dtype its kernels compute in (the cuda backend's f32).
 type KVDTyper interface {

@@ -93,6 +93,7 @@ func (b *Batch) Validate(c *Config, kv kernels.PagedKV) error {
 
 type scratch struct {
 	x, h, q, k, v, attn, o, gate, up, last, logits []float32
+	lastRows                                       []int32 // the rows of x that give logits
 	moe                                            moeScratch
 }
 
@@ -154,7 +155,7 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 	m.size(n, ns)
 	// On a backend that keeps activations in its own memory (a GPU's) the
 	// layers run there; the host reads s.x back only for the last rows.
-	kernels.Keep(be, s.x, s.h, s.q, s.k, s.v, s.attn, s.o, s.gate, s.up)
+	kernels.Keep(be, s.x, s.h, s.q, s.k, s.v, s.attn, s.o, s.gate, s.up, s.last)
 	if !m.keptWeights {
 		kernels.Keep(be, w.vectors()...)
 		m.keptWeights = true
@@ -200,17 +201,36 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 		}
 	}
 	be.Add(s.x, s.x, s.o) // the last layer's residual
-	kernels.Host(be, s.x)
-	at := 0
+	// The logit rows: every row of a decode step in order, else the rows
+	// gathered (where the step's rows are, on a GPU).
+	s.lastRows = s.lastRows[:0]
 	for i, sq := range b.Seqs {
 		k := b.Rows(i)
-		r := sq.QStart + sq.QLen - k
-		copy(s.last[at*c.Dim:(at+k)*c.Dim], s.x[r*c.Dim:(r+k)*c.Dim])
-		at += k
+		for r := sq.QStart + sq.QLen - k; r < sq.QStart+sq.QLen; r++ {
+			s.lastRows = append(s.lastRows, int32(r))
+		}
 	}
-	be.RMSNorm(s.h[:ns*c.Dim], s.last, w.OutNorm, ns, c.NormEps)
+	last := s.x[:ns*c.Dim]
+	if !allInOrder(s.lastRows, n) {
+		kernels.GatherRows(be, s.last, s.x, c.Dim, s.lastRows)
+		last = s.last
+	}
+	be.RMSNorm(s.h[:ns*c.Dim], last, w.OutNorm, ns, c.NormEps)
 	be.MatMul(s.logits, s.h[:ns*c.Dim], ns, w.Output)
 	return s.logits, nil
+}
+
+// allInOrder says whether rows is 0, 1, ..., n-1.
+func allInOrder(rows []int32, n int) bool {
+	if len(rows) != n {
+		return false
+	}
+	for i, r := range rows {
+		if int(r) != i {
+			return false
+		}
+	}
+	return true
 }
 
 func addBias(x, bias []float32) {

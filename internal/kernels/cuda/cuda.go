@@ -111,6 +111,7 @@ const (
 	kRoPE
 	kSwiGLU
 	kAdd
+	kGatherRows
 	kStoreKV
 	kRoPEStoreKV
 	kPagePack
@@ -130,7 +131,7 @@ const (
 
 var kernelNames = [numKernels]string{
 	"bk_gemv_f32", "bk_gemv_f16", "bk_gemv_bf16", "bk_gemv_q8_0", "bk_dequant_rows", "bk_f32_to_f16",
-	"bk_f32_to_bf16", "bk_rmsnorm", "bk_add_rmsnorm", "bk_rope", "bk_swiglu", "bk_add", "bk_store_kv",
+	"bk_f32_to_bf16", "bk_rmsnorm", "bk_add_rmsnorm", "bk_rope", "bk_swiglu", "bk_add", "bk_gather_rows", "bk_store_kv",
 	"bk_rope_store_kv", "bk_page_pack",
 	"bk_page_unpack", "bk_attn_f32_m4", "bk_attn_f16_m4", "bk_attn_bf16_m4", "bk_attn_f32_m8", "bk_attn_f16_m8",
 	"bk_attn_bf16_m8", "bk_attn_combine", "bk_moe_gather", "bk_moe_gemv", "bk_moe_scatter",
@@ -228,6 +229,15 @@ type Backend struct {
 	exactScratch bool // scratch buffers of exactly the size asked (the fake driver's guard pages then catch overruns)
 
 	moe moePlan // Experts' host tables, reused between calls
+	// halfOf is what scratch sHalf holds: x (a device address) rounded to
+	// a half type for a GemmEx product, n*cols elements of it. Products
+	// of one input in a row (Q, K and V; gate and up) round it once. Any
+	// launch or copy to the device may change x, so both forget it.
+	halfOf struct {
+		x     dptr
+		elems int
+		conv  int
+	}
 	// Counts the tests read: Experts calls, and bytes copied to the device.
 	expertCalls, h2dBytes, h2dCopies int
 	launches                         [numKernels]int
@@ -501,6 +511,7 @@ func (b *Backend) buf(i, bytes int) dptr {
 	if s.ptr != 0 {
 		// Calls queue their kernels without waiting: one still queued may
 		// read this buffer.
+		b.halfOf.x = 0
 		b.sync()
 		b.free(s.ptr)
 		s.ptr = 0
@@ -516,6 +527,7 @@ func (b *Backend) buf(i, bytes int) dptr {
 }
 
 func (b *Backend) h2d(dst dptr, src unsafe.Pointer, bytes int) {
+	b.halfOf.x = 0
 	b.h2dBytes += bytes
 	if bytes > 0 {
 		b.h2dCopies++
@@ -579,6 +591,7 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 	}
 	b.args = append(b.args[:0], args...)
 	b.launches[k]++
+	b.halfOf.x = 0
 	b.must("cuLaunchKernel "+kernelNames[k], C.bk_launch(b.drv.c, C.uintptr_t(b.fn[k]), C.uint(gx), C.uint(gy),
 		C.uint(bx), C.uint(smem), C.uintptr_t(b.stream), (*C.uint64_t)(unsafe.Pointer(&b.args[0])), C.int(len(args))))
 }
@@ -696,6 +709,11 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 // matmul: out[n, rows] = x[n, cols] · wᵀ on the device.
 func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 	rows, cols := w.rows, w.cols
+	// A cuBLAS product writes out without a launch: a rounded input it
+	// overwrites is forgotten.
+	if h := b.halfOf; h.x != 0 && out < h.x+uint64(4*h.elems) && h.x < out+uint64(4*n*rows) {
+		b.halfOf.x = 0
+	}
 	if n <= b.gemvMax || b.blas == nil {
 		k := [...]int{kernels.F32: kGemvF32, kernels.F16: kGemvF16, kernels.Q8_0: kGemvQ80, kernels.BF16: kGemvBF16}[w.dtype]
 		for i := 0; i < n; i += gemvMaxN {
@@ -714,7 +732,10 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 			conv, typ = kToBF16, 14 // CUDA_R_16BF
 		}
 		xh := b.buf(sHalf, 2*n*cols)
-		b.launch(conv, blocks(n*cols, elemThreads), 1, elemThreads, 0, xh, x, argI(n*cols))
+		if h := b.halfOf; h.x != x || h.elems != n*cols || h.conv != conv {
+			b.launch(conv, blocks(n*cols, elemThreads), 1, elemThreads, 0, xh, x, argI(n*cols))
+			b.halfOf.x, b.halfOf.elems, b.halfOf.conv = x, n*cols, conv
+		}
 		if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(rows), C.int(n), C.int(cols),
 			C.bk_dptr(w.ptr), C.int(typ), C.int(cols), C.bk_dptr(xh), C.int(cols), C.bk_dptr(out), C.int(rows))); err != nil {
 			panic(err)
@@ -864,6 +885,27 @@ func (b *Backend) Add(out, a, bb []float32) {
 	db := b.in(sX2, bb[:n])
 	do, done := b.out(sOut, out, n)
 	b.launch(kAdd, blocks(n, elemThreads), 1, elemThreads, 0, do, da, db, argI(n))
+	done()
+}
+
+// GatherRows implements kernels.RowGatherer.
+func (b *Backend) GatherRows(dst, src []float32, width int, rows []int32) {
+	if len(rows) == 0 || width <= 0 {
+		return
+	}
+	n := len(src) / width
+	for _, r := range rows {
+		if r < 0 || int(r) >= n {
+			panic(fmt.Sprintf("cuda: GatherRows row %d of %d", r, n))
+		}
+	}
+	kernels.CheckElementwise("GatherRows", len(rows)*width, dst)
+	b.lock()
+	defer b.unlock()
+	ds := b.in(sX, src)
+	dr := upload(b, sIdx1, rows)
+	do, done := b.out(sOut, dst, len(rows)*width)
+	b.launch(kGatherRows, blocks(len(rows)*width, elemThreads), 1, elemThreads, 0, do, ds, dr, argI(len(rows)), argI(width))
 	done()
 }
 

@@ -82,3 +82,25 @@ func testRoPEStoreKV(t *testing.T, b *Backend) {
 		}
 	}
 }
+
+// testGatherRows: rows copied in the order asked, repeats included, and a
+// row outside src refused.
+func testGatherRows(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(55, 56))
+	const width = 37
+	src := randVec(rng, 9*width, 1)
+	rows := []int32{8, 0, 3, 3, 5}
+	got := make([]float32, len(rows)*width)
+	b.GatherRows(got, src, width, rows)
+	for i, r := range rows {
+		if !slices.Equal(got[i*width:(i+1)*width], src[int(r)*width:(int(r)+1)*width]) {
+			t.Fatalf("row %d is not src row %d", i, r)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("GatherRows of row 9 of 9 did not panic")
+		}
+	}()
+	b.GatherRows(got, src, width, []int32{9})
+}

@@ -50,6 +50,7 @@ func runSuite(t *testing.T, b *Backend) {
 	t.Run("RoPE", func(t *testing.T) { testRoPE(t, b) })
 	t.Run("AddRMSNorm", func(t *testing.T) { testAddRMSNorm(t, b) })
 	t.Run("RoPEStoreKV", func(t *testing.T) { testRoPEStoreKV(t, b) })
+	t.Run("GatherRows", func(t *testing.T) { testGatherRows(t, b) })
 	t.Run("SwiGLUAdd", func(t *testing.T) { testSwiGLUAdd(t, b) })
 	t.Run("Embed", func(t *testing.T) { testEmbed(t, b) })
 	t.Run("Attention", func(t *testing.T) { testAttention(t, b) })

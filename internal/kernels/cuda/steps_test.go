@@ -8,10 +8,11 @@ import (
 )
 
 // copiesPerDecodeStep runs a dummy model of the given depth on b (weights
-// preloaded, a 9-token prefill first) and returns how many host-to-device
-// copies its third decode step made, and how many times it launched each
-// kernel.
-func copiesPerDecodeStep(t *testing.T, b *Backend, layers int) (int, [numKernels]int) {
+// preloaded, a prompt of two 9-token chunks first) and returns how many
+// host-to-device copies its second decode step made, and how many times
+// it launched each kernel; and the launches of the second prefill chunk
+// (the first also copies the kept buffers in).
+func copiesPerDecodeStep(t *testing.T, b *Backend, layers int) (int, [numKernels]int, [numKernels]int) {
 	t.Helper()
 	c := model.Config{Arch: "llama", Vocab: 256, Dim: 64, Layers: layers, Heads: 4, KVHeads: 2, HeadDim: 16, FF: 128,
 		ContextLength: 64, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: 16, Theta: 10000}}
@@ -31,9 +32,10 @@ func copiesPerDecodeStep(t *testing.T, b *Backend, layers int) (int, [numKernels
 	kvh := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kernels.BF16}
 	kvh.Data = make([]float32, 8*kvh.PageFloats())
 	kv := toDevice(t, b, kvh)
-	pages := []int32{3, 1, 6, 0}
-	copies, launches := 0, [numKernels]int{}
-	for step, start, n := 0, 0, 9; step < 4; step, start, n = step+1, start+n, 1 {
+	pages := []int32{3, 1, 6, 0, 7, 2}
+	copies, launches, prefill := 0, [numKernels]int{}, [numKernels]int{}
+	start := 0
+	for step, n := range []int{9, 9, 1, 1} {
 		bt := &model.Batch{}
 		for p := start; p < start+n; p++ {
 			bt.Tokens = append(bt.Tokens, int32((p*53+7)%c.Vocab))
@@ -49,8 +51,12 @@ func copiesPerDecodeStep(t *testing.T, b *Backend, layers int) (int, [numKernels
 		for k := range launches {
 			launches[k] = b.launches[k] - launched[k]
 		}
+		if step == 1 {
+			prefill = launches
+		}
+		start += n
 	}
-	return copies, launches
+	return copies, launches, prefill
 }
 
 // TestFakeDecodeStepCopies: a decode step's copies to the device do not
@@ -60,8 +66,8 @@ func copiesPerDecodeStep(t *testing.T, b *Backend, layers int) (int, [numKernels
 // GPU once per table per layer.
 func TestFakeDecodeStepCopies(t *testing.T) {
 	b := fakeBackend(t)
-	one, _ := copiesPerDecodeStep(t, b, 1)
-	three, launches := copiesPerDecodeStep(t, b, 3)
+	one, _, _ := copiesPerDecodeStep(t, b, 1)
+	three, launches, prefill := copiesPerDecodeStep(t, b, 3)
 	if one != three {
 		t.Fatalf("a decode step copies %d times with 1 layer, %d with 3", one, three)
 	}
@@ -72,5 +78,11 @@ func TestFakeDecodeStepCopies(t *testing.T) {
 		if launches[k] != want {
 			t.Errorf("%s launched %d times in a 3-layer decode step, want %d", kernelNames[k], launches[k], want)
 		}
+	}
+	// A 9-row prefill chunk's products of f16 weights round their input to f16
+	// once per input: Q, K and V share one, gate and up another, O and
+	// Down one each.
+	if got := prefill[kToF16]; got != 4*3 {
+		t.Errorf("a 3-layer prefill chunk rounded inputs to f16 %d times, want %d", got, 4*3)
 	}
 }

@@ -23,6 +23,7 @@
   X(bk_rope)          \
   X(bk_swiglu)        \
   X(bk_add)           \
+  X(bk_gather_rows)   \
   X(bk_store_kv)      \
   X(bk_rope_store_kv) \
   X(bk_page_pack)     \

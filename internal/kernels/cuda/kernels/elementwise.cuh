@@ -99,3 +99,12 @@ extern "C" __global__ void bk_add(float* out, const float* a, const float* b, in
     out[i] = a[i] + b[i];
   }
 }
+
+// bk_gather_rows: dst row i = src row rows[i], each width floats
+// (kernels.RowGatherer). Launch: one thread per element of dst.
+extern "C" __global__ void bk_gather_rows(float* dst, const float* src, const int32_t* rows, int64_t n, int64_t width) {
+  const int64_t total = n * width;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+    dst[e] = src[(int64_t)rows[e / width] * width + e % width];
+  }
+}
