@@ -83,6 +83,10 @@ const (
 	attnSeqFields  = 4
 	elemThreads    = 256
 	maxGrid        = 1 << 20 // grid-stride kernels use at most this many blocks
+	// stageBytes is the pinned host buffer small copies to the device go
+	// through; stageMax the largest copy that does.
+	stageBytes = 4 << 20
+	stageMax   = 1 << 20
 	// dequantChunk bounds the float32 scratch of a q8_0 product (floats).
 	dequantChunk = 16 << 20
 	// attnSplitLen is the least positions per split of one attention item:
@@ -207,6 +211,14 @@ type Backend struct {
 	blasDesc string
 
 	scratch [numScratch]devBuf
+	// stage is pinned host memory (nil when the driver refused it) that
+	// copies of up to stageMax bytes to the device are made from: a copy
+	// from pageable memory first waits for every kernel queued on the
+	// stream, one from pinned memory does not, so a step's small inputs no
+	// longer stall the GPU. staged bytes of it are in use by copies that
+	// may still be queued; the stream's next synchronisation frees them.
+	stage  unsafe.Pointer
+	staged int
 	// sent is, per scratch buffer written by uploadSame, the bytes last
 	// copied into it (nil: none, or since overwritten).
 	sent    [numScratch][]byte
@@ -239,8 +251,8 @@ type Backend struct {
 		conv  int
 	}
 	// Counts the tests read: Experts calls, and bytes copied to the device.
-	expertCalls, h2dBytes, h2dCopies int
-	launches                         [numKernels]int
+	expertCalls, h2dBytes, h2dCopies, stagedCopies int
+	launches                                       [numKernels]int
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -339,6 +351,10 @@ func open(l libs, index int) (*Backend, error) {
 		return fail(err)
 	}
 	b.stream = uintptr(s)
+	var h unsafe.Pointer
+	if C.bk_host_alloc(d.c, &h, C.size_t(stageBytes)) == 0 {
+		b.stage = h
+	}
 	b.openCUBLAS(l.cublas)
 	return b, nil
 }
@@ -423,6 +439,10 @@ func (b *Backend) release() {
 		}
 	}
 	b.weights, b.pools, b.kept, b.scratch = nil, nil, nil, [numScratch]devBuf{}
+	if b.stage != nil {
+		C.bk_host_free(d, b.stage)
+		b.stage = nil
+	}
 	if b.blasH != 0 {
 		C.bk_blas_destroy(b.blas, C.uintptr_t(b.blasH))
 		b.blasH = 0
@@ -529,10 +549,21 @@ func (b *Backend) buf(i, bytes int) dptr {
 func (b *Backend) h2d(dst dptr, src unsafe.Pointer, bytes int) {
 	b.halfOf.x = 0
 	b.h2dBytes += bytes
-	if bytes > 0 {
-		b.h2dCopies++
-		b.must("cuMemcpyHtoDAsync", C.bk_htod(b.drv.c, C.bk_dptr(dst), src, C.size_t(bytes), C.uintptr_t(b.stream)))
+	if bytes <= 0 {
+		return
 	}
+	b.h2dCopies++
+	if b.stage != nil && bytes <= stageMax {
+		if b.staged+bytes > stageBytes {
+			b.sync() // every staged copy has run
+		}
+		at := unsafe.Add(b.stage, b.staged)
+		copy(unsafe.Slice((*byte)(at), bytes), unsafe.Slice((*byte)(src), bytes))
+		b.staged += roundUp(bytes, 256)
+		b.stagedCopies++
+		src = at
+	}
+	b.must("cuMemcpyHtoDAsync", C.bk_htod(b.drv.c, C.bk_dptr(dst), src, C.size_t(bytes), C.uintptr_t(b.stream)))
 }
 
 // d2h copies to the host and waits for it.
@@ -547,6 +578,7 @@ func (b *Backend) sync() {
 	stores := b.stores.Load()
 	b.must("cuStreamSynchronize", C.bk_stream_sync(b.drv.c, C.uintptr_t(b.stream)))
 	b.storesDone.Store(stores) // only this thread (holding mu) moves it
+	b.staged = 0
 }
 
 // upload copies a host slice into scratch buffer i.

@@ -1,9 +1,13 @@
 package cuda
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/kernelstest"
+	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/model"
 )
 
@@ -84,5 +88,33 @@ func TestFakeDecodeStepCopies(t *testing.T) {
 	// Down one each.
 	if got := prefill[kToF16]; got != 4*3 {
 		t.Errorf("a 3-layer prefill chunk rounded inputs to f16 %d times, want %d", got, 4*3)
+	}
+}
+
+// TestFakeSmallCopiesStaged: copies to the device of up to stageMax bytes
+// go through the pinned stage (a copy from pageable memory would first
+// wait for the stream), larger ones straight from Go memory, and the
+// results are the same.
+func TestFakeSmallCopiesStaged(t *testing.T) {
+	b := fakeBackend(t)
+	if b.stage == nil {
+		t.Fatal("no pinned stage")
+	}
+	rng := rand.New(rand.NewPCG(57, 58))
+	for _, cols := range []int{64, stageMax/4 + 64} {
+		w := randMatrix(rng, kernels.F32, 2, cols)
+		x := randVec(rng, cols, 1)
+		got, want := make([]float32, 2), make([]float32, 2)
+		b.MatMul(got, x, 1, w)
+		ref.New().MatMul(want, x, 1, w)
+		copies, staged := b.h2dCopies, b.stagedCopies
+		b.MatMul(got, x, 1, w) // the weight is on the device now: x alone is copied
+		if small := 4*cols <= stageMax; (b.stagedCopies-staged == 1) != small || b.h2dCopies-copies != 1 {
+			t.Errorf("x of %d bytes: %d copies, %d staged", 4*cols, b.h2dCopies-copies, b.stagedCopies-staged)
+		}
+		ck := &checker{T: t, What: fmt.Sprintf("MatMul of %d columns", cols), Tol: tolMatMul}
+		for i := range got {
+			ck.Check(i, got[i], want[i], kernelstest.MatMag(w, x, 0, i), 1e-30)
+		}
 	}
 }
