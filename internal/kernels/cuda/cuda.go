@@ -22,11 +22,14 @@
 //     positions and slots and out only the last rows and the logits; any
 //     other slice is copied in and out on each call.
 //
-// Products of up to 8 rows use own kernels that read f32, f16, bf16 and
-// q8_0 weights directly; larger ones use cuBLAS: sgemm for f32 weights,
-// GemmEx with float32 accumulation for f16 and bf16 weights (x rounded to
-// the weights' type), and q8_0 dequantised to float32 in row chunks for
-// sgemm. Without a loadable cuBLAS every product uses the own kernels.
+// Weights may be f32, f16, bf16 or any ggml block format the CPU backend
+// serves (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k), kept
+// on the device as stored. Products of up to 8 rows use own kernels that
+// read the weights directly, dequantising block formats in registers;
+// larger ones use cuBLAS: sgemm for f32 weights, GemmEx with float32
+// accumulation for f16 and bf16 weights (x rounded to the weights' type),
+// and the block formats dequantised to float32 in row chunks for sgemm.
+// Without a loadable cuBLAS every product uses the own kernels.
 //
 // A mixture of experts' FFN runs whole on the device (Experts, moe.go):
 // the model routes on the host from the router's logits and hands over
@@ -130,6 +133,15 @@ const (
 	kMoEGather
 	kMoEGemv
 	kMoEScatter
+	kGemvQ40
+	kGemvQ41
+	kGemvQ50
+	kGemvQ51
+	kGemvQ4K
+	kGemvQ5K
+	kGemvQ6K
+	kGemvQ3K
+	kGemvQ2K
 	numKernels
 )
 
@@ -139,6 +151,16 @@ var kernelNames = [numKernels]string{
 	"bk_rope_store_kv", "bk_page_pack",
 	"bk_page_unpack", "bk_attn_f32_m4", "bk_attn_f16_m4", "bk_attn_bf16_m4", "bk_attn_f32_m8", "bk_attn_f16_m8",
 	"bk_attn_bf16_m8", "bk_attn_combine", "bk_moe_gather", "bk_moe_gemv", "bk_moe_scatter",
+	"bk_gemv_q4_0", "bk_gemv_q4_1", "bk_gemv_q5_0", "bk_gemv_q5_1", "bk_gemv_q4_k", "bk_gemv_q5_k", "bk_gemv_q6_k",
+	"bk_gemv_q3_k", "bk_gemv_q2_k",
+}
+
+// gemvKernel is the gemv kernel of each weight dtype (SupportsDType).
+var gemvKernel = [...]int{
+	kernels.F32: kGemvF32, kernels.F16: kGemvF16, kernels.BF16: kGemvBF16, kernels.Q8_0: kGemvQ80,
+	kernels.Q4_0: kGemvQ40, kernels.Q4_1: kGemvQ41, kernels.Q5_0: kGemvQ50, kernels.Q5_1: kGemvQ51,
+	kernels.Q4_K: kGemvQ4K, kernels.Q5_K: kGemvQ5K, kernels.Q6_K: kGemvQ6K, kernels.Q3_K: kGemvQ3K,
+	kernels.Q2_K: kGemvQ2K,
 }
 
 // Scratch buffers for per-call data, by role.
@@ -636,13 +658,9 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 func (*Backend) AutoKVDType() kernels.DType { return kernels.BF16 }
 
 // SupportsDType implements kernels.DTypeSupporter: the kernels cover the
-// float types and Q8_0, not the other ggml block formats.
+// float types and every ggml block format the CPU backend serves.
 func (*Backend) SupportsDType(dt kernels.DType) bool {
-	switch dt {
-	case kernels.F32, kernels.F16, kernels.BF16, kernels.Q8_0:
-		return true
-	}
-	return false
+	return dt >= 0 && int(dt) < len(gemvKernel)
 }
 
 // weight returns the device copy of w, uploading it the first time.
@@ -655,7 +673,7 @@ func (b *Backend) weight(w *kernels.Matrix) *devMatrix {
 		panic(err)
 	}
 	if !b.SupportsDType(w.DType) {
-		panic(fmt.Sprintf("cuda: %s weights are not supported on this backend (f32, f16, bf16 and q8_0 are); use --device cpu", w.DType))
+		panic(fmt.Sprintf("cuda: %s weights are not supported on this backend; use --device cpu", w.DType))
 	}
 	m := &devMatrix{dtype: w.DType, rows: w.Rows, cols: w.Cols, bytes: len(w.Data)}
 	m.ptr = b.alloc(m.bytes, fmt.Sprintf("a %dx%d %s weight", w.Rows, w.Cols, w.DType))
@@ -747,7 +765,7 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 		b.halfOf.x = 0
 	}
 	if n <= b.gemvMax || b.blas == nil {
-		k := [...]int{kernels.F32: kGemvF32, kernels.F16: kGemvF16, kernels.Q8_0: kGemvQ80, kernels.BF16: kGemvBF16}[w.dtype]
+		k := gemvKernel[w.dtype]
 		for i := 0; i < n; i += gemvMaxN {
 			m := min(gemvMaxN, n-i)
 			b.launch(k, (rows+gemvWarps-1)/gemvWarps, 1, 32*gemvWarps, 0,
@@ -772,16 +790,26 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 			C.bk_dptr(w.ptr), C.int(typ), C.int(cols), C.bk_dptr(xh), C.int(cols), C.bk_dptr(out), C.int(rows))); err != nil {
 			panic(err)
 		}
-	default: // q8_0 (and exact f16/bf16): float32 rows in chunks, then sgemm
+	default: // block formats (and exact f16/bf16): float32 rows in chunks, then sgemm
 		chunk := max(1, min(rows, dequantChunk/cols))
 		deq := b.buf(sDequant, 4*chunk*cols)
 		for r0 := 0; r0 < rows; r0 += chunk {
 			cr := min(chunk, rows-r0)
-			b.launch(kDequantRows, blocks(cr*cols, elemThreads), 1, elemThreads, 0, deq, w.ptr, argI(int(w.dtype)),
-				argI(cols), 0, argI(r0), argI(cr))
+			b.launch(kDequantRows, blocks(dequantThreads(w.dtype, cr*cols), elemThreads), 1, elemThreads, 0, deq, w.ptr,
+				argI(int(w.dtype)), argI(cols), 0, argI(r0), argI(cr))
 			b.sgemm(out+uint64(4*r0), cr, n, cols, deq, x, rows)
 		}
 	}
+}
+
+// dequantThreads is how many threads bk_dequant_rows wants for n
+// elements of dtype dt: one per element, or per 8-element slot of a block
+// format.
+func dequantThreads(dt kernels.DType, n int) int {
+	if dt.Quantized() {
+		return n / 8
+	}
+	return n
 }
 
 // sgemm: C[n][ldc] (row-major, first m columns) = x[n][k] · A[m][k]ᵀ,
@@ -953,8 +981,8 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 	m := b.weight(table)
 	di := upload(b, sIdx1, ids)
 	do, done := b.out(sOut, out, n)
-	b.launch(kDequantRows, blocks(n, elemThreads), 1, elemThreads, 0, do, m.ptr, argI(int(m.dtype)), argI(m.cols),
-		di, 0, argI(len(ids)))
+	b.launch(kDequantRows, blocks(dequantThreads(m.dtype, n), elemThreads), 1, elemThreads, 0, do, m.ptr,
+		argI(int(m.dtype)), argI(m.cols), di, 0, argI(len(ids)))
 	done()
 }
 

@@ -37,4 +37,13 @@
   X(bk_attn_combine)  \
   X(bk_moe_gather)    \
   X(bk_moe_gemv)      \
-  X(bk_moe_scatter)
+  X(bk_moe_scatter)   \
+  X(bk_gemv_q4_0)     \
+  X(bk_gemv_q4_1)     \
+  X(bk_gemv_q5_0)     \
+  X(bk_gemv_q5_1)     \
+  X(bk_gemv_q4_k)     \
+  X(bk_gemv_q5_k)     \
+  X(bk_gemv_q6_k)     \
+  X(bk_gemv_q3_k)     \
+  X(bk_gemv_q2_k)

@@ -31,6 +31,40 @@
 #define BK_F16 1
 #define BK_Q8_0 2
 #define BK_BF16 3
+#define BK_Q4_0 4
+#define BK_Q4_1 5
+#define BK_Q5_0 6
+#define BK_Q5_1 7
+#define BK_Q4_K 8
+#define BK_Q5_K 9
+#define BK_Q6_K 10
+#define BK_Q3_K 11
+#define BK_Q2_K 12
+
+// Elements per block (kernels.DType.BlockSize: 1 for the float types).
+__host__ __device__ constexpr int bk_qk(int dt) {
+  return dt == BK_Q8_0 || dt == BK_Q4_0 || dt == BK_Q4_1 || dt == BK_Q5_0 || dt == BK_Q5_1 ? 32
+         : dt >= BK_Q4_K                                                                ? 256
+                                                                                        : 1;
+}
+
+// Bytes per block.
+__host__ __device__ constexpr int bk_qbytes(int dt) {
+  return dt == BK_F32                    ? 4
+         : dt == BK_F16 || dt == BK_BF16 ? 2
+         : dt == BK_Q8_0                 ? 34
+         : dt == BK_Q4_0                 ? 18
+         : dt == BK_Q4_1                 ? 20
+         : dt == BK_Q5_0                 ? 22
+         : dt == BK_Q5_1                 ? 24
+         : dt == BK_Q4_K                 ? 144
+         : dt == BK_Q5_K                 ? 176
+         : dt == BK_Q6_K                 ? 210
+         : dt == BK_Q3_K                 ? 110
+                                         : 84;  // BK_Q2_K
+}
+
+__host__ __device__ constexpr bool bk_is_quant(int dt) { return bk_qk(dt) > 1; }
 
 #define BK_NEG_INF (__uint_as_float(0xff800000u))
 
@@ -38,14 +72,7 @@ __device__ __forceinline__ int64_t bk_min64(int64_t a, int64_t b) { return a < b
 __device__ __forceinline__ int64_t bk_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // bk_row_bytes is kernels.DType.RowBytes.
-__device__ __forceinline__ int64_t bk_row_bytes(int dt, int64_t cols) {
-  switch (dt) {
-    case BK_F32: return 4 * cols;
-    case BK_F16:
-    case BK_BF16: return 2 * cols;
-    default: return cols / 32 * 34;
-  }
-}
+__device__ __forceinline__ int64_t bk_row_bytes(int dt, int64_t cols) { return cols / bk_qk(dt) * bk_qbytes(dt); }
 
 // IEEE half to float: exact for every finite value, infinities and NaN
 // (kernels.F16ToF32; a NaN's payload may differ, it stays a NaN).
@@ -103,18 +130,5 @@ __device__ __forceinline__ float bk_warp_max(float v) {
   return v;
 }
 
-// bk_dequant_elem is element c of row r of a weight matrix (kernels.Matrix.Row):
-// bit-exact with the Go definition.
-__device__ __forceinline__ float bk_dequant_elem(const uint8_t* __restrict__ w, int dt, int64_t cols, int64_t r, int64_t c) {
-  const uint8_t* row = w + r * bk_row_bytes(dt, cols);
-  switch (dt) {
-    case BK_F32: return reinterpret_cast<const float*>(row)[c];
-    case BK_F16: return bk_h2f(reinterpret_cast<const uint16_t*>(row)[c]);
-    case BK_BF16: return bk_bf2f(reinterpret_cast<const uint16_t*>(row)[c]);
-    default: {
-      const uint8_t* blk = row + (c / 32) * 34;
-      float d = bk_h2f((uint32_t)blk[0] | ((uint32_t)blk[1] << 8));
-      return d * (float)(int8_t)blk[2 + c % 32];
-    }
-  }
-}
+// The block formats' decoders and bk_dequant_elem.
+#include "quant.cuh"
