@@ -161,7 +161,7 @@ func place(w *Weights, prefault func(), closeFile func() error, hostCopy bool) (
 }
 
 // checkDTypes refuses, at load time, weights a backend cannot multiply
-// (the CUDA kernels take no ggml block format but Q8_0), rather than
+// (one whose kernels lack a format: kernels.DTypeSupporter), rather than
 // letting the first request fail.
 func checkDTypes(w *Weights, be kernels.Backend) error {
 	s, ok := be.(kernels.DTypeSupporter)

@@ -374,7 +374,8 @@ type dtypeLimited struct{ kernels.Backend }
 func (dtypeLimited) SupportsDType(dt kernels.DType) bool { return dt == kernels.F32 }
 
 // TestLoadRefusesUnsupportedDTypes: a backend that cannot run a file's
-// weight dtypes (as CUDA with Q4_K) refuses the model at load time.
+// weight dtypes (here Q4_K on an f32-only backend) refuses the model at
+// load time.
 func TestLoadRefusesUnsupportedDTypes(t *testing.T) {
 	c := Config{Arch: "llama", Vocab: 256, Dim: 256, Layers: 1, Heads: 4, KVHeads: 4, HeadDim: 64, FF: 256, ContextLength: 32,
 		NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
