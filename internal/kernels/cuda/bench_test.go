@@ -77,7 +77,7 @@ func attnDecodeGBs(be *Backend, dt kernels.DType, seqs, kvlen, heads, kvHeads, h
 func gemvGBs(be *Backend, dt kernels.DType, rows, cols, n, iters int) float64 {
 	w := &kernels.Matrix{DType: dt, Rows: rows, Cols: cols, Data: make([]byte, dt.RowBytes(cols)*rows)}
 	for i := range w.Data {
-		w.Data[i] = byte(i * 7 % 61) // small f16/bf16 values, q8_0 scales
+		w.Data[i] = byte(i * 7 % 61) // small f16/bf16 values, block scales
 	}
 	be.lock()
 	defer be.unlock()
@@ -211,9 +211,12 @@ func BenchmarkGPUAttentionDecode(b *testing.B) {
 	}
 }
 
+// benchDTypes are every weight dtype the backend multiplies.
+var benchDTypes = append(append([]kernels.DType(nil), allDTypes...), kernels.QuantDTypes...)
+
 func BenchmarkGPUMatMul(b *testing.B) {
 	be := gpuBackend(b)
-	for _, dt := range allDTypes {
+	for _, dt := range benchDTypes {
 		for _, n := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("%s/4096x4096/n%d", dt, n), func(b *testing.B) {
 				b.ReportMetric(gemvGBs(be, dt, 4096, 4096, n, b.N), "weights_GB/s")
@@ -234,9 +237,9 @@ func TestFakeBenchHelpers(t *testing.T) {
 			t.Fatalf("%s attention %g GB/s, %d splits", dt, g, s)
 		}
 	}
-	for _, dt := range allDTypes {
+	for _, dt := range benchDTypes {
 		for _, n := range []int{1, 12} {
-			if g := gemvGBs(be, dt, 8, 64, n, 1); g <= 0 {
+			if g := gemvGBs(be, dt, 8, max(64, dt.BlockSize()), n, 1); g <= 0 {
 				t.Fatalf("%s n=%d: %g GB/s", dt, n, g)
 			}
 		}
