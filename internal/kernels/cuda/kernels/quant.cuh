@@ -139,17 +139,20 @@ __device__ __forceinline__ void bk_q_decode(const uint8_t* __restrict__ blk, int
     case BK_Q4_K:
     case BK_Q5_K: {
       const int r = s / 8;
-      const float d = bk_half_at(blk), dmin = bk_half_at(blk + 2);
-      const uint8_t* sc = blk + 4;
-      // Scales and mins of sub-blocks 2r and 2r+1 (kernels.scaleMinK).
+      // d and dmin, then the 12 bytes of scales, as 4-byte words.
+      const uint32_t dm = bk_ld4<A>(blk), w0 = bk_ld4<A>(blk + 4), w1 = bk_ld4<A>(blk + 8), w2 = bk_ld4<A>(blk + 12);
+      const float d = bk_h2f(dm & 0xffffu), dmin = bk_h2f(dm >> 16);
+      // Scales and mins of sub-blocks 2r and 2r+1 (kernels.scaleMinK):
+      // bytes i, i+1 of each word, i = 2r for r < 2 and 2r-4 after.
+      const int i = 2 * (r & 1);
+      const uint32_t a0 = bk_byte(w0, i), a1 = bk_byte(w0, i + 1), b0 = bk_byte(w1, i), b1 = bk_byte(w1, i + 1);
       uint32_t s1, m1, s2, m2;
       if (r < 2) {
-        s1 = sc[2 * r] & 63u, m1 = sc[2 * r + 4] & 63u;
-        s2 = sc[2 * r + 1] & 63u, m2 = sc[2 * r + 5] & 63u;
+        s1 = a0 & 63u, m1 = b0 & 63u, s2 = a1 & 63u, m2 = b1 & 63u;
       } else {
-        const int j = 2 * r;
-        s1 = (sc[j + 4] & 15u) | (sc[j - 4] >> 6) << 4, m1 = (sc[j + 4] >> 4) | (sc[j] >> 6) << 4;
-        s2 = (sc[j + 5] & 15u) | (sc[j - 3] >> 6) << 4, m2 = (sc[j + 5] >> 4) | (sc[j + 1] >> 6) << 4;
+        const uint32_t c0 = bk_byte(w2, i), c1 = bk_byte(w2, i + 1);
+        s1 = (c0 & 15u) | (a0 >> 6) << 4, m1 = (c0 >> 4) | (b0 >> 6) << 4;
+        s2 = (c1 & 15u) | (a1 >> 6) << 4, m2 = (c1 >> 4) | (b1 >> 6) << 4;
       }
       const float d1 = bk_mul_rn(d, bk_u2f(s1)), o1 = bk_mul_rn(dmin, bk_u2f(m1));
       const float d2 = bk_mul_rn(d, bk_u2f(s2)), o2 = bk_mul_rn(dmin, bk_u2f(m2));
