@@ -351,3 +351,18 @@ func checkQuantLogits(t *testing.T, b *Backend, c model.Config, w *model.Weights
 	}
 	t.Logf("%s: worst logit error %.2g of the largest", name, worst)
 }
+
+// TestSupportsEveryDType: the backend takes every weight dtype kernels
+// defines, so the loader refuses none on it; a dtype it has no kernel for
+// is still refused.
+func TestSupportsEveryDType(t *testing.T) {
+	var b *Backend
+	for _, dt := range benchDTypes {
+		if !b.SupportsDType(dt) {
+			t.Errorf("%s refused", dt)
+		}
+	}
+	if dt := kernels.DType(len(gemvKernel)); b.SupportsDType(dt) {
+		t.Errorf("%s taken", dt)
+	}
+}
