@@ -34,13 +34,14 @@ func TestFakeQuant(t *testing.T) { testQuant(t, fakeBackend(t)) }
 
 func TestGPUQuant(t *testing.T) { testQuant(t, gpuBackend(t)) }
 
-// quantCols are row lengths for dt: one block, a few, and for the
-// 32-element formats lengths that are not a multiple of 256.
+// quantCols are row lengths for dt: one block, a few, more than a warp
+// takes in one trip of the gemv kernels (32 blocks of 32, 4 of 256), and
+// for the 32-element formats lengths that are not a multiple of 256.
 func quantCols(dt kernels.DType) []int {
 	if dt.BlockSize() == 32 {
 		return []int{32, 96, 160, 1056}
 	}
-	return []int{256, 768}
+	return []int{256, 768, 1280}
 }
 
 // testQuant: every block format through Embed (bit-exact with

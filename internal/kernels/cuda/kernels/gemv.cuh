@@ -58,15 +58,25 @@ __device__ void bk_gemv_row(float* __restrict__ out, const float* __restrict__ x
   for (int i = 0; i < N; i++) acc[i] = 0.f;
 
   if (bk_is_quant(DT)) {
-    constexpr int qk = bk_qk(DT), per = qk == 32 ? 4 : 32;  // lanes a block
+    // U blocks a lane per trip, decoded before any is used, so that their
+    // loads are in flight together: one block at a time leaves a warp
+    // with 150-300 bytes outstanding, too few to cover DRAM latency.
+    constexpr int qk = bk_qk(DT), per = qk == 32 ? 4 : 32, step = 32 / per, U = 4;  // per: lanes a block
     const int64_t nb = cols / qk;
     const int slot = lane % per;
     int c0, c1;
     bk_q_slot<DT>(slot, c0, c1);
-    for (int64_t b = lane / per; b < nb; b += 32 / per) {
-      float wv[8];
-      bk_q_decode<DT>(wrow + b * bk_qbytes(DT), slot, wv);
-      bk_gemv_fma4x2<N>(acc, wv, x, cols, b * qk + c0, b * qk + c1);
+    for (int64_t b0 = lane / per; b0 < nb; b0 += U * step) {
+      float wv[U][8];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (b0 + u * step < nb) bk_q_decode<DT>(wrow + (b0 + u * step) * bk_qbytes(DT), slot, wv[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t b = b0 + u * step;
+        if (b < nb) bk_gemv_fma4x2<N>(acc, wv[u], x, cols, b * qk + c0, b * qk + c1);
+      }
     }
   } else if (cols % 8 == 0) {
     // 16-byte loads: rows start 16-byte aligned (device buffers are
