@@ -367,3 +367,55 @@ func TestSupportsEveryDType(t *testing.T) {
 		t.Errorf("%s taken", dt)
 	}
 }
+
+// TestFakeExpertsQuant: Experts with every block format, its grouped gemv
+// (bk_moe_gemv's cases) and its cuBLAS path, against the float64 layer
+// and against the backend's own products, as testExperts does for the
+// float types.
+func TestFakeExpertsQuant(t *testing.T) { testExpertsQuant(t, fakeBackend(t)) }
+
+func TestGPUExpertsQuant(t *testing.T) { testExpertsQuant(t, gpuBackend(t)) }
+
+func testExpertsQuant(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(45, 46))
+	for _, dt := range quantFormats {
+		worst := 0.0
+		// 3 rows: grouped gemv segments; 40: expert 0's 20 rows on cuBLAS
+		// (or 8-row chunks of the grouped gemv without it).
+		for _, n := range []int{3, 40} {
+			c := newMoECase(rng, kernels.F32, n) // the routing; experts of dt below
+			c.d, c.ff = 64, 96
+			if dt.BlockSize() == 256 {
+				c.d, c.ff = 256, 256
+			}
+			for e := range c.experts {
+				c.experts[e] = kernels.Expert{Gate: randMatrix(rng, dt, c.ff, c.d), Up: randMatrix(rng, dt, c.ff, c.d),
+					Down: randMatrix(rng, dt, c.d, c.ff)}
+			}
+			c.x = randVec(rng, n*c.d, 0.5)
+			want, mag := c.want()
+			vs := mmVariants(b)[:min(2, len(mmVariants(b)))] // default, own-kernels
+			if n <= gemvMaxN {
+				vs = vs[:1]
+			}
+			for _, v := range vs {
+				undo := v.set(b)
+				what := fmt.Sprintf("Experts %s n=%d [%s]", dt, n, v.name)
+				got := make([]float32, n*c.d)
+				b.Experts(got, c.x, n, c.experts, c.pick, c.weight, c.k)
+				ck := &checker{T: t, What: what, Tol: tolQuant[dt]}
+				for i := range want {
+					ck.Check(i, got[i], float32(want[i]), mag[i], 1e-30)
+				}
+				worst = max(worst, ck.Worst)
+				host, hmag := c.hostPath(b)
+				hc := &checker{T: t, What: what + " vs MatMul", Tol: tolMoEHost}
+				for i, h := range host {
+					hc.Check(i, got[i], h, hmag[i], 1e-30)
+				}
+				undo()
+			}
+		}
+		t.Logf("%-5s worst |err|/Σ|terms| %.2g (tolerance %.0e)", dt, worst, tolQuant[dt])
+	}
+}

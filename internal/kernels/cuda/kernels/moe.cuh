@@ -62,7 +62,10 @@ __device__ __forceinline__ void bk_moe_gemv_dt(int dt, int n, float* __restrict_
     case BK_F32: bk_moe_row<BK_F32>(n, out, x, wrow, rows, cols, r, lane); break;
     case BK_F16: bk_moe_row<BK_F16>(n, out, x, wrow, rows, cols, r, lane); break;
     case BK_BF16: bk_moe_row<BK_BF16>(n, out, x, wrow, rows, cols, r, lane); break;
-    case BK_Q8_0: bk_moe_row<BK_Q8_0>(n, out, x, wrow, rows, cols, r, lane); break;
+#define BK_MOE_CASE(DT) \
+  case DT: bk_moe_row<DT>(n, out, x, wrow, rows, cols, r, lane); break;
+    BK_QUANT_CASES(BK_MOE_CASE)
+#undef BK_MOE_CASE
     default:
       if (lane == 0) {
         for (int i = 0; i < n; i++) out[i * rows + r] = __uint_as_float(0x7fc00000u);
