@@ -3,15 +3,15 @@
 # NVIDIA GPU (driver for CUDA 11.8 or newer), in under 8 minutes.
 #
 # It needs no Go and no CUDA toolkit: build the binaries on a machine with Go
-# first (`make gpu-test-bins` -> test/gpu/bin/) and carry test/gpu/bin along
-# with the working tree. cuBLAS is found as libcublas.so.12/.13/.11 on the
+# first (`make gpu-test-bins` -> test/gpu/bin/, test/gpu/lib/ and both packed
+# in test/gpu/kit.tar.xz) and carry test/gpu/kit.tar.xz (or test/gpu/bin and
+# test/gpu/lib) along with the working tree: it unpacks the kit when bin/ is
+# missing. cuBLAS is found as libcublas.so.12/.13/.11 on the
 # loader's path or in /usr/local/cuda/lib64 (without it products run on the
 # backend's own kernels, and the log says so). The baton binary also links
-# OpenBLAS: where the GPU machine lacks libopenblas.so.0, libgfortran.so.5
-# and libquadmath.so.0, carry them from the build machine's
-# /usr/lib/x86_64-linux-gnu (with libopenblas's real file from
-# /usr/lib/x86_64-linux-gnu/openblas-pthread) in a folder and put that
-# folder on LD_LIBRARY_PATH. The served step needs curl.
+# OpenBLAS: libopenblas.so.0, libgfortran.so.5 and libquadmath.so.0 from the
+# build machine are in test/gpu/lib, put on LD_LIBRARY_PATH after the
+# machine's own. The served step needs curl.
 #
 # Steps (each with a time limit; logs and a summary go to $OUT, default a
 # new temporary directory):
@@ -40,7 +40,10 @@ ROOT=$PWD
 BIN=$ROOT/test/gpu/bin
 OUT=${OUT:-$(mktemp -d /tmp/baton-gpu.XXXXXX)}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64"
+if [ ! -d "$BIN" ] && [ -f "$ROOT/test/gpu/kit.tar.xz" ]; then
+  xz -dc "$ROOT/test/gpu/kit.tar.xz" | tar -C "$ROOT/test/gpu" -xf -
+fi
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/local/cuda/lib64:$ROOT/test/gpu/lib"
 # The GPU tests fail, rather than skip, when the GPU cannot be opened.
 export BATON_REQUIRE_GPU=1
 
