@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
-	"github.com/batonlm/baton/internal/kernels/ref"
 	"github.com/batonlm/baton/internal/model"
 	testref "github.com/batonlm/baton/test/reference"
 )
@@ -119,13 +118,7 @@ func TestFakeMoEStepCopiesNoWeights(t *testing.T) {
 	expert := 4 * c.FF * c.Dim
 	start, n := 0, 12
 	for step := range 6 {
-		bt := &model.Batch{}
-		for p := start; p < start+n; p++ {
-			bt.Tokens = append(bt.Tokens, int32((p*53+7)%c.Vocab))
-			bt.Positions = append(bt.Positions, int32(p))
-			bt.Slots = append(bt.Slots, pages[p/4]*4+int32(p%4))
-		}
-		bt.Seqs = []kernels.AttnSeq{{Pages: pages, QLen: n, KVLen: start + n}}
+		bt := seqStep(start, n, c.Vocab, 53, 7, pages)
 		before, calls := b.h2dBytes, b.expertCalls
 		if _, err := m.Forward(bt, kv); err != nil {
 			t.Fatal(err)
@@ -160,39 +153,7 @@ func checkDummyConfig(t *testing.T, b *Backend, c model.Config) {
 				}
 			}
 		}
-		mr, mc := model.New(c, w, ref.New()), model.New(c, w, b)
-		kvr := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
-		kvr.Data = make([]float32, 8*kvr.PageFloats())
-		kvc := toDevice(t, b, kvr)
-		pages := []int32{7, 2, 5, 0, 1}
-		var worst float64
-		for step, n := range []int{12, 1, 1} {
-			start := []int{0, 12, 13}[step]
-			bt := &model.Batch{}
-			for p := start; p < start+n; p++ {
-				bt.Tokens = append(bt.Tokens, int32((p*37+11)%c.Vocab))
-				bt.Positions = append(bt.Positions, int32(p))
-				bt.Slots = append(bt.Slots, pages[p/4]*4+int32(p%4))
-			}
-			bt.Seqs = []kernels.AttnSeq{{Pages: pages, QLen: n, KVLen: start + n}}
-			lr, err := mr.Forward(bt, kvr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			lc, err := mc.Forward(bt, kvc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var mag, diff float64
-			for i := range lr {
-				mag = max(mag, math.Abs(float64(lr[i])))
-				diff = max(diff, math.Abs(float64(lc[i]-lr[i])))
-			}
-			worst = max(worst, diff/mag)
-			if diff > tol[dt]*mag || math.IsNaN(diff) {
-				t.Errorf("%s step %d (%d tokens): logits differ by %g (largest %g)", dt, step, n, diff, mag)
-			}
-		}
+		worst := compareLogits(t, b, c, w, dt.String(), 12, tol[dt])
 		t.Logf("%s: worst logit error %.2g of the largest", dt, worst)
 	}
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
+	"github.com/batonlm/baton/internal/kernels/ref"
+	"github.com/batonlm/baton/internal/model"
 )
 
 // Two ways to run the kernel tests:
@@ -131,4 +134,53 @@ func fromDevice(t testing.TB, dev kernels.PagedKV) []float32 {
 		}
 	}
 	return host.Data
+}
+
+// seqStep is one step of a single sequence: positions [start, start+n) of
+// a prompt whose token at p is (p*mul+add) % vocab, stored through pages
+// of 4 slots.
+func seqStep(start, n, vocab, mul, add int, pages []int32) *model.Batch {
+	bt := &model.Batch{}
+	for p := start; p < start+n; p++ {
+		bt.Tokens = append(bt.Tokens, int32((p*mul+add)%vocab))
+		bt.Positions = append(bt.Positions, int32(p))
+		bt.Slots = append(bt.Slots, pages[p/4]*4+int32(p%4))
+	}
+	bt.Seqs = []kernels.AttnSeq{{Pages: pages, QLen: n, KVLen: start + n}}
+	return bt
+}
+
+// compareLogits runs w through ref and b, a prefill of prompt tokens then
+// two decode steps, and fails where a step's logits differ from ref's by
+// more than tol of the largest; it returns the worst such ratio.
+func compareLogits(t *testing.T, b *Backend, c model.Config, w *model.Weights, what string, prompt int, tol float64) float64 {
+	t.Helper()
+	mr, mc := model.New(c, w, ref.New()), model.New(c, w, b)
+	kvr := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
+	kvr.Data = make([]float32, 8*kvr.PageFloats())
+	kvc := toDevice(t, b, kvr)
+	pages := []int32{7, 2, 5, 0, 1}
+	var worst float64
+	for step, n := range []int{prompt, 1, 1} {
+		start := []int{0, prompt, prompt + 1}[step]
+		bt := seqStep(start, n, c.Vocab, 37, 11, pages)
+		lr, err := mr.Forward(bt, kvr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc, err := mc.Forward(bt, kvc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mag, diff float64
+		for i := range lr {
+			mag = max(mag, math.Abs(float64(lr[i])))
+			diff = max(diff, math.Abs(float64(lc[i]-lr[i])))
+		}
+		worst = max(worst, diff/mag)
+		if !(diff <= tol*mag) { // NaN fails too
+			t.Errorf("%s step %d (%d tokens): logits differ by %g (largest %g)", what, step, n, diff, mag)
+		}
+	}
+	return worst
 }

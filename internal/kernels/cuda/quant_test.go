@@ -317,39 +317,7 @@ func checkQuantModels(t *testing.T, b *Backend) {
 // checkQuantLogits compares whole logit rows of a prefill (11 rows:
 // cuBLAS) and two decode steps (gemv) with the reference's.
 func checkQuantLogits(t *testing.T, b *Backend, c model.Config, w *model.Weights, name string) {
-	mr, mc := model.New(c, w, ref.New()), model.New(c, w, b)
-	kvr := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim}
-	kvr.Data = make([]float32, 8*kvr.PageFloats())
-	kvc := toDevice(t, b, kvr)
-	pages := []int32{7, 2, 5, 0, 1}
-	var worst float64
-	for step, n := range []int{11, 1, 1} {
-		start := []int{0, 11, 12}[step]
-		bt := &model.Batch{}
-		for p := start; p < start+n; p++ {
-			bt.Tokens = append(bt.Tokens, int32((p*37+11)%c.Vocab))
-			bt.Positions = append(bt.Positions, int32(p))
-			bt.Slots = append(bt.Slots, pages[p/4]*4+int32(p%4))
-		}
-		bt.Seqs = []kernels.AttnSeq{{Pages: pages, QLen: n, KVLen: start + n}}
-		lr, err := mr.Forward(bt, kvr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lc, err := mc.Forward(bt, kvc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var mag, diff float64
-		for i := range lr {
-			mag = max(mag, math.Abs(float64(lr[i])))
-			diff = max(diff, math.Abs(float64(lc[i]-lr[i])))
-		}
-		worst = max(worst, diff/mag)
-		if !(diff <= tolQuantModel*mag) {
-			t.Errorf("%s step %d (%d tokens): logits differ by %g (largest %g)", name, step, n, diff, mag)
-		}
-	}
+	worst := compareLogits(t, b, c, w, name, 11, tolQuantModel)
 	t.Logf("%s: worst logit error %.2g of the largest", name, worst)
 }
 

@@ -40,13 +40,7 @@ func copiesPerDecodeStep(t *testing.T, b *Backend, layers int) (int, [numKernels
 	copies, launches, prefill := 0, [numKernels]int{}, [numKernels]int{}
 	start := 0
 	for step, n := range []int{9, 9, 1, 1} {
-		bt := &model.Batch{}
-		for p := start; p < start+n; p++ {
-			bt.Tokens = append(bt.Tokens, int32((p*53+7)%c.Vocab))
-			bt.Positions = append(bt.Positions, int32(p))
-			bt.Slots = append(bt.Slots, pages[p/4]*4+int32(p%4))
-		}
-		bt.Seqs = []kernels.AttnSeq{{Pages: pages, QLen: n, KVLen: start + n}}
+		bt := seqStep(start, n, c.Vocab, 53, 7, pages)
 		before, launched := b.h2dCopies, b.launches
 		if _, err := m.Forward(bt, kv); err != nil {
 			t.Fatal(err)
