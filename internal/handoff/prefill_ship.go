@@ -50,28 +50,38 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 	if s.traced {
 		s.marks = append(s.marks, chunkMark{from: from, to: to, at: time.Now()})
 	}
+	if s.packErr != nil {
+		return
+	}
+	// The pages this chunk completed, read in one pass (one wait for a
+	// GPU pool's copies rather than one a page).
+	var index []int
+	var local []int32
+	var tokens []int
 	for i := from / s.pageSize; i*s.pageSize < to; i++ {
 		end := min((i+1)*s.pageSize, s.promptLen)
 		if to < end || i >= len(s.pages) {
 			break
 		}
-		tokens := end - i*s.pageSize
-		if s.packErr != nil {
-			return
-		}
 		if i < s.heldPages {
 			continue // decode holds it already
 		}
-		data, err := transfer.ReadPage(kv, pages[i], tokens, make([]byte, 0, transfer.PackedSize(kv, tokens)))
-		if err != nil {
-			s.packErr = fmt.Errorf("reading page %d of the prompt: %w", i, err)
-			return
-		}
-		s.checksums[i] = transfer.Checksum(data)
+		index, local, tokens = append(index, i), append(local, pages[i]), append(tokens, end-i*s.pageSize)
+	}
+	if len(index) == 0 {
+		return
+	}
+	data, err := transfer.ReadPages(kv, local, tokens)
+	if err != nil {
+		s.packErr = fmt.Errorf("reading pages %d-%d of the prompt: %w", index[0], index[len(index)-1], err)
+		return
+	}
+	for j, i := range index {
+		s.checksums[i] = transfer.Checksum(data[j])
 		if s.firstAt.IsZero() {
 			s.firstAt = time.Now()
 		}
-		s.queue <- transfer.PageWrite{Index: i, Page: s.pages[i], Tokens: tokens, Data: data}
+		s.queue <- transfer.PageWrite{Index: i, Page: s.pages[i], Tokens: tokens[j], Data: data[j]}
 	}
 }
 

@@ -292,6 +292,13 @@ type DeviceKV interface {
 	Close() error
 }
 
+// PagesReader is a DeviceKV that packs several pages in one pass: their
+// copies to the host share one wait, where ReadPage waits once a page.
+// Each returned slice is ReadPage's result for the page at that index.
+type PagesReader interface {
+	ReadPages(pages []int32, tokens []int) ([][]byte, error)
+}
+
 // KVAllocator is a backend that holds the KV pool in its own memory:
 // PagedKV values it reads and writes must have Device set to memory from
 // its AllocKV. The memory starts zeroed.

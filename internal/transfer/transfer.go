@@ -202,6 +202,25 @@ func ReadPage(kv kernels.PagedKV, page int32, tokens int, dst []byte) ([]byte, e
 	return kernels.PackPage(kv, page, tokens, dst), nil
 }
 
+// ReadPages is ReadPage for several pages (tokens[i] slots of pages[i]),
+// in one pass where the pool's memory is a kernels.PagesReader.
+func ReadPages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, error) {
+	if len(pages) != len(tokens) {
+		return nil, fmt.Errorf("transfer: %d pages and %d token counts", len(pages), len(tokens))
+	}
+	if r, ok := kv.Device.(kernels.PagesReader); ok {
+		return r.ReadPages(pages, tokens)
+	}
+	out := make([][]byte, len(pages))
+	for i, p := range pages {
+		var err error
+		if out[i], err = ReadPage(kv, p, tokens[i], make([]byte, 0, PackedSize(kv, tokens[i]))); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 // Unpack writes packed rows into a page of any pool: the inverse of
 // ReadPage.
 func Unpack(kv kernels.PagedKV, page int32, tokens int, src []byte) error {

@@ -48,10 +48,16 @@ type KVPool struct {
 	// stage is one packed page on the device: the pack and unpack kernels
 	// move rows between it and the pool.
 	stage dptr
-	args  []uint64
+	// many and manyHost are ReadPages' staging, on the device and pinned
+	// on the host, grown to the most bytes a call has packed.
+	many      dptr
+	manyHost  unsafe.Pointer
+	manyBytes int
+	args      []uint64
 }
 
 var _ kernels.DeviceKV = (*KVPool)(nil)
+var _ kernels.PagesReader = (*KVPool)(nil)
 var _ kernels.KVAllocator = (*Backend)(nil)
 
 // AllocKV implements kernels.KVAllocator: pages pages of layout's shape
@@ -121,6 +127,14 @@ func (kp *KVPool) Pinned() bool { return kp.pinned }
 // So a transfer's page copies never queue behind the forward passes that
 // run meanwhile.
 func (kp *KVPool) enter(read int32) error {
+	if read < 0 {
+		return kp.enterReading(nil)
+	}
+	return kp.enterReading([]int32{read})
+}
+
+// enterReading is enter for a read of several pages.
+func (kp *KVPool) enterReading(pages []int32) error {
 	kp.mu.Lock()
 	if kp.closed {
 		kp.mu.Unlock()
@@ -132,7 +146,11 @@ func (kp *KVPool) enter(read int32) error {
 		kp.leave()
 		return err
 	}
-	if read < 0 || kp.stored[read].Load() <= b.storesDone.Load() {
+	queued := false
+	for _, p := range pages {
+		queued = queued || kp.stored[p].Load() > b.storesDone.Load()
+	}
+	if !queued {
 		return nil
 	}
 	if err := d.check("cuEventRecord", C.bk_event_record(d.c, C.uintptr_t(kp.event), C.uintptr_t(b.stream))); err != nil {
@@ -205,6 +223,92 @@ func (kp *KVPool) ReadPage(page int32, tokens int, dst []byte) ([]byte, error) {
 	}
 	copy(dst, unsafe.Slice((*byte)(kp.host), size))
 	return dst, nil
+}
+
+// ReadPages implements kernels.PagesReader: each page packed into its
+// place in one device buffer, one copy of them all to pinned memory, one
+// wait.
+func (kp *KVPool) ReadPages(pages []int32, tokens []int) ([][]byte, error) {
+	if len(pages) != len(tokens) {
+		return nil, fmt.Errorf("cuda: %d pages and %d token counts", len(pages), len(tokens))
+	}
+	total := 0
+	for i, p := range pages {
+		if err := kp.check(p, tokens[i]); err != nil {
+			return nil, err
+		}
+		total += kp.layout.PackedBytes(tokens[i])
+	}
+	out := make([][]byte, len(pages))
+	if total == 0 {
+		for i := range out {
+			out[i] = []byte{}
+		}
+		return out, nil
+	}
+	if err := kp.enterReading(pages); err != nil {
+		return nil, err
+	}
+	defer kp.leave()
+	if err := kp.growMany(total); err != nil {
+		return nil, err
+	}
+	l, d := kp.layout, kp.b.drv
+	at := 0
+	for i, p := range pages {
+		size := l.PackedBytes(tokens[i])
+		if size > 0 {
+			if err := kp.launch(kPagePack, blocks(size/2, elemThreads), elemThreads, kp.many+uint64(at), kp.ptr, argI(int(p)),
+				argI(tokens[i]), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2)); err != nil {
+				return nil, err
+			}
+		}
+		at += size
+	}
+	if err := d.check("cuMemcpyDtoHAsync", C.bk_dtoh(d.c, kp.manyHost, C.bk_dptr(kp.many), C.size_t(total), C.uintptr_t(kp.stream))); err != nil {
+		return nil, err
+	}
+	if err := kp.sync(); err != nil {
+		return nil, err
+	}
+	all := make([]byte, total)
+	copy(all, unsafe.Slice((*byte)(kp.manyHost), total))
+	at = 0
+	for i := range pages {
+		size := l.PackedBytes(tokens[i])
+		out[i] = all[at : at+size : at+size]
+		at += size
+	}
+	return out, nil
+}
+
+// growMany makes ReadPages' staging hold bytes, with the pool's lock held
+// and its context current.
+func (kp *KVPool) growMany(bytes int) (err error) {
+	if bytes <= kp.manyBytes {
+		return nil
+	}
+	defer catch(&err)
+	kp.freeMany()
+	d := kp.b.drv
+	kp.many = kp.b.alloc(bytes, "KV pages staging")
+	var h unsafe.Pointer
+	if r := C.bk_host_alloc(d.c, &h, C.size_t(bytes)); r != 0 {
+		return d.check("cuMemHostAlloc", r)
+	}
+	kp.manyHost, kp.manyBytes = h, bytes
+	return nil
+}
+
+func (kp *KVPool) freeMany() {
+	d := kp.b.drv.c
+	if kp.many != 0 {
+		C.bk_mem_free(d, C.bk_dptr(kp.many))
+	}
+	if kp.manyHost != nil {
+		C.bk_host_free(d, kp.manyHost)
+	}
+	kp.many, kp.manyHost, kp.manyBytes = 0, nil, 0
 }
 
 // WritePage implements kernels.DeviceKV: the inverse of ReadPage.
@@ -309,6 +413,7 @@ func (kp *KVPool) release() {
 	} else if kp.host != nil {
 		C.free(kp.host)
 	}
+	kp.freeMany()
 	for _, p := range []dptr{kp.ptr, kp.stage} {
 		if p != 0 {
 			C.bk_mem_free(d, C.bk_dptr(p))

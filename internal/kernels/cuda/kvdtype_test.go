@@ -154,3 +154,33 @@ func testKVPoolDType(t *testing.T, b *Backend) {
 		}
 	}
 }
+
+// testReadPages: several pages read in one pass are, page for page, what
+// ReadPage and transfer.Pack give (every dtype, partial and empty pages,
+// a page twice), including rows a StoreKV queued just before; a page
+// outside the pool is refused.
+func testReadPages(t *testing.T, b *Backend) {
+	rng := rand.New(rand.NewPCG(59, 60))
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
+		host := kernels.PagedKV{PageSize: 8, Layers: 2, KVHeads: 3, HeadDim: 5, DType: dt}
+		host.Data = randVec(rng, 5*host.PageFloats(), 1)
+		kv := toDevice(t, b, host)
+		slots := []int32{17, 18}
+		k, v := randVec(rng, 2*kv.RowFloats(), 1), randVec(rng, 2*kv.RowFloats(), 1)
+		b.StoreKV(kv, 1, slots, k, v)
+		ref.New().StoreKV(host, 1, slots, k, v)
+		pages, tokens := []int32{2, 0, 4, 2, 1}, []int{3, 8, 0, 8, 1}
+		got, err := kv.Device.(kernels.PagesReader).ReadPages(pages, tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range pages {
+			if want := kernels.PackPage(host, p, tokens[i], nil); string(got[i]) != string(want) {
+				t.Fatalf("%s: ReadPages entry %d (page %d, %d tokens) differs from transfer.Pack", dt, i, p, tokens[i])
+			}
+		}
+		if _, err := kv.Device.(kernels.PagesReader).ReadPages([]int32{1, 5}, []int{1, 1}); err == nil {
+			t.Errorf("%s: ReadPages of page 5 of 5", dt)
+		}
+	}
+}

@@ -61,6 +61,7 @@ func runSuite(t *testing.T, b *Backend) {
 	t.Run("StoreKV", func(t *testing.T) { testStoreKV(t, b) })
 	t.Run("StoreKVDType", func(t *testing.T) { testStoreKVDType(t, b) })
 	t.Run("KVPoolDType", func(t *testing.T) { testKVPoolDType(t, b) })
+	t.Run("ReadPages", func(t *testing.T) { testReadPages(t, b) })
 	t.Run("KVPool", func(t *testing.T) { testKVPool(t, b) })
 	t.Run("PageOpsConcurrent", func(t *testing.T) { testPageOpsConcurrent(t, b) })
 	t.Run("HostKVRefused", func(t *testing.T) { testHostKVRefused(t, b) })
