@@ -637,3 +637,72 @@ func Changed(be Backend, bufs ...[]float32) {
 		r.Changed(bufs...)
 	}
 }
+
+// RowSampler is a backend that picks the next token where the logits are,
+// so that a step's logits (rows × vocab, 19 MB at a 152K vocabulary and 32
+// rows) need not come to the host: only each row's choice does. logits is
+// a kept buffer (Resident) of whole rows of vocab; its host copy may be
+// stale. SampleRows fills out[i] for rows[i] (len(out) == len(rows)); a
+// row may be sampled more than once.
+//
+// The semantics are the model's sampler's (internal/model: SampleAfter);
+// the model turns a request's parameters and history into SampleRow, so
+// this package knows nothing of penalties' rules, only of edits to the
+// row. A greedy row's choice is the CPU's argmax exactly; a drawn row's is
+// distributed as the CPU's draw, from the same uniform U.
+type RowSampler interface {
+	SampleRows(logits []float32, vocab int, rows []SampleRow, out []SampleResult)
+}
+
+// MaxTopLogprobs bounds SampleRow.TopLogprobs (OpenAI's limit).
+const MaxTopLogprobs = 20
+
+// SampleRow is one choice of a RowSampler. The row the choice is made
+// from is the raw row with, in order: the edits, the allow mask and the
+// bans applied; the logprobs reported are the raw row's.
+type SampleRow struct {
+	Row int // which row of the logits
+	// Edits change single logits before the choice: each id at most once.
+	Edits []LogitEdit
+	// Repetition divides a positive edited logit whose edit has Repeat,
+	// and multiplies a negative one.
+	Repetition float32
+	// Allow, when set, is a bitset of the tokens that may be chosen (bit
+	// id%64 of word id/64); Ban lists tokens that may not.
+	Allow []uint64
+	Ban   []int32
+	// Draw: a draw at Temperature over the candidates left by TopK (0:
+	// off), MinP (0: off) and TopP (0 or 1: off), taken with U, uniform in
+	// [0, 1). Otherwise the choice is the argmax (the lowest id of ties).
+	Draw                    bool
+	Temperature, TopP, MinP float64
+	TopK                    int
+	U                       float64
+	TopLogprobs             int // alternatives to report, <= MaxTopLogprobs
+}
+
+// LogitEdit is the change a request makes to one token's logit v:
+// v += Bias, then (if Repeat) the repetition penalty, then v -= Penalty.
+type LogitEdit struct {
+	ID      int32
+	Bias    float32
+	Penalty float32
+	Repeat  bool
+}
+
+// SampleResult is a RowSampler's answer for one row.
+type SampleResult struct {
+	ID      int32
+	Logprob float32 // of ID under the raw row's distribution
+	// Top are the TopLogprobs most likely tokens of the raw row, most
+	// likely first (ties: lower id first).
+	Top []TokenLogprob
+	// NaN: the raw row holds a NaN; nothing else is set.
+	NaN bool
+}
+
+// TokenLogprob is a token and its log-probability.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
+}
