@@ -143,6 +143,18 @@ func (m *Model) Reserve(rows, seqs int) {
 // sequence (all its rows where Every says so), in sequence order, each
 // Vocab long, valid until the next call.
 func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
+	return m.forward(b, kv, false)
+}
+
+// ForwardDevice is Forward leaving the logits where the backend computed
+// them when it samples there (a kernels.RowSampler): the host slice is then
+// stale until kernels.Host brings it, so a caller that samples every row
+// on the device copies none of them. On other backends it is Forward.
+func (m *Model) ForwardDevice(b *Batch, kv kernels.PagedKV) ([]float32, error) {
+	return m.forward(b, kv, true)
+}
+
+func (m *Model) forward(b *Batch, kv kernels.PagedKV, device bool) ([]float32, error) {
 	c := &m.Config
 	if err := b.Validate(c, kv); err != nil {
 		return nil, err
@@ -156,6 +168,13 @@ func (m *Model) Forward(b *Batch, kv kernels.PagedKV) ([]float32, error) {
 	// On a backend that keeps activations in its own memory (a GPU's) the
 	// layers run there; the host reads s.x back only for the last rows.
 	kernels.Keep(be, s.x, s.h, s.q, s.k, s.v, s.attn, s.o, s.gate, s.up, s.last)
+	// The logits stay on the device for a caller that samples them there;
+	// any other gets exactly its rows copied out by the LM head's product.
+	if _, ok := be.(kernels.RowSampler); ok && device {
+		kernels.Keep(be, s.logits)
+	} else {
+		kernels.Forget(be, s.logits)
+	}
 	if !m.keptWeights {
 		kernels.Keep(be, w.vectors()...)
 		m.keptWeights = true
