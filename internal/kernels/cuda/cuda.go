@@ -142,6 +142,7 @@ const (
 	kGemvQ6K
 	kGemvQ3K
 	kGemvQ2K
+	kSample
 	numKernels
 )
 
@@ -153,6 +154,7 @@ var kernelNames = [numKernels]string{
 	"bk_attn_bf16_m8", "bk_attn_combine", "bk_moe_gather", "bk_moe_gemv", "bk_moe_scatter",
 	"bk_gemv_q4_0", "bk_gemv_q4_1", "bk_gemv_q5_0", "bk_gemv_q5_1", "bk_gemv_q4_k", "bk_gemv_q5_k", "bk_gemv_q6_k",
 	"bk_gemv_q3_k", "bk_gemv_q2_k",
+	"bk_sample",
 }
 
 // gemvKernel is the gemv kernel of each weight dtype (SupportsDType).
@@ -187,6 +189,12 @@ const (
 	sMoEGate  // Experts: gate products, then SwiGLU
 	sMoEUp    // Experts: up products
 	sMoEY     // Experts: down products
+	sSample   // SampleRows: row descriptors
+	sSampleE  // SampleRows: edits
+	sSampleB  // SampleRows: bans
+	sSampleA  // SampleRows: allow masks
+	sSampleW  // SampleRows: adjusted rows
+	sSampleO  // SampleRows: results
 	numScratch
 )
 
@@ -262,7 +270,8 @@ type Backend struct {
 	forceSplits  int  // attention: cut every item into this many parts (0: choose)
 	exactScratch bool // scratch buffers of exactly the size asked (the fake driver's guard pages then catch overruns)
 
-	moe moePlan // Experts' host tables, reused between calls
+	moe    moePlan    // Experts' host tables, reused between calls
+	sample samplePlan // SampleRows' host tables, likewise
 	// halfOf is what scratch sHalf holds: x (a device address) rounded to
 	// a half type for a GemmEx product, n*cols elements of it. Products
 	// of one input in a row (Q, K and V; gate and up) round it once. Any

@@ -7,6 +7,7 @@
 #include "kv.cuh"
 #include "attention.cuh"
 #include "moe.cuh"
+#include "sample.cuh"
 
 // BK_KERNELS(X) applies X to every kernel (the fake driver of the Go
 // tests registers them with it).
@@ -46,4 +47,5 @@
   X(bk_gemv_q5_k)     \
   X(bk_gemv_q6_k)     \
   X(bk_gemv_q3_k)     \
-  X(bk_gemv_q2_k)
+  X(bk_gemv_q2_k)     \
+  X(bk_sample)
