@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/batonlm/baton/internal/hicache"
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
@@ -103,6 +104,12 @@ type Engine struct {
 	// running at a time.
 	samplers sync.Pool
 	draws    []pendingDraw // the step's tokens to sample (step only)
+	// onDevice samples the step's draws where the logits are, when the
+	// backend can (a kernels.RowSampler): the logits then stay there,
+	// and a step brings them to the host only for a member that reads
+	// them (prompt logprobs, a draft's verification, a deferred draw).
+	onDevice kernels.RowSampler
+	devRows  model.DeviceRows
 	drafter  drafter
 	eog      []int32    // the tokens IsEOG accepts, banned before min_tokens
 	traits   roleTraits // what the role changes in the loop (step.go)
@@ -133,6 +140,7 @@ func NewEngine(m *model.Model, pool *kvpool.Pool, cfg Config, ms *metrics.Set) *
 	e := &Engine{model: m, pool: pool, cfg: cfg, m: ms, wake: make(chan struct{}, 1), drafter: newDrafter(cfg.Spec), traits: traitsOf(cfg.Role),
 		maskSlots: make(chan struct{}, maskWorkers())}
 	e.samplers.New = func() any { return new(model.Sampler) }
+	e.onDevice, _ = m.Backend().(kernels.RowSampler)
 	for id := range int32(m.Config.Vocab) {
 		if cfg.IsEOG(id) {
 			e.eog = append(e.eog, id)

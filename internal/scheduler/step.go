@@ -78,7 +78,11 @@ func (e *Engine) step() bool {
 		return false
 	}
 	e.begin(p)
-	logits, err := e.model.Forward(&p.batch, e.pool.KV())
+	forward := e.model.Forward
+	if e.onDevice != nil {
+		forward = e.model.ForwardDevice
+	}
+	logits, err := forward(&p.batch, e.pool.KV())
 	if err != nil {
 		for _, r := range p.members {
 			e.remove(r)
@@ -221,9 +225,20 @@ func (e *Engine) begin(p *stepPlan) {
 // verified, and a request at the end of its sequence has its next token
 // sampled (constrained ones under their masks, waited for at most
 // maskWait in all) and settled.
+//
+// With sampling on the device the logits stay there unless a member reads
+// them on the host; each draw's row is then checked for NaN by the device
+// sampler instead, before its token is used.
 func (e *Engine) settleStep(p *stepPlan, logits []float32) {
 	b := &p.batch
 	vocab := e.model.Config.Vocab
+	onHost := e.onDevice == nil
+	toHost := func() {
+		if !onHost {
+			kernels.Host(e.model.Backend(), logits)
+			onHost = true
+		}
+	}
 	var maskBy time.Time // how long this step waits for masks
 	at := 0              // the first logit row of member i
 	for i, r := range p.members {
@@ -231,6 +246,7 @@ func (e *Engine) settleStep(p *stepPlan, logits []float32) {
 		rows := b.Rows(i)
 		at += rows
 		if i < len(b.Every) && b.Every[i] {
+			toHost()
 			e.scorePrompt(r, logits[(at-rows)*vocab:at*vocab], s.KVLen-s.QLen)
 		}
 		if err := e.pool.MarkPositions(r.owner, r.pages, s.KVLen); err != nil {
@@ -245,6 +261,7 @@ func (e *Engine) settleStep(p *stepPlan, logits []float32) {
 			r.OnChunk(e.pool.KV(), r.pages, r.computed, s.KVLen)
 		}
 		if len(r.spec.draft) > 0 {
+			toHost()
 			e.speculated(r, logits[(at-rows)*vocab:at*vocab], s.KVLen-s.QLen)
 			continue
 		}
@@ -256,15 +273,15 @@ func (e *Engine) settleStep(p *stepPlan, logits []float32) {
 			e.publish(r)
 		}
 		row := logits[(at-1)*vocab : at*vocab]
-		if hasNaN(row) {
-			// Poisoned KV reached attention: a page that was read had not
-			// been written by this request. Never sample from it.
-			e.m.NaNLogits.Inc()
-			e.remove(r)
-			e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
-			continue
+		device := e.onDevice != nil && model.CanSample(r.Params.Sampling)
+		if !device {
+			toHost()
+			if hasNaN(row) {
+				e.failNaN(r)
+				continue
+			}
 		}
-		d := pendingDraw{r: r, row: row, h: e.history(r)}
+		d := pendingDraw{r: r, row: row, at: at - 1, device: device, h: e.history(r)}
 		if constrained(r) {
 			if maskBy.IsZero() {
 				maskBy = time.Now().Add(maskWait)
@@ -276,6 +293,11 @@ func (e *Engine) settleStep(p *stepPlan, logits []float32) {
 				continue
 			}
 			if !ready {
+				toHost()
+				if device && hasNaN(row) {
+					e.failNaN(r)
+					continue
+				}
 				e.deferDraw(r, row)
 				continue
 			}
@@ -283,20 +305,37 @@ func (e *Engine) settleStep(p *stepPlan, logits []float32) {
 		}
 		e.draws = append(e.draws, d)
 	}
-	e.sampleDraws()
+	e.sampleDraws(logits)
 	for _, d := range e.draws {
+		if d.nan {
+			e.failNaN(d.r)
+			continue
+		}
 		e.settle(d.r, d.tok)
 	}
 	clear(e.draws) // the requests and rows are not kept past the step
 	e.draws = e.draws[:0]
 }
 
-// pendingDraw is a token a step still has to sample for r from row.
+// failNaN fails r, whose logits hold a NaN: poisoned KV reached
+// attention (a page that was read had not been written by this request).
+// Never sample from it.
+func (e *Engine) failNaN(r *Request) {
+	e.m.NaNLogits.Inc()
+	e.remove(r)
+	e.fail(r, errors.New("NaN logits: the request attended over KV it did not write"))
+}
+
+// pendingDraw is a token a step still has to sample for r from row (row
+// at of the step's logits), on the device or by the host's sampler.
 type pendingDraw struct {
-	r   *Request
-	row []float32
-	h   model.History
-	tok model.Sampled
+	r      *Request
+	row    []float32
+	at     int
+	device bool
+	h      model.History
+	tok    model.Sampled
+	nan    bool // the device found a NaN in row: nothing was sampled
 }
 
 // sampleDraws samples the step's pending draws on the backend's threads:
@@ -306,13 +345,37 @@ type pendingDraw struct {
 // a 32-sequence decode step's time (2.6 ms at a 32K vocabulary) while the
 // backend's other threads waited for the next step. A single draw (one
 // sequence decoding) runs on the caller: Parallel does not split one item.
-func (e *Engine) sampleDraws() {
+//
+// Draws on the device go in one call for the whole step, and only their
+// choices (and NaN flags) come back.
+func (e *Engine) sampleDraws(logits []float32) {
+	dr := &e.devRows
+	dr.Reset()
+	for _, d := range e.draws {
+		if d.device {
+			dr.Add(d.at, e.model.Config.Vocab, d.r.Params.Sampling, d.r.rng, d.h)
+		}
+	}
+	if dr.Len() > 0 {
+		dr.Sample(e.onDevice, logits, e.model.Config.Vocab)
+		j := 0
+		for i := range e.draws {
+			if d := &e.draws[i]; d.device {
+				d.tok, d.nan = dr.Result(j)
+				j++
+			}
+		}
+	}
+	if dr.Len() == len(e.draws) {
+		return
+	}
 	kernels.Parallel(e.model.Backend(), len(e.draws), func(lo, hi int) {
 		s := e.samplers.Get().(*model.Sampler)
 		defer e.samplers.Put(s)
 		for i := lo; i < hi; i++ {
-			d := &e.draws[i]
-			d.tok = s.SampleAfter(d.row, d.r.Params.Sampling, d.r.rng, d.h)
+			if d := &e.draws[i]; !d.device {
+				d.tok = s.SampleAfter(d.row, d.r.Params.Sampling, d.r.rng, d.h)
+			}
 		}
 	})
 }
