@@ -3,8 +3,10 @@ package e2e
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
@@ -91,5 +93,61 @@ func TestPDCUDAPrefillHalfKV(t *testing.T) {
 	c.WaitClean(t)
 	if m := metricsOf(t, c.Decode[0]); m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
 		t.Fatalf("decode: %v handoff failures, %v NaN logits", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])
+	}
+}
+
+// Sampling on the device (--device cuda samples where the logits are):
+// the greedy reference with its top-5 logprobs, a seeded draw that comes
+// out the same alone and in a batch of other requests (each row draws
+// with its own request's numbers), and a completion with prompt logprobs
+// (those rows go to the host) next to them. No NaN flag may fire.
+func TestSamplingOnCUDA(t *testing.T) {
+	ref := loadReference(t)
+	s := harness.StartWith(t, harness.Options{Env: cudaEnv(t)}, "--device", "cuda", "--max-total-tokens", "2048", "--kv-poison")
+	checkOnCUDA(t, s, "memory=cuda")
+	var c completion
+	code, _, b := post(t, s.URL+"/v1/completions", greedyBody(ref))
+	if code != 200 || json.Unmarshal(b, &c) != nil {
+		t.Fatalf("greedy: %d %s", code, b)
+	}
+	checkGreedy(t, ref, c)
+
+	seeded := func(seed int) string {
+		return fmt.Sprintf(`{"model":"stories260K","prompt":"Once upon a time","max_tokens":32,"temperature":0.9,"top_p":0.9,"top_k":40,"min_p":0.02,"presence_penalty":0.3,"seed":%d}`, seed)
+	}
+	text := func(body []byte) string {
+		var c completion
+		if err := json.Unmarshal(body, &c); err != nil || len(c.Choices) != 1 {
+			t.Fatalf("completion: %s", body)
+		}
+		return c.Choices[0].Text
+	}
+	_, _, b = post(t, s.URL+"/v1/completions", seeded(7))
+	alone := text(b)
+	var wg sync.WaitGroup
+	texts := make([]string, 6)
+	for i := range texts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := seeded(7)
+			switch i % 3 {
+			case 1:
+				body = seeded(100 + i)
+			case 2:
+				body = `{"model":"stories260K","prompt":"Once upon a time","max_tokens":8,"echo":true,"logprobs":2,"temperature":1,"seed":3}`
+			}
+			_, _, b := post(t, s.URL+"/v1/completions", body)
+			texts[i] = text(b)
+		}()
+	}
+	wg.Wait()
+	for i := 0; i < len(texts); i += 3 {
+		if texts[i] != alone {
+			t.Fatalf("seed 7 in a batch gave %q, alone %q", texts[i], alone)
+		}
+	}
+	if m := metricsOf(t, s); m["baton_nan_logits_total"] != 0 {
+		t.Fatalf("%v NaN logits", m["baton_nan_logits_total"])
 	}
 }
