@@ -19,8 +19,17 @@
 //   - activations: buffers handed to Keep (kernels.Resident, resident.go;
 //     the model keeps its scratch) stay on the device, so a forward pass
 //     queues its kernels back to back and copies in only token ids,
-//     positions and slots and out only the last rows and the logits; any
-//     other slice is copied in and out on each call.
+//     positions and slots and out only the last rows; any other slice is
+//     copied in and out on each call.
+//
+// The engine's tokens are sampled on the device too (SampleRows,
+// kernels.RowSampler, sample.go): the logits stay where the LM head wrote
+// them, one launch takes every row of a step (a block a row: NaN flag,
+// logprobs of the raw row and its top alternatives, the request's bias,
+// penalties, mask and bans, then the argmax or a draw with the request's
+// own random number through top-k, min-p and top-p without a sort), and
+// only the choices come back; rows the host reads (prompt logprobs, a
+// draft's verification) are copied out whole.
 //
 // Weights may be f32, f16, bf16 or any ggml block format the CPU backend
 // serves (q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k), kept
