@@ -24,6 +24,11 @@ type keptBuf struct {
 	// hostOK: the host slice holds the current value; devOK: the device
 	// copy does. At least one is true; both when they agree.
 	hostOK, devOK bool
+	// stale is how many floats from the start the device wrote since the
+	// host copy was last current (results start a buffer): what toHost
+	// copies, rather than the whole capacity (a step's logits are sized
+	// for the largest batch).
+	stale int
 }
 
 var _ kernels.Resident = (*Backend)(nil)
@@ -146,7 +151,7 @@ func (b *Backend) toDevice(e *keptBuf, s []float32) {
 func (b *Backend) out(i int, s []float32, n int) (dptr, func()) {
 	if e := b.keptOf(s); e != nil {
 		b.toDevice(e, s) // the part the call does not write stays current
-		return e.dev, func() { e.hostOK = false }
+		return e.dev, func() { e.hostOK, e.stale = false, max(e.stale, n) }
 	}
 	p := b.buf(i, 4*n)
 	return p, func() { download(b, s[:n], p) }
@@ -156,7 +161,7 @@ func (b *Backend) out(i int, s []float32, n int) (dptr, func()) {
 func (b *Backend) inOut(i int, s []float32) (dptr, func()) {
 	if e := b.keptOf(s); e != nil {
 		b.toDevice(e, s)
-		return e.dev, func() { e.hostOK = false }
+		return e.dev, func() { e.hostOK, e.stale = false, max(e.stale, len(s)) }
 	}
 	p := upload(b, i, s)
 	return p, func() { download(b, s, p) }
@@ -165,14 +170,14 @@ func (b *Backend) inOut(i int, s []float32) (dptr, func()) {
 // toHost brings the host copy of a kept s up to date.
 func (b *Backend) toHost(s []float32) {
 	if e := b.keptOf(s); e != nil && !e.hostOK {
-		b.d2h(unsafe.Pointer(unsafe.SliceData(s)), e.dev, 4*e.n)
-		e.hostOK = true
+		b.d2h(unsafe.Pointer(unsafe.SliceData(s)), e.dev, 4*e.stale)
+		e.hostOK, e.stale = true, 0
 	}
 }
 
 // hostWrote records that the host wrote a kept s.
 func (b *Backend) hostWrote(s []float32) {
 	if e := b.keptOf(s); e != nil {
-		e.hostOK, e.devOK = true, false
+		e.hostOK, e.devOK, e.stale = true, false, 0
 	}
 }

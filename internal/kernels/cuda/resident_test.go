@@ -184,3 +184,43 @@ func TestFakeResidentForget(t *testing.T) {
 	}
 	runtime.KeepAlive(y)
 }
+
+// Host copies what the device wrote since the host copy was current (the
+// longest result since), not the whole capacity: a buffer sized for a
+// larger step keeps its host tail, and of results of 4, 16 and 4 floats
+// before one Host all 16 come back.
+func TestFakeResidentHostCopiesWhatWasWritten(t *testing.T) {
+	b := fakeBackend(t)
+	buf := make([]float32, 64)
+	for i := range buf {
+		buf[i] = 7
+	}
+	ones := make([]float32, 32)
+	for i := range ones {
+		ones[i] = 1
+	}
+	b.Keep(buf)
+	b.Add(buf[:8], ones[:8], ones[:8]) // 2 in the first 8 on the device
+	b.Host(buf)
+	for i, v := range buf {
+		if want := map[bool]float32{true: 2, false: 7}[i < 8]; v != want {
+			t.Fatalf("after an 8-float result: buf[%d] = %v, want %v", i, v, want)
+		}
+	}
+	b.Add(buf[:4], ones[:4], ones[:4])
+	b.Add(buf[:16], ones[:16], ones[:16]) // 2 again: the host must see all 16
+	b.Add(buf[:4], buf[:4], ones[:4])     // then 3 in the first 4
+	b.Host(buf)
+	for i, v := range buf {
+		want := float32(7)
+		switch {
+		case i < 4:
+			want = 3
+		case i < 16:
+			want = 2
+		}
+		if v != want {
+			t.Fatalf("after results of 4, 16 and 4 floats: buf[%d] = %v, want %v", i, v, want)
+		}
+	}
+}
