@@ -93,12 +93,12 @@ func (b *Backend) SampleRows(logits []float32, vocab int, rows []kernels.SampleR
 			d.nallow = int64(len(r.Allow))
 		}
 		d.nedits, d.nbans = int64(len(p.edits))-d.edits, int64(len(p.bans))-d.bans
-		if d.nedits > 0 || d.nbans > 0 || d.nallow >= 0 {
-			d.work = work
-			work++
-		}
 		if r.Draw {
 			d.draw = 1
+		}
+		if d.nedits > 0 || d.nbans > 0 || d.nallow >= 0 || r.Draw {
+			d.work = work // the adjusted row, then a draw's probabilities
+			work++
 		}
 		p.descs = append(p.descs, d)
 	}

@@ -25,7 +25,7 @@
 // One row's choice: mirrors sampleDesc in sample.go (8-byte fields).
 struct bk_sample_desc {
   int64_t row;            // the logit row
-  int64_t work;           // scratch row for the adjusted logits; < 0: the raw row is chosen from
+  int64_t work;           // scratch row (adjusted logits, then a draw's probabilities); < 0: none
   int64_t edits, nedits;  // the row's edits
   int64_t bans, nbans;    // the row's bans
   int64_t allow, nallow;  // the row's allow bitset (words); nallow < 0: no mask
@@ -172,23 +172,34 @@ __device__ bk_cut bk_first_k(int64_t n, int64_t k, Key key, Pred pred, bk_sample
 }
 
 // bk_sample_draw draws from w (no NaN) as model.Sampler.dist and pick do.
-__device__ int32_t bk_sample_draw(const float* w, int64_t vocab, const bk_sample_desc& d, bk_sample_smem* sm) {
+// pr (a scratch row, which may be w itself) receives each token's
+// unnormalised probability, 0 outside the candidates, so that the passes
+// after the top-k cut read one float a token and compute no exponential.
+__device__ int32_t bk_sample_draw(const float* w, float* pr, int64_t vocab, const bk_sample_desc& d, bk_sample_smem* sm) {
   float top = BK_NEG_INF;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) top = fmaxf(top, w[i]);
   top = bk_block_reduce(top, sm->red.f, bk_max_op());
   const float temp = (float)d.temp, minp = (float)d.minp;
-  auto key = [&](int64_t i) { return bk_desc_key(w[i]); };
-  auto e = [&](int64_t i) { return expf((w[i] - top) / temp); };
   auto all = [](int64_t) { return true; };
   // Top-k: the k first in (descending logit, id) order.
   bk_cut k = {0xffffffffu, INT64_MAX};
-  if (d.topk > 0 && d.topk < vocab) k = bk_first_k(vocab, d.topk, key, all, sm);
+  if (d.topk > 0 && d.topk < vocab) {
+    auto key = [&](int64_t i) { return bk_desc_key(w[i]); };
+    k = bk_first_k(vocab, d.topk, key, all, sm);
+  }
   // Min-p: probability at least min_p times the largest (whose e is 1).
-  auto cand = [&](int64_t i) { return k.has(key(i), i) && (minp <= 0.0f || e(i) >= minp); };
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float e = expf((w[i] - top) / temp);
+    pr[i] = k.has(bk_desc_key(w[i]), i) && (minp <= 0.0f || e >= minp) ? e : 0.0f;
+  }
+  __syncthreads();
+  // From here the order is by probability, which follows the logit's
+  // (tokens whose distinct logits round to one probability tie by id).
+  auto key = [&](int64_t i) { return bk_desc_key(pr[i]); };
   auto mass = [&](bk_cut c) {
     double s = 0;
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      if (c.has(key(i), i) && cand(i)) s += e(i);
+      if (c.has(key(i), i)) s += pr[i];
     }
     return bk_block_reduce(s, sm->red.d, bk_sum_op());
   };
@@ -208,22 +219,16 @@ __device__ int32_t bk_sample_draw(const float* w, int64_t vocab, const bk_sample
       }
     }
     const double before = lo > 0 ? mass(bk_cut{lo - 1, INT64_MAX}) : 0.0;
+    auto tie = [&](int64_t i) { return key(i) == lo; };
     int64_t ties = 0;
-    float et = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      if (key(i) == lo && cand(i)) {
-        ties++;
-        et = e(i);
-      }
-    }
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) ties += tie(i);
     ties = bk_block_reduce(ties, sm->red.i, bk_sum_op());
-    et = bk_block_reduce(et, sm->red.f, bk_max_op());
+    const float et = __uint_as_float(~lo ^ 0x80000000u);  // the ties' probability (>= 0: the key's inverse)
     int64_t need = et > 0 ? (int64_t)ceil((target - before) / et) : ties;
     need = bk_max64(1, bk_min64(need, ties));
     p = bk_cut{lo, INT64_MAX};
     if (need < ties) {
       auto id = [](int64_t i) { return (uint32_t)i; };
-      auto tie = [&](int64_t i) { return key(i) == lo && cand(i); };
       int64_t unused;
       p.id = bk_select(vocab, need, id, tie, sm, &unused);
     }
@@ -231,12 +236,12 @@ __device__ int32_t bk_sample_draw(const float* w, int64_t vocab, const bk_sample
   // The draw: each thread sums a contiguous chunk of the row, the chunks
   // are scanned in order, and the thread whose chunk holds u times the
   // total walks it.
-  auto in = [&](int64_t i) { return p.has(key(i), i) && cand(i); };
+  auto in = [&](int64_t i) { return pr[i] > 0 && p.has(key(i), i); };
   const int64_t per = (vocab + blockDim.x - 1) / blockDim.x;
   const int64_t lo = threadIdx.x * per, hi = bk_min64(vocab, lo + per);
   double s = 0;
   for (int64_t i = lo; i < hi; i++) {
-    if (in(i)) s += e(i);
+    if (in(i)) s += pr[i];
   }
   __syncthreads();
   sm->chunk[threadIdx.x] = s;
@@ -261,7 +266,7 @@ __device__ int32_t bk_sample_draw(const float* w, int64_t vocab, const bk_sample
     for (int64_t i = lo; i < hi; i++) {
       if (!in(i)) continue;
       last = i;
-      r -= e(i);
+      r -= pr[i];
       if (r <= 0) break;
     }
     sm->pick[1] = last;
@@ -271,7 +276,8 @@ __device__ int32_t bk_sample_draw(const float* w, int64_t vocab, const bk_sample
 }
 
 // bk_sample: one block per row of desc (grid nrows); see the file's top.
-// work has a vocab-long row for each desc whose work >= 0.
+// work has a vocab-long row for each desc whose work >= 0: every row that
+// is adjusted or drawn.
 extern "C" __global__ void __launch_bounds__(BK_SAMPLE_THREADS)
     bk_sample(bk_sample_out* out, const float* logits, float* work, const bk_sample_desc* descs,
               const bk_logit_edit* edits, const int32_t* bans, const uint64_t* allow, int64_t nrows, int64_t vocab) {
@@ -309,8 +315,8 @@ extern "C" __global__ void __launch_bounds__(BK_SAMPLE_THREADS)
 
   // The row chosen from: the mask, the edits of allowed tokens, the bans.
   const float* w = raw;
-  if (d.work >= 0) {
-    float* wr = work + d.work * vocab;
+  float* wr = d.work >= 0 ? work + d.work * vocab : nullptr;
+  if (d.nedits > 0 || d.nbans > 0 || d.nallow >= 0) {
     const uint64_t* al = allow + d.allow;
     auto allowed = [&](int64_t id) {
       return d.nallow < 0 || ((id >> 6) < d.nallow && ((al[id >> 6] >> (id & 63)) & 1));
@@ -339,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(BK_SAMPLE_THREADS)
   }
   best = bk_block_reduce(best, sm.red.u, bk_max_op());
   int32_t chosen = (int32_t)~(uint32_t)best;
-  if (d.draw && (uint32_t)(best >> 32) != bk_asc_key(BK_NEG_INF)) chosen = bk_sample_draw(w, vocab, d, &sm);
+  if (d.draw && (uint32_t)(best >> 32) != bk_asc_key(BK_NEG_INF)) chosen = bk_sample_draw(w, wr, vocab, d, &sm);
   if (threadIdx.x == 0) {
     o->id = chosen;
     o->lp = (float)((double)raw[chosen] - logZ);
