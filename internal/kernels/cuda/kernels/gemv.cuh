@@ -125,13 +125,11 @@ __device__ void bk_gemv_row(float* __restrict__ out, const float* __restrict__ x
   }
 }
 
+// bk_gemv_row_n is bk_gemv_row for a row count (1..8) known at run time.
 template <int DT>
-__device__ void bk_gemv(float* __restrict__ out, const float* __restrict__ x, int64_t n, const uint8_t* __restrict__ w,
-                        int64_t rows, int64_t cols) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t r = (int64_t)blockIdx.x * BK_GEMV_WARPS + warp;
-  if (r >= rows) return;  // the whole warp leaves together
-  const uint8_t* wrow = w + r * bk_row_bytes(DT, cols);
+__device__ __forceinline__ void bk_gemv_row_n(int n, float* __restrict__ out, const float* __restrict__ x,
+                                              const uint8_t* __restrict__ wrow, int64_t rows, int64_t cols, int64_t r,
+                                              int lane) {
   switch (n) {
     case 1: bk_gemv_row<1, DT>(out, x, wrow, rows, cols, r, lane); break;
     case 2: bk_gemv_row<2, DT>(out, x, wrow, rows, cols, r, lane); break;
@@ -142,6 +140,15 @@ __device__ void bk_gemv(float* __restrict__ out, const float* __restrict__ x, in
     case 7: bk_gemv_row<7, DT>(out, x, wrow, rows, cols, r, lane); break;
     default: bk_gemv_row<8, DT>(out, x, wrow, rows, cols, r, lane); break;
   }
+}
+
+template <int DT>
+__device__ void bk_gemv(float* __restrict__ out, const float* __restrict__ x, int64_t n, const uint8_t* __restrict__ w,
+                        int64_t rows, int64_t cols) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = (int64_t)blockIdx.x * BK_GEMV_WARPS + warp;
+  if (r >= rows) return;  // the whole warp leaves together
+  bk_gemv_row_n<DT>(n, out, x, w + r * bk_row_bytes(DT, cols), rows, cols, r, lane);
 }
 
 // Launch: grid ceil(rows / BK_GEMV_WARPS), block 32 * BK_GEMV_WARPS, 1 <= n <= 8.

@@ -34,22 +34,6 @@ extern "C" __global__ void bk_moe_gather(float* dst, const float* x, const int32
   }
 }
 
-template <int DT>
-__device__ __forceinline__ void bk_moe_row(int n, float* __restrict__ out, const float* __restrict__ x,
-                                           const uint8_t* __restrict__ wrow, int64_t rows, int64_t cols, int64_t r,
-                                           int lane) {
-  switch (n) {
-    case 1: bk_gemv_row<1, DT>(out, x, wrow, rows, cols, r, lane); break;
-    case 2: bk_gemv_row<2, DT>(out, x, wrow, rows, cols, r, lane); break;
-    case 3: bk_gemv_row<3, DT>(out, x, wrow, rows, cols, r, lane); break;
-    case 4: bk_gemv_row<4, DT>(out, x, wrow, rows, cols, r, lane); break;
-    case 5: bk_gemv_row<5, DT>(out, x, wrow, rows, cols, r, lane); break;
-    case 6: bk_gemv_row<6, DT>(out, x, wrow, rows, cols, r, lane); break;
-    case 7: bk_gemv_row<7, DT>(out, x, wrow, rows, cols, r, lane); break;
-    default: bk_gemv_row<8, DT>(out, x, wrow, rows, cols, r, lane); break;
-  }
-}
-
 // bk_moe_gemv_dt is the one place a weight format of the grouped products
 // is chosen: a format bk_gemv_row learns is one more case here. A dtype
 // without a case writes NaN, so that a format the backend takes but this
@@ -59,11 +43,11 @@ __device__ __forceinline__ void bk_moe_gemv_dt(int dt, int n, float* __restrict_
                                                int lane) {
   const uint8_t* wrow = w + r * bk_row_bytes(dt, cols);
   switch (dt) {
-    case BK_F32: bk_moe_row<BK_F32>(n, out, x, wrow, rows, cols, r, lane); break;
-    case BK_F16: bk_moe_row<BK_F16>(n, out, x, wrow, rows, cols, r, lane); break;
-    case BK_BF16: bk_moe_row<BK_BF16>(n, out, x, wrow, rows, cols, r, lane); break;
+    case BK_F32: bk_gemv_row_n<BK_F32>(n, out, x, wrow, rows, cols, r, lane); break;
+    case BK_F16: bk_gemv_row_n<BK_F16>(n, out, x, wrow, rows, cols, r, lane); break;
+    case BK_BF16: bk_gemv_row_n<BK_BF16>(n, out, x, wrow, rows, cols, r, lane); break;
 #define BK_MOE_CASE(DT) \
-  case DT: bk_moe_row<DT>(n, out, x, wrow, rows, cols, r, lane); break;
+  case DT: bk_gemv_row_n<DT>(n, out, x, wrow, rows, cols, r, lane); break;
     BK_QUANT_CASES(BK_MOE_CASE)
 #undef BK_MOE_CASE
     default:
