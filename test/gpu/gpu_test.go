@@ -21,11 +21,27 @@ func llama1B() model.Config {
 		TieEmbeddings: true}
 }
 
+// moe25B is the mixture of experts the CPU benchmarks serve side by side
+// with llama.cpp (synth's moe-2.5b): 24 layers of 64 experts, 8 a token,
+// about 2.5 billion parameters with 0.35 billion a token.
+func moe25B() model.Config {
+	return model.Config{Arch: "qwen3moe", Name: "dummy-moe-2.5b", Vocab: 32000, Dim: 1024, Layers: 24, Heads: 16,
+		KVHeads: 4, HeadDim: 64, FF: 512, ContextLength: 2048, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: 64, Theta: 1e6, NeoX: true},
+		QKNorm: true, Experts: 64, ExpertsUsed: 8, ExpertNorm: true}
+}
+
 func matrices(w *model.Weights) []*kernels.Matrix {
 	ms := []*kernels.Matrix{w.Embed, w.Output}
 	for i := range w.Layers {
 		l := &w.Layers[i]
-		ms = append(ms, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+		for _, m := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down, l.Router} {
+			if m != nil {
+				ms = append(ms, m)
+			}
+		}
+		for _, ex := range l.Experts {
+			ms = append(ms, ex.Gate, ex.Up, ex.Down)
+		}
 	}
 	return ms
 }
@@ -100,7 +116,12 @@ func decode(tb testing.TB, be kernels.Backend, c *model.Config, batch, ctx int) 
 // Activations stay on the device (kernels.Resident); each step copies in
 // its token ids, positions and slots and copies out the last rows and the
 // logits, and these figures include that.
-func BenchmarkGPUModel1B(b *testing.B) {
+func BenchmarkGPUModel1B(b *testing.B) { benchModel(b, llama1B(), "dummy 1B") }
+
+// BenchmarkGPUModelMoE is the same for the mixture of experts moe25B.
+func BenchmarkGPUModelMoE(b *testing.B) { benchModel(b, moe25B(), "dummy MoE 2.5B") }
+
+func benchModel(b *testing.B, c model.Config, what string) {
 	be, err := cuda.Open(0)
 	if err != nil {
 		if os.Getenv("BATON_REQUIRE_GPU") == "1" {
@@ -109,7 +130,6 @@ func BenchmarkGPUModel1B(b *testing.B) {
 		b.Skipf("no usable CUDA GPU here (%v): run on a GPU machine (test/gpu/run.sh)", err)
 	}
 	defer be.Close()
-	c := llama1B()
 	start := time.Now()
 	w, err := model.DummyWeights(&c, kernels.F16)
 	if err != nil {
@@ -119,7 +139,7 @@ func BenchmarkGPUModel1B(b *testing.B) {
 	if err := be.Preload(matrices(w)...); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("dummy 1B: %.2fB params, f16, %s KV; built in %v, uploaded in %v; %s", float64(w.Params())/1e9,
+	b.Logf("%s: %.2fB params, f16, %s KV; built in %v, uploaded in %v; %s", what, float64(w.Params())/1e9,
 		kernels.AutoKVDType(be), built, time.Since(start)-built, be.Describe())
 	m := model.New(c, w, be)
 	// step times Forward over the batch mk makes, tokens per call.
@@ -160,6 +180,12 @@ func TestParams(t *testing.T) {
 		t.Fatalf("%d parameters", params)
 	}
 	t.Logf("%.3fB parameters in the matrices", float64(params)/1e9)
+	m := moe25B()
+	qd, kvd = m.Heads*m.HeadDim, m.KVHeads*m.HeadDim
+	moe := m.Vocab*m.Dim + m.Layers*(m.Dim*qd+2*m.Dim*kvd+qd*m.Dim+m.Experts*(m.Dim+3*m.Dim*m.FF))
+	if moe < 2.3e9 || moe > 2.7e9 {
+		t.Fatalf("the mixture of experts has %d parameters", moe)
+	}
 }
 
 // TestBatchesSmoke runs the benchmark's batches through a tiny model on the
@@ -176,23 +202,39 @@ func TestBatchesSmoke(t *testing.T) {
 	if got := len(matrices(w)); got != 2+7*c.Layers {
 		t.Fatalf("%d matrices", got)
 	}
+	moe := model.Config{Arch: "qwen3moe", Vocab: 300, Dim: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, FF: 16,
+		ContextLength: 64, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: 8, Theta: 10000, NeoX: true}, QKNorm: true,
+		Experts: 4, ExpertsUsed: 2, ExpertNorm: true}
+	mw, err := model.DummyWeights(&moe, kernels.F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(matrices(mw)); got != 2+5*moe.Layers+3*moe.Experts*moe.Layers {
+		t.Fatalf("%d matrices of the mixture of experts", got)
+	}
 	for _, be := range []kernels.Backend{ref.New(), kernelstest.Device{Backend: ref.New()}} {
-		m := model.New(c, w, be)
-		for _, batch := range []int{1, 3} {
-			for _, mk := range []func() (*model.Batch, kernels.PagedKV){
-				func() (*model.Batch, kernels.PagedKV) { return prefill(t, be, &c, batch, 20) },
-				func() (*model.Batch, kernels.PagedKV) { return decode(t, be, &c, batch, 40) },
-			} {
-				bt, kv := mk()
-				logits, err := m.Forward(bt, kv)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(logits) != batch*c.Vocab {
-					t.Fatalf("%d logits", len(logits))
-				}
-				checkLogits(t, logits)
+		smokeBatches(t, be, c, w)
+		smokeBatches(t, be, moe, mw)
+	}
+}
+
+// smokeBatches runs prefill and decode batches of 1 and 3 sequences.
+func smokeBatches(t *testing.T, be kernels.Backend, c model.Config, w *model.Weights) {
+	m := model.New(c, w, be)
+	for _, batch := range []int{1, 3} {
+		for _, mk := range []func() (*model.Batch, kernels.PagedKV){
+			func() (*model.Batch, kernels.PagedKV) { return prefill(t, be, &c, batch, 20) },
+			func() (*model.Batch, kernels.PagedKV) { return decode(t, be, &c, batch, 40) },
+		} {
+			bt, kv := mk()
+			logits, err := m.Forward(bt, kv)
+			if err != nil {
+				t.Fatal(err)
 			}
+			if len(logits) != batch*c.Vocab {
+				t.Fatalf("%d logits", len(logits))
+			}
+			checkLogits(t, logits)
 		}
 	}
 }

@@ -21,7 +21,8 @@
 #                  stories260K greedy reference, dummy models of every dtype
 #   3. bandwidth   paged decode attention GB/s against cuMemcpyDtoD, and the
 #                  gemv / cuBLAS products in GB/s of weights
-#   4. model       dummy 1B (f16) prefill and decode tokens/s, batch 1 and 32
+#   4. model       dummy 1B and MoE 2.5B (f16) prefill and decode tokens/s,
+#                  batch 1 and 32
 #   5. serve       the baton binary as router + prefill + decode with
 #                  --device cuda on loopback: KV pools in GPU memory, pages
 #                  over tcp through pinned buffers, the greedy reference;
@@ -63,7 +64,7 @@ step() {
   local t0=$SECONDS
   (cd "$dir" && timeout --kill-after=10 "$limit" "$@") >"$OUT/$name.log" 2>&1
   local rc=$?
-  grep -E '^(---|ok|FAIL|PASS|Benchmark|panic)|worst|tokens match|Describe|device|dummy 1B|GB/s|tok/s' "$OUT/$name.log" | grep -v '^=== RUN' | tail -n 60
+  grep -E '^(---|ok|FAIL|PASS|Benchmark|panic)|worst|tokens match|Describe|device|dummy |GB/s|tok/s' "$OUT/$name.log" | grep -v '^=== RUN' | tail -n 60
   if grep -q -- '--- SKIP: \(TestGPU\|BenchmarkGPU\)' "$OUT/$name.log"; then
     echo "!!! $name: GPU tests skipped on the GPU machine:"
     grep -A1 -- '--- SKIP' "$OUT/$name.log" | head -n 4
@@ -84,7 +85,7 @@ fi
 step device 60 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^(TestOpenHere|TestFatbinStamp)$' -test.v
 step kernels 240 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^TestGPU' -test.v -test.timeout 230s
 step bandwidth 120 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x -test.v -test.timeout 110s
-step model 180 "$ROOT/test/gpu" "$BIN/gpu.test" -test.run '^$' -test.bench 'GPUModel1B' -test.benchtime 3x -test.v -test.timeout 170s
+step model 240 "$ROOT/test/gpu" "$BIN/gpu.test" -test.run '^$' -test.bench 'GPUModel' -test.benchtime 3x -test.v -test.timeout 230s
 step serve 120 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^(TestPDOnCUDA|TestPDCUDAPrefillHalfKV)$' -test.v -test.timeout 110s
 step served 240 "$ROOT" env PROMPTS=32 test/gpu/serve-bench.sh "$BIN/baton" "$OUT"
 
@@ -95,7 +96,7 @@ step served 240 "$ROOT" env PROMPTS=32 test/gpu/serve-bench.sh "$BIN/baton" "$OU
   grep -h -E '^(--- (PASS|FAIL|SKIP)|ok|FAIL)' "$OUT/kernels.log" "$OUT/serve.log"
   grep -h -E 'worst|tokens match' "$OUT/kernels.log"
   grep -h -E '^Benchmark' "$OUT/bandwidth.log" "$OUT/model.log"
-  grep -h 'dummy 1B' "$OUT/model.log"
+  grep -h 'dummy ' "$OUT/model.log"
   echo
   bash "$ROOT/test/gpu/table.sh" "$OUT"
   echo

@@ -32,9 +32,11 @@ copy=$(metric "$OUT/bandwidth.log" 'AttentionDecode' 'copy_GB/s')
 weights=2.48
 kvpos=$(awk 'BEGIN { print 16 * 8 * 64 * 2 * 2 / 1e9 }')
 limit() { [ -n "$copy" ] && awk -v c="$copy" -v w="$weights" -v k="$kvpos" -v b="$1" 'BEGIN { printf "%.0f", b * c / (w + b * 512 * k) }'; }
-d1=$(metric "$OUT/model.log" 'decode/batch1/' 'tok/s')
-d32=$(metric "$OUT/model.log" 'decode/batch32/' 'tok/s')
-p512=$(metric "$OUT/model.log" 'prefill/batch1/' 'tok/s')
+d1=$(metric "$OUT/model.log" 'GPUModel1B/decode/batch1/' 'tok/s')
+d32=$(metric "$OUT/model.log" 'GPUModel1B/decode/batch32/' 'tok/s')
+p512=$(metric "$OUT/model.log" 'GPUModel1B/prefill/batch1/' 'tok/s')
+m1=$(metric "$OUT/model.log" 'GPUModelMoE/decode/batch1/' 'tok/s')
+m32=$(metric "$OUT/model.log" 'GPUModelMoE/decode/batch32/' 'tok/s')
 
 echo "| work | measured | limit | ratio |"
 echo "| --- | --- | --- | --- |"
@@ -42,6 +44,7 @@ echo "| copy bandwidth (cuMemcpyDtoD, read + write) | $(fmt "$copy") GB/s | | |"
 echo "| decode step, dummy 1.24B f16, batch 1, ctx 512 | $(fmt "$d1") tok/s | $(fmt "$(limit 1)") tok/s | $(ratio "$d1" "$(limit 1)") |"
 echo "| same, batch 32 | $(fmt "$d32") tok/s | $(fmt "$(limit 32)") tok/s | $(ratio "$d32" "$(limit 32)") |"
 echo "| prefill, same model, batch 1 x 512 | $(fmt "$p512") tok/s | | |"
+echo "| decode step, dummy MoE 2.5B f16 (64 experts, 8 a token), batch 1 / 32, ctx 512 | $(fmt "$m1") / $(fmt "$m32") tok/s | | |"
 for dt in bf16 f32; do
   for shape in seqs64/ctx4096 seqs1/ctx32768 seqs1/ctx512; do
     r=$(metric "$OUT/bandwidth.log" "AttentionDecode/$dt/$shape/" 'attn/copy_read')
