@@ -109,3 +109,45 @@ inline uint16_t bk_emu_f2bf(float f) {
   u += 0x7fffu + ((u >> 16) & 1);
   return (uint16_t)(u >> 16);
 }
+
+// The warp-wide mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32
+// (d = a·b + d), faithful to the PTX ISA's fragment layouts: with g =
+// lane/4 and t = lane%4, a lane holds A[g][2t..2t+1] (a[0]), A[g+8][2t..]
+// (a[1]), A[g][2t+8..] (a[2]), A[g+8][2t+8..] (a[3]); B[2t..2t+1][g] (b[0]),
+// B[2t+8..2t+9][g] (b[1]); D[g][2t..2t+1] (d[0], d[1]), D[g+8][2t..]
+// (d[2], d[3]). Each register holds two halves, the lower column (or k
+// row) in its low 16 bits. Every lane deposits its A and B, the warp
+// meets, each lane computes its own D elements in float32 from the exact
+// half inputs (k in order), and the warp meets again before the area is
+// reused. All 32 lanes must call it.
+inline uint32_t (*bk_emu_mma_area())[32][6] {
+  static uint32_t area[32][32][6];  // [warp][lane][a0..a3, b0, b1]
+  return area;
+}
+
+template <bool BF16>
+void bk_emu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned lane = tid % 32;
+  uint32_t(*w)[6] = bk_emu_mma_area()[tid / 32];
+  for (int i = 0; i < 4; i++) w[lane][i] = a[i];
+  w[lane][4] = b[0];
+  w[lane][5] = b[1];
+  bk_emu_syncwarp(0xffffffffu);
+  auto half = [](uint32_t reg, int hi) -> float {
+    const uint16_t h = (uint16_t)(hi ? reg >> 16 : reg & 0xffff);
+    return BF16 ? __uint_as_float((uint32_t)h << 16) : bk_emu_h2f(h);
+  };
+  // A[r][k]: lane 4*(r%8) + (k%8)/2, register (r >= 8) + 2*(k >= 8), half k%2.
+  auto A = [&](int r, int k) { return half(w[4 * (r % 8) + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k % 2); };
+  // B[k][c]: lane 4*c + (k%8)/2, register 4 + (k >= 8), half k%2.
+  auto B = [&](int k, int c) { return half(w[4 * c + (k % 8) / 2][4 + (k >= 8)], k % 2); };
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; i++) {
+    const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+    float s = d[i];
+    for (int k = 0; k < 16; k++) s += A(r, k) * B(k, c);
+    d[i] = s;
+  }
+  bk_emu_syncwarp(0xffffffffu);
+}
