@@ -57,7 +57,7 @@ func attnDecodeGBs(be *Backend, dt kernels.DType, seqs, kvlen, heads, kvHeads, h
 	for i := range q {
 		q[i] = float32(i%13) * 0.01
 	}
-	pl := planAttention(kv, 0, ss, heads, len(q), len(q))
+	pl := planAttention(kv, 0, ss, heads, len(q), len(q), false)
 	be.lock()
 	defer be.unlock()
 	a := be.attnUpload(kv, &pl, heads, 0.1)

@@ -47,16 +47,25 @@
 // expert beyond, as MatMul chooses), and each row's weighted outputs are
 // summed in pick order by one kernel without atomics.
 //
-// Attention (kernels/attention.cuh) handles head dims up to 256: coalesced
-// row reads shared by a GQA group, positions split across blocks from the
-// SM count (flash-decoding). The backend runs on the device's
+// Attention takes two paths in one call. Prompt chunks (QLen >= 16) over
+// an f16 or bf16 pool at head dim 64 or 128 go to kernels/attn_mma.cuh:
+// FlashAttention-2 style tiles of 64 query rows and 64 positions, K and V
+// gathered through the page table into shared memory, Q·Kᵀ and P·V on
+// the tensor cores (mma.sync m16n8k16, q and P rounded to the pool's half
+// type), online softmax, over the request's earlier pages too. Everything
+// else (decode rows, short chunks, f32 pools, other head dims up to 256)
+// goes to kernels/attention.cuh: coalesced row reads shared by a GQA
+// group, positions split across blocks from the SM count
+// (flash-decoding). The backend runs on the device's
 // primary context, on a stream of its own (each KV pool's page copies on
 // another). The KV pool must fit in GPU memory next to the weights (size
 // it with --kv-cache-memory).
 //
 // The tests run everything on a fake libcuda/libcublas built from
-// testdata/fakecuda, which executes the same kernels on the CPU; the
-// TestGPU* tests and benchmarks need a real GPU (test/gpu/run.sh).
+// testdata/fakecuda, which executes the same kernels on the CPU (the
+// tensor-core mma through a faithful warp-wide twin in bk_emu.h, so the
+// fragment layouts are checked too); the TestGPU* tests and benchmarks
+// need a real GPU (test/gpu/run.sh).
 //
 // A Backend is safe for concurrent use (calls are serialised). Driver
 // failures inside kernels.Backend methods panic, as invalid arguments do
@@ -93,8 +102,17 @@ const (
 	attnMaxHD      = 256 // BK_ATTN_MAX_HD
 	attnItemFields = 6
 	attnSeqFields  = 4
-	elemThreads    = 256
-	maxGrid        = 1 << 20 // grid-stride kernels use at most this many blocks
+	// The tensor-core prompt attention (attn_mma.cuh): a block's query
+	// rows (BK_MMA_ROWS), positions a K/V tile (BK_MMA_POS), the int32
+	// fields of a tile, and the least QLen sent to it.
+	mmaThreads    = 128
+	mmaRows       = 64
+	mmaPos        = 64
+	mmaPad        = 8
+	mmaTileFields = 2
+	mmaMinQLen    = 16
+	elemThreads   = 256
+	maxGrid       = 1 << 20 // grid-stride kernels use at most this many blocks
 	// stageBytes is the pinned host buffer small copies to the device go
 	// through; stageMax the largest copy that does.
 	stageBytes = 4 << 20
@@ -152,6 +170,10 @@ const (
 	kGemvQ3K
 	kGemvQ2K
 	kSample
+	kAttnMMAF16HD64 // attn_mma.cuh: by half type, then head dim (attnMMAKernel)
+	kAttnMMABF16HD64
+	kAttnMMAF16HD128
+	kAttnMMABF16HD128
 	numKernels
 )
 
@@ -163,7 +185,7 @@ var kernelNames = [numKernels]string{
 	"bk_attn_bf16_m8", "bk_attn_combine", "bk_moe_gather", "bk_moe_gemv", "bk_moe_scatter",
 	"bk_gemv_q4_0", "bk_gemv_q4_1", "bk_gemv_q5_0", "bk_gemv_q5_1", "bk_gemv_q4_k", "bk_gemv_q5_k", "bk_gemv_q6_k",
 	"bk_gemv_q3_k", "bk_gemv_q2_k",
-	"bk_sample",
+	"bk_sample", "bk_attn_mma_f16_hd64", "bk_attn_mma_bf16_hd64", "bk_attn_mma_f16_hd128", "bk_attn_mma_bf16_hd128",
 }
 
 // gemvKernel is the gemv kernel of each weight dtype (SupportsDType).
@@ -192,6 +214,7 @@ const (
 	sPages
 	sSeqs
 	sItems
+	sTiles    // Attention: the tensor-core kernel's (sequence, first row) tiles
 	sMoERoute // Experts: slot rows, pick slots and weights
 	sMoESeg   // Experts: the segment table
 	sMoEX     // Experts: x gathered by slot
@@ -277,6 +300,7 @@ type Backend struct {
 	gemvMax      int  // products of at most this many rows use the gemv kernels (Experts: segments)
 	exactGEMM    bool // f16/bf16 products via float32 dequantisation + sgemm, not GemmEx
 	forceSplits  int  // attention: cut every item into this many parts (0: choose)
+	noAttnMMA    bool // attention: prompt chunks too use attention.cuh, not the tensor cores
 	exactScratch bool // scratch buffers of exactly the size asked (the fake driver's guard pages then catch overruns)
 
 	moe    moePlan    // Experts' host tables, reused between calls
@@ -1038,16 +1062,28 @@ func (b *Backend) noteStores(kv kernels.PagedKV, slots []int32) {
 type attnPlan struct {
 	pages      []int32
 	seqs       []int64
-	items      []int32
-	rows       int  // query rows of all sequences with QLen > 0
-	contiguous bool // those rows are q[0:rows] in order
+	items      []int32 // attention.cuh's work
+	tiles      []int32 // attn_mma.cuh's work: (sequence, first row) per mmaRows rows
+	rows       int     // query rows of all sequences with QLen > 0
+	contiguous bool    // those rows are q[0:rows] in order
 	spans      [][2]int
-	maxLen     int
+	maxLen     int // the longest KVLen of the items' sequences
 	layer      int
 	members    int // the most (row, head) members of one item
 }
 
-func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads, qlen, outlen int) attnPlan {
+// mmaAttention reports whether the tensor-core kernel serves a pool:
+// f16 or bf16 KV, head dim 64 or 128. Its sequences of at least
+// mmaMinQLen rows go there.
+func mmaAttention(kv kernels.PagedKV) bool {
+	return (kv.DType == kernels.F16 || kv.DType == kernels.BF16) && (kv.HeadDim == 64 || kv.HeadDim == 128)
+}
+
+// planAttention cuts a call into work: with mma, the sequences the
+// tensor-core kernel takes (mmaAttention) become tiles, the rest items.
+// Both read the same sequence and page tables and write rows of one
+// output.
+func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads, qlen, outlen int, mma bool) attnPlan {
 	kernels.CheckAttention(outlen, qlen, kv, layer, seqs, heads)
 	hd := kv.HeadDim
 	if hd > attnMaxHD {
@@ -1057,8 +1093,12 @@ func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads,
 	nh := min(group, attnMaxMembers)
 	rowsPer := max(1, attnMaxMembers/nh)
 	pl := attnPlan{contiguous: true, layer: layer}
+	mma = mma && mmaAttention(kv)
+	toMMA := func(s kernels.AttnSeq) bool { return mma && s.QLen >= mmaMinQLen }
 	for _, s := range seqs {
-		pl.members = max(pl.members, nh*min(rowsPer, s.QLen))
+		if !toMMA(s) {
+			pl.members = max(pl.members, nh*min(rowsPer, s.QLen))
+		}
 	}
 	for _, s := range seqs {
 		if s.QLen <= 0 {
@@ -1071,6 +1111,14 @@ func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads,
 		idx := int32(len(pl.seqs) / attnSeqFields)
 		pl.seqs = append(pl.seqs, int64(len(pl.pages)), int64(pl.rows), int64(s.QLen), int64(s.KVLen))
 		pl.pages = append(pl.pages, s.Pages[:used]...)
+		pl.spans = append(pl.spans, [2]int{s.QStart, s.QLen})
+		pl.rows += s.QLen
+		if toMMA(s) {
+			for r := 0; r < s.QLen; r += mmaRows {
+				pl.tiles = append(pl.tiles, idx, int32(r))
+			}
+			continue
+		}
 		for kh := 0; kh < kv.KVHeads; kh++ {
 			for h := kh * group; h < (kh+1)*group; h += nh {
 				hn := min(nh, (kh+1)*group-h)
@@ -1081,8 +1129,6 @@ func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads,
 			}
 		}
 		pl.maxLen = max(pl.maxLen, s.KVLen)
-		pl.spans = append(pl.spans, [2]int{s.QStart, s.QLen})
-		pl.rows += s.QLen
 	}
 	return pl
 }
@@ -1107,8 +1153,8 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 	if len(seqs) == 0 {
 		return
 	}
-	pl := planAttention(kv, layer, seqs, heads, len(q), len(out))
-	if len(pl.items) == 0 {
+	pl := planAttention(kv, layer, seqs, heads, len(q), len(out), !b.noAttnMMA)
+	if len(pl.items) == 0 && len(pl.tiles) == 0 {
 		return
 	}
 	rowSize := heads * kv.HeadDim
@@ -1149,12 +1195,15 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 type attnCall struct {
 	kv                   dptr
 	pages, seqs, items   dptr
+	tiles                dptr
 	part                 dptr
 	nitems, nsplit, rows int
+	ntiles, group        int
 	heads, hd            int
 	ps, pe, rf, layer    int
 	scale                float32
 	kernel               int // by KV dtype and member bound
+	mmaKernel            int // by KV dtype and head dim
 	lanes                int // lanes that read one K or V row
 	vec16                bool
 }
@@ -1162,11 +1211,19 @@ type attnCall struct {
 // attnUpload uploads a plan's tables.
 func (b *Backend) attnUpload(kv kernels.PagedKV, pl *attnPlan, heads int, scale float32) attnCall {
 	a := attnCall{kv: b.devKV(kv), nitems: len(pl.items) / attnItemFields, rows: pl.rows, heads: heads, hd: kv.HeadDim,
-		ps: kv.PageSize, pe: kv.PageElems(), rf: kv.RowFloats(), layer: pl.layer, scale: scale}
-	a.kernel, a.lanes, a.vec16 = attnKernel(kv.DType, kv.HeadDim, pl.members)
-	a.nsplit = b.splits(a.nitems, pl.maxLen)
+		ps: kv.PageSize, pe: kv.PageElems(), rf: kv.RowFloats(), layer: pl.layer, scale: scale,
+		ntiles: len(pl.tiles) / mmaTileFields, group: heads / kv.KVHeads}
 	a.pages = uploadSame(b, sPages, pl.pages)
 	a.seqs = uploadSame(b, sSeqs, pl.seqs)
+	if a.ntiles > 0 {
+		a.tiles = uploadSame(b, sTiles, pl.tiles)
+		a.mmaKernel = attnMMAKernel(kv.DType, kv.HeadDim)
+	}
+	if a.nitems == 0 {
+		return a
+	}
+	a.kernel, a.lanes, a.vec16 = attnKernel(kv.DType, kv.HeadDim, pl.members)
+	a.nsplit = b.splits(a.nitems, pl.maxLen)
 	a.items = uploadSame(b, sItems, pl.items)
 	if a.nsplit > 1 {
 		a.part = b.buf(sPart, 4*a.nsplit*a.rows*heads*(a.hd+2))
@@ -1201,9 +1258,37 @@ func attnKernel(dt kernels.DType, hd, members int) (kernel, lanes int, vec16 boo
 	return kernel, lanes, hd*eb%16 == 0
 }
 
-// attnLaunch runs the attention and combine kernels: out (device, rows of
-// heads*hd) from q (likewise).
+// attnMMAKernel is the tensor-core kernel of a half KV dtype and head
+// dim (mmaAttention).
+func attnMMAKernel(dt kernels.DType, hd int) int {
+	k := kAttnMMAF16HD64
+	if dt == kernels.BF16 {
+		k++
+	}
+	if hd == 128 {
+		k += kAttnMMAF16HD128 - kAttnMMAF16HD64
+	}
+	return k
+}
+
+// attnLaunch runs the attention kernels: out (device, rows of heads*hd)
+// from q (likewise). The tensor-core kernel runs last: the combine step
+// writes every row (those of its sequences from unused parts), and it
+// then writes its own.
 func (b *Backend) attnLaunch(a attnCall, q, out dptr) {
+	if a.nitems > 0 {
+		b.attnLaunchItems(a, q, out)
+	}
+	if a.ntiles > 0 {
+		smem := 2 * (mmaPos*(a.hd+mmaPad) + a.hd*(mmaPos+mmaPad))
+		b.launch(a.mmaKernel, a.ntiles, a.heads, mmaThreads, smem, out, q, a.kv, a.pages, a.seqs, a.tiles,
+			argI(a.heads), argI(a.group), argI(a.ps), argI(a.pe), argI(a.rf), argI(a.layer), argF(a.scale))
+	}
+}
+
+// attnLaunchItems runs attention.cuh's kernel on the items, and the
+// combine step when they are split.
+func (b *Backend) attnLaunchItems(a attnCall, q, out dptr) {
 	smem := 4 * (attnWarps*attnMaxMembers*(a.hd+2) + attnMaxMembers*a.hd)
 	vec16 := 0
 	if a.vec16 {

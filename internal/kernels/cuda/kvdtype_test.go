@@ -22,8 +22,11 @@ var halfKV = []kernels.DType{kernels.F16, kernels.BF16}
 // dims on the 16-byte path (64, 128, 256) and off it (8, 12), GQA groups
 // of 1, 4 and 8 (the kernels of 4 and 8 members), page size 16 (and 1 at
 // head dim 64),
-// unsplit and cut into 3 parts.
+// unsplit and cut into 3 parts. Prompt chunks run on attention.cuh here
+// too (noAttnMMA); attn_mma_test.go covers the tensor-core kernel.
 func testAttentionKVDType(t *testing.T, b *Backend) {
+	b.noAttnMMA = true
+	defer func() { b.noAttnMMA = false }()
 	rng := rand.New(rand.NewPCG(43, 44))
 	shapes := [][2]int{{1, 1}, {1, 17}, {1, 150}, {23, 23}, {5, 70}, {0, 5}, {2, 3}}
 	type geo struct{ heads, kvh int }

@@ -1,6 +1,8 @@
 // attention.cuh: paged attention for decode steps and prefill chunks
 // (kernels.AttnSeq with QLen >= 1), grouped-query heads, causal, over KV
-// stored as f32, f16 or bf16.
+// stored as f32, f16 or bf16. Prompt chunks of at least 16 rows over f16
+// or bf16 KV at head dims 64 and 128 go to the tensor cores instead
+// (attn_mma.cuh); this file serves the rest.
 //
 // The host cuts the work into items: one sequence, one KV head, and up to
 // BK_ATTN_MAX_MEMBERS (query row, query head) members that share them (a
