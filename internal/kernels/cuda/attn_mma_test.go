@@ -79,6 +79,14 @@ func testAttentionMMA(t *testing.T, b *Backend) {
 					if b.launches[kAttnF16M4]+b.launches[kAttnBF16M4]+b.launches[kAttnF16M8]+b.launches[kAttnBF16M8] != old+1 {
 						t.Fatalf("%s: the decode row and short chunk did not go to attention.cuh", name)
 					}
+					if ps == 16 && gi == 0 {
+						// attention.cuh's items split: its combine step
+						// writes every row, the tensor-core rows after it
+						// stand; the model's row order.
+						b.forceSplits = 3
+						checkAttentionTol(t, b, name+" splits=3", c.InOrder(), scale, mmaTol(dt), nil)
+						b.forceSplits = 0
+					}
 				}
 			}
 		}

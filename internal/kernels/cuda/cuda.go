@@ -56,10 +56,11 @@
 // else (decode rows, short chunks, f32 pools, other head dims up to 256)
 // goes to kernels/attention.cuh: coalesced row reads shared by a GQA
 // group, positions split across blocks from the SM count
-// (flash-decoding). The backend runs on the device's
-// primary context, on a stream of its own (each KV pool's page copies on
-// another). The KV pool must fit in GPU memory next to the weights (size
-// it with --kv-cache-memory).
+// (flash-decoding).
+//
+// The backend runs on the device's primary context, on a stream of its
+// own (each KV pool's page copies on another). The KV pool must fit in
+// GPU memory next to the weights (size it with --kv-cache-memory).
 //
 // The tests run everything on a fake libcuda/libcublas built from
 // testdata/fakecuda, which executes the same kernels on the CPU (the
