@@ -11,7 +11,6 @@ import (
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/ref"
-	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
 )
@@ -152,17 +151,7 @@ func engineOn(t *testing.T, be kernels.Backend) *Engine {
 // with the host path's error and metric, and no token goes out.
 func TestNaNLogitsAreNeverSampledOnDevice(t *testing.T) {
 	be := &rowSamplerBackend{Backend: ref.New()}
-	l, err := model.Load(model.LoadOptions{}, be)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := l.Model.Config
-	pool, err := kvpool.New(kvpool.Config{NumPages: 16, PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := metrics.New("standalone")
-	e := NewEngine(l.Model, pool, Config{ContextLength: c.ContextLength, ChunkSize: 64, MaxRunning: 4}, ms)
+	e, ms := manualEngineOn(t, be)
 	r := startManual(t, e)
 	before := be.sampled()
 	kv := e.pool.KV()

@@ -280,9 +280,12 @@ func testutilValue(t *testing.T, ms *metrics.Set, name string) float64 {
 
 // manualEngine is an engine whose loop the test drives step by step, so it
 // can change the pool between steps without racing the loop.
-func manualEngine(t *testing.T) (*Engine, *metrics.Set) {
+func manualEngine(t *testing.T) (*Engine, *metrics.Set) { return manualEngineOn(t, ref.New()) }
+
+// manualEngineOn is manualEngine with the bundled model on be.
+func manualEngineOn(t *testing.T, be kernels.Backend) (*Engine, *metrics.Set) {
 	t.Helper()
-	l, err := model.Load(model.LoadOptions{}, ref.New())
+	l, err := model.Load(model.LoadOptions{}, be)
 	if err != nil {
 		t.Fatal(err)
 	}
