@@ -148,7 +148,7 @@ func dtypeModels(b *testing.B) []*Model {
 			b.Fatal(err)
 		}
 		if name == "q4_k_m" {
-			requantize(w, func(kind string) kernels.DType {
+			w.Requantize(func(kind string) kernels.DType {
 				switch kind {
 				case "attn_v", "ffn_down", "output":
 					return kernels.Q6_K

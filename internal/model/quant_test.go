@@ -15,35 +15,6 @@ import (
 	"github.com/batonlm/baton/internal/kernels/ref"
 )
 
-// requantize re-encodes every matrix of w with the dtype pick chooses for
-// it (by GGUF-style kind: "attn_v", "ffn_down", "token_embd", ...).
-func requantize(w *Weights, pick func(kind string) kernels.DType) {
-	conv := func(m **kernels.Matrix, kind string) {
-		src := *m
-		dt := pick(kind)
-		out := &kernels.Matrix{DType: dt, Rows: src.Rows, Cols: src.Cols, Data: make([]byte, dt.RowBytes(src.Cols)*src.Rows)}
-		row := make([]float32, src.Cols)
-		rb := dt.RowBytes(src.Cols)
-		for r := 0; r < src.Rows; r++ {
-			src.Row(r, row)
-			kernels.EncodeRow(out.Data[r*rb:(r+1)*rb], row, dt)
-		}
-		*m = out
-	}
-	conv(&w.Embed, "token_embd")
-	conv(&w.Output, "output")
-	for i := range w.Layers {
-		ly := &w.Layers[i]
-		for _, m := range []struct {
-			p    **kernels.Matrix
-			kind string
-		}{{&ly.Q, "attn_q"}, {&ly.K, "attn_k"}, {&ly.V, "attn_v"}, {&ly.O, "attn_output"},
-			{&ly.Gate, "ffn_gate"}, {&ly.Up, "ffn_up"}, {&ly.Down, "ffn_down"}} {
-			conv(m.p, m.kind)
-		}
-	}
-}
-
 // quantConfig is the small llama the quantised-model tests run.
 var quantConfig = Config{Arch: "llama", Vocab: 512, Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 64, FF: 512,
 	ContextLength: 64, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
@@ -56,7 +27,7 @@ func quantWeights(t *testing.T, pick func(kind string) kernels.DType) *Weights {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requantize(w, pick)
+	w.Requantize(pick)
 	return w
 }
 
@@ -314,7 +285,7 @@ func testQuantizedGGUF(t *testing.T, arch string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requantize(w, q4KM)
+	w.Requantize(q4KM)
 	// Biases and norms of distinct values, so that one read from the
 	// wrong tensor, or not at all, changes the logits.
 	for i := range w.Layers {
@@ -383,7 +354,7 @@ func TestLoadRefusesUnsupportedDTypes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requantize(w, func(string) kernels.DType { return kernels.Q4_K })
+	w.Requantize(func(string) kernels.DType { return kernels.Q4_K })
 	path := filepath.Join(t.TempDir(), "q4k.gguf")
 	writeGGUF(t, path, c, w)
 	_, err = Load(LoadOptions{Path: path}, dtypeLimited{ref.New()})

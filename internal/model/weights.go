@@ -477,3 +477,36 @@ func dummyMatrix(name string, rows, cols int, dt kernels.DType) *kernels.Matrix 
 	}
 	return m
 }
+
+// Requantize re-encodes every dense matrix of w (not experts') in the dtype pick chooses
+// for its kind ("attn_v", "ffn_down", "token_embd", ...), as a quantiser
+// mixes formats in one file (Q4_K_M's Q6_K for attn_v and ffn_down): for
+// tests and benchmarks of the formats on models made in memory. Each matrix
+// is replaced, so tied embeddings part (Output gets its own kind).
+func (w *Weights) Requantize(pick func(kind string) kernels.DType) {
+	conv := func(m **kernels.Matrix, kind string) {
+		if *m == nil { // a mixture of experts' layer has no dense FFN
+			return
+		}
+		src, dt := *m, pick(kind)
+		out := &kernels.Matrix{DType: dt, Rows: src.Rows, Cols: src.Cols, Data: make([]byte, dt.RowBytes(src.Cols)*src.Rows)}
+		row, rb := make([]float32, src.Cols), dt.RowBytes(src.Cols)
+		for r := 0; r < src.Rows; r++ {
+			src.Row(r, row)
+			kernels.EncodeRow(out.Data[r*rb:(r+1)*rb], row, dt)
+		}
+		*m = out
+	}
+	conv(&w.Embed, "token_embd")
+	conv(&w.Output, "output")
+	for i := range w.Layers {
+		ly := &w.Layers[i]
+		for _, m := range []struct {
+			p    **kernels.Matrix
+			kind string
+		}{{&ly.Q, "attn_q"}, {&ly.K, "attn_k"}, {&ly.V, "attn_v"}, {&ly.O, "attn_output"},
+			{&ly.Gate, "ffn_gate"}, {&ly.Up, "ffn_up"}, {&ly.Down, "ffn_down"}} {
+			conv(m.p, m.kind)
+		}
+	}
+}

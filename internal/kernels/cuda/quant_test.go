@@ -189,32 +189,6 @@ func changeOneWeight(w *kernels.Matrix, r int) {
 var quantModelConfig = model.Config{Arch: "llama", Vocab: 256, Dim: 256, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 64, FF: 512,
 	ContextLength: 64, NormEps: 1e-5, RoPE: kernels.RoPE{Dim: 64, Theta: 10000}}
 
-// requantize re-encodes w's matrices in the dtype pick gives each kind.
-func requantize(w *model.Weights, pick func(kind string) kernels.DType) {
-	conv := func(m **kernels.Matrix, kind string) {
-		src, dt := *m, pick(kind)
-		out := &kernels.Matrix{DType: dt, Rows: src.Rows, Cols: src.Cols, Data: make([]byte, dt.RowBytes(src.Cols)*src.Rows)}
-		row, rb := make([]float32, src.Cols), dt.RowBytes(src.Cols)
-		for r := 0; r < src.Rows; r++ {
-			src.Row(r, row)
-			kernels.EncodeRow(out.Data[r*rb:(r+1)*rb], row, dt)
-		}
-		*m = out
-	}
-	conv(&w.Embed, "token_embd")
-	conv(&w.Output, "output")
-	for i := range w.Layers {
-		ly := &w.Layers[i]
-		for _, m := range []struct {
-			p    **kernels.Matrix
-			kind string
-		}{{&ly.Q, "attn_q"}, {&ly.K, "attn_k"}, {&ly.V, "attn_v"}, {&ly.O, "attn_output"},
-			{&ly.Gate, "ffn_gate"}, {&ly.Up, "ffn_up"}, {&ly.Down, "ffn_down"}} {
-			conv(m.p, m.kind)
-		}
-	}
-}
-
 // quantMixes are weight mixes of quantised GGUF files: Q4_K_M (Q4_K, with
 // attn_v, ffn_down and the output in Q6_K) and Q4_0 (the output in Q8_0
 // is llama.cpp's; here all Q4_0, the output Q6_K).
@@ -268,7 +242,7 @@ func checkQuantModels(t *testing.T, b *Backend) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		requantize(w, mix.pick)
+		w.Requantize(mix.pick)
 		want, err := model.New(c, w, ref.New()).GreedyDecode(prompt, steps, 4, 5, 2)
 		if err != nil {
 			t.Fatal(err)
