@@ -40,6 +40,8 @@ type KVPool struct {
 	// waits for the backend's stream through event.
 	stored []atomic.Uint64
 	event  uintptr
+	// waits counts reads that waited for the backend's stream (tests).
+	waits int
 	// host is the staging buffer of one packed page: pinned (page-locked,
 	// so copies are DMA at full speed) when the driver allows, else
 	// pageable C memory.
@@ -153,6 +155,7 @@ func (kp *KVPool) enterReading(pages []int32) error {
 	if !queued {
 		return nil
 	}
+	kp.waits++
 	if err := d.check("cuEventRecord", C.bk_event_record(d.c, C.uintptr_t(kp.event), C.uintptr_t(b.stream))); err != nil {
 		kp.leave()
 		return err

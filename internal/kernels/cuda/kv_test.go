@@ -82,3 +82,39 @@ func TestFakeKVReadOrdering(t *testing.T) {
 		t.Fatal("page 1 still counts a store as queued after the stream was drained")
 	}
 }
+
+// TestFakeKVReadsWaitForStores: a read of pages, one or several at once,
+// is ordered after a store into any of them that may still be queued on
+// the backend's stream (the pages would otherwise leave half written), and
+// only then.
+func TestFakeKVReadsWaitForStores(t *testing.T) {
+	b := fakeBackend(t)
+	layout := kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8, DType: kernels.BF16}
+	dk, err := b.AllocKV(layout, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dk.Close()
+	kp := dk.(*KVPool)
+	kv := layout
+	kv.Device = dk
+	for _, c := range []struct {
+		name string
+		read func() error
+		wait bool
+	}{
+		{"ReadPages of pages 0 and 2", func() error { _, err := kp.ReadPages([]int32{0, 2}, []int{4, 4}); return err }, false},
+		{"ReadPages of pages 0 and 1", func() error { _, err := kp.ReadPages([]int32{0, 1}, []int{4, 4}); return err }, true},
+		{"ReadPage of page 1", func() error { _, err := kp.ReadPage(1, 4, nil); return err }, true},
+		{"ReadPage of page 3", func() error { _, err := kp.ReadPage(3, 4, nil); return err }, false},
+	} {
+		b.StoreKV(kv, 0, []int32{5}, make([]float32, 8), make([]float32, 8)) // page 1, left queued
+		before := kp.waits
+		if err := c.read(); err != nil {
+			t.Fatal(err)
+		}
+		if waited := kp.waits > before; waited != c.wait {
+			t.Errorf("%s after a store into page 1: waited %v, want %v", c.name, waited, c.wait)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/kernelstest"
@@ -110,5 +111,66 @@ func TestFakeSmallCopiesStaged(t *testing.T) {
 		for i := range got {
 			ck.Check(i, got[i], want[i], kernelstest.MatMag(w, x, 0, i), 1e-30)
 		}
+	}
+}
+
+// TestFakeStageRefills: copies that would run past the pinned stage wait
+// for the stream first and start it again from its beginning, so a stage
+// byte is never rewritten while a copy from it may be queued, nor written
+// past its end.
+func TestFakeStageRefills(t *testing.T) {
+	b := fakeBackend(t)
+	b.lock()
+	defer b.unlock()
+	const n = stageMax / 4
+	src := make([]float32, n)
+	dst := b.buf(sX, stageMax)
+	b.sync()
+	for i := range 2*stageBytes/stageMax + 1 {
+		before := b.staged
+		src[0] = float32(i)
+		b.h2d(dst, unsafe.Pointer(&src[0]), stageMax)
+		if b.staged > stageBytes {
+			t.Fatalf("copy %d: %d bytes staged in a stage of %d", i, b.staged, stageBytes)
+		}
+		if refilled := b.staged < before; refilled != (before+stageMax > stageBytes) {
+			t.Fatalf("copy %d with %d bytes staged: started again %v", i, before, refilled)
+		}
+	}
+	got := make([]float32, 1)
+	b.d2h(unsafe.Pointer(&got[0]), dst, 4)
+	if got[0] != float32(2*stageBytes/stageMax) {
+		t.Fatalf("the last copy landed %g", got[0])
+	}
+}
+
+// TestFakeHalfInputForgotten: a buffer an f16 product rounded, then
+// overwritten by a cuBLAS product (no launch of the backend's own), is
+// rounded again when the next f16 product reads it, not taken from the
+// stale rounding.
+func TestFakeHalfInputForgotten(t *testing.T) {
+	b := fakeBackend(t)
+	rng := rand.New(rand.NewPCG(61, 62))
+	const n, cols = 12, 64 // over 8 rows: cuBLAS products
+	w16 := randMatrix(rng, kernels.F16, cols, cols)
+	w32 := randMatrix(rng, kernels.F32, cols, cols)
+	x, y := randVec(rng, n*cols, 1), randVec(rng, n*cols, 1)
+	out1, out2 := make([]float32, n*cols), make([]float32, n*cols)
+	b.Keep(x, y, out1, out2)
+	b.MatMul(out2, y, n, w32) // y and out2 on the device: no copy below forgets the rounding
+	before := b.launches[kToF16]
+	b.MatMul(out1, x, n, w16) // rounds x to f16
+	b.MatMul(x, y, n, w32)    // sgemm writes x on the device
+	b.MatMul(out2, x, n, w16) // must round the new x
+	casts := b.launches[kToF16] - before
+	b.Host(x, out2)
+	want := make([]float32, n*cols)
+	ref.New().MatMul(want, x, n, w16)
+	ck := &checker{T: t, What: "f16 product of an overwritten input", Tol: tolMatMulF16}
+	for i := range want {
+		ck.Check(i, out2[i], want[i], kernelstest.MatMag(w16, x, i/cols, i%cols), 1e-30)
+	}
+	if casts < 2 {
+		t.Errorf("%d roundings to f16 for two products of different inputs", casts)
 	}
 }
