@@ -35,7 +35,7 @@ func (s *Sampler) adjust(dst, logits []float32, p Sampling, h History) {
 		// vLLM/SGLang: every token of prompt or output is penalised once,
 		// dividing a positive logit and multiplying a negative one so that
 		// the penalty always lowers its chance.
-		s.each(vocab, h.Prompt, h.Generated, func(id int32, _ uint32) {
+		s.count.each(vocab, h.Prompt, h.Generated, func(id int32, _ uint32) {
 			if dst[id] > 0 {
 				dst[id] /= float32(rp)
 			} else {
@@ -46,7 +46,7 @@ func (s *Sampler) adjust(dst, logits []float32, p Sampling, h History) {
 	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
 		// OpenAI: only what was generated counts, once for presence and per
 		// occurrence for frequency.
-		s.each(vocab, nil, h.Generated, func(id int32, n uint32) {
+		s.count.each(vocab, nil, h.Generated, func(id int32, n uint32) {
 			dst[id] -= float32(p.PresencePenalty + p.FrequencyPenalty*float64(n))
 		})
 	}
@@ -66,26 +66,30 @@ func (s *Sampler) adjust(dst, logits []float32, p Sampling, h History) {
 	}
 }
 
+// tokenCounts is a vocabulary-sized count of a history's tokens, zero
+// between uses.
+type tokenCounts []uint32
+
 // each calls f once per distinct token of a and b with its count in them.
-// The counts live in a vocabulary-sized scratch array that is cleared again
-// through the same tokens, so a step costs the history's length, not the
-// vocabulary's.
-func (s *Sampler) each(vocab int32, a, b []int32, f func(id int32, n uint32)) {
-	if len(s.count) < int(vocab) {
-		s.count = make([]uint32, vocab)
+// The counts are cleared again through the same tokens, so a step costs
+// the history's length, not the vocabulary's.
+func (c *tokenCounts) each(vocab int32, a, b []int32, f func(id int32, n uint32)) {
+	if len(*c) < int(vocab) {
+		*c = make(tokenCounts, vocab)
 	}
+	count := *c
 	for _, part := range [][]int32{a, b} {
 		for _, id := range part {
 			if id >= 0 && id < vocab {
-				s.count[id]++
+				count[id]++
 			}
 		}
 	}
 	for _, part := range [][]int32{a, b} {
 		for _, id := range part {
-			if id >= 0 && id < vocab && s.count[id] > 0 {
-				f(id, s.count[id])
-				s.count[id] = 0
+			if id >= 0 && id < vocab && count[id] > 0 {
+				f(id, count[id])
+				count[id] = 0
 			}
 		}
 	}

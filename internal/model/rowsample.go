@@ -17,8 +17,8 @@ type DeviceRows struct {
 	rows  []kernels.SampleRow
 	out   []kernels.SampleResult
 	edits []kernels.LogitEdit
-	slot  []int32  // per token: 1 + its edit's index in the row, 0: none
-	count []uint32 // per token: occurrences in Generated
+	slot  []int32 // per token: 1 + its edit's index in the row, 0: none
+	count tokenCounts
 }
 
 // CanSample says whether the device takes a request sampled under p;
@@ -51,7 +51,7 @@ func (d *DeviceRows) Add(row, vocab int, p Sampling, rng *rand.Rand, h History) 
 // edit is adjust's bias and penalties as one edit per token they touch.
 func (d *DeviceRows) edit(vocab int, p Sampling, h History) ([]kernels.LogitEdit, float32) {
 	if len(d.slot) < vocab {
-		d.slot, d.count = make([]int32, vocab), make([]uint32, vocab)
+		d.slot = make([]int32, vocab)
 	}
 	start := len(d.edits)
 	at := func(id int32) *kernels.LogitEdit {
@@ -61,35 +61,21 @@ func (d *DeviceRows) edit(vocab int, p Sampling, h History) ([]kernels.LogitEdit
 		}
 		return &d.edits[start+int(d.slot[id])-1]
 	}
-	in := func(id int32) bool { return id >= 0 && int(id) < vocab }
 	for id, b := range p.LogitBias {
-		if in(id) {
+		if id >= 0 && int(id) < vocab {
 			at(id).Bias = float32(b)
 		}
 	}
+	// The tokens adjust penalises, counted as it counts them.
 	var rep float32
 	if rp := p.RepetitionPenalty; rp > 0 && rp != 1 {
 		rep = float32(rp)
-		for _, part := range [][]int32{h.Prompt, h.Generated} {
-			for _, id := range part {
-				if in(id) {
-					at(id).Repeat = true
-				}
-			}
-		}
+		d.count.each(int32(vocab), h.Prompt, h.Generated, func(id int32, _ uint32) { at(id).Repeat = true })
 	}
 	if p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
-		for _, id := range h.Generated {
-			if in(id) {
-				d.count[id]++
-			}
-		}
-		for _, id := range h.Generated {
-			if in(id) && d.count[id] > 0 {
-				at(id).Penalty = float32(p.PresencePenalty + p.FrequencyPenalty*float64(d.count[id]))
-				d.count[id] = 0
-			}
-		}
+		d.count.each(int32(vocab), nil, h.Generated, func(id int32, n uint32) {
+			at(id).Penalty = float32(p.PresencePenalty + p.FrequencyPenalty*float64(n))
+		})
 	}
 	edits := d.edits[start:]
 	for _, e := range edits {

@@ -29,9 +29,9 @@ type Sampler struct {
 	idx   []int32
 	keys  []uint64
 	work  []float32 // adjusted logits
-	count []uint32  // per-token counts of the history, zero between calls
-	iota  []int32   // 0, 1, 2, ...: the candidates of distAll
-	kept  []int32   // distAll's candidates after min-p
+	count tokenCounts
+	iota  []int32 // 0, 1, 2, ...: the candidates of distAll
+	kept  []int32 // distAll's candidates after min-p
 	// The maximum and the sum of exponentials of the last distAll, kept so
 	// that SampleAfter can reuse them as the logprobs' normaliser; allSum
 	// is 0 when the last dist was not a distAll.
