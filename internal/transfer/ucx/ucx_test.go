@@ -434,10 +434,14 @@ func TestCloseFlushes(t *testing.T) {
 	if err := ss.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	unblock := make(chan struct{})
-	if err := r.eng.submit(func() { <-unblock }); err != nil {
+	// Stop the receiver's progress, and wait until it has stopped: work its
+	// loop was still doing when the blocker was queued could otherwise
+	// complete the session's close before the loop blocks.
+	unblock, stopped := make(chan struct{}), make(chan struct{})
+	if err := r.eng.submit(func() { close(stopped); <-unblock }); err != nil {
 		t.Fatal(err)
 	}
+	<-stopped
 	if err := ss.Write(transfer.PageWrite{Index: 1, Page: 1, Tokens: 4, Data: page}); err != nil {
 		close(unblock)
 		t.Fatal(err)
