@@ -1,0 +1,60 @@
+package kernels
+
+// Pages from device to device between processes on one node (CUDA IPC).
+//
+// A prefill worker stages the packed pages it ships (PackPage's layout) in
+// an Arena: device memory of its own, apart from its pool, that the decode
+// worker maps by the arena's handle and copies from into the pages it
+// reserved. The arena, not the pool, is what is exported: whoever holds
+// the handle reads and writes the arena, and the arena only ever holds
+// pages on their way to a decode worker, never a page of the pool another
+// request still owns.
+
+// PeerExporter is a DeviceKV whose pages can be staged for another process
+// on the same node.
+type PeerExporter interface {
+	// NewArena allocates bytes of device memory another process can map.
+	NewArena(bytes int) (Arena, error)
+}
+
+// Arena is exportable device memory, made by PeerExporter.NewArena.
+type Arena interface {
+	// Handle names the arena for OpenPeer in another process. It is a
+	// secret: whoever holds it can read and write the arena.
+	Handle() []byte
+	// Size is the arena's size in bytes.
+	Size() int
+	// Stage packs the first tokens[i] slots of pool page pages[i] into the
+	// arena at byte offset offs[i] (after the kernels queued before it that
+	// store into those pages) and returns the packed bytes as they are in
+	// the arena, read back, for checksums. The arena holds them when it
+	// returns.
+	Stage(pages []int32, tokens []int, offs []int) ([][]byte, error)
+	// Close frees the memory. A peer that still maps it keeps its mapping
+	// valid (the driver counts the references), so Close is safe at any
+	// time; reusing the bytes is not, which is the caller's to order.
+	Close() error
+}
+
+// PeerImporter is a DeviceKV that copies pages out of another process's
+// Arena.
+type PeerImporter interface {
+	// OpenPeer maps the arena handle names. An error says the handle is
+	// not an arena this process can map (garbage, another node, a freed
+	// arena where the driver can tell).
+	OpenPeer(handle []byte) (PeerMemory, error)
+}
+
+// PeerMemory is another process's arena mapped into this one.
+type PeerMemory interface {
+	// Size is the mapped size in bytes, as the driver reports it (not as
+	// the peer claims it).
+	Size() int
+	// CopyPage unpacks the PackedBytes(tokens) bytes at byte offset off
+	// into the first tokens slots of page of the importer's pool. The rows
+	// are in place, for every kernel queued later, and no copy of them is
+	// in flight, when it returns: that is the drain proof of a pulled page.
+	CopyPage(page int32, tokens int, off int) error
+	// Close unmaps it; no CopyPage may be running.
+	Close() error
+}
