@@ -54,7 +54,7 @@ var flagRoles = map[string][]string{
 	"disaggregation-transfer-backend": workerRoles, "transport": workerRoles,
 	"rdma-device": workerRoles, "disaggregation-ib-device": workerRoles,
 	"advertise-host": workerRoles, "grpc-port": workerRoles, "insecure-internal": workerRoles,
-	"transfer-port": {"decode"}, "handoff-timeout": {"decode"}, "drain-grace": {"decode"},
+	"transfer-port": {"decode"}, "handoff-timeout": {"decode"}, "drain-grace": {"decode"}, "cuda-ipc-arena": {"prefill"},
 	"max-reservations-per-peer": {"decode"}, "max-pages-per-peer": {"decode"},
 
 	"internal-tls-cert": clusterRoles, "internal-tls-key": clusterRoles, "internal-tls-ca": clusterRoles,

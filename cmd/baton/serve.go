@@ -110,6 +110,7 @@ type serveFlags struct {
 	grpcPort       int
 	transferPort   int
 	transport      string
+	ipcArena       string
 	handoffTimeout time.Duration
 	maxResPerPeer  int
 	maxPagesPeer   peerPages
@@ -235,7 +236,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	// for SGLang's PD mode needs no translating. Each writes the variable
 	// of baton's flag; sglangAliases refuses both names at once.
 	fs.StringVar(&f.role, "disaggregation-mode", "standalone", "SGLang's name for --role: null (standalone) | prefill | decode")
-	fs.StringVar(&f.transport, "disaggregation-transfer-backend", "tcp", "SGLang's name for --transport (tcp, ucx)")
+	fs.StringVar(&f.transport, "disaggregation-transfer-backend", "tcp", "SGLang's name for --transport (tcp, ucx, cuda-ipc)")
 	fs.StringSliceVar(&f.rdmaDevices, "disaggregation-ib-device", nil, "SGLang's name for --rdma-device")
 	fs.IntVar(&f.threads, "threads", 0, "CPU threads for kernels (default: all cores)")
 	fs.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long running requests may finish after SIGTERM")
@@ -246,7 +247,8 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.advertiseHost, "advertise-host", "", "prefill/decode: host peers reach this worker at (default: --host; set it to the pod IP when binding 0.0.0.0)")
 	fs.IntVar(&f.grpcPort, "grpc-port", 0, "prefill/decode: gRPC control-plane port (0: any free port)")
 	fs.IntVar(&f.transferPort, "transfer-port", 0, "decode: KV transport receiver port (0: any free port)")
-	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp)")
+	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp, ucx, cuda-ipc)")
+	fs.StringVar(&f.ipcArena, "cuda-ipc-arena", "auto", "prefill, --transport cuda-ipc: GPU memory staging the pages decode copies (auto: an eighth of the KV pool, 8 MiB to 1 GiB)")
 	fs.DurationVar(&f.drainGrace, "drain-grace", 10*time.Second, "decode: after SIGTERM or POST /drain, how long running requests may go on before the worker hands them back to the router, which continues each on another pair (0: at once)")
 	fs.DurationVar(&f.handoffTimeout, "handoff-timeout", 60*time.Second, "decode: abort a reservation whose commit has not come by then; a writer still holding its session that long after an abort is cut off")
 	fs.IntVar(&f.maxResPerPeer, "max-reservations-per-peer", 256, "decode: most reservations one caller may hold at once (0: no bound)")
@@ -343,8 +345,12 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--drain-grace must not be negative")
 	case f.metricsKey && f.apiKey == "":
 		return fmt.Errorf("--metrics-require-key needs --api-key")
-	case f.transport != "tcp" && f.transport != "ucx":
-		return fmt.Errorf("unknown --transport %q (tcp, ucx)", f.transport)
+	case f.transport != "tcp" && f.transport != "ucx" && f.transport != "cuda-ipc":
+		return fmt.Errorf("unknown --transport %q (tcp, ucx, cuda-ipc)", f.transport)
+	case f.transport == "cuda-ipc" && f.device == "cpu":
+		return fmt.Errorf("--transport cuda-ipc moves pages between GPU pools: it needs --device cuda")
+	case f.ipcArena != "auto" && f.ipcArenaBytes(0) <= 0:
+		return fmt.Errorf("--cuda-ipc-arena %q: auto, or a size such as 256MiB", f.ipcArena)
 	case f.transport == "ucx" && !ucx.Enabled:
 		return fmt.Errorf("--transport ucx: this binary has no UCX support (build with -tags ucx against libucx-dev)")
 	}
@@ -922,4 +928,43 @@ func startCPUProfile(path string) (func(), error) {
 // (model.LoadOptions.HostCopy) unless --mmap; other backends upload them.
 func (f *serveFlags) hostCopy(be kernels.Backend) bool {
 	return be.Name() == "cpu" && !f.mmapWeights
+}
+
+// ipcArenaBytes is the size of a prefill worker's cuda-ipc arena for a
+// pool of poolBytes: what --cuda-ipc-arena says, or auto's eighth of the
+// pool, enough for the prompts in flight, within [8 MiB, 1 GiB]. 0: no
+// valid size.
+func (f *serveFlags) ipcArenaBytes(poolBytes int64) int64 {
+	if f.ipcArena == "auto" {
+		return min(max(poolBytes/8, 8<<20), 1<<30)
+	}
+	n, err := parseBytes(f.ipcArena)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// ipcArena makes a prefill worker's cuda-ipc arena in its pool's GPU
+// memory.
+func (le *loadedEngine) ipcArena(f *serveFlags) (kernels.Arena, error) {
+	exp, ok := le.devKV.(kernels.PeerExporter)
+	if !ok {
+		return nil, fmt.Errorf("--transport cuda-ipc needs the KV pool in GPU memory (--device cuda); it is on %s", le.backend.Name())
+	}
+	size := f.ipcArenaBytes(int64(le.pool.NumPages()) * int64(le.pool.PageBytes()))
+	a, err := exp.NewArena(int(size))
+	if err != nil {
+		return nil, fmt.Errorf("--transport cuda-ipc: arena of %d MiB: %w", size>>20, err)
+	}
+	return a, nil
+}
+
+// ipcImporter is a decode worker's pool as cuda-ipc copies into it.
+func (le *loadedEngine) ipcImporter() (kernels.PeerImporter, error) {
+	imp, ok := le.devKV.(kernels.PeerImporter)
+	if !ok {
+		return nil, fmt.Errorf("--transport cuda-ipc needs the KV pool in GPU memory (--device cuda); it is on %s", le.backend.Name())
+	}
+	return imp, nil
 }

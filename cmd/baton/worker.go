@@ -75,7 +75,17 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		}
 		defer closeTiers()
 		eng = le.engine(f, scheduler.RolePrefill, ms, cache, tiers)
-		var sender transfer.Sender = tcp.NewSender(tcp.WithHandshake(xfer))
+		sendOpts := []tcp.Option{tcp.WithHandshake(xfer)}
+		if f.transport == "cuda-ipc" {
+			arena, err := le.ipcArena(f)
+			if err != nil {
+				return err
+			}
+			defer arena.Close()
+			sendOpts = append(sendOpts, tcp.WithArena(arena))
+			fmt.Fprintf(logw, "baton: cuda-ipc arena of %d MiB in GPU memory\n", arena.Size()>>20)
+		}
+		var sender transfer.Sender = tcp.NewSender(sendOpts...)
 		if f.transport == "ucx" {
 			s, err := ucx.NewSender(append(ucxOptions(f), ucx.WithHandshake(xfer))...)
 			if err != nil {
@@ -115,7 +125,15 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		if f.transport == "ucx" {
 			recv, err = ucx.Listen(addr, d, le.transferKV(), append(ucxOptions(f), ucx.WithMemory(le.region), ucx.WithHandshake(xfer))...)
 		} else {
-			recv, err = tcp.Listen(addr, d, tcp.WithHandshake(xfer))
+			recvOpts := []tcp.Option{tcp.WithHandshake(xfer)}
+			if f.transport == "cuda-ipc" {
+				imp, err := le.ipcImporter()
+				if err != nil {
+					return err
+				}
+				recvOpts = append(recvOpts, tcp.WithPeerImporter(imp))
+			}
+			recv, err = tcp.Listen(addr, d, recvOpts...)
 		}
 		if err != nil {
 			return err

@@ -180,10 +180,11 @@ func (d *Decode) Write(k transfer.Key, w transfer.PageWrite) error {
 		d.o.Metrics.HandoffFailures.WithLabelValues("bad_count").Inc()
 		return fmt.Errorf("page index %d carries %d tokens, the reservation expects %d", w.Index, w.Tokens, want)
 	}
-	if err := transfer.Unpack(d.o.Pool.KV(), w.Page, w.Tokens, w.Data); err != nil {
+	landed, err := transfer.Land(d.o.Pool.KV(), w)
+	if err != nil {
 		return err
 	}
-	d.o.Metrics.TransferBytes.Add(float64(len(w.Data)))
+	d.o.Metrics.TransferBytes.Add(float64(landed))
 	return d.o.Pool.MarkWritten(l.r.Owner(), w.Page, w.Tokens)
 }
 

@@ -18,10 +18,12 @@ type shipper struct {
 	// heldPages lead the prompt in decode's prefix cache: not shipped.
 	heldPages int
 	checksums []uint64
-	queue     chan transfer.PageWrite
-	done      chan error
-	firstAt   time.Time // when the first page was queued (engine loop only, read after finish)
-	packErr   error     // a page that could not be read from the pool (engine loop only, read after finish)
+	// sess stages pages itself where it can (transfer.Stager: cuda-ipc).
+	sess    transfer.Session
+	queue   chan transfer.PageWrite
+	done    chan error
+	firstAt time.Time // when the first page was queued (engine loop only, read after finish)
+	packErr error     // a page that could not be read from the pool (engine loop only, read after finish)
 	// traced: marks records each chunk's end (engine loop only, read
 	// after the request's last event) for the chunks' spans (trace.go).
 	traced bool
@@ -29,7 +31,7 @@ type shipper struct {
 }
 
 func newShipper(t Ticket, pageSize, promptLen int, sess transfer.Session) *shipper {
-	s := &shipper{pages: t.Pages, pageSize: pageSize, promptLen: promptLen, heldPages: t.HeldTokens / pageSize, checksums: make([]uint64, len(t.Pages)),
+	s := &shipper{pages: t.Pages, pageSize: pageSize, promptLen: promptLen, heldPages: t.HeldTokens / pageSize, checksums: make([]uint64, len(t.Pages)), sess: sess,
 		queue: make(chan transfer.PageWrite, len(t.Pages)), done: make(chan error, 1)}
 	go func() {
 		var first error
@@ -71,7 +73,7 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 	if len(index) == 0 {
 		return
 	}
-	data, err := transfer.ReadPages(kv, local, tokens)
+	data, srcs, err := transfer.StagePages(s.sess, kv, local, tokens)
 	if err != nil {
 		s.packErr = fmt.Errorf("reading pages %d-%d of the prompt: %w", index[0], index[len(index)-1], err)
 		return
@@ -81,7 +83,11 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 		if s.firstAt.IsZero() {
 			s.firstAt = time.Now()
 		}
-		s.queue <- transfer.PageWrite{Index: i, Page: s.pages[i], Tokens: tokens[j], Data: data[j]}
+		w := transfer.PageWrite{Index: i, Page: s.pages[i], Tokens: tokens[j], Data: data[j]}
+		if srcs != nil {
+			w.Src = srcs[j]
+		}
+		s.queue <- w
 	}
 }
 

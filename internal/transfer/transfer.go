@@ -99,6 +99,53 @@ type PageWrite struct {
 	Page   int32
 	Tokens int
 	Data   []byte
+	// Src, when set, is where the page's rows are instead of Data: in
+	// device memory the receiving side copies from itself (cuda-ipc). On
+	// the sending side Data then holds the same rows read back, for the
+	// checksum, and is not sent.
+	Src PageSource
+}
+
+// PageSource is a page's packed rows somewhere the decode side reads them
+// from itself rather than off the wire.
+type PageSource interface {
+	// Land copies the rows into the first tokens slots of page of kv and
+	// returns how many bytes it copied. The rows are in place and no copy
+	// of them is in flight when it returns.
+	Land(kv kernels.PagedKV, page int32, tokens int) (int, error)
+}
+
+// Land puts w's rows into its page of kv, from w.Src or from w.Data, and
+// returns the bytes landed.
+func Land(kv kernels.PagedKV, w PageWrite) (int, error) {
+	if w.Src != nil {
+		return w.Src.Land(kv, w.Page, w.Tokens)
+	}
+	if err := Unpack(kv, w.Page, w.Tokens, w.Data); err != nil {
+		return 0, err
+	}
+	return len(w.Data), nil
+}
+
+// Stager is a Session that takes a prompt's pages straight from the
+// prefill pool: it stages them where the decode side copies them from
+// (PageWrite.Src) and sends only where they are.
+type Stager interface {
+	// StagePages stages the first tokens[i] slots of pool page pages[i]
+	// and returns, per page, the packed rows (for the checksum) and the
+	// source to put in the page's write; a nil source means the page was
+	// not staged (no room) and goes as Data.
+	StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []PageSource, error)
+}
+
+// StagePages reads pages for a session: staged by the session where it is
+// a Stager, else packed into host memory (ReadPages), with no sources.
+func StagePages(s Session, kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []PageSource, error) {
+	if st, ok := s.(Stager); ok {
+		return st.StagePages(kv, pages, tokens)
+	}
+	data, err := ReadPages(kv, pages, tokens)
+	return data, nil, err
 }
 
 // Sink is the decode side's gate for incoming sessions and writes.

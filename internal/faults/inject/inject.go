@@ -20,6 +20,7 @@ import (
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
 	"github.com/batonlm/baton/internal/faults"
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -208,6 +209,8 @@ func (s *session) Write(w transfer.PageWrite) error {
 		return nil
 	}
 	if roll(s.sp, s.sp.Corrupt) && len(w.Data) > 0 {
+		// A staged page goes as its (corrupted) rows instead.
+		w.Src = nil
 		w.Data = append([]byte(nil), w.Data...)
 		w.Data[len(w.Data)/2] ^= 0x40
 	}
@@ -233,6 +236,13 @@ func (s *session) Write(w transfer.PageWrite) error {
 		}
 	}
 	return s.release()
+}
+
+// StagePages stages through the session underneath where it can
+// (cuda-ipc), so the faults above apply to the frames that name staged
+// pages too.
+func (s *session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []transfer.PageSource, error) {
+	return transfer.StagePages(s.Session, kv, pages, tokens)
 }
 
 func (s *session) release() error {
@@ -276,6 +286,11 @@ func (s *shortSession) Write(w transfer.PageWrite) error {
 		return nil
 	}
 	return s.Session.Write(*prev)
+}
+
+// StagePages: see session.StagePages.
+func (s *shortSession) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []transfer.PageSource, error) {
+	return transfer.StagePages(s.Session, kv, pages, tokens)
 }
 
 func (s *shortSession) Flush(ctx context.Context) error {

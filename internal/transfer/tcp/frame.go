@@ -30,6 +30,11 @@ import (
 //	FLUSH      a sequence number; no payload.
 //	FLUSH_ACK  a sequence number, b payload bytes landed so far; payload the
 //	           session's first refusal as text, empty if none. Receiver to sender.
+//	ARENA      no fields; payload the handle of the sender's device arena
+//	           (kernels.Arena), at most once a session, before its first REF.
+//	REF        a index, b page id, c tokens, as PAGE; payload 8 bytes, the
+//	           byte offset in the arena where the packed rows are staged.
+//	           The receiver copies them from there itself (cuda-ipc).
 //
 // A fixed header keeps decoding to one bounded read and a table of checks;
 // fields a type does not use must be zero so that garbage is caught early
@@ -44,6 +49,12 @@ const (
 	framePage  = 2
 	frameFlush = 3
 	frameAck   = 4
+	frameArena = 5
+	frameRef   = 6
+
+	// maxHandle bounds an ARENA payload (a CUDA IPC handle is 64 bytes).
+	maxHandle = 256
+	refSize   = 8
 
 	// maxAckText bounds the refusal text an ack carries: the sender's read
 	// of an ack is then bounded no matter what the receiver claims.
@@ -104,9 +115,12 @@ func decodeHeader(src []byte, maxPayload int) (header, error) {
 		if h.length != capSize || h.c != 0 {
 			return header{}, fmt.Errorf("%w: HELLO without a capability or with extra fields", errMalformed)
 		}
-	case framePage:
-		if h.length > maxPayload {
+	case framePage, frameRef:
+		if h.typ == framePage && h.length > maxPayload {
 			return header{}, fmt.Errorf("%w: page payload of %d bytes, limit %d", errMalformed, h.length, maxPayload)
+		}
+		if h.typ == frameRef && h.length != refSize {
+			return header{}, fmt.Errorf("%w: REF payload of %d bytes, want %d", errMalformed, h.length, refSize)
 		}
 		if h.a > math.MaxInt32 {
 			return header{}, fmt.Errorf("%w: page index %d", errMalformed, h.a)
@@ -116,6 +130,10 @@ func decodeHeader(src []byte, maxPayload int) (header, error) {
 		}
 		if h.c > math.MaxInt32 {
 			return header{}, fmt.Errorf("%w: page tokens %d", errMalformed, h.c)
+		}
+	case frameArena:
+		if h.length == 0 || h.length > maxHandle || h.a != 0 || h.b != 0 || h.c != 0 {
+			return header{}, fmt.Errorf("%w: ARENA with a handle of %d bytes or extra fields", errMalformed, h.length)
 		}
 	case frameFlush:
 		if h.length != 0 || h.b != 0 || h.c != 0 {

@@ -61,6 +61,8 @@ func FuzzFrame(f *testing.F) {
 	f.Add(frame(frameAck, 5, 1, 10, 0, []byte("error")))
 	f.Add([]byte{magic, version, framePage, 0, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{})
+	f.Add(bytes.Join([][]byte{hello, frame(frameArena, 64, 0, 0, 0, make([]byte, 64)), frame(frameRef, 8, 0, 5, 2, make([]byte, 8)), frame(frameFlush, 0, 1, 0, 0, nil)}, nil))
+	f.Add(bytes.Join([][]byte{hello, frame(frameRef, 8, 0, 5, 2, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})}, nil))
 
 	const maxPayload = 4096
 	f.Fuzz(func(t *testing.T, in []byte) {

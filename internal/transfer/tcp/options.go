@@ -13,6 +13,7 @@ package tcp
 import (
 	"time"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -23,6 +24,9 @@ const (
 	DefaultSocketBuffer     = 4 << 20
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultCloseTimeout     = 10 * time.Second
+	// DefaultArenaQuarantine is how long a session's staged bytes stay
+	// out of use after an end the receiver did not confirm.
+	DefaultArenaQuarantine = time.Minute
 )
 
 type config struct {
@@ -32,6 +36,10 @@ type config struct {
 	handshakeTimeout time.Duration
 	closeTimeout     time.Duration
 	handshake        transfer.Handshake
+	// arena (sender) and importer (receiver): cuda-ipc; see WithArena.
+	arena      kernels.Arena
+	quarantine time.Duration
+	importer   kernels.PeerImporter
 }
 
 func newConfig(opts []Option) config {
@@ -42,6 +50,7 @@ func newConfig(opts []Option) config {
 		handshakeTimeout: DefaultHandshakeTimeout,
 		closeTimeout:     DefaultCloseTimeout,
 		handshake:        transfer.Plain{},
+		quarantine:       DefaultArenaQuarantine,
 	}
 	for _, o := range opts {
 		o(&c)
@@ -120,4 +129,33 @@ func WithCloseTimeout(d time.Duration) Option {
 			c.closeTimeout = d
 		}
 	}
+}
+
+// WithArena makes a sender's sessions stage pages in a (device memory
+// another process on the node maps: cuda-ipc) and send only where they
+// are; the receiver copies them from there itself (sender). A session that
+// finds no room in a sends the rows in the frame, as without it. The
+// handle of a goes to a receiver only inside an admitted session's
+// connection, after the handshake.
+func WithArena(a kernels.Arena) Option {
+	return func(c *config) { c.arena = a }
+}
+
+// WithArenaQuarantine sets how long a session's staged bytes stay unused
+// after an end the receiver did not confirm (a timeout, an abort), since
+// a copy out of them may still run (sender). d <= 0 keeps the default.
+func WithArenaQuarantine(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.quarantine = d
+		}
+	}
+}
+
+// WithPeerImporter lets a receiver take staged pages: it maps a sender's
+// arena through imp (the decode pool) once per arena and copies each page
+// from it into the page the frame names, through the Sink's gate like any
+// page (receiver). Without it a session that sends an arena is refused.
+func WithPeerImporter(imp kernels.PeerImporter) Option {
+	return func(c *config) { c.importer = imp }
 }

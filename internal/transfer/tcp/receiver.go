@@ -2,9 +2,11 @@ package tcp
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -19,6 +21,8 @@ type Receiver struct {
 	sink transfer.Sink
 	cfg  config
 	done chan struct{}
+	// peers are the sender arenas mapped (WithPeerImporter), else nil.
+	peers *peerSet
 
 	mu sync.Mutex
 	// conns maps each open connection to its session's key, the zero Key
@@ -49,6 +53,9 @@ func Listen(addr string, sink transfer.Sink, opts ...Option) (*Receiver, error) 
 		done:  make(chan struct{}),
 		conns: make(map[net.Conn]transfer.Key),
 	}
+	if r.cfg.importer != nil {
+		r.peers = &peerSet{imp: r.cfg.importer, open: map[string]*peer{}}
+	}
 	r.wg.Add(1)
 	go r.acceptLoop()
 	return r, nil
@@ -75,6 +82,9 @@ func (r *Receiver) Close() error {
 			_ = c.Close()
 		}
 		r.wg.Wait()
+		if r.peers != nil {
+			r.peers.closeAll()
+		}
 	})
 	return r.closeErr
 }
@@ -146,7 +156,7 @@ func (r *Receiver) serve(c net.Conn) {
 		key   transfer.Key
 		hello bool
 	)
-	st := &connState{cfg: &r.cfg, sink: r.sink, session: id}
+	st := &connState{cfg: &r.cfg, sink: r.sink, session: id, peers: r.peers}
 	err = st.serveFrames(bufio.NewReaderSize(conn, 64<<10), conn, func(k transfer.Key) {
 		key, hello = k, true
 		_ = conn.SetReadDeadline(time.Time{})
@@ -157,6 +167,7 @@ func (r *Receiver) serve(c net.Conn) {
 		r.mu.Unlock()
 	})
 	_ = c.Close()
+	st.dropArena()
 	r.mu.Lock()
 	delete(r.conns, c)
 	r.mu.Unlock()
@@ -184,6 +195,27 @@ type connState struct {
 	// set when the Sink did not admit it.
 	session transfer.SessionID
 	refused bool
+	// peers maps sender arenas (nil: this receiver takes no staged
+	// pages); arena is the session's, once its ARENA frame is in, and
+	// noArena says its ARENA frame was refused.
+	peers   *peerSet
+	arena   *peer
+	noArena bool
+}
+
+// refuse notes the session's first refusal, which its next ack carries.
+func (st *connState) refuse(format string, args ...any) {
+	if st.firstErr == "" {
+		st.firstErr = fmt.Sprintf(format, args...)
+	}
+}
+
+// dropArena lets go of the session's mapped arena.
+func (st *connState) dropArena() {
+	if st.arena != nil {
+		st.peers.release(st.arena)
+		st.arena = nil
+	}
 }
 
 // serveFrames reads frames from r until EOF or an error, calling hello
@@ -225,11 +257,46 @@ func (st *connState) serveFrames(r io.Reader, w io.Writer, hello func(transfer.K
 			}
 			w := transfer.PageWrite{Index: int(h.a), Page: int32(int64(h.b)), Tokens: int(h.c), Data: payload}
 			if err := st.sink.Write(key, w); err != nil {
-				if st.firstErr == "" {
-					st.firstErr = fmt.Sprintf("page %d (index %d): %v", w.Page, w.Index, err)
-				}
+				st.refuse("page %d (index %d): %v", w.Page, w.Index, err)
 			} else {
 				st.landed += int64(len(payload))
+			}
+		case frameArena:
+			switch {
+			case st.refused || st.noArena:
+			case st.arena != nil:
+				return fmt.Errorf("%w: a second ARENA in a session", errMalformed)
+			case st.peers == nil:
+				st.noArena = true
+				st.refuse("staged pages refused: this receiver copies no pages from device memory (its transport is not cuda-ipc)")
+			default:
+				p, err := st.peers.acquire(payload)
+				if err != nil {
+					st.noArena = true
+					st.refuse("staged pages refused: mapping the sender's arena: %v", err)
+					continue
+				}
+				st.arena = p
+			}
+		case frameRef:
+			w := transfer.PageWrite{Index: int(h.a), Page: int32(int64(h.b)), Tokens: int(h.c)}
+			off := binary.LittleEndian.Uint64(payload)
+			switch {
+			case st.refused || st.noArena:
+				continue
+			case st.arena == nil:
+				st.refuse("page %d (index %d): staged, but the session sent no arena", w.Page, w.Index)
+				continue
+			case off > math.MaxInt:
+				st.refuse("page %d (index %d): arena offset %d", w.Page, w.Index, off)
+				continue
+			}
+			src := peerPage{into: st.peers.imp, mem: st.arena.mem, off: int(off), landed: new(int)}
+			w.Src = src
+			if err := st.sink.Write(key, w); err != nil {
+				st.refuse("page %d (index %d): %v", w.Page, w.Index, err)
+			} else {
+				st.landed += int64(*src.landed)
 			}
 		case frameFlush:
 			// Frames are processed in order on this goroutine, so every

@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -23,14 +24,19 @@ const maxBatch = 16
 
 // Sender is the prefill side. It implements transfer.Sender.
 type Sender struct {
-	cfg config
+	cfg   config
+	space *arenaSpace // with WithArena
 }
 
 var _ transfer.Sender = (*Sender)(nil)
 
 // NewSender returns a sender; each Open dials one connection.
 func NewSender(opts ...Option) *Sender {
-	return &Sender{cfg: newConfig(opts)}
+	s := &Sender{cfg: newConfig(opts)}
+	if s.cfg.arena != nil {
+		s.space = newArenaSpace(s.cfg.arena)
+	}
+	return s
 }
 
 // Open dials addr and starts a session writing into reservation k. The
@@ -78,6 +84,7 @@ func (s *Sender) Open(ctx context.Context, addr string, k transfer.Key) (transfe
 		writerDone: make(chan struct{}),
 		readerDone: make(chan struct{}),
 		pending:    make(map[uint64]chan ack),
+		space:      s.space,
 	}
 	go ss.writeLoop()
 	go ss.readLoop()
@@ -126,6 +133,13 @@ type Session struct {
 
 	landed atomic.Int64
 
+	// space is the sender's arena (nil without one); spans are this
+	// session's bytes in it, under mu. arenaSent: the writer sent the
+	// arena's handle (writer goroutine only).
+	space     *arenaSpace
+	spans     []span
+	arenaSent bool
+
 	endOnce sync.Once
 	endErr  error
 }
@@ -137,7 +151,11 @@ func (s *Session) Write(w transfer.PageWrite) error {
 	if w.Index < 0 || w.Index > math.MaxInt32 || w.Tokens < 0 || w.Tokens > math.MaxInt32 {
 		return fmt.Errorf("tcp: %v: bad page write (index %d, tokens %d)", s.key, w.Index, w.Tokens)
 	}
-	if len(w.Data) > s.cfg.maxPayload {
+	if w.Src != nil {
+		if ref, ok := w.Src.(stagedRef); !ok || ref.s != s {
+			return fmt.Errorf("tcp: %v: page index %d is staged by another session or transport", s.key, w.Index)
+		}
+	} else if len(w.Data) > s.cfg.maxPayload {
 		return fmt.Errorf("tcp: %v: page payload of %d bytes over the %d-byte limit", s.key, len(w.Data), s.cfg.maxPayload)
 	}
 	// Checked first so that a closed session never takes a write, which a
@@ -253,6 +271,7 @@ func (s *Session) end(graceful bool) error {
 		_ = s.conn.Close()
 		s.endErr = s.confirmed()
 	})
+	s.releaseSpans(graceful && s.endErr == nil)
 	return s.endErr
 }
 
@@ -301,8 +320,10 @@ func (s *Session) fail(what string, err error) {
 // buffers, without a copy.
 func (s *Session) writeLoop() {
 	defer close(s.writerDone)
-	hdrs := make([]byte, maxBatch*hdrSize)
-	vec := make(net.Buffers, 0, 2*maxBatch)
+	// One header more than a batch: the ARENA frame before a first REF.
+	hdrs := make([]byte, (maxBatch+1)*hdrSize)
+	refs := make([]byte, maxBatch*refSize)
+	vec := make(net.Buffers, 0, 2*maxBatch+2)
 	for {
 		var it item
 		select {
@@ -313,13 +334,28 @@ func (s *Session) writeLoop() {
 		case it = <-s.queue:
 		}
 		vec = vec[:0]
-		n := 0
+		n, extra := 0, 0
 		for {
-			h := hdrs[n*hdrSize : (n+1)*hdrSize]
-			if it.flush {
+			h := hdrs[(n+extra)*hdrSize : (n+extra+1)*hdrSize]
+			switch {
+			case it.flush:
 				putHeader(h, frameFlush, 0, it.seq, 0, 0)
 				vec = append(vec, h)
-			} else {
+			case it.w.Src != nil:
+				if !s.arenaSent {
+					handle := s.space.arena.Handle()
+					putHeader(h, frameArena, len(handle), 0, 0, 0)
+					vec = append(vec, h, handle)
+					s.arenaSent = true
+					extra++
+					h = hdrs[(n+extra)*hdrSize : (n+extra+1)*hdrSize]
+				}
+				w := it.w
+				ref := refs[n*refSize : (n+1)*refSize]
+				binary.LittleEndian.PutUint64(ref, uint64(w.Src.(stagedRef).off))
+				putHeader(h, frameRef, refSize, uint64(w.Index), uint64(int64(w.Page)), uint64(w.Tokens))
+				vec = append(vec, h, ref)
+			default:
 				w := it.w
 				putHeader(h, framePage, len(w.Data), uint64(w.Index), uint64(int64(w.Page)), uint64(w.Tokens))
 				vec = append(vec, h)

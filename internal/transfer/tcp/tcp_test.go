@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -78,6 +79,8 @@ func frame(typ byte, length int, a, b, c uint64, payload []byte) []byte {
 	return append(f, payload...)
 }
 
+func join(frames ...[]byte) []byte { return bytes.Join(frames, nil) }
+
 // TestHostilePeer speaks raw bytes to a receiver: each malformed or cut
 // stream must end its connection, with Closed exactly once if and only if
 // a HELLO came in, and no Write for anything but whole valid frames.
@@ -103,6 +106,14 @@ func TestHostilePeer(t *testing.T) {
 		{"CutHeader", append(append([]byte{}, hello...), frame(framePage, 4, 0, 0, 1, []byte{1, 2, 3, 4})[:10]...), true, 0},
 		{"AckFromSender", append(append([]byte{}, hello...), frame(frameAck, 0, 1, 0, 0, nil)...), true, 0},
 		{"SecondHello", append(append([]byte{}, hello...), hello...), true, 0},
+		// Staged pages (cuda-ipc) at a receiver without an importer: the
+		// session is refused at its ARENA and no REF reaches the Sink.
+		{"ArenaWithoutImporter", join(hello, frame(frameArena, 4, 0, 0, 0, []byte{1, 2, 3, 4}), frame(frameRef, refSize, 0, 0, 1, make([]byte, refSize))), true, 0},
+		{"RefBeforeArena", join(hello, frame(frameRef, refSize, 0, 0, 1, make([]byte, refSize))), true, 0},
+		{"EmptyArena", join(hello, frame(frameArena, 0, 0, 0, 0, nil)), true, 0},
+		{"HugeArenaHandle", join(hello, frame(frameArena, maxHandle+1, 0, 0, 0, make([]byte, maxHandle+1))), true, 0},
+		{"ArenaWithFields", join(hello, frame(frameArena, 4, 1, 0, 0, []byte{1, 2, 3, 4})), true, 0},
+		{"ShortRef", join(hello, frame(frameRef, 4, 0, 0, 1, []byte{1, 2, 3, 4})), true, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,0 +1,271 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/transfer"
+)
+
+// Staged pages (cuda-ipc). The sender packs a prompt's pages into its
+// arena, device memory the decode worker maps by handle, and sends REF
+// frames that say where each page is; the receiver copies each page out of
+// the arena into the page the frame names, through the Sink's gate, so
+// only decode's process ever writes decode's pool. A session's bytes in
+// the arena are reused only once the receiver confirmed the session's end
+// (every frame processed: no copy out of them is left), or after a
+// quarantine when it did not.
+
+// arenaAlign keeps every staged page on a boundary the copy kernels'
+// vector loads like.
+const arenaAlign = 256
+
+// span is a range of arena bytes [off, end).
+type span struct{ off, end int }
+
+// arenaSpace hands out a sender's arena bytes to its sessions, first fit.
+type arenaSpace struct {
+	arena kernels.Arena
+	mu    sync.Mutex
+	free  []span // sorted, coalesced
+	// stats, for tests and logs
+	staged, fellBack, quarantined int
+}
+
+func newArenaSpace(a kernels.Arena) *arenaSpace {
+	return &arenaSpace{arena: a, free: []span{{0, a.Size() / arenaAlign * arenaAlign}}}
+}
+
+// take finds n bytes (n a multiple of arenaAlign), or reports none.
+func (s *arenaSpace) take(n int) (span, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, f := range s.free {
+		if f.end-f.off >= n {
+			got := span{f.off, f.off + n}
+			if s.free[i].off += n; s.free[i].off == s.free[i].end {
+				s.free = slices.Delete(s.free, i, i+1)
+			}
+			return got, true
+		}
+	}
+	s.fellBack++
+	return span{}, false
+}
+
+// give returns spans to the free list.
+func (s *arenaSpace) give(spans []span) {
+	if len(spans) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.free = append(s.free, spans...)
+	slices.SortFunc(s.free, func(a, b span) int { return a.off - b.off })
+	out := s.free[:1]
+	for _, f := range s.free[1:] {
+		if last := &out[len(out)-1]; f.off <= last.end {
+			last.end = max(last.end, f.end)
+		} else {
+			out = append(out, f)
+		}
+	}
+	s.free = out
+}
+
+// freeBytes is how much of the arena no session holds.
+func (s *arenaSpace) freeBytes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, f := range s.free {
+		n += f.end - f.off
+	}
+	return n
+}
+
+// stagedRef is a staged page as the sending session knows it: where in
+// its arena the rows are. Only the session that staged it sends it.
+type stagedRef struct {
+	s   *Session
+	off int
+}
+
+// Land implements transfer.PageSource; a staged page lands only on the
+// decode side, from the REF frame that names it.
+func (stagedRef) Land(kernels.PagedKV, int32, int) (int, error) {
+	return 0, errors.New("tcp: a staged page lands on the receiving side only")
+}
+
+// StagePages implements transfer.Stager: with an arena, the pages are
+// packed into one span of it and go as REF frames; without one, or when
+// the arena has no room for them, they are read into host memory and go
+// as PAGE frames.
+func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []transfer.PageSource, error) {
+	if s.space == nil || len(pages) != len(tokens) {
+		data, err := transfer.ReadPages(kv, pages, tokens)
+		return data, nil, err
+	}
+	offs := make([]int, len(pages))
+	total := 0
+	for i, t := range tokens {
+		offs[i] = total
+		total += (kv.PackedBytes(t) + arenaAlign - 1) / arenaAlign * arenaAlign
+	}
+	sp, ok := s.space.take(total)
+	if !ok {
+		data, err := transfer.ReadPages(kv, pages, tokens)
+		return data, nil, err
+	}
+	for i := range offs {
+		offs[i] += sp.off
+	}
+	data, err := s.space.arena.Stage(pages, tokens, offs)
+	if err != nil {
+		s.space.give([]span{sp})
+		return nil, nil, fmt.Errorf("tcp: %v: staging %d pages: %w", s.key, len(pages), err)
+	}
+	s.mu.Lock()
+	s.spans = append(s.spans, sp)
+	s.mu.Unlock()
+	s.space.mu.Lock()
+	s.space.staged += len(pages)
+	s.space.mu.Unlock()
+	srcs := make([]transfer.PageSource, len(pages))
+	for i := range srcs {
+		srcs[i] = stagedRef{s: s, off: offs[i]}
+	}
+	return data, srcs, nil
+}
+
+// releaseSpans gives the session's arena bytes back: at once when the
+// receiver confirmed the end, else after the quarantine.
+func (s *Session) releaseSpans(confirmed bool) {
+	if s.space == nil {
+		return
+	}
+	s.mu.Lock()
+	spans := s.spans
+	s.spans = nil
+	s.mu.Unlock()
+	if len(spans) == 0 {
+		return
+	}
+	if confirmed {
+		s.space.give(spans)
+		return
+	}
+	s.space.mu.Lock()
+	s.space.quarantined += len(spans)
+	s.space.mu.Unlock()
+	time.AfterFunc(s.cfg.quarantine, func() { s.space.give(spans) })
+}
+
+// ArenaStats says how a sender's arena was used: pages staged, stagings
+// that found no room (their pages went in the frames), sessions whose
+// bytes were quarantined, and the bytes free now.
+type ArenaStats struct {
+	Staged, FellBack, Quarantined, FreeBytes int
+}
+
+// ArenaStats reports the arena's use; zero without one.
+func (s *Sender) ArenaStats() ArenaStats {
+	if s.space == nil {
+		return ArenaStats{}
+	}
+	free := s.space.freeBytes()
+	s.space.mu.Lock()
+	defer s.space.mu.Unlock()
+	return ArenaStats{Staged: s.space.staged, FellBack: s.space.fellBack, Quarantined: s.space.quarantined, FreeBytes: free}
+}
+
+// peerSet is a receiver's mapped sender arenas, opened once per arena and
+// shared by that sender's sessions.
+type peerSet struct {
+	imp  kernels.PeerImporter
+	mu   sync.Mutex
+	open map[string]*peer
+}
+
+// maxPeers bounds the arenas a receiver keeps mapped; an idle one is
+// unmapped to make room (a prefill worker that restarted has a new arena).
+const maxPeers = 64
+
+type peer struct {
+	handle string
+	mem    kernels.PeerMemory
+	users  int
+	used   time.Time
+}
+
+func (ps *peerSet) acquire(handle []byte) (*peer, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if p := ps.open[string(handle)]; p != nil {
+		p.users++
+		p.used = time.Now()
+		return p, nil
+	}
+	if len(ps.open) >= maxPeers {
+		var idle *peer
+		for _, p := range ps.open {
+			if p.users == 0 && (idle == nil || p.used.Before(idle.used)) {
+				idle = p
+			}
+		}
+		if idle == nil {
+			return nil, fmt.Errorf("%d sender arenas mapped and in use", len(ps.open))
+		}
+		_ = idle.mem.Close()
+		delete(ps.open, idle.handle)
+	}
+	mem, err := ps.imp.OpenPeer(handle)
+	if err != nil {
+		return nil, err
+	}
+	p := &peer{handle: string(handle), mem: mem, users: 1, used: time.Now()}
+	ps.open[p.handle] = p
+	return p, nil
+}
+
+func (ps *peerSet) release(p *peer) {
+	ps.mu.Lock()
+	p.users--
+	ps.mu.Unlock()
+}
+
+// closeAll unmaps every arena; no session may be running.
+func (ps *peerSet) closeAll() {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for h, p := range ps.open {
+		_ = p.mem.Close()
+		delete(ps.open, h)
+	}
+}
+
+// peerPage is a staged page as the receiver knows it: an offset in a
+// mapped arena, copied into the decode pool (which must be the importer's).
+type peerPage struct {
+	into kernels.PeerImporter
+	mem  kernels.PeerMemory
+	off  int
+	// landed is set to the bytes copied, for the session's count.
+	landed *int
+}
+
+// Land implements transfer.PageSource.
+func (p peerPage) Land(kv kernels.PagedKV, page int32, tokens int) (int, error) {
+	if kv.Device == nil || any(kv.Device) != any(p.into) {
+		return 0, errors.New("tcp: a staged page can only land in the pool that mapped its arena")
+	}
+	if err := p.mem.CopyPage(page, tokens, p.off); err != nil {
+		return 0, err
+	}
+	*p.landed = kv.PackedBytes(tokens)
+	return *p.landed, nil
+}

@@ -1,0 +1,95 @@
+package tcp
+
+import (
+	"bufio"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/batonlm/baton/internal/transfer"
+)
+
+// A session that sends staged pages to a receiver that takes none hears
+// why at its flush: the refusal names the transport, and nothing landed.
+func TestStagedPagesRefusedWithoutImporter(t *testing.T) {
+	sink := &recSink{}
+	r, err := Listen("127.0.0.1:0", sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	conn, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, _, err := (transfer.Plain{}).Open(conn, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	key := transfer.Key{Room: 1, Epoch: 2, Cap: transfer.NewCapability()}
+	if _, err := conn.Write(join(frame(frameHello, capSize, key.Room, key.Epoch, 0, key.Cap[:]),
+		frame(frameArena, 64, 0, 0, 0, make([]byte, 64)),
+		frame(frameRef, refSize, 0, 3, 1, make([]byte, refSize)),
+		frame(frameFlush, 0, 1, 0, 0, nil))); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var hdr [hdrSize]byte
+	h, text, _, err := readFrame(bufio.NewReader(conn), &hdr, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.typ != frameAck || h.b != 0 || !strings.Contains(string(text), "not cuda-ipc") {
+		t.Fatalf("ack type %d, %d bytes landed, text %q; want a refusal naming cuda-ipc and nothing landed", h.typ, h.b, text)
+	}
+	if writes, _ := sink.counts(key); writes != 0 {
+		t.Fatalf("%d writes reached the Sink", writes)
+	}
+}
+
+// The arena's bytes go first fit, come back coalesced, and a staging that
+// finds no room is counted (its pages then go in the frames).
+func TestArenaSpace(t *testing.T) {
+	s := &arenaSpace{free: []span{{0, 4 * arenaAlign}}}
+	a, ok := s.take(2 * arenaAlign)
+	b, ok2 := s.take(arenaAlign)
+	if !ok || !ok2 || a != (span{0, 2 * arenaAlign}) || b != (span{2 * arenaAlign, 3 * arenaAlign}) {
+		t.Fatalf("took %v %v (%v %v)", a, b, ok, ok2)
+	}
+	if _, ok := s.take(2 * arenaAlign); ok {
+		t.Fatal("took 2 units with 1 free")
+	}
+	if s.fellBack != 1 {
+		t.Fatalf("fellBack %d, want 1", s.fellBack)
+	}
+	s.give([]span{a})
+	s.give([]span{b})
+	if len(s.free) != 1 || s.free[0] != (span{0, 4 * arenaAlign}) || s.freeBytes() != 4*arenaAlign {
+		t.Fatalf("free list %v after giving everything back", s.free)
+	}
+	if c, ok := s.take(4 * arenaAlign); !ok || c.off != 0 {
+		t.Fatalf("the whole arena after coalescing: %v %v", c, ok)
+	}
+}
+
+// A session sends only the pages it staged itself.
+func TestForeignStagedRefused(t *testing.T) {
+	sink := &recSink{}
+	r, err := Listen("127.0.0.1:0", sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	snd := NewSender()
+	k := transfer.Key{Room: 1, Epoch: 1, Cap: transfer.NewCapability()}
+	s1, err := snd.Open(t.Context(), r.Addr(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s1.Close()
+	other := &Session{}
+	if err := s1.Write(transfer.PageWrite{Index: 0, Page: 0, Tokens: 1, Src: stagedRef{s: other}}); err == nil {
+		t.Fatal("a page staged by another session was taken")
+	}
+}
