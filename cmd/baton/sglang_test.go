@@ -22,6 +22,9 @@ func TestSGLangFlagNames(t *testing.T) {
 		{args: []string{"--role", "decode", "--disaggregation-mode", "prefill"}, err: "give one of them"},
 		{args: []string{"--role", "prefill", "--disaggregation-transfer-backend", "mooncake"}, err: `unknown --transport "mooncake"`},
 		{args: []string{"--disaggregation-mode", "decode"}, env: map[string]string{"BATON_ROLE": "prefill"}, out: "decode configuration is valid"},
+		{args: []string{"--role", "prefill", "--disaggregation-transfer-backend", "cuda-ipc", "--device", "cuda"}, out: "prefill configuration is valid"},
+		{args: []string{"--role", "decode", "--transport", "cuda-ipc", "--device", "cpu"}, err: "needs --device cuda"},
+		{args: []string{"--role", "prefill", "--transport", "cuda-ipc", "--device", "cuda", "--cuda-ipc-arena", "lots"}, err: "--cuda-ipc-arena"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			for k, v := range c.env {

@@ -40,7 +40,7 @@ func (d *Prefill) Run(ctx context.Context, id string, t Ticket, prompt []int32, 
 		return Sent{}, refuse(Unavailable, "cannot reach decode transport %s: %v", t.TransferAddr, err)
 	}
 	d.o.Metrics.TransferSessions.Inc()
-	ship := newShipper(t, d.o.Pool.PageSize(), len(prompt), sess)
+	ship := newShipper(t, d.o.Pool.PageSize(), len(prompt), sess, d.o.Metrics.PagesShipped)
 	ship.traced = tracing.Enabled()
 	r.OnChunk = ship.onChunk
 	if err := d.o.Engine.Enqueue(r); err != nil {

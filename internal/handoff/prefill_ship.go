@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 )
@@ -19,7 +21,9 @@ type shipper struct {
 	heldPages int
 	checksums []uint64
 	// sess stages pages itself where it can (transfer.Stager: cuda-ipc).
-	sess    transfer.Session
+	sess transfer.Session
+	// shipped counts pages by where they go from (metrics.PagesShipped).
+	shipped *prometheus.CounterVec
 	queue   chan transfer.PageWrite
 	done    chan error
 	firstAt time.Time // when the first page was queued (engine loop only, read after finish)
@@ -30,8 +34,8 @@ type shipper struct {
 	marks  []chunkMark
 }
 
-func newShipper(t Ticket, pageSize, promptLen int, sess transfer.Session) *shipper {
-	s := &shipper{pages: t.Pages, pageSize: pageSize, promptLen: promptLen, heldPages: t.HeldTokens / pageSize, checksums: make([]uint64, len(t.Pages)), sess: sess,
+func newShipper(t Ticket, pageSize, promptLen int, sess transfer.Session, shipped *prometheus.CounterVec) *shipper {
+	s := &shipper{pages: t.Pages, pageSize: pageSize, promptLen: promptLen, heldPages: t.HeldTokens / pageSize, checksums: make([]uint64, len(t.Pages)), sess: sess, shipped: shipped,
 		queue: make(chan transfer.PageWrite, len(t.Pages)), done: make(chan error, 1)}
 	go func() {
 		var first error
@@ -77,6 +81,13 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 	if err != nil {
 		s.packErr = fmt.Errorf("reading pages %d-%d of the prompt: %w", index[0], index[len(index)-1], err)
 		return
+	}
+	source := "host"
+	if srcs != nil {
+		source = "device"
+	}
+	if s.shipped != nil {
+		s.shipped.WithLabelValues(source).Add(float64(len(index)))
 	}
 	for j, i := range index {
 		s.checksums[i] = transfer.Checksum(data[j])

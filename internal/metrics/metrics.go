@@ -70,8 +70,12 @@ type Set struct {
 	HandoffFailures    *prometheus.CounterVec // reason
 	LateDropped        *prometheus.CounterVec // kind
 	TransferBytes      prometheus.Counter
-	TransferSeconds    prometheus.Histogram
-	DrainWait          prometheus.Histogram
+	// PagesShipped counts the pages a prefill worker shipped, by where
+	// their rows went from: "device" (staged in the cuda-ipc arena, copied
+	// by decode GPU to GPU) or "host" (read into host memory and sent).
+	PagesShipped    *prometheus.CounterVec // from
+	TransferSeconds prometheus.Histogram
+	DrainWait       prometheus.Histogram
 	// HandedBack counts requests a draining decode worker handed back to
 	// the router (--drain-grace), which continues each elsewhere.
 	HandedBack prometheus.Counter
@@ -173,9 +177,11 @@ func ForModel(role, model string) *Set {
 		HandoffFailures:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_handoff_failures_total", Help: "Prefill-to-decode handoffs that failed, by the check or step that failed.", ConstLabels: c}, []string{"reason"}),
 		LateDropped:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_late_messages_dropped_total", Help: "Writes, commits and acks for a room/epoch no longer live, dropped unread.", ConstLabels: c}, []string{"kind"}),
 		TransferBytes:      prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_kv_transfer_bytes_total", Help: "KV bytes transferred (landed).", ConstLabels: c}),
-		TransferSeconds:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_kv_transfer_seconds", Help: "Time from the first page write to the flush that precedes Commit.", Buckets: latencyBuckets, ConstLabels: c}),
-		DrainWait:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_drain_wait_seconds", Help: "Time aborted pages spent in quarantine waiting for their writer.", Buckets: latencyBuckets, ConstLabels: c}),
-		HandedBack:         prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_requests_handed_back_total", Help: "Requests a draining decode worker handed back to the router, which continues each on another pair.", ConstLabels: c}),
+		PagesShipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_kv_pages_shipped_total",
+			Help: "Prompt pages a prefill worker shipped, by where decode took their rows from: device (staged in GPU memory, cuda-ipc) or host.", ConstLabels: c}, []string{"from"}),
+		TransferSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_kv_transfer_seconds", Help: "Time from the first page write to the flush that precedes Commit.", Buckets: latencyBuckets, ConstLabels: c}),
+		DrainWait:       prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_drain_wait_seconds", Help: "Time aborted pages spent in quarantine waiting for their writer.", Buckets: latencyBuckets, ConstLabels: c}),
+		HandedBack:      prometheus.NewCounter(prometheus.CounterOpts{Name: "baton_requests_handed_back_total", Help: "Requests a draining decode worker handed back to the router, which continues each on another pair.", ConstLabels: c}),
 		InternalAuthFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "baton_internal_auth_failures_total",
 			Help: "Internal calls and transfer sessions refused: no or wrong cluster credentials, a role not allowed the call, or a wrong reservation capability.", ConstLabels: c}, []string{"rpc"}),
 		SpecAcceptLength: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "baton_spec_accept_length",
@@ -224,6 +230,12 @@ func ForModel(role, model string) *Set {
 	}
 	if role == "decode" {
 		reg.MustRegister(s.LateDropped, s.HandedBack)
+	}
+	if role == "prefill" {
+		reg.MustRegister(s.PagesShipped)
+		for _, from := range []string{"device", "host"} {
+			s.PagesShipped.WithLabelValues(from)
+		}
 	}
 	if role == "standalone" || role == "decode" {
 		reg.MustRegister(s.SpecAcceptLength, s.SpecAcceptRate, s.SpecDraftTokens, s.SpecAcceptedTokens, s.SpecAnomalies)

@@ -2,7 +2,6 @@ package transfertest
 
 import (
 	"fmt"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,9 @@ import (
 type sink struct {
 	kv    kernels.PagedKV
 	delay time.Duration
+	// src is the prefill side's pool writes are staged from, when both
+	// are in device memory (Options.Device).
+	src kernels.PagedKV
 
 	// entered counts payload bytes handed to Write, before the delay: what
 	// the transport has let go of.
@@ -36,9 +38,7 @@ type sink struct {
 }
 
 func newSink(kv kernels.PagedKV) *sink {
-	for i := range kv.Data {
-		kv.Data[i] = float32(math.NaN())
-	}
+	poisonKV(kv)
 	return &sink{
 		kv:       kv,
 		res:      make(map[transfer.Key][]int32),
@@ -53,12 +53,26 @@ func newSink(kv kernels.PagedKV) *sink {
 // side's memory rather than copy through Write.
 func (s *sink) KV() kernels.PagedKV { return s.kv }
 
+// Source is the pool writes are staged from (Options.Device).
+func (s *sink) Source() kernels.PagedKV { return s.src }
+
 // poison fills the whole buffer with NaN again.
 func (s *sink) poison() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i := range s.kv.Data {
-		s.kv.Data[i] = float32(math.NaN())
+	poisonKV(s.kv)
+}
+
+// poisonKV makes every element of kv a NaN, in any dtype (kernels.KVNaN).
+func poisonKV(kv kernels.PagedKV) {
+	if kv.Device != nil {
+		if err := kv.Device.Fill(nil, kernels.KVNaN); err != nil {
+			panic("transfertest: poisoning the device pool: " + err.Error())
+		}
+		return
+	}
+	for i := range kv.Data {
+		kv.Data[i] = kernels.KVNaN
 	}
 }
 
@@ -85,7 +99,11 @@ func (s *sink) reserve(k transfer.Key, pages []int32) {
 
 func (s *sink) Write(k transfer.Key, w transfer.PageWrite) error {
 	k = k.Reservation()
-	s.entered.Add(int64(len(w.Data)))
+	size := len(w.Data)
+	if w.Src != nil {
+		size = transfer.PackedSize(s.kv, w.Tokens)
+	}
+	s.entered.Add(int64(size))
 	if s.delay > 0 {
 		time.Sleep(s.delay)
 	}
@@ -106,14 +124,16 @@ func (s *sink) Write(k transfer.Key, w transfer.PageWrite) error {
 		return fmt.Errorf("%d tokens for a page of %d", w.Tokens, s.kv.PageSize)
 	}
 	if s.unpack {
-		if err := transfer.Unpack(s.kv, w.Page, w.Tokens, w.Data); err != nil {
+		n, err := transfer.Land(s.kv, w)
+		if err != nil {
 			return err
 		}
-	} else if len(w.Data) != transfer.PackedSize(s.kv, w.Tokens) {
+		size = n
+	} else if w.Src == nil && len(w.Data) != transfer.PackedSize(s.kv, w.Tokens) {
 		return fmt.Errorf("payload of %d bytes for %d tokens", len(w.Data), w.Tokens)
 	}
 	s.accepted[k]++
-	s.bytes[k] += int64(len(w.Data))
+	s.bytes[k] += int64(size)
 	return nil
 }
 
@@ -152,5 +172,22 @@ func (s *sink) takeViolations() []string {
 func (s *sink) snapshot() []float32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]float32(nil), s.kv.Data...)
+	if s.kv.Device == nil {
+		return append([]float32(nil), s.kv.Data...)
+	}
+	// A device pool, read back page by page into the host layout.
+	host := s.kv
+	host.Device = nil
+	host.Data = make([]float32, s.kv.Device.Pages()*s.kv.PageFloats())
+	var buf []byte
+	for p := range int32(s.kv.Device.Pages()) {
+		var err error
+		if buf, err = transfer.ReadPage(s.kv, p, s.kv.PageSize, buf); err == nil {
+			err = transfer.Unpack(host, p, s.kv.PageSize, buf)
+		}
+		if err != nil {
+			panic(fmt.Sprintf("transfertest: reading device page %d back: %v", p, err))
+		}
+	}
+	return host.Data
 }

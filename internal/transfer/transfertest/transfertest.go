@@ -4,6 +4,7 @@
 package transfertest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -68,11 +69,21 @@ type Options struct {
 	// float32s) instead of a Go slice: for transports that need memory
 	// they allocated themselves. The harness poisons it with NaN.
 	Alloc func(t *testing.T, floats int) []float32
+	// Device, if set, puts both sides' KV in device memory (cuda-ipc): it
+	// returns the decode side's pool and a prefill side's pool of the
+	// same layout to stage from, pages pages each. The sink then has a
+	// method Source() kernels.PagedKV giving the latter. Each write the
+	// suite makes is first put into a page of the source pool and staged
+	// by the session (transfer.StagePages, as the prefill shipper does)
+	// where it can: the decode side copies it out of device memory
+	// through transfer.Land. Writes no staging can express (a payload that
+	// does not match its token count) go as they are.
+	Device func(t *testing.T, layout kernels.PagedKV, pages int) (dst, src kernels.PagedKV)
 }
 
 // RunWith is Run with options.
 func RunWith(t *testing.T, o Options, mkf func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender)) {
-	mk := suite{mk: mkf, alloc: o.Alloc}
+	mk := suite{mk: mkf, alloc: o.Alloc, device: o.Device}
 	t.Run("PagesLandExactly", func(t *testing.T) { testExact(t, mk) })
 	t.Run("FlushWaitsForWrites", func(t *testing.T) { testFlushWaits(t, mk) })
 	t.Run("RefusedWrites", func(t *testing.T) { testRefused(t, mk) })
@@ -87,8 +98,9 @@ type mkFunc = func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfe
 // suite is what every check gets: how to make the transport, and how to
 // allocate the decode side's memory.
 type suite struct {
-	mk    mkFunc
-	alloc func(t *testing.T, floats int) []float32
+	mk     mkFunc
+	alloc  func(t *testing.T, floats int) []float32
+	device func(t *testing.T, layout kernels.PagedKV, pages int) (dst, src kernels.PagedKV)
 }
 
 // waitLong bounds anything that should be quick, so that a hang fails the
@@ -114,6 +126,13 @@ type harness struct {
 	// where writes that should land were unpacked.
 	want       []float32
 	recvClosed bool
+
+	// staged: the pools are in device memory and writes are staged from
+	// the source pool (Options.Device); stageMu orders the stagings,
+	// which share one source page, and stagedPages counts them.
+	staged      bool
+	stageMu     sync.Mutex
+	stagedPages int
 }
 
 type harnessOpt func(*sink)
@@ -125,12 +144,17 @@ func newHarness(t *testing.T, mk suite, layout kernels.PagedKV, pages int, opts 
 	t.Helper()
 	base := runtime.NumGoroutine()
 	kv := layout
-	if mk.alloc != nil {
+	var stageFrom kernels.PagedKV
+	switch {
+	case mk.device != nil:
+		kv, stageFrom = mk.device(t, layout, pages)
+	case mk.alloc != nil:
 		kv.Data = mk.alloc(t, pages*kv.PageFloats())
-	} else {
+	default:
 		kv.Data = make([]float32, pages*kv.PageFloats())
 	}
 	sk := newSink(kv)
+	sk.src = stageFrom
 	for _, o := range opts {
 		o(sk)
 	}
@@ -146,7 +170,8 @@ func newHarness(t *testing.T, mk suite, layout kernels.PagedKV, pages int, opts 
 		src:      src,
 		rng:      rng,
 		nextRoom: 1,
-		want:     append([]float32(nil), kv.Data...),
+		want:     sk.snapshot(),
+		staged:   mk.device != nil,
 	}
 	h.free = make([]int32, pages)
 	for i := range h.free {
@@ -236,7 +261,7 @@ func (h *harness) expect(w transfer.PageWrite) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	kv := h.sink.kv
-	kv.Data = h.want
+	kv.Data, kv.Device = h.want, nil
 	if err := transfer.Unpack(kv, w.Page, w.Tokens, w.Data); err != nil {
 		h.t.Errorf("harness: expected write does not unpack: %v", err)
 	}
@@ -250,7 +275,52 @@ func (h *harness) open(k transfer.Key) transfer.Session {
 	if err != nil {
 		h.t.Fatalf("Open %v: %v", k, err)
 	}
+	if h.staged {
+		return &stagingSession{Session: s, h: h}
+	}
 	return s
+}
+
+// stagingSession stages each write from the harness's source pool before
+// passing it on (Options.Device).
+type stagingSession struct {
+	transfer.Session
+	h *harness
+}
+
+func (s *stagingSession) Write(w transfer.PageWrite) error {
+	src := s.h.sink.src
+	if w.Tokens < 1 || w.Tokens > src.PageSize || len(w.Data) != transfer.PackedSize(src, w.Tokens) {
+		return s.Session.Write(w)
+	}
+	s.h.stageMu.Lock()
+	if err := transfer.Unpack(src, 0, w.Tokens, w.Data); err != nil {
+		s.h.stageMu.Unlock()
+		return fmt.Errorf("harness: putting the page into the source pool: %w", err)
+	}
+	data, srcs, err := transfer.StagePages(s.Session, src, []int32{0}, []int{w.Tokens})
+	if err == nil && srcs != nil {
+		s.h.stagedPages++
+	}
+	s.h.stageMu.Unlock()
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(data[0], w.Data) {
+		return errors.New("harness: the staged rows read back differ from the page")
+	}
+	if srcs != nil {
+		w.Src = srcs[0]
+	}
+	return s.Session.Write(w)
+}
+
+// Abort passes an Aborter's abort on.
+func (s *stagingSession) Abort() error {
+	if a, ok := s.Session.(Aborter); ok {
+		return a.Abort()
+	}
+	return s.Session.Close()
 }
 
 // checkKV compares the sink's whole buffer with what should be there, bit
@@ -400,6 +470,9 @@ func testExact(t *testing.T, mk suite) {
 					t.Errorf("%d tokens: Close: %v", tokens, err)
 				}
 				h.waitClosed(k, 1)
+			}
+			if h.staged && h.stagedPages == 0 {
+				t.Error("no page was staged: every write went through the socket")
 			}
 		})
 	}
