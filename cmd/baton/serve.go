@@ -524,6 +524,8 @@ type loadedEngine struct {
 	// last, after the receiver and the engine stopped.
 	region  *ucx.Region
 	landing kernels.PagedKV
+	// transferPath is /server_info's kv_transfer_path.
+	transferPath string
 	// constraints compiles structured-output constraints for the engine.
 	constraints *constraints
 	// draftModel is the draft of --speculative-algorithm draft, draft its
@@ -647,6 +649,7 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return fail(err)
 	}
 	le.pool = pool
+	le.transferPath = transferPath(f, pc.Device != nil, log)
 	if draft != nil {
 		if err := le.draftPool(kvdt, f.kvPoison); err != nil {
 			return fail(err)
@@ -967,4 +970,28 @@ func (le *loadedEngine) ipcImporter() (kernels.PeerImporter, error) {
 		return nil, fmt.Errorf("--transport cuda-ipc needs the KV pool in GPU memory (--device cuda); it is on %s", le.backend.Name())
 	}
 	return imp, nil
+}
+
+// transferPath says which memory a worker's KV pages pass through on the
+// way between prefill and decode (/server_info's kv_transfer_path). For
+// ucx with a GPU pool it asks UCX whether it moves GPU memory at all, and
+// logs the answer once.
+func transferPath(f *serveFlags, onGPU bool, log *slog.Logger) string {
+	switch {
+	case f.role != "prefill" && f.role != "decode":
+		return ""
+	case f.transport == "cuda-ipc":
+		return "GPU to GPU: prefill stages the pages in its arena and decode copies them into its pool (through the socket when the arena is full)"
+	case !onGPU:
+		return "host memory (" + f.transport + ")"
+	case f.transport == "ucx":
+		rs, err := ucx.Transports(ucxOptions(f)...)
+		if cuda := ucx.CUDATransports(rs); err == nil && len(cuda) > 0 {
+			log.Warn("ucx moves GPU memory here, but baton registers only host memory with it: KV pages go through host memory", "cuda_transports", strings.Join(cuda, ","))
+			return "GPU pool through host memory (ucx; its CUDA transports " + strings.Join(cuda, ", ") + " unused)"
+		}
+		log.Warn("ucx has no CUDA transport (cuda_copy, cuda_ipc, gdr_copy) in this build: KV pages go through host memory between the GPU pool and the network")
+		return "GPU pool through host memory (ucx without CUDA support)"
+	}
+	return "GPU pool through pinned host memory and the socket (tcp)"
 }

@@ -214,7 +214,7 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		case <-ctx.Done():
 		}
 	}
-	h := roles.HTTPHandler(worker, &ready, ms, roles.HTTPOptions{APIKey: f.apiKey, MetricsRequireKey: f.metricsKey, Drain: stopTaking})
+	h := roles.HTTPHandler(worker, &ready, ms, roles.HTTPOptions{APIKey: f.apiKey, MetricsRequireKey: f.metricsKey, Drain: stopTaking, TransferPath: le.transferPath})
 	return serveHTTP(ctx, f, logw, le.log, ln, h, ready.SetReady, drain)
 }
 

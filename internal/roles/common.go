@@ -106,6 +106,9 @@ type HTTPOptions struct {
 	// Drain, when set, is what POST /drain starts (drainHandler says who
 	// may ask).
 	Drain func()
+	// TransferPath says in /server_info which memory the KV pages pass
+	// through on their way between the workers (kv_transfer_path).
+	TransferPath string
 }
 
 // Readiness is what a worker's /health says: starting, ok, or draining.
@@ -162,7 +165,7 @@ func HTTPHandler(w Worker, ready *Readiness, ms *metrics.Set, o HTTPOptions) htt
 			"kv_pool_tokens": info.PoolTokens, "kv_pool_pages": info.PoolPages, "kv_pages_free": info.FreePages, "kv_pages_cached": info.CachedPages,
 			"kv_pages_quarantined": info.QuarantinedPages, "running": info.Running, "queued": info.Queued,
 			"model": info.Layout.GetModel(), "page_size": info.Layout.GetPageSize(), "kv_cache_dtype": info.Layout.GetDtype(),
-			"internal_auth": info.InternalAuth,
+			"internal_auth": info.InternalAuth, "kv_transfer_path": o.TransferPath,
 		})
 	})))
 	var metricsH http.Handler = ms.Handler()

@@ -2,6 +2,7 @@ package ucx
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -181,4 +182,23 @@ func Describe(rs []Resource) string {
 		s += strings.Join(rdmaTLs, ", ")
 	}
 	return s
+}
+
+// cudaTransports are UCX's transports that move GPU memory: cuda_copy
+// (host and GPU), cuda_ipc (GPUs of one node) and gdr_copy (GPUDirect).
+var cudaTransports = []string{"cuda_copy", "cuda_ipc", "gdr_copy"}
+
+// CUDATransports names the transports of rs that move GPU memory; none
+// means this UCX build cannot put from or into GPU memory, which only the
+// build says (Debian's libucx has no CUDA support), never an assumption.
+func CUDATransports(rs []Resource) []string {
+	var out []string
+	for _, r := range rs {
+		for _, t := range cudaTransports {
+			if r.Transport == t && !slices.Contains(out, t) {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
 }
