@@ -173,8 +173,12 @@ func (d *Decode) verify(res *reservation, c Commit) (string, error) {
 		return "first_token", errors.New("no first token")
 	}
 	ps := d.o.Pool.PageSize()
-	kv := d.o.Pool.KV()
 	var buf []byte
+	// The shipped pages whose checksums are left to check, read back in
+	// one pass at the end (one wait for a GPU pool, not one a page).
+	var sumIndex []int
+	var sumPages []int32
+	var sumTokens []int
 	held := res.r.Held()
 	for i, p := range res.prompt {
 		want := min(ps, n-i*ps)
@@ -208,8 +212,17 @@ func (d *Decode) verify(res *reservation, c Commit) (string, error) {
 		if err := d.o.Guards.PageCoverage(d.o.Pool, p, want); err != nil {
 			return "coverage", err
 		}
-		var err error
-		if buf, err = checkLanded(kv, p, want, c.PageChecksums[i], buf, d.o.Guards.ChecksumMatches); err != nil {
+		sumIndex, sumPages, sumTokens = append(sumIndex, i), append(sumPages, p), append(sumTokens, want)
+	}
+	if len(sumPages) == 0 {
+		return "", nil
+	}
+	landed, err := transfer.ReadPages(d.o.Pool.KV(), sumPages, sumTokens)
+	if err != nil {
+		return "checksum", fmt.Errorf("reading pages %v back: %w", sumPages, err)
+	}
+	for j, i := range sumIndex {
+		if err := matchLanded(sumPages[j], landed[j], c.PageChecksums[i], d.o.Guards.ChecksumMatches); err != nil {
 			return "checksum", err
 		}
 	}
@@ -285,10 +298,16 @@ func checkLanded(kv kernels.PagedKV, page int32, tokens int, claim uint64, buf [
 	if err != nil {
 		return buf, fmt.Errorf("reading page %d back: %w", page, err)
 	}
-	if got := transfer.Checksum(buf); !matches(got, claim) {
-		return buf, fmt.Errorf("page %d checksum %016x, commit claims %016x", page, got, claim)
+	return buf, matchLanded(page, buf, claim, matches)
+}
+
+// matchLanded is the comparison of checkLanded, for a page already read
+// back.
+func matchLanded(page int32, packed []byte, claim uint64, matches func(got, claim uint64) bool) error {
+	if got := transfer.Checksum(packed); !matches(got, claim) {
+		return fmt.Errorf("page %d checksum %016x, commit claims %016x", page, got, claim)
 	}
-	return buf, nil
+	return nil
 }
 
 // tokensCovered and pageCovered are Commit's coverage check, the coverage
