@@ -11,7 +11,8 @@
 // 12040), FAKE_CUDA_INIT_ERROR (a CUresult cuInit returns), FAKE_CUDA_DEVICES
 // (default 1), FAKE_CUDA_CC (default "9.0"), FAKE_CUDA_SMS (default 4),
 // FAKE_CUDA_LAUNCH_ERROR (a CUresult every launch returns). Built with
-// -DFAKE_NO_PRIMARY it lacks the primary-context calls (an old or odd driver).
+// -DFAKE_NO_PRIMARY it lacks the primary-context calls (an old or odd driver),
+// with -DFAKE_NO_IPC the CUDA IPC calls.
 //
 // CUDA IPC works across processes: exporting an allocation moves it into a
 // memfd, and another process (of the same user) maps that file through
@@ -459,9 +460,27 @@ CUresult cuMemFreeHost(void* p) {
 CUresult cuMemHostRegister_v2(void*, size_t, unsigned) { return 0; }
 CUresult cuMemHostUnregister(void*) { return 0; }
 
+CUresult cuGetErrorString(CUresult e, const char** s) {
+  switch (e) {
+    case 0: *s = "no error"; break;
+    case 1: *s = "invalid argument"; break;
+    case 2: *s = "out of memory"; break;
+    case 100: *s = "no CUDA-capable device is detected"; break;
+    case 101: *s = "invalid device ordinal"; break;
+    case 304: *s = "OS call failed or operation not supported on this OS"; break;
+    case 500: *s = "named symbol not found"; break;
+    case 700: *s = "an illegal memory access was encountered"; break;
+    default: *s = "unknown error"; return 1;
+  }
+  return 0;
+}
+
 }  // extern "C"
 
+#ifndef FAKE_NO_IPC
 // ---- CUDA IPC ----
+//
+// Left out with -DFAKE_NO_IPC (a driver without it, as some are).
 //
 // The handle's 64 bytes: the magic, the exporter's pid, the memfd's number
 // there, the body's offset in the file and its size, and the random tag
@@ -598,19 +617,5 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p)
   return 500;  // CUDA_ERROR_NOT_FOUND
 }
 
-CUresult cuGetErrorString(CUresult e, const char** s) {
-  switch (e) {
-    case 0: *s = "no error"; break;
-    case 1: *s = "invalid argument"; break;
-    case 2: *s = "out of memory"; break;
-    case 100: *s = "no CUDA-capable device is detected"; break;
-    case 101: *s = "invalid device ordinal"; break;
-    case 304: *s = "OS call failed or operation not supported on this OS"; break;
-    case 500: *s = "named symbol not found"; break;
-    case 700: *s = "an illegal memory access was encountered"; break;
-    default: *s = "unknown error"; return 1;
-  }
-  return 0;
-}
-
 }  // extern "C"
+#endif  // FAKE_NO_IPC
