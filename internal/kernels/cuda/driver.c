@@ -55,6 +55,11 @@ static const bk_sym cuda_syms[] = {
     SYM(cuMemHostUnregister, "cuMemHostUnregister", 0),
     SYM(cuMemHostAlloc, "cuMemHostAlloc", 0),
     SYM(cuMemFreeHost, "cuMemFreeHost", 0),
+    // CUDA IPC
+    SYM(cuIpcGetMemHandle, "cuIpcGetMemHandle", 0),
+    SYM(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", 0),
+    SYM(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 0),
+    SYM(cuMemGetAddressRange, "cuMemGetAddressRange_v2", 0),
 };
 #undef SYM
 

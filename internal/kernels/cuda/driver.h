@@ -6,10 +6,16 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef int bk_res;                 // CUresult / cublasStatus_t
 typedef unsigned long long bk_dptr;  // CUdeviceptr (64-bit)
 typedef void* bk_h;                  // CUcontext, CUmodule, CUfunction, CUstream, CUevent, cublasHandle_t
+
+// CUDA IPC: CUipcMemHandle, which cuIpcOpenMemHandle takes by value.
+typedef struct {
+  char reserved[64];
+} bk_ipc_handle;
 
 // Returned by a wrapper whose entry point the library lacks (optional ones).
 #define BK_ERR_MISSING (-1000)
@@ -58,6 +64,13 @@ typedef struct bk_cuda {
   bk_res (*cuMemHostUnregister)(void*);
   bk_res (*cuMemHostAlloc)(void**, size_t, unsigned);
   bk_res (*cuMemFreeHost)(void*);
+  // CUDA IPC
+  // Optional too: a driver without them loads, and exporting or mapping
+  // an arena says this driver has no CUDA IPC.
+  bk_res (*cuIpcGetMemHandle)(bk_ipc_handle*, bk_dptr);
+  bk_res (*cuIpcOpenMemHandle)(bk_dptr*, bk_ipc_handle, unsigned);
+  bk_res (*cuIpcCloseMemHandle)(bk_dptr);
+  bk_res (*cuMemGetAddressRange)(bk_dptr*, size_t*, bk_dptr);
 } bk_cuda;
 
 typedef struct bk_cublas {
@@ -206,6 +219,32 @@ static inline bk_res bk_gemmex_tn(bk_cublas* b, uintptr_t h, int m, int n, int k
   const float one = 1, zero = 0;
   return b->gemmEx((bk_h)h, 1, 0, m, n, k, &one, (const void*)A, abtype, lda, (const void*)B, abtype, ldb, &zero,
                    (void*)C, 0 /* CUDA_R_32F */, ldc, 68 /* CUBLAS_COMPUTE_32F */, -1 /* CUBLAS_GEMM_DEFAULT */);
+}
+
+// CUDA IPC
+static inline int bk_has_ipc(bk_cuda* d) {
+  return d->cuIpcGetMemHandle && d->cuIpcOpenMemHandle && d->cuIpcCloseMemHandle && d->cuMemGetAddressRange;
+}
+// handle points at the 64 bytes of a CUipcMemHandle.
+static inline bk_res bk_ipc_get(bk_cuda* d, void* handle, bk_dptr p) {
+  if (!bk_has_ipc(d)) return BK_ERR_MISSING;
+  return d->cuIpcGetMemHandle((bk_ipc_handle*)handle, p);
+}
+// bk_ipc_open maps with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, so an arena of
+// another GPU of the node maps too.
+static inline bk_res bk_ipc_open(bk_cuda* d, bk_dptr* p, const void* handle) {
+  bk_ipc_handle h;
+  if (!bk_has_ipc(d)) return BK_ERR_MISSING;
+  memcpy(&h, handle, sizeof h);
+  return d->cuIpcOpenMemHandle(p, h, 1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */);
+}
+static inline bk_res bk_ipc_close(bk_cuda* d, bk_dptr p) {
+  if (!d->cuIpcCloseMemHandle) return BK_ERR_MISSING;
+  return d->cuIpcCloseMemHandle(p);
+}
+static inline bk_res bk_mem_range(bk_cuda* d, bk_dptr* base, size_t* size, bk_dptr p) {
+  if (!d->cuMemGetAddressRange) return BK_ERR_MISSING;
+  return d->cuMemGetAddressRange(base, size, p);
 }
 
 #endif

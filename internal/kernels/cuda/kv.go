@@ -56,6 +56,14 @@ type KVPool struct {
 	manyHost  unsafe.Pointer
 	manyBytes int
 	args      []uint64
+	// stagedHost is Arena.Stage's pinned read-back, grown as growMany.
+	stagedHost   unsafe.Pointer
+	stagedBytes  int
+	stagedPinned bool
+	// arenas and peers are the pool's CUDA IPC memory (ipc.go), freed with
+	// it when their own Close was not called.
+	arenas map[*arena]struct{}
+	peers  map[*peerMemory]struct{}
 }
 
 var _ kernels.DeviceKV = (*KVPool)(nil)
@@ -82,7 +90,8 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	defer catch(&err)
 	b.lock()
 	defer b.unlock()
-	kp := &KVPool{b: b, layout: layout, pages: pages, stored: make([]atomic.Uint64, pages)}
+	kp := &KVPool{b: b, layout: layout, pages: pages, stored: make([]atomic.Uint64, pages),
+		arenas: map[*arena]struct{}{}, peers: map[*peerMemory]struct{}{}}
 	made := false
 	defer func() {
 		if !made { // a driver call panicked: free what was made so far
@@ -135,12 +144,14 @@ func (kp *KVPool) enter(read int32) error {
 	return kp.enterReading([]int32{read})
 }
 
+var errPoolClosed = errors.New("cuda: KV pool used after Close")
+
 // enterReading is enter for a read of several pages.
 func (kp *KVPool) enterReading(pages []int32) error {
 	kp.mu.Lock()
 	if kp.closed {
 		kp.mu.Unlock()
-		return errors.New("cuda: KV pool used after Close")
+		return errPoolClosed
 	}
 	runtime.LockOSThread()
 	b, d := kp.b, kp.b.drv
@@ -408,6 +419,7 @@ func (kp *KVPool) release() {
 		C.bk_stream_sync(d, C.uintptr_t(kp.stream))
 		C.bk_stream_destroy(d, C.uintptr_t(kp.stream))
 	}
+	kp.releaseIPC()
 	if kp.event != 0 {
 		C.bk_event_destroy(d, C.uintptr_t(kp.event))
 	}

@@ -11,12 +11,20 @@
 // 12040), FAKE_CUDA_INIT_ERROR (a CUresult cuInit returns), FAKE_CUDA_DEVICES
 // (default 1), FAKE_CUDA_CC (default "9.0"), FAKE_CUDA_SMS (default 4),
 // FAKE_CUDA_LAUNCH_ERROR (a CUresult every launch returns). Built with
-// -DFAKE_NO_PRIMARY it lacks the primary-context calls (an old or odd driver).
+// -DFAKE_NO_PRIMARY it lacks the primary-context calls (an old or odd driver),
+// with -DFAKE_NO_IPC the CUDA IPC calls.
+//
+// CUDA IPC works across processes: exporting an allocation moves it into a
+// memfd, and another process (of the same user) maps that file through
+// /proc/<pid>/fd of the exporter. See "CUDA IPC" below.
 #include "baton.cu"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -204,9 +212,20 @@ std::vector<Kernel>& registry() {
 struct Alloc {
   void* map;
   size_t mapLen;
+  size_t size;   // as asked for
+  int fd;        // the memfd the allocation lives in once exported, else -1
+  char tag[16];  // the export's random tag, in hex in the memfd's name
 };
 std::mutex mu;  // one launch or allocation at a time
 std::map<CUdeviceptr, Alloc> allocs;
+
+// A peer's allocation mapped by cuIpcOpenMemHandle_v2, by its body's address.
+struct Mapping {
+  void* map;
+  size_t mapLen;
+  size_t size;
+};
+std::map<CUdeviceptr, Mapping> opened;
 
 int envInt(const char* name, int def) {
   const char* v = getenv(name);
@@ -341,7 +360,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
   mprotect(guard, page, PROT_NONE);
   char* start = guard - body;
   memset(start, 0xff, body);
-  allocs[reinterpret_cast<CUdeviceptr>(start)] = Alloc{m, len};
+  allocs[reinterpret_cast<CUdeviceptr>(start)] = Alloc{m, len, n, -1, {0}};
   *p = reinterpret_cast<CUdeviceptr>(start);
   return 0;
 }
@@ -350,6 +369,9 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
   auto it = allocs.find(p);
   if (it == allocs.end()) return 1;  // CUDA_ERROR_INVALID_VALUE
   munmap(it->second.map, it->second.mapLen);
+  // A peer's mapping keeps the file's pages, as a freed exported
+  // allocation stays valid for the processes that mapped it.
+  if (it->second.fd >= 0) close(it->second.fd);
   allocs.erase(it);
   return 0;
 }
@@ -445,6 +467,7 @@ CUresult cuGetErrorString(CUresult e, const char** s) {
     case 2: *s = "out of memory"; break;
     case 100: *s = "no CUDA-capable device is detected"; break;
     case 101: *s = "invalid device ordinal"; break;
+    case 304: *s = "OS call failed or operation not supported on this OS"; break;
     case 500: *s = "named symbol not found"; break;
     case 700: *s = "an illegal memory access was encountered"; break;
     default: *s = "unknown error"; return 1;
@@ -453,3 +476,146 @@ CUresult cuGetErrorString(CUresult e, const char** s) {
 }
 
 }  // extern "C"
+
+#ifndef FAKE_NO_IPC
+// ---- CUDA IPC ----
+//
+// Left out with -DFAKE_NO_IPC (a driver without it, as some are).
+//
+// The handle's 64 bytes: the magic, the exporter's pid, the memfd's number
+// there, the body's offset in the file and its size, and the random tag
+// the memfd's name carries. An opener maps /proc/<pid>/fd/<fd> and checks
+// the name it opened carries the tag, so a stale handle (the exporter gone,
+// or the number reused for another file) fails rather than maps something
+// else. A killed exporter leaves nothing behind: the memfd goes with its
+// last reference.
+struct IpcHandle {
+  char magic[8];
+  int32_t pid;
+  int32_t fd;
+  uint64_t offset;
+  uint64_t size;
+  char tag[16];
+  char pad[16];
+};
+static_assert(sizeof(IpcHandle) == 64, "a CUipcMemHandle is 64 bytes");
+const char kIpcMagic[8] = {'f', 'a', 'k', 'e', 'i', 'p', 'c', '1'};
+struct CUipcMemHandle {
+  char reserved[64];
+};
+
+namespace {
+
+void hexTag(const char* raw, char* out) {
+  for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", (unsigned char)raw[i]);
+}
+
+// shareable moves an allocation into a memfd, in place: the same
+// addresses, now MAP_SHARED over the file (the guard page stays as it is).
+// With mu held.
+CUresult shareable(Alloc& a) {
+  char raw[16], tag[33], name[64];
+  if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) return 304;  // CUDA_ERROR_OPERATING_SYSTEM
+  hexTag(raw, tag);
+  snprintf(name, sizeof name, "fakecuda-ipc-%s", tag);
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), fileLen = a.mapLen - page;
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return 304;
+  if (ftruncate(fd, (off_t)fileLen) != 0 || pwrite(fd, a.map, fileLen, 0) != (ssize_t)fileLen ||
+      mmap(a.map, fileLen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    close(fd);
+    return 304;
+  }
+  a.fd = fd;
+  memcpy(a.tag, raw, sizeof raw);
+  return 0;
+}
+
+// containing finds the allocation or mapping m holds p in.
+template <typename M>
+bool containing(M& m, CUdeviceptr p, CUdeviceptr* base, size_t* size) {
+  auto it = m.upper_bound(p);
+  if (it == m.begin()) return false;
+  --it;
+  if (p >= it->first + it->second.size) return false;
+  if (base) *base = it->first;
+  if (size) *size = it->second.size;
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
+  if (!h) return 1;
+  std::lock_guard<std::mutex> l(mu);
+  auto it = allocs.find(p);
+  if (it == allocs.end()) return 1;  // not the start of an allocation
+  Alloc& a = it->second;
+  if (a.fd < 0) {
+    if (CUresult r = shareable(a)) return r;
+  }
+  IpcHandle out{};
+  memcpy(out.tag, a.tag, sizeof a.tag);
+  memcpy(out.magic, kIpcMagic, sizeof kIpcMagic);
+  out.pid = getpid();
+  out.fd = a.fd;
+  out.offset = p - reinterpret_cast<CUdeviceptr>(a.map);
+  out.size = a.size;
+  memcpy(h, &out, sizeof out);
+  return 0;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned flags) {
+  // The backend always asks for lazy peer access (its peer may be another
+  // GPU of the node); a call without it is a bug the tests should see.
+  if (!p || flags != 1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */) return 1;
+  IpcHandle in;
+  memcpy(&in, &h, sizeof in);
+  if (memcmp(in.magic, kIpcMagic, sizeof kIpcMagic) != 0 || in.pid <= 0 || in.fd < 0 || in.size == 0)
+    return 1;  // CUDA_ERROR_INVALID_VALUE
+  char path[64], tag[33], self[64], name[256];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)in.pid, (int)in.fd);
+  // Non-blocking: a garbage handle may name a FIFO.
+  int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return 1;
+  // The name of the file opened, not of the path before: that could
+  // change in between.
+  snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(self, name, sizeof name - 1);
+  name[n > 0 ? n : 0] = 0;
+  hexTag(in.tag, tag);
+  struct stat st;
+  if (!strstr(name, tag) || fstat(fd, &st) != 0 || in.offset > (uint64_t)st.st_size ||
+      in.size > (uint64_t)st.st_size - in.offset) {
+    close(fd);
+    return 1;
+  }
+  void* m = mmap(nullptr, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);  // the mapping holds the file
+  if (m == MAP_FAILED) return 304;
+  CUdeviceptr body = reinterpret_cast<CUdeviceptr>(m) + in.offset;
+  std::lock_guard<std::mutex> l(mu);
+  opened[body] = Mapping{m, (size_t)st.st_size, (size_t)in.size};
+  *p = body;
+  return 0;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  std::lock_guard<std::mutex> l(mu);
+  auto it = opened.find(p);
+  if (it == opened.end()) return 1;
+  munmap(it->second.map, it->second.mapLen);
+  opened.erase(it);
+  return 0;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+  std::lock_guard<std::mutex> l(mu);
+  if (containing(allocs, p, base, size) || containing(opened, p, base, size)) return 0;
+  return 500;  // CUDA_ERROR_NOT_FOUND
+}
+
+}  // extern "C"
+#endif  // FAKE_NO_IPC
