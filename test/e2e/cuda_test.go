@@ -2,14 +2,11 @@ package e2e
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
 	"github.com/batonlm/baton/test/harness"
 )
 
@@ -21,21 +18,8 @@ import (
 // driver and GPU.
 
 // cudaEnv is the environment that makes a worker load the fake driver
-// (built here), or nothing on a GPU machine.
-func cudaEnv(t *testing.T) []string {
-	t.Helper()
-	if os.Getenv("BATON_REQUIRE_GPU") == "1" {
-		return nil
-	}
-	dir := t.TempDir()
-	if err := fakecuda.Build(dir); err != nil {
-		if errors.Is(err, fakecuda.ErrNoCompiler) {
-			t.Skip(err)
-		}
-		t.Fatal(err)
-	}
-	return []string{"LD_LIBRARY_PATH=" + dir}
-}
+// (built once per test binary), or nothing on a GPU machine.
+func cudaEnv(t *testing.T) []string { t.Helper(); return harness.FakeCUDAEnv(t) }
 
 // checkOnCUDA fails unless the worker runs the cuda backend with its KV
 // pool in device memory (what its start-up log says).
@@ -62,6 +46,31 @@ func TestPDOnCUDA(t *testing.T) {
 	c.WaitClean(t)
 	if m := metricsOf(t, c.Decode[0]); m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
 		t.Fatalf("decode: %v handoff failures, %v NaN logits", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])
+	}
+}
+
+// Prefill and decode on cuda over cuda-ipc: prefill stages each prompt
+// page in its arena (GPU memory the decode process maps by handle, here
+// shared memory under the emulated driver) and decode copies it into the
+// page it reserved itself, GPU to GPU, through the same gate as a tcp
+// frame. Two real processes; the greedy output equals the public
+// reference, every page went the device way, and nothing is left held.
+func TestPDOverCUDAIPC(t *testing.T) {
+	ref := loadReference(t)
+	env := cudaEnv(t)
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, PrefillEnv: env, DecodeEnv: env,
+		WorkerArgs: []string{"--device", "cuda", "--transport", "cuda-ipc", "--max-total-tokens", "1024", "--page-size", "4", "--chunked-prefill-size", "8"}})
+	for _, w := range c.Workers() {
+		checkOnCUDA(t, w, "memory=cuda")
+	}
+	greedyConcurrently(t, c.Router.URL, ref, 2)
+	c.WaitClean(t)
+	pm, dm := metricsOf(t, c.Prefill[0]), metricsOf(t, c.Decode[0])
+	if dev, host := pm[`baton_kv_pages_shipped_total{from="device",role="prefill"}`], pm[`baton_kv_pages_shipped_total{from="host",role="prefill"}`]; dev == 0 || host != 0 {
+		t.Fatalf("prefill shipped %v pages from the device and %v from the host; want all from the device", dev, host)
+	}
+	if dm["baton_handoff_failures_total"] != 0 || dm["baton_kv_transfer_bytes_total"] == 0 {
+		t.Fatalf("decode: %v handoff failures, %v bytes landed", dm["baton_handoff_failures_total"], dm["baton_kv_transfer_bytes_total"])
 	}
 }
 
