@@ -119,7 +119,11 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		}
 		defer closeTiers()
 		eng = le.engine(f, scheduler.RoleDecode, ms, cache, tiers)
-		d := roles.NewDecode(roles.DecodeOptions{DecodeDesk: roles.DecodeDesk{Engine: eng, Pool: le.pool, Metrics: ms, Cache: cache, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Landing: le.landing, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer.of(le.pool.NumPages(), le.pool.PagesFor(le.plan.context)), Log: le.log, Guards: guards.decode, Faults: guards.decodeFaults}, Layout: layout, ContextLength: le.plan.modelContext, Transport: f.transport, Auth: plane, Identity: le.identity()})
+		var sums transfer.Sums // the transport's checksums of pages at Commit
+		if f.transport == "cuda-ipc" {
+			sums = transfer.DeviceSums
+		}
+		d := roles.NewDecode(roles.DecodeOptions{DecodeDesk: roles.DecodeDesk{Engine: eng, Pool: le.pool, Metrics: ms, Cache: cache, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Landing: le.landing, Sums: sums, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer.of(le.pool.NumPages(), le.pool.PagesFor(le.plan.context)), Log: le.log, Guards: guards.decode, Faults: guards.decodeFaults}, Layout: layout, ContextLength: le.plan.modelContext, Transport: f.transport, Auth: plane, Identity: le.identity()})
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver
 		if f.transport == "ucx" {

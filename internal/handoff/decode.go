@@ -53,6 +53,10 @@ type DecodeOptions struct {
 	// memory). Commit verifies each page there and then copies it into
 	// the pool.
 	Landing kernels.PagedKV
+	// Sums is the transport's page checksum, which Commit's claims are
+	// checked against (nil: transfer.HostSums, tcp's and ucx's; cuda-ipc's
+	// is transfer.DeviceSums).
+	Sums transfer.Sums
 	// MaxReservationsPerPeer and MaxPagesPerPeer bound what one caller of
 	// Reserve may hold at once (0: no bound), so that one member gone
 	// wrong cannot take the whole pool.

@@ -217,13 +217,17 @@ func (d *Decode) verify(res *reservation, c Commit) (string, error) {
 	if len(sumPages) == 0 {
 		return "", nil
 	}
-	landed, err := transfer.ReadPages(d.o.Pool.KV(), sumPages, sumTokens)
+	sums := d.o.Sums
+	if sums == nil {
+		sums = transfer.HostSums
+	}
+	got, err := sums(d.o.Pool.KV(), sumPages, sumTokens)
 	if err != nil {
-		return "checksum", fmt.Errorf("reading pages %v back: %w", sumPages, err)
+		return "checksum", fmt.Errorf("checksumming pages %v: %w", sumPages, err)
 	}
 	for j, i := range sumIndex {
-		if err := matchLanded(sumPages[j], landed[j], c.PageChecksums[i], d.o.Guards.ChecksumMatches); err != nil {
-			return "checksum", err
+		if claim := c.PageChecksums[i]; !d.o.Guards.ChecksumMatches(got[j], claim) {
+			return "checksum", fmt.Errorf("page %d checksum %016x, commit claims %016x", sumPages[j], got[j], claim)
 		}
 	}
 	return "", nil
@@ -298,16 +302,10 @@ func checkLanded(kv kernels.PagedKV, page int32, tokens int, claim uint64, buf [
 	if err != nil {
 		return buf, fmt.Errorf("reading page %d back: %w", page, err)
 	}
-	return buf, matchLanded(page, buf, claim, matches)
-}
-
-// matchLanded is the comparison of checkLanded, for a page already read
-// back.
-func matchLanded(page int32, packed []byte, claim uint64, matches func(got, claim uint64) bool) error {
-	if got := transfer.Checksum(packed); !matches(got, claim) {
-		return fmt.Errorf("page %d checksum %016x, commit claims %016x", page, got, claim)
+	if got := transfer.Checksum(buf); !matches(got, claim) {
+		return buf, fmt.Errorf("page %d checksum %016x, commit claims %016x", page, got, claim)
 	}
-	return nil
+	return buf, nil
 }
 
 // tokensCovered and pageCovered are Commit's coverage check, the coverage

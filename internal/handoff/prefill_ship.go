@@ -77,28 +77,24 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 	if len(index) == 0 {
 		return
 	}
-	data, srcs, err := transfer.StagePages(s.sess, kv, local, tokens)
+	staged, err := transfer.StagePages(s.sess, kv, local, tokens)
 	if err != nil {
 		s.packErr = fmt.Errorf("reading pages %d-%d of the prompt: %w", index[0], index[len(index)-1], err)
 		return
 	}
 	source := "host"
-	if srcs != nil {
+	if staged.Srcs != nil {
 		source = "device"
 	}
 	if s.shipped != nil {
 		s.shipped.WithLabelValues(source).Add(float64(len(index)))
 	}
 	for j, i := range index {
-		s.checksums[i] = transfer.Checksum(data[j])
+		s.checksums[i] = staged.Sums[j]
 		if s.firstAt.IsZero() {
 			s.firstAt = time.Now()
 		}
-		w := transfer.PageWrite{Index: i, Page: s.pages[i], Tokens: tokens[j], Data: data[j]}
-		if srcs != nil {
-			w.Src = srcs[j]
-		}
-		s.queue <- w
+		s.queue <- staged.Write(j, i, s.pages[i], tokens[j])
 	}
 }
 

@@ -26,10 +26,10 @@ type Arena interface {
 	Size() int
 	// Stage packs the first tokens[i] slots of pool page pages[i] into the
 	// arena at byte offset offs[i] (after the kernels queued before it that
-	// store into those pages) and returns the packed bytes as they are in
-	// the arena, read back, for checksums. The arena holds them when it
-	// returns.
-	Stage(pages []int32, tokens []int, offs []int) ([][]byte, error)
+	// store into those pages) and returns each page's PageSum, computed on
+	// the device: nothing is read back to the host. The arena holds the
+	// rows when it returns.
+	Stage(pages []int32, tokens []int, offs []int) ([]uint64, error)
 	// Close frees the memory. A peer that still maps it keeps its mapping
 	// valid (the driver counts the references), so Close is safe at any
 	// time; reusing the bytes is not, which is the caller's to order.

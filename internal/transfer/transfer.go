@@ -127,25 +127,87 @@ func Land(kv kernels.PagedKV, w PageWrite) (int, error) {
 	return len(w.Data), nil
 }
 
-// Stager is a Session that takes a prompt's pages straight from the
-// prefill pool: it stages them where the decode side copies them from
-// (PageWrite.Src) and sends only where they are.
-type Stager interface {
-	// StagePages stages the first tokens[i] slots of pool page pages[i]
-	// and returns, per page, the packed rows (for the checksum) and the
-	// source to put in the page's write; a nil source means the page was
-	// not staged (no room) and goes as Data.
-	StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []PageSource, error)
+// Staged is what a session made of a batch of prompt pages: per page, the
+// packed rows to send (nil for a staged page), where a staged page's rows
+// are (nil for one sent as Data), and the checksum Commit claims for it.
+type Staged struct {
+	Data [][]byte
+	Srcs []PageSource
+	Sums []uint64
 }
 
-// StagePages reads pages for a session: staged by the session where it is
-// a Stager, else packed into host memory (ReadPages), with no sources.
-func StagePages(s Session, kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []PageSource, error) {
+// Write is page i's write for reservation index index, decode page page.
+func (s Staged) Write(i, index int, page int32, tokens int) PageWrite {
+	w := PageWrite{Index: index, Page: page, Tokens: tokens, Data: s.Data[i]}
+	if s.Srcs != nil {
+		w.Src = s.Srcs[i]
+	}
+	return w
+}
+
+// Stager is a Session that takes a prompt's pages straight from the
+// prefill pool: it stages them where the decode side copies them from
+// (PageWrite.Src) and sends only where they are. Its checksums are the
+// transport's (cuda-ipc: kernels.PageSum, computed on the device).
+type Stager interface {
+	// StagePages stages the first tokens[i] slots of pool page pages[i];
+	// a page that could not be staged (no room) goes as Data.
+	StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (Staged, error)
+}
+
+// StagePages readies pages for a session: staged by the session where it
+// is a Stager, else packed into host memory (ReadPages) and summed with
+// Checksum.
+func StagePages(s Session, kv kernels.PagedKV, pages []int32, tokens []int) (Staged, error) {
 	if st, ok := s.(Stager); ok {
 		return st.StagePages(kv, pages, tokens)
 	}
 	data, err := ReadPages(kv, pages, tokens)
-	return data, nil, err
+	if err != nil {
+		return Staged{}, err
+	}
+	sums := make([]uint64, len(data))
+	for i, d := range data {
+		sums[i] = Checksum(d)
+	}
+	return Staged{Data: data, Sums: sums}, nil
+}
+
+// Sums is how a decode worker checksums the pages it verifies at Commit:
+// the transport's function over the first tokens[i] slots of pages[i] as
+// they are in its pool.
+type Sums func(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error)
+
+// HostSums reads the pages back (ReadPages) and takes Checksum of each:
+// tcp's and ucx's sums.
+func HostSums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error) {
+	data, err := ReadPages(kv, pages, tokens)
+	if err != nil {
+		return nil, err
+	}
+	sums := make([]uint64, len(data))
+	for i, d := range data {
+		sums[i] = Checksum(d)
+	}
+	return sums, nil
+}
+
+// DeviceSums takes kernels.PageSum of the pages where they are, on a pool
+// that can (kernels.PageSummer), else over the pages read back: cuda-ipc's
+// sums.
+func DeviceSums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error) {
+	if s, ok := kv.Device.(kernels.PageSummer); ok {
+		return s.SumPages(pages, tokens)
+	}
+	data, err := ReadPages(kv, pages, tokens)
+	if err != nil {
+		return nil, err
+	}
+	sums := make([]uint64, len(data))
+	for i, d := range data {
+		sums[i] = kernels.PageSum(d)
+	}
+	return sums, nil
 }
 
 // Sink is the decode side's gate for incoming sessions and writes.

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +42,10 @@ type setup struct {
 	prefillArgs     []string
 	decodeArgs      []string
 	routerArgs      []string
+	// cudaIPC runs both workers on cuda (the emulated driver here) with
+	// --transport cuda-ipc: decode copies the pages GPU to GPU out of
+	// prefill's arena.
+	cudaIPC bool
 }
 
 func startCluster(t *testing.T, s setup) *harness.Cluster {
@@ -58,6 +63,11 @@ func startCluster(t *testing.T, s setup) *harness.Cluster {
 	}
 	if s.decode == 0 {
 		s.decode = 1
+	}
+	if s.cudaIPC {
+		cuda := harness.FakeCUDAEnv(t)
+		penv, env = append(penv, cuda...), append(env, cuda...)
+		s.workerArgs = append(slices.Clone(s.workerArgs), "--device", "cuda", "--transport", "cuda-ipc")
 	}
 	return harness.StartCluster(t, harness.ClusterOptions{Prefill: s.prefill, Decode: s.decode, WorkerArgs: s.workerArgs,
 		PrefillArgs: s.prefillArgs, DecodeArgs: s.decodeArgs, RouterArgs: s.routerArgs, PrefillEnv: penv, DecodeEnv: env, Binary: faultsBinary(t)})

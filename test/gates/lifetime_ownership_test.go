@@ -30,9 +30,20 @@ func streamUntil(ctx context.Context, url, prompt string) {
 // dropped and counted (late-message drop), and the next request, which
 // reuses pages, must read only its own KV.
 func scenarioAbortDuringTransfer(t *testing.T, guardsOff string) violations {
+	return abortDuringTransfer(t, guardsOff, false)
+}
+
+// scenarioAbortDuringTransferIPC is the same over cuda-ipc: the slow
+// writer's REF frames each make decode copy a page out of prefill's arena,
+// and the drain proof is decode's own copies ending with the session.
+func scenarioAbortDuringTransferIPC(t *testing.T, guardsOff string) violations {
+	return abortDuringTransfer(t, guardsOff, true)
+}
+
+func abortDuringTransfer(t *testing.T, guardsOff string, cudaIPC bool) violations {
 	ref := loadReference(t)
 	var v violations
-	c := startCluster(t, setup{prefillFaults: "slow_writer=120ms,ignore_abort=true", guardsOff: guardsOff,
+	c := startCluster(t, setup{prefillFaults: "slow_writer=120ms,ignore_abort=true", guardsOff: guardsOff, cudaIPC: cudaIPC,
 		workerArgs: []string{"--page-size", "4"}, decodeArgs: []string{"--max-total-tokens", "256"}})
 	d := c.Decode[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -80,6 +91,11 @@ func scenarioAbortDuringTransfer(t *testing.T, guardsOff string) violations {
 	if code, text, body := greedy(t, c.Router.URL, ref); code != 200 || text != ref.GeneratedText {
 		v.add("the next request after the abort: %d %s", code, body)
 	}
+	if cudaIPC {
+		if m := harness.Metrics(t, c.Prefill[0]); m[`baton_kv_pages_shipped_total{from="device",role="prefill"}`] == 0 || m[`baton_kv_pages_shipped_total{from="host",role="prefill"}`] != 0 {
+			v.add("over cuda-ipc, prefill shipped %v pages staged on the device and %v through host memory", m[`baton_kv_pages_shipped_total{from="device",role="prefill"}`], m[`baton_kv_pages_shipped_total{from="host",role="prefill"}`])
+		}
+	}
 	checkClean(t, c, &v)
 	return v
 }
@@ -101,10 +117,21 @@ func waitFor(t *testing.T, d time.Duration, ok func() bool) bool {
 // Gate 4, lifetime/ownership.
 func TestGateAbortDuringTransfer(t *testing.T) { requireClean(t, scenarioAbortDuringTransfer(t, "")) }
 
+func TestGateAbortDuringTransferCUDAIPC(t *testing.T) {
+	requireClean(t, scenarioAbortDuringTransferIPC(t, ""))
+}
+
 // kill -9 of prefill in the middle of a transfer: decode notices (the
 // session's connection is gone) and ends with zero leaked pages.
-func TestGateKillPrefillMidTransfer(t *testing.T) {
-	c := startCluster(t, setup{prefillFaults: "kill_after_frames=2", workerArgs: []string{"--page-size", "4"}})
+func TestGateKillPrefillMidTransfer(t *testing.T) { killPrefillMidTransfer(t, false) }
+
+// The same over cuda-ipc: decode keeps its mapping of the dead prefill's
+// arena until the session it served ends, and frees its pages by the
+// same rules.
+func TestGateKillPrefillMidTransferCUDAIPC(t *testing.T) { killPrefillMidTransfer(t, true) }
+
+func killPrefillMidTransfer(t *testing.T, cudaIPC bool) {
+	c := startCluster(t, setup{prefillFaults: "kill_after_frames=2", cudaIPC: cudaIPC, workerArgs: []string{"--page-size", "4"}})
 	code, _, body := harness.Post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8}`, longPrompt))
 	if code == 200 {
 		t.Fatalf("a request whose prefill died got 200: %s", body)
@@ -121,8 +148,15 @@ func TestGateKillPrefillMidTransfer(t *testing.T) {
 
 // kill -9 of decode in the middle of a transfer: prefill's writes fail, and
 // it ends with zero leaked pages of its own.
-func TestGateKillDecodeMidTransfer(t *testing.T) {
-	c := startCluster(t, setup{prefillFaults: "slow_writer=100ms", workerArgs: []string{"--page-size", "4"}})
+func TestGateKillDecodeMidTransfer(t *testing.T) { killDecodeMidTransfer(t, false) }
+
+// The same over cuda-ipc: decode dies between its copies out of the
+// arena; prefill's session ends unconfirmed and its staged bytes wait out
+// the quarantine, its pool pages none of it.
+func TestGateKillDecodeMidTransferCUDAIPC(t *testing.T) { killDecodeMidTransfer(t, true) }
+
+func killDecodeMidTransfer(t *testing.T, cudaIPC bool) {
+	c := startCluster(t, setup{prefillFaults: "slow_writer=100ms", cudaIPC: cudaIPC, workerArgs: []string{"--page-size", "4"}})
 	done := make(chan int, 1)
 	go func() {
 		code, _, _ := harness.Post(t, c.Router.URL+"/v1/completions", fmt.Sprintf(`{"model":"stories260K","prompt":%q,"max_tokens":8}`, longPrompt))

@@ -18,6 +18,7 @@ var guardGates = []struct {
 	{faults.GuardOwnerTag, handoffScenario("misdirected page")},
 	{faults.GuardDrainWait, scenarioAbortDuringTransfer},
 	{faults.GuardLateDrop, scenarioAbortDuringTransfer},
+	{faults.GuardDrainWait, scenarioAbortDuringTransferIPC},
 	{faults.GuardReadGate, scenarioReadGate},
 	{faults.GuardCacheWrite, scenarioCacheWrite},
 	{faults.GuardCacheComplete, scenarioCacheComplete},

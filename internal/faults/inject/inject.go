@@ -208,9 +208,8 @@ func (s *session) Write(w transfer.PageWrite) error {
 	if roll(s.sp, s.sp.Drop) {
 		return nil
 	}
+	// A staged page (cuda-ipc) has no rows here to corrupt.
 	if roll(s.sp, s.sp.Corrupt) && len(w.Data) > 0 {
-		// A staged page goes as its (corrupted) rows instead.
-		w.Src = nil
 		w.Data = append([]byte(nil), w.Data...)
 		w.Data[len(w.Data)/2] ^= 0x40
 	}
@@ -241,7 +240,7 @@ func (s *session) Write(w transfer.PageWrite) error {
 // StagePages stages through the session underneath where it can
 // (cuda-ipc), so the faults above apply to the frames that name staged
 // pages too.
-func (s *session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []transfer.PageSource, error) {
+func (s *session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (transfer.Staged, error) {
 	return transfer.StagePages(s.Session, kv, pages, tokens)
 }
 
@@ -289,7 +288,7 @@ func (s *shortSession) Write(w transfer.PageWrite) error {
 }
 
 // StagePages: see session.StagePages.
-func (s *shortSession) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []transfer.PageSource, error) {
+func (s *shortSession) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (transfer.Staged, error) {
 	return transfer.StagePages(s.Session, kv, pages, tokens)
 }
 

@@ -151,6 +151,7 @@ const (
 	kRoPEStoreKV
 	kPagePack
 	kPageUnpack
+	kPageSum
 	kAttnF32M4
 	kAttnF16M4
 	kAttnBF16M4
@@ -182,7 +183,7 @@ var kernelNames = [numKernels]string{
 	"bk_gemv_f32", "bk_gemv_f16", "bk_gemv_bf16", "bk_gemv_q8_0", "bk_dequant_rows", "bk_f32_to_f16",
 	"bk_f32_to_bf16", "bk_rmsnorm", "bk_add_rmsnorm", "bk_rope", "bk_swiglu", "bk_add", "bk_gather_rows", "bk_store_kv",
 	"bk_rope_store_kv", "bk_page_pack",
-	"bk_page_unpack", "bk_attn_f32_m4", "bk_attn_f16_m4", "bk_attn_bf16_m4", "bk_attn_f32_m8", "bk_attn_f16_m8",
+	"bk_page_unpack", "bk_page_sum", "bk_attn_f32_m4", "bk_attn_f16_m4", "bk_attn_bf16_m4", "bk_attn_f32_m8", "bk_attn_f16_m8",
 	"bk_attn_bf16_m8", "bk_attn_combine", "bk_moe_gather", "bk_moe_gemv", "bk_moe_scatter",
 	"bk_gemv_q4_0", "bk_gemv_q4_1", "bk_gemv_q5_0", "bk_gemv_q5_1", "bk_gemv_q4_k", "bk_gemv_q5_k", "bk_gemv_q6_k",
 	"bk_gemv_q3_k", "bk_gemv_q2_k",

@@ -115,7 +115,7 @@ func (a *arena) Size() int { return a.size }
 // Stage implements kernels.Arena: the pack kernel writes each page straight
 // into its place in the arena, and one copy of the span they cover brings
 // them back for the caller's checksums.
-func (a *arena) Stage(pages []int32, tokens []int, offs []int) ([][]byte, error) {
+func (a *arena) Stage(pages []int32, tokens []int, offs []int) ([]uint64, error) {
 	kp := a.kp
 	if len(pages) != len(tokens) || len(pages) != len(offs) {
 		return nil, fmt.Errorf("cuda: %d pages, %d token counts and %d offsets", len(pages), len(tokens), len(offs))
@@ -141,12 +141,8 @@ func (a *arena) Stage(pages []int32, tokens []int, offs []int) ([][]byte, error)
 	if a.ptr == 0 {
 		return nil, errArenaClosed
 	}
-	out := make([][]byte, len(pages))
-	for i := range out {
-		out[i] = []byte{}
-	}
 	if hi <= lo {
-		return out, nil
+		return kp.sumPagesLocked(pages, tokens)
 	}
 	for i, p := range pages {
 		if size := l.PackedBytes(tokens[i]); size > 0 {
@@ -156,54 +152,9 @@ func (a *arena) Stage(pages []int32, tokens []int, offs []int) ([][]byte, error)
 			}
 		}
 	}
-	if err := kp.growStaged(hi - lo); err != nil {
-		return nil, err
-	}
-	d := kp.b.drv
-	if err := d.check("cuMemcpyDtoHAsync", C.bk_dtoh(d.c, kp.stagedHost, C.bk_dptr(a.ptr+uint64(lo)), C.size_t(hi-lo), C.uintptr_t(kp.stream))); err != nil {
-		return nil, err
-	}
-	if err := kp.sync(); err != nil {
-		return nil, err
-	}
-	host := unsafe.Slice((*byte)(kp.stagedHost), hi-lo)
-	for i := range pages {
-		if size := l.PackedBytes(tokens[i]); size > 0 {
-			// Copies, not slices of one buffer: offsets may overlap, and
-			// each entry is what its page's span of the arena holds.
-			out[i] = append([]byte(nil), host[offs[i]-lo:offs[i]-lo+size]...)
-		}
-	}
-	return out, nil
-}
-
-// growStaged makes Stage's read-back hold bytes, with the pool's lock held.
-// Pageable memory stands in where the driver refuses pinned memory.
-func (kp *KVPool) growStaged(bytes int) error {
-	if bytes <= kp.stagedBytes {
-		return nil
-	}
-	kp.freeStaged()
-	var h unsafe.Pointer
-	if C.bk_host_alloc(kp.b.drv.c, &h, C.size_t(bytes)) == 0 {
-		kp.stagedPinned = true
-	} else if h = C.malloc(C.size_t(bytes)); h == nil {
-		return errors.New("cuda: out of host memory for staged pages")
-	}
-	kp.stagedHost, kp.stagedBytes = h, bytes
-	return nil
-}
-
-func (kp *KVPool) freeStaged() {
-	if kp.stagedHost == nil {
-		return
-	}
-	if kp.stagedPinned {
-		C.bk_host_free(kp.b.drv.c, kp.stagedHost)
-	} else {
-		C.free(kp.stagedHost)
-	}
-	kp.stagedHost, kp.stagedBytes, kp.stagedPinned = nil, 0, false
+	// The sums are of the pool's pages, queued behind their packs on the
+	// same stream: the rows the arena got.
+	return kp.sumPagesLocked(pages, tokens)
 }
 
 // Close implements kernels.Arena.
@@ -337,7 +288,6 @@ func (kp *KVPool) releaseIPC() {
 	for pm := range kp.peers {
 		pm.close()
 	}
-	kp.freeStaged()
 }
 
 // addressRange is the allocation or mapping the driver knows p in.

@@ -56,14 +56,12 @@ type KVPool struct {
 	manyHost  unsafe.Pointer
 	manyBytes int
 	args      []uint64
-	// stagedHost is Arena.Stage's pinned read-back, grown as growMany.
-	stagedHost   unsafe.Pointer
-	stagedBytes  int
-	stagedPinned bool
 	// arenas and peers are the pool's CUDA IPC memory (ipc.go), freed with
 	// it when their own Close was not called.
 	arenas map[*arena]struct{}
 	peers  map[*peerMemory]struct{}
+	// sums is SumPages' staging (sums.go).
+	sums *pageSums
 }
 
 var _ kernels.DeviceKV = (*KVPool)(nil)
@@ -429,6 +427,7 @@ func (kp *KVPool) release() {
 		C.free(kp.host)
 	}
 	kp.freeMany()
+	kp.freeSums()
 	for _, p := range []dptr{kp.ptr, kp.stage} {
 		if p != 0 {
 			C.bk_mem_free(d, C.bk_dptr(p))

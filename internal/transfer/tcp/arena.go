@@ -102,13 +102,17 @@ func (stagedRef) Land(kernels.PagedKV, int32, int) (int, error) {
 }
 
 // StagePages implements transfer.Stager: with an arena, the pages are
-// packed into one span of it and go as REF frames; without one, or when
-// the arena has no room for them, they are read into host memory and go
-// as PAGE frames.
-func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([][]byte, []transfer.PageSource, error) {
-	if s.space == nil || len(pages) != len(tokens) {
-		data, err := transfer.ReadPages(kv, pages, tokens)
-		return data, nil, err
+// packed into one span of it, summed on the device (kernels.PageSum) and
+// go as REF frames; when the arena has no room for them they are read
+// into host memory, summed there the same way, and go as PAGE frames.
+// Without an arena the session is plain tcp: pages read into host memory,
+// transfer.Checksum.
+func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (transfer.Staged, error) {
+	if s.space == nil {
+		return transfer.StagePages(plainSession{s}, kv, pages, tokens)
+	}
+	if len(pages) != len(tokens) {
+		return transfer.Staged{}, fmt.Errorf("tcp: %d pages and %d token counts", len(pages), len(tokens))
 	}
 	offs := make([]int, len(pages))
 	total := 0
@@ -119,15 +123,22 @@ func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([
 	sp, ok := s.space.take(total)
 	if !ok {
 		data, err := transfer.ReadPages(kv, pages, tokens)
-		return data, nil, err
+		if err != nil {
+			return transfer.Staged{}, err
+		}
+		sums := make([]uint64, len(data))
+		for i, d := range data {
+			sums[i] = kernels.PageSum(d)
+		}
+		return transfer.Staged{Data: data, Sums: sums}, nil
 	}
 	for i := range offs {
 		offs[i] += sp.off
 	}
-	data, err := s.space.arena.Stage(pages, tokens, offs)
+	sums, err := s.space.arena.Stage(pages, tokens, offs)
 	if err != nil {
 		s.space.give([]span{sp})
-		return nil, nil, fmt.Errorf("tcp: %v: staging %d pages: %w", s.key, len(pages), err)
+		return transfer.Staged{}, fmt.Errorf("tcp: %v: staging %d pages: %w", s.key, len(pages), err)
 	}
 	s.mu.Lock()
 	s.spans = append(s.spans, sp)
@@ -139,8 +150,11 @@ func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) ([
 	for i := range srcs {
 		srcs[i] = stagedRef{s: s, off: offs[i]}
 	}
-	return data, srcs, nil
+	return transfer.Staged{Data: make([][]byte, len(pages)), Srcs: srcs, Sums: sums}, nil
 }
+
+// plainSession hides a session's StagePages, for the default path.
+type plainSession struct{ transfer.Session }
 
 // releaseSpans gives the session's arena bytes back: at once when the
 // receiver confirmed the end, else after the quarantine.

@@ -30,6 +30,7 @@
   X(bk_rope_store_kv)       \
   X(bk_page_pack)           \
   X(bk_page_unpack)         \
+  X(bk_page_sum)            \
   X(bk_attn_f32_m4)         \
   X(bk_attn_f16_m4)         \
   X(bk_attn_bf16_m4)        \

@@ -97,3 +97,46 @@ extern "C" __global__ void bk_page_unpack(uint16_t* kv, const uint16_t* src, int
     kv[(page * pe + lk * ps * rf) * eu + j] = src[e];
   }
 }
+
+// bk_sum_term is kernels.SumTerm: splitmix64's finaliser of i<<16 | u.
+__device__ __forceinline__ unsigned long long bk_sum_term(int64_t i, uint16_t u) {
+  unsigned long long x = ((unsigned long long)i << 16) | u;
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+// bk_page_sum adds to out[b] the sum of bk_sum_term over the 2-byte units
+// of page pages[b]'s first tokens[b] slots in packed order (bk_page_pack's
+// layout), i the unit's index there: kernels.PageSum without its unit
+// count term, which the host adds. Sums wrap mod 2^64 and do not depend on
+// the order of the terms, so blocks combine by atomics. Launch: grid
+// (x, pages), blockDim a multiple of 32 (at most 1024); out zeroed first.
+extern "C" __global__ void bk_page_sum(unsigned long long* out, const uint16_t* kv, const int32_t* pages,
+                                       const int32_t* tokens, int64_t layers, int64_t ps, int64_t pe, int64_t rf,
+                                       int64_t eu) {
+  __shared__ unsigned long long part[32];
+  const int b = blockIdx.y;
+  const int64_t page = pages[b], blk = (int64_t)tokens[b] * rf * eu, total = layers * 2 * blk;
+  unsigned long long acc = 0;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t lk = e / blk, j = e % blk;
+    acc += bk_sum_term(e, kv[(page * pe + lk * ps * rf) * eu + j]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long s = 0;
+    for (unsigned w = 0; w < blockDim.x / 32; w++) s += part[w];
+#ifdef BK_EMU
+    out[b] += s;  // the emulation's fibers run one at a time
+#else
+    atomicAdd(&out[b], s);
+#endif
+  }
+}
