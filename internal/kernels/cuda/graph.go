@@ -40,6 +40,11 @@ import (
 // unchecked: buckets above gemvMaxN rows are not offered while cuBLAS is
 // loaded), a large copy, a driver without the graph entry points, or a
 // capture the driver refused (logged once; the bucket then runs direct).
+//
+// A KV pool's page read orders itself after stores queued on the
+// backend's stream; a graph step's stores are queued only at its end,
+// which the engine reaches before it hands any page of that step to a
+// transfer (a forward pass returns with its work queued, as before).
 
 // DefaultGraphMaxBS is --cuda-graph-max-bs's default: the buckets 1, 2, 4,
 // 8, 16, 24 and 32. Up to 32 rows a decode step of a small model is a few
