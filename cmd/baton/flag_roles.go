@@ -39,6 +39,7 @@ var flagRoles = map[string][]string{
 	"context-length": engineRoles, "page-size": engineRoles, "max-total-tokens": engineRoles,
 	"kv-cache-memory": engineRoles, "mem-fraction-static": engineRoles, "max-running-requests": engineRoles,
 	"load-format": engineRoles, "mmap": engineRoles, "dummy-dtype": engineRoles, "kv-poison": engineRoles, "kv-cache-dtype": engineRoles,
+	"cuda-graph-max-bs": engineRoles, "disable-cuda-graph": engineRoles,
 	"strict-capacity": engineRoles, "device": engineRoles, "threads": engineRoles,
 	"chunked-prefill-size":  engineRoles,
 	"preempt-after":         {"standalone"},

@@ -24,6 +24,7 @@ import (
 	"github.com/batonlm/baton/internal/gguf"
 	"github.com/batonlm/baton/internal/hicache"
 	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/kernels/cuda"
 	"github.com/batonlm/baton/internal/kernels/device"
 	"github.com/batonlm/baton/internal/kvpool"
 	"github.com/batonlm/baton/internal/metrics"
@@ -85,6 +86,8 @@ type serveFlags struct {
 	dummyDType        string
 	kvPoison          bool
 	kvCacheDType      string
+	cudaGraphMaxBS    int
+	noCUDAGraph       bool
 	noRadixCache      bool
 	decodeRadix       bool
 	cacheScope        string
@@ -225,6 +228,8 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | bf16 | q8_0")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f16 on cpu, f32 on cuda) | f32 | f16 | bf16; f16/bf16 halve the KV memory and the handoff bytes (cpu backend only); prefill and decode must agree")
+	fs.IntVar(&f.cudaGraphMaxBS, "cuda-graph-max-bs", cuda.DefaultGraphMaxBS, "cuda: decode steps of up to this many sequences run as CUDA graphs, one per batch-size bucket (1, 2, 4, 8, then multiples of 8), captured at a bucket's first step")
+	fs.BoolVar(&f.noCUDAGraph, "disable-cuda-graph", false, "cuda: launch every decode step's kernels one by one (no CUDA graphs)")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
 	fs.BoolVar(&f.noRadixCache, "disable-radix-cache", false, "standalone, prefill: turn the prefix cache off (every prompt is computed in full)")
 	fs.BoolVar(&f.decodeRadix, "disaggregation-decode-enable-radix-cache", false, "decode: keep finished requests' pages in a prefix cache; a reservation pins the prefix it holds for the tenant and prefill ships only the rest (tcp transport)")
@@ -341,6 +346,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("--max-migrations must not be negative")
 	case f.disaggThreshold < 0:
 		return fmt.Errorf("--disagg-prefill-threshold must not be negative")
+	case f.cudaGraphMaxBS < 0:
+		return fmt.Errorf("--cuda-graph-max-bs must not be negative")
 	case f.drainGrace < 0:
 		return fmt.Errorf("--drain-grace must not be negative")
 	case f.metricsKey && f.apiKey == "":
@@ -546,6 +553,13 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return nil, err
 	}
 	log.Info("kernels", "device", line)
+	if g, ok := be.(interface{ SetGraphs(int, *slog.Logger) }); ok {
+		maxBS := f.cudaGraphMaxBS
+		if f.noCUDAGraph {
+			maxBS = 0
+		}
+		g.SetGraphs(maxBS, log)
+	}
 	var progress func(done, total int)
 	if fd, ok := logw.(*os.File); ok && term.IsTerminal(int(fd.Fd())) {
 		var bar *progressbar.ProgressBar

@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/batonlm/baton/internal/kernels"
 )
@@ -17,11 +18,69 @@ type Model struct {
 	closer  func() error
 	// keptWeights: the weight vectors were handed to kernels.Keep.
 	keptWeights bool
+	// id tells this model's decode graphs from those of another model on
+	// the same backend (a draft's); pad is the padded decode batch.
+	id  uint64
+	pad Batch
 }
+
+var modelIDs atomic.Uint64
 
 // New binds weights to a backend.
 func New(c Config, w *Weights, be kernels.Backend) *Model {
-	return &Model{Config: c, Weights: w, be: be}
+	return &Model{Config: c, Weights: w, be: be, id: modelIDs.Add(1)}
+}
+
+// stepGrapher is a backend that runs a decode step as one captured graph
+// (the cuda backend's CUDA graphs): for a step of n rows GraphRows says
+// how many rows to pad it to (0: none), and the step's calls go between
+// BeginGraphStep and EndGraphStep. The padded rows repeat the last row
+// (token, position, slot and pages), so they store the same K/V bytes
+// into the same slot and their logits are not returned.
+type stepGrapher interface {
+	GraphRows(owner uint64, n int) int
+	BeginGraphStep(owner uint64, rows int)
+	EndGraphStep()
+}
+
+// graphable says whether a step may run as a graph: a decode step (a row
+// a sequence, its last) whose logits stay on the device, of a model that
+// never reads back mid-step (a mixture of experts routes on the host, a
+// QKV bias is added there).
+func (m *Model) graphable(b *Batch, device bool) bool {
+	if !device || m.Config.Experts > 0 || len(b.Seqs) != len(b.Tokens) {
+		return false
+	}
+	for i := range b.Seqs {
+		if b.Rows(i) != 1 {
+			return false
+		}
+	}
+	for l := range m.Weights.Layers {
+		if m.Weights.Layers[l].QBias != nil || m.Weights.Layers[l].Router != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// padded is b with rows rows, the last repeated.
+func (m *Model) padded(b *Batch, rows int) *Batch {
+	p, n := &m.pad, len(b.Tokens)
+	p.Tokens = append(p.Tokens[:0], b.Tokens...)
+	p.Positions = append(p.Positions[:0], b.Positions...)
+	p.Slots = append(p.Slots[:0], b.Slots...)
+	p.Seqs = append(p.Seqs[:0], b.Seqs...)
+	p.Every = nil
+	for i := n; i < rows; i++ {
+		last := b.Seqs[n-1]
+		last.QStart = i
+		p.Tokens = append(p.Tokens, b.Tokens[n-1])
+		p.Positions = append(p.Positions, b.Positions[n-1])
+		p.Slots = append(p.Slots, b.Slots[n-1])
+		p.Seqs = append(p.Seqs, last)
+	}
+	return p
 }
 
 // Backend is the kernel backend the model runs on.
@@ -159,6 +218,20 @@ func (m *Model) forward(b *Batch, kv kernels.PagedKV, device bool) ([]float32, e
 	if err := b.Validate(c, kv); err != nil {
 		return nil, err
 	}
+	if g, ok := m.be.(stepGrapher); ok && m.graphable(b, device) {
+		n := len(b.Tokens)
+		if rows := g.GraphRows(m.id, n); rows >= n {
+			g.BeginGraphStep(m.id, rows)
+			defer g.EndGraphStep()
+			return m.run(m.padded(b, rows), kv, device)[:n*c.Vocab], nil
+		}
+	}
+	return m.run(b, kv, device), nil
+}
+
+// run is forward of a valid batch.
+func (m *Model) run(b *Batch, kv kernels.PagedKV, device bool) []float32 {
+	c := &m.Config
 	be, w, s := m.be, m.Weights, &m.s
 	n, ns := len(b.Tokens), 0
 	for i := range b.Seqs {
@@ -236,7 +309,7 @@ func (m *Model) forward(b *Batch, kv kernels.PagedKV, device bool) ([]float32, e
 	}
 	be.RMSNorm(s.h[:ns*c.Dim], last, w.OutNorm, ns, c.NormEps)
 	be.MatMul(s.logits, s.h[:ns*c.Dim], ns, w.Output)
-	return s.logits, nil
+	return s.logits
 }
 
 // allInOrder says whether rows is 0, 1, ..., n-1.

@@ -319,6 +319,8 @@ type Backend struct {
 	// Counts the tests read: Experts calls, and bytes copied to the device.
 	expertCalls, h2dBytes, h2dCopies, stagedCopies int
 	launches                                       [numKernels]int
+
+	g graphState // decode steps as CUDA graphs (graph.go)
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -376,6 +378,8 @@ func open(l libs, index int) (*Backend, error) {
 	}
 	b := &Backend{drv: d, driverVersion: ver, info: info, weights: map[weak.Pointer[kernels.Matrix]]*devMatrix{},
 		pools: map[*KVPool]struct{}{}, kept: map[uintptr]*keptBuf{}, gemvMax: gemvMaxN}
+	b.g.maxBS = DefaultGraphMaxBS
+	b.dropGraphs()
 
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -490,6 +494,11 @@ func (b *Backend) release() {
 	if b.stream != 0 {
 		C.bk_stream_sync(d, C.uintptr_t(b.stream))
 	}
+	b.g.rec = nil
+	for _, g := range b.g.graphs {
+		b.destroyGraph(g)
+	}
+	b.g.graphs = nil
 	for _, m := range b.weights {
 		C.bk_mem_free(d, C.bk_dptr(m.ptr))
 	}
@@ -596,10 +605,14 @@ func (b *Backend) buf(i, bytes int) dptr {
 	}
 	if s.ptr != 0 {
 		// Calls queue their kernels without waiting: one still queued may
-		// read this buffer.
+		// read this buffer (or one of a graph step, not queued yet).
 		b.halfOf.x = 0
-		b.sync()
-		b.free(s.ptr)
+		if r := b.g.rec; r != nil {
+			r.frees = append(r.frees, s.ptr)
+		} else {
+			b.sync()
+			b.free(s.ptr)
+		}
 		s.ptr = 0
 	}
 	b.sent[i] = nil
@@ -619,6 +632,15 @@ func (b *Backend) h2d(dst dptr, src unsafe.Pointer, bytes int) {
 		return
 	}
 	b.h2dCopies++
+	if r := b.g.rec; r != nil {
+		r.copyTo(dst, src, bytes, bytes)
+		return
+	}
+	b.h2dNow(dst, src, bytes)
+}
+
+// h2dNow queues a copy to the device, through the pinned stage when small.
+func (b *Backend) h2dNow(dst dptr, src unsafe.Pointer, bytes int) {
 	if b.stage != nil && bytes <= stageMax {
 		if b.staged+bytes > stageBytes {
 			b.sync() // every staged copy has run
@@ -634,6 +656,7 @@ func (b *Backend) h2d(dst dptr, src unsafe.Pointer, bytes int) {
 
 // d2h copies to the host and waits for it.
 func (b *Backend) d2h(dst unsafe.Pointer, src dptr, bytes int) {
+	b.flush()
 	if bytes > 0 {
 		b.must("cuMemcpyDtoHAsync", C.bk_dtoh(b.drv.c, dst, C.bk_dptr(src), C.size_t(bytes), C.uintptr_t(b.stream)))
 	}
@@ -641,6 +664,8 @@ func (b *Backend) d2h(dst unsafe.Pointer, src dptr, bytes int) {
 }
 
 func (b *Backend) sync() {
+	b.flush()
+	b.g.syncs++
 	stores := b.stores.Load()
 	b.must("cuStreamSynchronize", C.bk_stream_sync(b.drv.c, C.uintptr_t(b.stream)))
 	b.storesDone.Store(stores) // only this thread (holding mu) moves it
@@ -650,8 +675,24 @@ func (b *Backend) sync() {
 // upload copies a host slice into scratch buffer i.
 func upload[T any](b *Backend, i int, s []T) dptr {
 	bytes := len(s) * int(unsafe.Sizeof(*new(T)))
+	src := unsafe.Pointer(unsafe.SliceData(s))
+	if b.g.rec != nil {
+		// A graph step copies its tables at their rounded size: the
+		// next step's may be a little longer and still fit its program.
+		n := tableBytes(bytes)
+		p := b.buf(i, n)
+		if r := b.g.rec; r != nil { // buf may have flushed it
+			b.halfOf.x = 0
+			b.h2dBytes += n
+			b.h2dCopies++
+			r.copyTo(p, src, bytes, n)
+			return p
+		}
+		b.h2d(p, src, bytes)
+		return p
+	}
 	p := b.buf(i, bytes)
-	b.h2d(p, unsafe.Pointer(unsafe.SliceData(s)), bytes)
+	b.h2d(p, src, bytes)
 	return p
 }
 
@@ -687,9 +728,17 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 	if gx <= 0 || gy <= 0 {
 		return
 	}
-	b.args = append(b.args[:0], args...)
 	b.launches[k]++
 	b.halfOf.x = 0
+	if r := b.g.rec; r != nil {
+		r.launch(k, gx, gy, bx, smem, args)
+		return
+	}
+	b.launchNow(k, gx, gy, bx, smem, args)
+}
+
+func (b *Backend) launchNow(k, gx, gy, bx, smem int, args []uint64) {
+	b.args = append(b.args[:0], args...)
 	b.must("cuLaunchKernel "+kernelNames[k], C.bk_launch(b.drv.c, C.uintptr_t(b.fn[k]), C.uint(gx), C.uint(gy),
 		C.uint(bx), C.uint(smem), C.uintptr_t(b.stream), (*C.uint64_t)(unsafe.Pointer(&b.args[0])), C.int(len(args))))
 }
@@ -771,6 +820,7 @@ func (b *Backend) freePending() {
 		return
 	}
 	d := b.drv.c
+	b.flush()
 	C.bk_stream_sync(d, C.uintptr_t(b.stream)) // queued kernels may still read them
 	for _, f := range p {
 		if m := b.weights[f.matrix]; m != nil {
@@ -830,10 +880,7 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 			b.launch(conv, blocks(n*cols, elemThreads), 1, elemThreads, 0, xh, x, argI(n*cols))
 			b.halfOf.x, b.halfOf.elems, b.halfOf.conv = x, n*cols, conv
 		}
-		if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(rows), C.int(n), C.int(cols),
-			C.bk_dptr(w.ptr), C.int(typ), C.int(cols), C.bk_dptr(xh), C.int(cols), C.bk_dptr(out), C.int(rows))); err != nil {
-			panic(err)
-		}
+		b.gemmEx(out, rows, n, cols, w.ptr, typ, xh)
 	default: // block formats (and exact f16/bf16): float32 rows in chunks, then sgemm
 		chunk := max(1, min(rows, dequantChunk/cols))
 		deq := b.buf(sDequant, 4*chunk*cols)
@@ -859,10 +906,36 @@ func dequantThreads(dt kernels.DType, n int) int {
 // sgemm: C[n][ldc] (row-major, first m columns) = x[n][k] · A[m][k]ᵀ,
 // i.e. column-major C(m×n) = Aᵀ·x with A stored k×m.
 func (b *Backend) sgemm(c dptr, m, n, k int, a, x dptr, ldc int) {
+	if b.blasRecorded(func() { b.sgemm(c, m, n, k, a, x, ldc) }) {
+		return
+	}
 	if err := blasCheck("cublasSgemm", C.bk_sgemm_tn(b.blas, C.uintptr_t(b.blasH), C.int(m), C.int(n), C.int(k),
 		C.bk_dptr(a), C.int(k), C.bk_dptr(x), C.int(k), C.bk_dptr(c), C.int(ldc))); err != nil {
 		panic(err)
 	}
+}
+
+// gemmEx: out[n][rows] = xh[n][cols] · w[rows][cols]ᵀ, both of half type typ.
+func (b *Backend) gemmEx(out dptr, rows, n, cols int, w dptr, typ int, xh dptr) {
+	if b.blasRecorded(func() { b.gemmEx(out, rows, n, cols, w, typ, xh) }) {
+		return
+	}
+	if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(rows), C.int(n), C.int(cols),
+		C.bk_dptr(w), C.int(typ), C.int(cols), C.bk_dptr(xh), C.int(cols), C.bk_dptr(out), C.int(rows))); err != nil {
+		panic(err)
+	}
+}
+
+// blasRecorded records a cuBLAS call of a graph step (which then runs
+// call by call), or says there is no step recording.
+func (b *Backend) blasRecorded(call func()) bool {
+	r := b.g.rec
+	if r == nil {
+		return false
+	}
+	r.why = "a cuBLAS product"
+	r.ops = append(r.ops, stepOp{kind: opBLAS, blas: call})
+	return true
 }
 
 // RMSNorm implements kernels.Backend.
@@ -1225,7 +1298,13 @@ func (b *Backend) attnUpload(kv kernels.PagedKV, pl *attnPlan, heads int, scale 
 		return a
 	}
 	a.kernel, a.lanes, a.vec16 = attnKernel(kv.DType, kv.HeadDim, pl.members)
-	a.nsplit = b.splits(a.nitems, pl.maxLen)
+	maxLen := pl.maxLen
+	if b.g.rec != nil {
+		// A graph's grid is fixed: split as for the longest sequence
+		// the splits serve, with parts past a sequence's end left empty.
+		maxLen = attnMaxSplits * attnSplitLen
+	}
+	a.nsplit = b.splits(a.nitems, maxLen)
 	a.items = uploadSame(b, sItems, pl.items)
 	if a.nsplit > 1 {
 		a.part = b.buf(sPart, 4*a.nsplit*a.rows*heads*(a.hd+2))

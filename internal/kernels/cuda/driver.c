@@ -60,6 +60,13 @@ static const bk_sym cuda_syms[] = {
     SYM(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", 0),
     SYM(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 0),
     SYM(cuMemGetAddressRange, "cuMemGetAddressRange_v2", 0),
+    // CUDA graphs
+    SYM(cuStreamBeginCapture, "cuStreamBeginCapture_v2", 0),
+    SYM(cuStreamEndCapture, "cuStreamEndCapture", 0),
+    SYM(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 0),
+    SYM(cuGraphLaunch, "cuGraphLaunch", 0),
+    SYM(cuGraphExecDestroy, "cuGraphExecDestroy", 0),
+    SYM(cuGraphDestroy, "cuGraphDestroy", 0),
 };
 #undef SYM
 

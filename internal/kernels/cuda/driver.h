@@ -71,6 +71,13 @@ typedef struct bk_cuda {
   bk_res (*cuIpcOpenMemHandle)(bk_dptr*, bk_ipc_handle, unsigned);
   bk_res (*cuIpcCloseMemHandle)(bk_dptr);
   bk_res (*cuMemGetAddressRange)(bk_dptr*, size_t*, bk_dptr);
+  // CUDA graphs. Optional: without them every step launches directly.
+  bk_res (*cuStreamBeginCapture)(bk_h, int);
+  bk_res (*cuStreamEndCapture)(bk_h, bk_h*);
+  bk_res (*cuGraphInstantiateWithFlags)(bk_h*, bk_h, unsigned long long);
+  bk_res (*cuGraphLaunch)(bk_h, bk_h);
+  bk_res (*cuGraphExecDestroy)(bk_h);
+  bk_res (*cuGraphDestroy)(bk_h);
 } bk_cuda;
 
 typedef struct bk_cublas {
@@ -246,5 +253,31 @@ static inline bk_res bk_mem_range(bk_cuda* d, bk_dptr* base, size_t* size, bk_dp
   if (!d->cuMemGetAddressRange) return BK_ERR_MISSING;
   return d->cuMemGetAddressRange(base, size, p);
 }
+// CUDA graphs
+static inline int bk_has_graphs(bk_cuda* d) {
+  return d->cuStreamBeginCapture && d->cuStreamEndCapture && d->cuGraphInstantiateWithFlags && d->cuGraphLaunch &&
+         d->cuGraphExecDestroy && d->cuGraphDestroy;
+}
+// CU_STREAM_CAPTURE_MODE_THREAD_LOCAL (1): only this thread's unsafe calls
+// (a synchronising copy, an allocation) spoil the capture, and they do;
+// other threads (a KV pool's page copies) go on meanwhile.
+static inline bk_res bk_capture_begin(bk_cuda* d, uintptr_t s) { return d->cuStreamBeginCapture((bk_h)s, 1); }
+static inline bk_res bk_capture_end(bk_cuda* d, uintptr_t s, uintptr_t* g) {
+  bk_h h = 0;
+  bk_res r = d->cuStreamEndCapture((bk_h)s, &h);
+  *g = (uintptr_t)h;
+  return r;
+}
+static inline bk_res bk_graph_instantiate(bk_cuda* d, uintptr_t* exec, uintptr_t g) {
+  bk_h h = 0;
+  bk_res r = d->cuGraphInstantiateWithFlags(&h, (bk_h)g, 0);
+  *exec = (uintptr_t)h;
+  return r;
+}
+static inline bk_res bk_graph_launch(bk_cuda* d, uintptr_t exec, uintptr_t s) {
+  return d->cuGraphLaunch((bk_h)exec, (bk_h)s);
+}
+static inline bk_res bk_graph_exec_destroy(bk_cuda* d, uintptr_t exec) { return d->cuGraphExecDestroy((bk_h)exec); }
+static inline bk_res bk_graph_destroy(bk_cuda* d, uintptr_t g) { return d->cuGraphDestroy((bk_h)g); }
 
 #endif

@@ -13,6 +13,7 @@ import "unsafe"
 // returns the device time in seconds. The caller holds the lock.
 func (b *Backend) timed(fn func()) float64 {
 	d := b.drv.c
+	b.flush()
 	var e0, e1 C.uintptr_t
 	b.must("cuEventCreate", C.bk_event_create(d, &e0, 0))
 	defer C.bk_event_destroy(d, e0)
@@ -29,6 +30,7 @@ func (b *Backend) timed(fn func()) float64 {
 
 // copyDtoD queues a device-to-device copy (cuMemcpyDtoDAsync).
 func (b *Backend) copyDtoD(dst, src dptr, bytes int) {
+	b.flush()
 	b.must("cuMemcpyDtoDAsync", C.bk_dtod(b.drv.c, C.bk_dptr(dst), C.bk_dptr(src), C.size_t(bytes), C.uintptr_t(b.stream)))
 }
 

@@ -96,6 +96,7 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 			kp.release()
 		}
 	}()
+	b.flush()
 	kp.ptr = b.alloc(int(bytes), "the KV pool")
 	b.must("cuMemsetD32Async", C.bk_memset32(b.drv.c, C.bk_dptr(kp.ptr), 0, C.size_t(bytes/4), C.uintptr_t(b.stream)))
 	page := layout.PackedBytes(layout.PageSize)

@@ -139,6 +139,9 @@ func (b *Backend) in(i int, s []float32) dptr {
 // toDevice brings the device copy of e up to date; s starts e.
 func (b *Backend) toDevice(e *keptBuf, s []float32) {
 	if !e.devOK {
+		if r := b.g.rec; r != nil {
+			r.warm = true
+		}
 		b.h2d(e.dev, unsafe.Pointer(unsafe.SliceData(s)), 4*e.n)
 		e.devOK = true
 	}

@@ -20,8 +20,8 @@ import (
 var ErrNoCompiler = errors.New("fakecuda: g++ not found (the fake driver is built from C++)")
 
 // Build compiles libcuda.so.1 and libcublas.so.12 into dir, and into
-// dir/noprimary a driver that lacks the primary-context calls and CUDA
-// IPC. A process
+// dir/noprimary a driver that lacks the primary-context calls, CUDA IPC
+// and CUDA graphs. A process
 // started with LD_LIBRARY_PATH=dir uses them as its CUDA installation.
 func Build(dir string) error {
 	cxx, err := exec.LookPath("g++")
@@ -42,7 +42,7 @@ func Build(dir string) error {
 	for _, c := range [][]string{
 		slices.Concat(driver, []string{"-o", filepath.Join(dir, "libcuda.so.1"), filepath.Join(src, "fakecuda.cc")}),
 		slices.Concat(flags, []string{"-o", filepath.Join(dir, "libcublas.so.12"), filepath.Join(src, "fakecublas.cc")}),
-		slices.Concat(driver, []string{"-DFAKE_NO_PRIMARY", "-DFAKE_NO_IPC", "-o", filepath.Join(dir, "noprimary", "libcuda.so.1"), filepath.Join(src, "fakecuda.cc")}),
+		slices.Concat(driver, []string{"-DFAKE_NO_PRIMARY", "-DFAKE_NO_IPC", "-DFAKE_NO_GRAPHS", "-o", filepath.Join(dir, "noprimary", "libcuda.so.1"), filepath.Join(src, "fakecuda.cc")}),
 	} {
 		if out, err := exec.Command(cxx, c...).CombinedOutput(); err != nil {
 			return fmt.Errorf("fakecuda: building the fake driver: %w\n%s", err, out)

@@ -12,11 +12,18 @@
 // (default 1), FAKE_CUDA_CC (default "9.0"), FAKE_CUDA_SMS (default 4),
 // FAKE_CUDA_LAUNCH_ERROR (a CUresult every launch returns). Built with
 // -DFAKE_NO_PRIMARY it lacks the primary-context calls (an old or odd driver),
-// with -DFAKE_NO_IPC the CUDA IPC calls.
+// with -DFAKE_NO_IPC the CUDA IPC calls, with -DFAKE_NO_GRAPHS the graph entry points.
 //
 // CUDA IPC works across processes: exporting an allocation moves it into a
 // memfd, and another process (of the same user) maps that file through
 // /proc/<pid>/fd of the exporter. See "CUDA IPC" below.
+//
+// Stream capture records what a real driver's capture records: a launch
+// with a copy of its argument bytes taken then (a replay reuses them), a
+// copy with its pointers (a replay reads the source as it is then), memsets
+// and event records; a call that would synchronise during a capture fails
+// with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and spoils the capture, as
+// does an async copy from host memory that cuMemHostAlloc did not give.
 #include "baton.cu"
 
 #include <fcntl.h>
@@ -33,6 +40,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -198,6 +206,24 @@ Kernel makeKernel(const char* name, void (*f)(A...)) {
   return Kernel{name, [f](void** p) { return bindArgs(f, p, std::index_sequence_for<A...>{}); }};
 }
 
+// runGrid runs a bound kernel body on a grid (mu held).
+void runGrid(Kernel* k, std::function<void()> b, dim3 grid, dim3 block, unsigned smem) {
+  body = std::move(b);
+  gridDim = grid;
+  blockDim = block;
+  nfibers = (int)(block.x * block.y * block.z);
+  dynSmem.assign(smem, 0xff);
+  for (unsigned z = 0; z < grid.z; z++)
+    for (unsigned y = 0; y < grid.y; y++)
+      for (unsigned x = 0; x < grid.x; x++) {
+        blockIdx = dim3{x, y, z};
+        if (!runBlock()) {
+          fprintf(stderr, "fakecuda: %s in %s block (%u,%u,%u)\n", failure, k->name.c_str(), x, y, z);
+          abort();
+        }
+      }
+}
+
 std::vector<Kernel>& registry() {
   static std::vector<Kernel> r = {
 #define BK_REG(k) makeKernel(#k, k),
@@ -235,6 +261,83 @@ int envInt(const char* name, int def) {
 struct Event {
   std::chrono::steady_clock::time_point t;
 };
+
+// ---- stream capture ----
+
+struct Node {
+  enum Kind { KERNEL, COPY, MEMSET, EVENT } kind;
+  Kernel* k;
+  std::function<void()> bound;  // the arguments as they were at capture
+  dim3 grid, block;
+  unsigned smem;
+  void* dst;
+  const void* src;
+  size_t n;
+  unsigned value;
+  Event* event;
+};
+
+struct Graph {
+  std::vector<Node> nodes;
+  bool invalid = false;  // an unsupported call during the capture
+  std::thread::id owner;  // the thread that began it (CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+};
+
+constexpr CUresult kCaptureUnsupported = 900;  // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+constexpr CUresult kCaptureInvalidated = 901;  // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+
+std::recursive_mutex capMu;
+std::map<void*, Graph*> captures;  // by stream
+std::map<uintptr_t, size_t> pinned;  // cuMemHostAlloc's blocks: start -> length
+
+Graph* capturing(void* stream) {
+  std::lock_guard<std::recursive_mutex> l(capMu);
+  auto it = captures.find(stream);
+  return it == captures.end() ? nullptr : it->second;
+}
+
+// anyCapture: this thread has a capture in progress. Only its own
+// unsafe calls spoil it, as in CU_STREAM_CAPTURE_MODE_THREAD_LOCAL.
+bool anyCapture() {
+  std::lock_guard<std::recursive_mutex> l(capMu);
+  for (auto& c : captures)
+    if (c.second->owner == std::this_thread::get_id()) return true;
+  return false;
+}
+
+// refuse spoils this thread's captures: the call would synchronise (a
+// legacy-stream copy, an allocation, a wait for an event).
+CUresult refuse() {
+  std::lock_guard<std::recursive_mutex> l(capMu);
+  for (auto& c : captures)
+    if (c.second->owner == std::this_thread::get_id()) c.second->invalid = true;
+  return kCaptureUnsupported;
+}
+
+bool isPinned(const void* p, size_t n) {
+  std::lock_guard<std::recursive_mutex> l(capMu);
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = pinned.upper_bound(a);
+  if (it == pinned.begin()) return false;
+  --it;
+  return a >= it->first && a + n <= it->first + it->second;
+}
+
+// captureCopy records an async copy on a capturing stream; host is its
+// host side (nullptr for device to device), which must be pinned.
+CUresult captureCopy(Graph* g, void* dst, const void* src, size_t n, const void* host) {
+  if (host && !isPinned(host, n)) {
+    g->invalid = true;
+    return kCaptureUnsupported;
+  }
+  Node nd{};
+  nd.kind = Node::COPY;
+  nd.dst = dst;
+  nd.src = src;
+  nd.n = n;
+  g->nodes.push_back(nd);
+  return 0;
+}
 
 }  // namespace
 
@@ -349,6 +452,7 @@ CUresult cuModuleGetFunction(void** fn, void*, const char* name) {
 CUresult cuFuncSetAttribute(void*, int, int) { return 0; }
 
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
+  if (anyCapture()) return refuse();
   if (n == 0) return 1;
   std::lock_guard<std::mutex> l(mu);
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -365,6 +469,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
   return 0;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
+  if (anyCapture()) return refuse();
   std::lock_guard<std::mutex> l(mu);
   auto it = allocs.find(p);
   if (it == allocs.end()) return 1;  // CUDA_ERROR_INVALID_VALUE
@@ -376,49 +481,64 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
   return 0;
 }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) {
+  if (anyCapture()) return refuse();
   memcpy(reinterpret_cast<void*>(d), s, n);
   return 0;
 }
 CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
+  if (anyCapture()) return refuse();
   memcpy(d, reinterpret_cast<void*>(s), n);
   return 0;
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
+  if (anyCapture()) return refuse();
   memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
   return 0;
 }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void*) { return cuMemcpyHtoD_v2(d, s, n); }
-CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void*) { return cuMemcpyDtoH_v2(d, s, n); }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void*) { return cuMemcpyDtoD_v2(d, s, n); }
-CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void*) {
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void* st) {
+  if (Graph* g = capturing(st)) return captureCopy(g, reinterpret_cast<void*>(d), s, n, s);
+  memcpy(reinterpret_cast<void*>(d), s, n);
+  return 0;
+}
+CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void* st) {
+  if (Graph* g = capturing(st)) return captureCopy(g, d, reinterpret_cast<void*>(s), n, d);
+  memcpy(d, reinterpret_cast<void*>(s), n);
+  return 0;
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void* st) {
+  if (Graph* g = capturing(st)) return captureCopy(g, reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n, nullptr);
+  memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
+  return 0;
+}
+CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void* st) {
+  if (Graph* g = capturing(st)) {
+    Node nd{};
+    nd.kind = Node::MEMSET;
+    nd.dst = reinterpret_cast<void*>(d);
+    nd.n = n;
+    nd.value = v;
+    g->nodes.push_back(nd);
+    return 0;
+  }
   unsigned* p = reinterpret_cast<unsigned*>(d);
   for (size_t i = 0; i < n; i++) p[i] = v;
   return 0;
 }
 
 CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned smem, void*, void** params, void** extra) {
+                        unsigned smem, void* stream, void** params, void** extra) {
   if (int e = envInt("FAKE_CUDA_LAUNCH_ERROR", 0)) return e;
   if (!fn || !params || extra) return 1;
   if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > (unsigned)kMaxThreads ||
       gy > 65535 || gz > 65535 || smem > (48u << 10))
     return 1;  // CUDA_ERROR_INVALID_VALUE, as a GPU would refuse the launch
-  std::lock_guard<std::mutex> l(mu);
   Kernel* k = static_cast<Kernel*>(fn);
-  body = k->bind(params);
-  gridDim = dim3{gx, gy, gz};
-  blockDim = dim3{bx, by, bz};
-  nfibers = (int)(bx * by * bz);
-  dynSmem.assign(smem, 0xff);
-  for (unsigned z = 0; z < gz; z++)
-    for (unsigned y = 0; y < gy; y++)
-      for (unsigned x = 0; x < gx; x++) {
-        blockIdx = dim3{x, y, z};
-        if (!runBlock()) {
-          fprintf(stderr, "fakecuda: %s in %s block (%u,%u,%u)\n", failure, k->name.c_str(), x, y, z);
-          abort();
-        }
-      }
+  if (Graph* g = capturing(stream)) {
+    g->nodes.push_back(Node{Node::KERNEL, k, k->bind(params), dim3{gx, gy, gz}, dim3{bx, by, bz}, smem});
+    return 0;
+  }
+  std::lock_guard<std::mutex> l(mu);
+  runGrid(k, k->bind(params), dim3{gx, gy, gz}, dim3{bx, by, bz}, smem);
   return 0;
 }
 
@@ -430,7 +550,13 @@ CUresult cuStreamDestroy_v2(void* s) {
   delete static_cast<int*>(s);
   return 0;
 }
-CUresult cuStreamSynchronize(void*) { return 0; }
+CUresult cuStreamSynchronize(void* s) {
+  if (Graph* g = capturing(s)) {
+    g->invalid = true;
+    return kCaptureUnsupported;
+  }
+  return 0;
+}
 CUresult cuEventCreate(void** e, unsigned) {
   *e = new Event();
   return 0;
@@ -439,26 +565,101 @@ CUresult cuEventDestroy_v2(void* e) {
   delete static_cast<Event*>(e);
   return 0;
 }
-CUresult cuEventRecord(void* e, void*) {
+CUresult cuEventRecord(void* e, void* s) {
+  if (Graph* g = capturing(s)) {
+    Node nd{};
+    nd.kind = Node::EVENT;
+    nd.event = static_cast<Event*>(e);
+    g->nodes.push_back(nd);
+    return 0;
+  }
   static_cast<Event*>(e)->t = std::chrono::steady_clock::now();
   return 0;
 }
-CUresult cuEventSynchronize(void*) { return 0; }
+CUresult cuEventSynchronize(void*) { return captures.empty() ? 0 : refuse(); }
 CUresult cuStreamWaitEvent(void* s, void* e, unsigned) { return s && e ? 0 : 400; }  // CUDA_ERROR_INVALID_HANDLE
 CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
   *ms = std::chrono::duration<float, std::milli>(static_cast<Event*>(b)->t - static_cast<Event*>(a)->t).count();
   return 0;
 }
 CUresult cuMemHostAlloc(void** p, size_t n, unsigned) {
+  if (anyCapture()) return refuse();
   *p = malloc(n ? n : 1);
-  return *p ? 0 : 2;
+  if (!*p) return 2;
+  std::lock_guard<std::recursive_mutex> l(capMu);
+  pinned[reinterpret_cast<uintptr_t>(*p)] = n ? n : 1;
+  return 0;
 }
 CUresult cuMemFreeHost(void* p) {
+  std::lock_guard<std::recursive_mutex> l(capMu);
+  pinned.erase(reinterpret_cast<uintptr_t>(p));
   free(p);
   return 0;
 }
 CUresult cuMemHostRegister_v2(void*, size_t, unsigned) { return 0; }
 CUresult cuMemHostUnregister(void*) { return 0; }
+
+#ifndef FAKE_NO_GRAPHS
+CUresult cuStreamBeginCapture_v2(void* s, int mode) {
+  if (!s || capturing(s)) return 1;
+  if (mode < 0 || mode > 2) return 1;
+  std::lock_guard<std::recursive_mutex> l(capMu);
+  Graph* g = new Graph();
+  g->owner = std::this_thread::get_id();
+  captures[s] = g;
+  return 0;
+}
+CUresult cuStreamEndCapture(void* s, void** graph) {
+  std::lock_guard<std::recursive_mutex> l(capMu);
+  Graph* g = capturing(s);
+  if (!g) return 1;
+  captures.erase(s);
+  if (g->invalid) {
+    delete g;
+    *graph = nullptr;
+    return kCaptureInvalidated;
+  }
+  *graph = g;
+  return 0;
+}
+CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+  if (!graph) return 1;
+  *exec = new Graph(*static_cast<Graph*>(graph));
+  return 0;
+}
+CUresult cuGraphLaunch(void* exec, void* s) {
+  if (!exec) return 1;
+  if (capturing(s)) return kCaptureUnsupported;  // a child graph node: not emulated
+  if (int e = envInt("FAKE_CUDA_LAUNCH_ERROR", 0)) return e;
+  for (const Node& nd : static_cast<Graph*>(exec)->nodes) {
+    switch (nd.kind) {
+      case Node::KERNEL: {
+        std::lock_guard<std::mutex> l(mu);
+        runGrid(nd.k, nd.bound, nd.grid, nd.block, nd.smem);
+        break;
+      }
+      case Node::COPY:
+        memmove(nd.dst, nd.src, nd.n);
+        break;
+      case Node::MEMSET:
+        for (size_t i = 0; i < nd.n; i++) static_cast<unsigned*>(nd.dst)[i] = nd.value;
+        break;
+      case Node::EVENT:
+        nd.event->t = std::chrono::steady_clock::now();
+        break;
+    }
+  }
+  return 0;
+}
+CUresult cuGraphExecDestroy(void* exec) {
+  delete static_cast<Graph*>(exec);
+  return 0;
+}
+CUresult cuGraphDestroy(void* graph) {
+  delete static_cast<Graph*>(graph);
+  return 0;
+}
+#endif
 
 CUresult cuGetErrorString(CUresult e, const char** s) {
   switch (e) {
@@ -470,6 +671,8 @@ CUresult cuGetErrorString(CUresult e, const char** s) {
     case 304: *s = "OS call failed or operation not supported on this OS"; break;
     case 500: *s = "named symbol not found"; break;
     case 700: *s = "an illegal memory access was encountered"; break;
+    case 900: *s = "operation not permitted when stream is capturing"; break;
+    case 901: *s = "operation failed due to a previous error during capture"; break;
     default: *s = "unknown error"; return 1;
   }
   return 0;
