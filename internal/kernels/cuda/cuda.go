@@ -48,8 +48,9 @@
 // summed in pick order by one kernel without atomics.
 //
 // Attention takes two paths in one call. Prompt chunks (QLen >= 16) over
-// an f16 or bf16 pool at head dim 64 or 128 go to kernels/attn_mma.cuh:
-// FlashAttention-2 style tiles of 64 query rows and 64 positions, K and V
+// an f16 or bf16 pool at head dim 64, 128 or 256 go to
+// kernels/attn_mma.cuh: FlashAttention-2 style tiles of 64 query rows and
+// 64 positions (32 at head dim 256, where registers are short), K and V
 // gathered through the page table into shared memory, Q·Kᵀ and P·V on
 // the tensor cores (mma.sync m16n8k16, q and P rounded to the pool's half
 // type), online softmax, over the request's earlier pages too. Everything
@@ -104,11 +105,13 @@ const (
 	attnItemFields = 6
 	attnSeqFields  = 4
 	// The tensor-core prompt attention (attn_mma.cuh): a block's query
-	// rows (BK_MMA_ROWS), positions a K/V tile (BK_MMA_POS), the int32
-	// fields of a tile, and the least QLen sent to it.
+	// rows (BK_MMA_ROWS), positions a K/V tile (BK_MMA_POS; at head dim
+	// 256 BK_MMA_POS_HD256), the int32 fields of a tile, and the least
+	// QLen sent to it.
 	mmaThreads    = 128
 	mmaRows       = 64
 	mmaPos        = 64
+	mmaPosHD256   = 32
 	mmaPad        = 8
 	mmaTileFields = 2
 	mmaMinQLen    = 16
@@ -175,6 +178,8 @@ const (
 	kAttnMMABF16HD64
 	kAttnMMAF16HD128
 	kAttnMMABF16HD128
+	kAttnMMAF16HD256
+	kAttnMMABF16HD256
 	numKernels
 )
 
@@ -187,6 +192,7 @@ var kernelNames = [numKernels]string{
 	"bk_gemv_q4_0", "bk_gemv_q4_1", "bk_gemv_q5_0", "bk_gemv_q5_1", "bk_gemv_q4_k", "bk_gemv_q5_k", "bk_gemv_q6_k",
 	"bk_gemv_q3_k", "bk_gemv_q2_k",
 	"bk_sample", "bk_attn_mma_f16_hd64", "bk_attn_mma_bf16_hd64", "bk_attn_mma_f16_hd128", "bk_attn_mma_bf16_hd128",
+	"bk_attn_mma_f16_hd256", "bk_attn_mma_bf16_hd256",
 }
 
 // gemvKernel is the gemv kernel of each weight dtype (SupportsDType).
@@ -1074,10 +1080,11 @@ type attnPlan struct {
 }
 
 // mmaAttention reports whether the tensor-core kernel serves a pool:
-// f16 or bf16 KV, head dim 64 or 128. Its sequences of at least
+// f16 or bf16 KV, head dim 64, 128 or 256. Its sequences of at least
 // mmaMinQLen rows go there.
 func mmaAttention(kv kernels.PagedKV) bool {
-	return (kv.DType == kernels.F16 || kv.DType == kernels.BF16) && (kv.HeadDim == 64 || kv.HeadDim == 128)
+	hd := kv.HeadDim
+	return (kv.DType == kernels.F16 || kv.DType == kernels.BF16) && (hd == 64 || hd == 128 || hd == 256)
 }
 
 // planAttention cuts a call into work: with mma, the sequences the
@@ -1266,10 +1273,23 @@ func attnMMAKernel(dt kernels.DType, hd int) int {
 	if dt == kernels.BF16 {
 		k++
 	}
-	if hd == 128 {
+	switch hd {
+	case 128:
 		k += kAttnMMAF16HD128 - kAttnMMAF16HD64
+	case 256:
+		k += kAttnMMAF16HD256 - kAttnMMAF16HD64
 	}
 	return k
+}
+
+// mmaSmem is the dynamic shared memory of the tensor-core kernel at a
+// head dim: the K tile as stored and the V tile transposed, in halves.
+func mmaSmem(hd int) int {
+	pos := mmaPos
+	if hd == 256 {
+		pos = mmaPosHD256
+	}
+	return 2 * (pos*(hd+mmaPad) + hd*(pos+mmaPad))
 }
 
 // attnLaunch runs the attention kernels: out (device, rows of heads*hd)
@@ -1281,8 +1301,7 @@ func (b *Backend) attnLaunch(a attnCall, q, out dptr) {
 		b.attnLaunchItems(a, q, out)
 	}
 	if a.ntiles > 0 {
-		smem := 2 * (mmaPos*(a.hd+mmaPad) + a.hd*(mmaPos+mmaPad))
-		b.launch(a.mmaKernel, a.ntiles, a.heads, mmaThreads, smem, out, q, a.kv, a.pages, a.seqs, a.tiles,
+		b.launch(a.mmaKernel, a.ntiles, a.heads, mmaThreads, mmaSmem(a.hd), out, q, a.kv, a.pages, a.seqs, a.tiles,
 			argI(a.heads), argI(a.group), argI(a.ps), argI(a.pe), argI(a.rf), argI(a.layer), argF(a.scale))
 	}
 }
