@@ -37,7 +37,16 @@
 // read the weights directly, dequantising block formats in registers;
 // larger ones use cuBLAS: sgemm for f32 weights, GemmEx with float32
 // accumulation for f16 and bf16 weights (x rounded to the weights' type),
-// and the block formats dequantised to float32 in row chunks for sgemm.
+// and for the block formats too: each product dequantises the weight to
+// f16 in row chunks of a scratch buffer (bk_dequant_rows_f16, at most
+// 64 MB) and runs GemmEx over them with x rounded to f16. The trade-off:
+// each such product writes and reads 2 bytes a weight more than a
+// resident f16 copy would (small next to the product's arithmetic from a
+// few dozen rows up), while a resident copy would hold 2 bytes a weight
+// on top of the quantised one (3.6 times a Q4_K matrix), the memory the
+// format was chosen to save. f16 rather than bf16: decoded weights and
+// normalised activations fit its range, and it keeps 3 more bits (a term
+// is off by about 2^-10 of its size, x and w each rounded once).
 // Without a loadable cuBLAS every product uses the own kernels.
 //
 // A mixture of experts' FFN runs whole on the device (Experts, moe.go):
@@ -121,7 +130,8 @@ const (
 	// through; stageMax the largest copy that does.
 	stageBytes = 4 << 20
 	stageMax   = 1 << 20
-	// dequantChunk bounds the float32 scratch of a q8_0 product (floats).
+	// dequantChunk bounds the scratch of a cuBLAS product over a block
+	// format (floats; twice as many halves): 64 MB.
 	dequantChunk = 16 << 20
 	// attnSplitLen is the least positions per split of one attention item:
 	// a block's groups take them a few at a time, and fewer would leave
@@ -180,6 +190,7 @@ const (
 	kAttnMMABF16HD128
 	kAttnMMAF16HD256
 	kAttnMMABF16HD256
+	kDequantRowsF16
 	numKernels
 )
 
@@ -192,7 +203,7 @@ var kernelNames = [numKernels]string{
 	"bk_gemv_q4_0", "bk_gemv_q4_1", "bk_gemv_q5_0", "bk_gemv_q5_1", "bk_gemv_q4_k", "bk_gemv_q5_k", "bk_gemv_q6_k",
 	"bk_gemv_q3_k", "bk_gemv_q2_k",
 	"bk_sample", "bk_attn_mma_f16_hd64", "bk_attn_mma_bf16_hd64", "bk_attn_mma_f16_hd128", "bk_attn_mma_bf16_hd128",
-	"bk_attn_mma_f16_hd256", "bk_attn_mma_bf16_hd256",
+	"bk_attn_mma_f16_hd256", "bk_attn_mma_bf16_hd256", "bk_dequant_rows_f16",
 }
 
 // gemvKernel is the gemv kernel of each weight dtype (SupportsDType).
@@ -305,7 +316,7 @@ type Backend struct {
 
 	// Tuning, and switches the tests flip.
 	gemvMax      int  // products of at most this many rows use the gemv kernels (Experts: segments)
-	exactGEMM    bool // f16/bf16 products via float32 dequantisation + sgemm, not GemmEx
+	exactGEMM    bool // f16/bf16 and block-format products via float32 dequantisation + sgemm, not GemmEx
 	forceSplits  int  // attention: cut every item into this many parts (0: choose)
 	noAttnMMA    bool // attention: prompt chunks too use attention.cuh, not the tensor cores
 	exactScratch bool // scratch buffers of exactly the size asked (the fake driver's guard pages then catch overruns)
@@ -830,16 +841,20 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 		if w.dtype == kernels.BF16 {
 			conv, typ = kToBF16, 14 // CUDA_R_16BF
 		}
-		xh := b.buf(sHalf, 2*n*cols)
-		if h := b.halfOf; h.x != x || h.elems != n*cols || h.conv != conv {
-			b.launch(conv, blocks(n*cols, elemThreads), 1, elemThreads, 0, xh, x, argI(n*cols))
-			b.halfOf.x, b.halfOf.elems, b.halfOf.conv = x, n*cols, conv
+		b.gemmEx(out, rows, n, cols, w.ptr, b.halfX(x, n*cols, conv), typ, rows)
+	case w.dtype.Quantized() && !b.exactGEMM:
+		xh := b.halfX(x, n*cols, kToF16)
+		chunk := max(1, min(rows, 2*dequantChunk/cols))
+		deq := b.buf(sDequant, 2*chunk*cols)
+		for r0 := 0; r0 < rows; r0 += chunk {
+			cr := min(chunk, rows-r0)
+			h := b.halfOf
+			b.launch(kDequantRowsF16, blocks(cr*cols/8, elemThreads), 1, elemThreads, 0, deq, w.ptr,
+				argI(int(w.dtype)), argI(cols), argI(r0), argI(cr))
+			b.halfOf = h // the launch wrote deq only: xh still holds x
+			b.gemmEx(out+uint64(4*r0), cr, n, cols, deq, xh, 2 /* CUDA_R_16F */, rows)
 		}
-		if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(rows), C.int(n), C.int(cols),
-			C.bk_dptr(w.ptr), C.int(typ), C.int(cols), C.bk_dptr(xh), C.int(cols), C.bk_dptr(out), C.int(rows))); err != nil {
-			panic(err)
-		}
-	default: // block formats (and exact f16/bf16): float32 rows in chunks, then sgemm
+	default: // exact products: float32 rows in chunks, then sgemm
 		chunk := max(1, min(rows, dequantChunk/cols))
 		deq := b.buf(sDequant, 4*chunk*cols)
 		for r0 := 0; r0 < rows; r0 += chunk {
@@ -848,6 +863,28 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 				argI(int(w.dtype)), argI(cols), 0, argI(r0), argI(cr))
 			b.sgemm(out+uint64(4*r0), cr, n, cols, deq, x, rows)
 		}
+	}
+}
+
+// halfX is x (elems floats on the device) rounded by conv (kToF16 or
+// kToBF16) into scratch sHalf; products of the same x in a row round it
+// once.
+func (b *Backend) halfX(x dptr, elems, conv int) dptr {
+	xh := b.buf(sHalf, 2*elems)
+	if h := b.halfOf; h.x != x || h.elems != elems || h.conv != conv {
+		b.launch(conv, blocks(elems, elemThreads), 1, elemThreads, 0, xh, x, argI(elems))
+		b.halfOf.x, b.halfOf.elems, b.halfOf.conv = x, elems, conv
+	}
+	return xh
+}
+
+// gemmEx: C[n][ldc] (row-major, first m columns) = x[n][k] · A[m][k]ᵀ,
+// A and x halves of type typ (a cudaDataType), C float32, float32
+// accumulation.
+func (b *Backend) gemmEx(c dptr, m, n, k int, a, x dptr, typ, ldc int) {
+	if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(m), C.int(n), C.int(k),
+		C.bk_dptr(a), C.int(typ), C.int(k), C.bk_dptr(x), C.int(k), C.bk_dptr(c), C.int(ldc))); err != nil {
+		panic(err)
 	}
 }
 
