@@ -111,11 +111,12 @@ func decode(tb testing.TB, be kernels.Backend, c *model.Config, batch, ctx int) 
 }
 
 // BenchmarkGPUModel1B: tokens per second of a dummy 1B model with f16
-// weights on GPU 0, prefill (batch 1 x 512 prompt tokens, batch 32 x 128)
-// and decode (one token per sequence at context 512, batch 1 and 32).
-// Activations stay on the device (kernels.Resident); each step copies in
-// its token ids, positions and slots and copies out the last rows and the
-// logits, and these figures include that.
+// weights on GPU 0, prefill (batch 1 x 512 and x 4096 prompt tokens,
+// batch 32 x 128; also in TFLOP/s, prefillFLOPs) and decode (one token
+// per sequence at context 512, batch 1 and 32). Activations stay on the
+// device (kernels.Resident); each step copies in its token ids, positions
+// and slots and copies out the last rows and the logits, and these
+// figures include that.
 func BenchmarkGPUModel1B(b *testing.B) { benchModel(b, llama1B(), "dummy 1B") }
 
 // BenchmarkGPUModelMoE is the same for the mixture of experts moe25B.
@@ -142,8 +143,8 @@ func benchModel(b *testing.B, c model.Config, what string) {
 	b.Logf("%s: %.2fB params, f16, %s KV; built in %v, uploaded in %v; %s", what, float64(w.Params())/1e9,
 		kernels.AutoKVDType(be), built, time.Since(start)-built, be.Describe())
 	m := model.New(c, w, be)
-	// step times Forward over the batch mk makes, tokens per call.
-	step := func(name string, tokens int, mk func(b *testing.B) (*model.Batch, kernels.PagedKV)) {
+	// step times Forward over the batch mk makes, tokens (and flops) per call.
+	step := func(name string, tokens int, flops float64, mk func(b *testing.B) (*model.Batch, kernels.PagedKV)) {
 		b.Run(name, func(b *testing.B) {
 			bt, kv := mk(b)
 			logits, err := m.Forward(bt, kv)
@@ -158,17 +159,39 @@ func benchModel(b *testing.B, c model.Config, what string) {
 				}
 			}
 			b.ReportMetric(float64(tokens*b.N)/b.Elapsed().Seconds(), "tok/s")
+			if flops > 0 {
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e12, "TFLOP/s")
+			}
 		})
 	}
+	for _, p := range [][2]int{{1, 512}, {1, 4096}, {32, 128}} {
+		batch, plen := p[0], p[1]
+		if plen > c.ContextLength {
+			continue
+		}
+		step(fmt.Sprintf("prefill/batch%d/prompt%d", batch, plen), batch*plen, prefillFLOPs(&c, batch, plen),
+			func(b *testing.B) (*model.Batch, kernels.PagedKV) { return prefill(b, be, &c, batch, plen) })
+	}
 	for _, batch := range []int{1, 32} {
-		plen := map[int]int{1: 512, 32: 128}[batch]
-		step(fmt.Sprintf("prefill/batch%d/prompt%d", batch, plen), batch*plen, func(b *testing.B) (*model.Batch, kernels.PagedKV) {
-			return prefill(b, be, &c, batch, plen)
-		})
-		step(fmt.Sprintf("decode/batch%d/ctx512", batch), batch, func(b *testing.B) (*model.Batch, kernels.PagedKV) {
+		step(fmt.Sprintf("decode/batch%d/ctx512", batch), batch, 0, func(b *testing.B) (*model.Batch, kernels.PagedKV) {
 			return decode(b, be, &c, batch, 512)
 		})
 	}
+}
+
+// prefillFLOPs is the arithmetic of a prefill step of batch prompts of
+// plen tokens on a dense model: 2 a weight a token in the layers'
+// matrices, the LM head on each sequence's last row only (the step
+// computes no other logits), and causal attention, Q·Kᵀ and P·V over the
+// positions each row sees (4·hd·heads·plen(plen+1)/2 a layer and prompt).
+// Embedding lookups, norms and activations are not counted.
+func prefillFLOPs(c *model.Config, batch, plen int) float64 {
+	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
+	layer := float64(c.Dim*qd + 2*c.Dim*kvd + qd*c.Dim + 3*c.Dim*c.FF)
+	tokens := float64(batch * plen)
+	attn := 4 * float64(c.HeadDim*c.Heads) * float64(plen) * float64(plen+1) / 2
+	return 2*layer*float64(c.Layers)*tokens + 2*float64(c.Vocab*c.Dim)*float64(batch) +
+		attn*float64(c.Layers)*float64(batch)
 }
 
 // TestParams keeps the benchmark's model at about a billion parameters.
@@ -185,6 +208,12 @@ func TestParams(t *testing.T) {
 	moe := m.Vocab*m.Dim + m.Layers*(m.Dim*qd+2*m.Dim*kvd+qd*m.Dim+m.Experts*(m.Dim+3*m.Dim*m.FF))
 	if moe < 2.3e9 || moe > 2.7e9 {
 		t.Fatalf("the mixture of experts has %d parameters", moe)
+	}
+	// 512 tokens: 2·(params - embeddings)·512 + the head's last row +
+	// attention, 16 x 4·64·32·(512·513/2).
+	want := 2*float64(params-c.Vocab*c.Dim)*512 + 2*float64(c.Vocab*c.Dim) + 16*4*64*32*512*513/2.0
+	if got := prefillFLOPs(&c, 1, 512); math.Abs(got-want) > 1e-9*want {
+		t.Fatalf("prefillFLOPs = %g, want %g", got, want)
 	}
 }
 

@@ -19,10 +19,13 @@
 #   2. kernels     parity of every kernel with the reference on random inputs
 #                  (tolerances in internal/kernels/cuda/parity_test.go), the
 #                  stories260K greedy reference, dummy models of every dtype
-#   3. bandwidth   paged decode attention GB/s against cuMemcpyDtoD, and the
-#                  gemv / cuBLAS products in GB/s of weights
+#   3. bandwidth   paged decode attention GB/s against cuMemcpyDtoD, the
+#                  gemv / cuBLAS products in GB/s of weights, the bf16
+#                  cuBLAS GemmEx peak (8192³, TFLOP/s) and prompt attention
+#                  on the tensor cores at 4096 tokens in TFLOP/s
 #   4. model       dummy 1B and MoE 2.5B (f16) prefill and decode tokens/s,
-#                  batch 1 and 32
+#                  batch 1 and 32; the 1B's prefill at 1 x 512, 1 x 4096
+#                  and 32 x 128 also in TFLOP/s
 #   5. serve       the baton binary as router + prefill + decode with
 #                  --device cuda on loopback: KV pools in GPU memory, pages
 #                  over tcp through pinned buffers, the greedy reference;
@@ -32,7 +35,7 @@
 #                  and 32 streams, standalone then router + prefill + decode
 #                  (test/gpu/serve-bench.sh)
 # It ends with the table of figures against the limits the measured copy
-# bandwidth sets (test/gpu/table.sh), in $OUT/summary.txt.
+# bandwidth and GemmEx peak set (test/gpu/table.sh), in $OUT/summary.txt.
 #
 # Exit status: 0 when every step passed; the GPU tests must not skip here.
 set -uo pipefail

@@ -35,8 +35,12 @@ func TestServeBenchAndTable(t *testing.T) {
 		t.Fatalf("serve-bench.sh: %v\n%s", err, b)
 	}
 	logs := map[string]string{
-		"bandwidth.log": "BenchmarkGPUAttentionDecode/bf16/seqs64/ctx4096/heads32-8/hd128-16 \t20\t123 ns/op\t3000 attn_GB/s\t4000 copy_GB/s\t1.5 attn/copy_read\t1.000 splits\n",
-		"model.log":     "BenchmarkGPUModel1B/decode/batch1/ctx512-16 \t3\t4600000 ns/op\t200.0 tok/s\n",
+		"bandwidth.log": "BenchmarkGPUAttentionDecode/bf16/seqs64/ctx4096/heads32-8/hd128-16 \t20\t123 ns/op\t3000 attn_GB/s\t4000 copy_GB/s\t1.5 attn/copy_read\t1.000 splits\n" +
+			"BenchmarkGPUAttentionPrefill/bf16/prompt4096/heads32-8/hd64-16 \t20\t123 ns/op\t300.0 attn_TFLOP/s\t700.0 peak_TFLOP/s\t0.4286 attn/peak\n" +
+			"BenchmarkGPUMatMul/peak/bf16-gemmex/8192x8192x8192-16 \t20\t1500000 ns/op\t750.0 TFLOP/s\n",
+		"model.log": "BenchmarkGPUModel1B/decode/batch1/ctx512-16 \t3\t4600000 ns/op\t200.0 tok/s\n" +
+			"BenchmarkGPUModel1B/prefill/batch1/prompt512-16 \t3\t5120000 ns/op\t100000 tok/s\t240.0 TFLOP/s\n" +
+			"BenchmarkGPUModel1B/prefill/batch1/prompt4096-16 \t3\t30000000 ns/op\t136533 tok/s\t375.0 TFLOP/s\n",
 	}
 	for name, text := range logs {
 		if err := os.WriteFile(filepath.Join(out, name), []byte(text), 0o644); err != nil {
@@ -53,6 +57,12 @@ func TestServeBenchAndTable(t *testing.T) {
 		"| copy bandwidth (cuMemcpyDtoD, read + write) | 4000 GB/s |",
 		"| decode step, dummy 1.24B f16, batch 1, ctx 512 | 200 tok/s | 1602 tok/s | 0.12 |",
 		"| paged decode attention, bf16 KV, seqs64 x ctx4096, GQA 32/8, hd 128 | 3000 GB/s | read = copy | 1.50 |",
+		// Prefill against the GemmEx peak of the same run.
+		"| tensor-core peak (cuBLAS GemmEx, bf16, 8192³) | 750 TFLOP/s |",
+		"| prefill, same model, 1 x 512 (goal 100000 tok/s) | 100000 tok/s, 240.0 TFLOP/s | peak 750 TFLOP/s | 0.32 |",
+		"| prefill, same model, 1 x 4096 | 136533 tok/s, 375.0 TFLOP/s | peak 750 TFLOP/s | 0.50 |",
+		"| prefill, same model, 32 x 128 | - tok/s, - TFLOP/s | peak 750 TFLOP/s | - |",
+		"| prefill attention, bf16 KV, 1 x 4096, GQA 32/8, hd 64 (goal 0.5 of peak) | 300.0 TFLOP/s | peak 750 TFLOP/s | 0.40 |",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # test/gpu/table.sh OUT: the figures of issue-style GPU tables from the logs
 # test/gpu/run.sh left in OUT (bandwidth.log, model.log, served-*.json),
-# each next to the limit computed from the copy bandwidth measured in the
-# same run. Prints a Markdown table; a figure a step did not produce reads
-# "-".
+# each next to the limit computed from what the same run measured: the
+# copy bandwidth for decode, the bf16 cuBLAS GemmEx peak (8192³) for
+# prefill. Prefill TFLOP/s count 2 a weight a token in the layers, the LM
+# head on each prompt's last row and causal attention's Q·Kᵀ and P·V over
+# the positions each row sees (prefillFLOPs in gpu_test.go). Prints a
+# Markdown table; a figure a step did not produce reads "-".
 set -uo pipefail
 OUT=$1
 
@@ -34,7 +37,8 @@ kvpos=$(awk 'BEGIN { print 16 * 8 * 64 * 2 * 2 / 1e9 }')
 limit() { [ -n "$copy" ] && awk -v c="$copy" -v w="$weights" -v k="$kvpos" -v b="$1" 'BEGIN { printf "%.0f", b * c / (w + b * 512 * k) }'; }
 d1=$(metric "$OUT/model.log" 'GPUModel1B/decode/batch1/' 'tok/s')
 d32=$(metric "$OUT/model.log" 'GPUModel1B/decode/batch32/' 'tok/s')
-p512=$(metric "$OUT/model.log" 'GPUModel1B/prefill/batch1/' 'tok/s')
+peak=$(metric "$OUT/bandwidth.log" 'GPUMatMul/peak/bf16-gemmex' 'TFLOP/s')
+[ -n "$peak" ] || peak=$(metric "$OUT/bandwidth.log" 'GPUAttentionPrefill/' 'peak_TFLOP/s')
 m1=$(metric "$OUT/model.log" 'GPUModelMoE/decode/batch1/' 'tok/s')
 m32=$(metric "$OUT/model.log" 'GPUModelMoE/decode/batch32/' 'tok/s')
 
@@ -43,7 +47,20 @@ echo "| --- | --- | --- | --- |"
 echo "| copy bandwidth (cuMemcpyDtoD, read + write) | $(fmt "$copy") GB/s | | |"
 echo "| decode step, dummy 1.24B f16, batch 1, ctx 512 | $(fmt "$d1") tok/s | $(fmt "$(limit 1)") tok/s | $(ratio "$d1" "$(limit 1)") |"
 echo "| same, batch 32 | $(fmt "$d32") tok/s | $(fmt "$(limit 32)") tok/s | $(ratio "$d32" "$(limit 32)") |"
-echo "| prefill, same model, batch 1 x 512 | $(fmt "$p512") tok/s | | |"
+echo "| tensor-core peak (cuBLAS GemmEx, bf16, 8192³) | $(fmt "$peak") TFLOP/s | | |"
+for shape in batch1/prompt512 batch1/prompt4096 batch32/prompt128; do
+  tok=$(metric "$OUT/model.log" "GPUModel1B/prefill/$shape" 'tok/s')
+  tf=$(metric "$OUT/model.log" "GPUModel1B/prefill/$shape" 'TFLOP/s')
+  goal=
+  [ "$shape" = batch1/prompt512 ] && goal=" (goal 100000 tok/s)"
+  b=${shape%%/*}
+  p=${shape#*/}
+  echo "| prefill, same model, ${b#batch} x ${p#prompt}$goal | $(fmt "$tok") tok/s, $(fmt "$tf" 1) TFLOP/s | peak $(fmt "$peak") TFLOP/s | $(ratio "$tf" "$peak") |"
+done
+for hd in 64 128 256; do
+  a=$(metric "$OUT/bandwidth.log" "GPUAttentionPrefill/bf16/prompt4096/heads32-8/hd$hd" 'attn_TFLOP/s')
+  echo "| prefill attention, bf16 KV, 1 x 4096, GQA 32/8, hd $hd (goal 0.5 of peak) | $(fmt "$a" 1) TFLOP/s | peak $(fmt "$peak") TFLOP/s | $(ratio "$a" "$peak") |"
+done
 echo "| decode step, dummy MoE 2.5B f16 (64 experts, 8 a token), batch 1 / 32, ctx 512 | $(fmt "$m1") / $(fmt "$m32") tok/s | | |"
 for dt in bf16 f32; do
   for shape in seqs64/ctx4096 seqs1/ctx32768 seqs1/ctx512; do

@@ -36,7 +36,7 @@ func mmaTol(dt kernels.DType) float64 {
 // mmaLaunches counts the tensor-core kernel's launches.
 func mmaLaunches(b *Backend) int {
 	n := 0
-	for k := kAttnMMAF16HD64; k <= kAttnMMABF16HD128; k++ {
+	for k := kAttnMMAF16HD64; k <= kAttnMMABF16HD256; k++ {
 		n += b.launches[k]
 	}
 	return n
@@ -46,8 +46,10 @@ func mmaLaunches(b *Backend) int {
 // positions are in pages already (chunked prefill, a prefix-cache hit),
 // row tiles cut short by QLen, several sequences in one call, with a
 // decode row and a short chunk that go to attention.cuh in the same call;
-// f16 and bf16 pools, head dims 64 and 128, GQA groups of 1, 4 and 8,
-// page sizes 1, 16 and 64.
+// f16 and bf16 pools, head dims 64, 128 and 256 (whose position tiles
+// are 32, not 64), GQA groups of 1, 4 and 8, page sizes 1, 16, 24 (a
+// page boundary inside a position tile that moves from tile to tile) and
+// 64.
 func testAttentionMMA(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(61, 62))
 	// (QLen, KVLen)
@@ -56,12 +58,12 @@ func testAttentionMMA(t *testing.T, b *Backend) {
 	geos := []geo{{2, 2}, {4, 1}, {8, 1}}
 	worst := map[kernels.DType]float64{}
 	for _, dt := range halfKV {
-		for _, hd := range []int{64, 128} {
+		for hi, hd := range []int{64, 128, 256} {
 			for gi, g := range geos {
-				for _, ps := range []int{1, 16, 64} {
+				for _, ps := range []int{1, 16, 24, 64} {
 					// Every page size at one geometry a head dim, the
 					// groups at page size 16.
-					if ps != 16 && gi != (hd/64)%len(geos) {
+					if ps != 16 && gi != hi%len(geos) {
 						continue
 					}
 					c := kernelstest.NewAttnCase(rng, g.heads, g.kvh, hd, ps, shapes)

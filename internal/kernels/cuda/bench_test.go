@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
 )
@@ -211,11 +212,113 @@ func BenchmarkGPUAttentionDecode(b *testing.B) {
 	}
 }
 
+// gemmTFLOPs runs a bf16 cuBLAS GemmEx product of n x n by n x n
+// (float32 accumulation, as the backend's prompt products), iters times,
+// and returns TFLOP/s at 2n³ a product: the tensor cores' peak the
+// prefill figures are set against. The inputs are small nonzero values
+// (zeros would draw less power than real data).
+func gemmTFLOPs(be *Backend, n, iters int) float64 {
+	be.lock()
+	defer be.unlock()
+	host := make([]uint16, n*n)
+	for i := range host {
+		host[i] = kernels.F32ToBF16(float32(i%17-8) / 64)
+	}
+	a, x := be.alloc(2*n*n, "gemm benchmark"), be.alloc(2*n*n, "gemm benchmark")
+	c := be.alloc(4*n*n, "gemm benchmark")
+	defer be.free(a)
+	defer be.free(x)
+	defer be.free(c)
+	be.h2d(a, unsafe.Pointer(&host[0]), 2*n*n)
+	be.h2d(x, unsafe.Pointer(&host[0]), 2*n*n)
+	be.gemmEx(c, n, n, n, a, x, 14 /* CUDA_R_16BF */, n) // warm
+	sec := be.timed(func() {
+		for i := 0; i < iters; i++ {
+			be.gemmEx(c, n, n, n, a, x, 14, n)
+		}
+	})
+	return 2 * float64(n) * float64(n) * float64(n) * float64(iters) / sec / 1e12
+}
+
+// causalAttnFLOPs is the arithmetic of causal attention over one prompt
+// of plen tokens from position 0 at heads query heads of head dim hd:
+// Q·Kᵀ and P·V, 2·hd multiply-adds each for every (row, position) pair
+// a row sees, plen(plen+1)/2 of them. The masked half a tile computes
+// anyway is not counted.
+func causalAttnFLOPs(plen, heads, hd int) float64 {
+	return 4 * float64(hd) * float64(heads) * float64(plen) * float64(plen+1) / 2
+}
+
+// attnPrefillTFLOPs runs prompt attention (one sequence of plen tokens
+// from position 0, the tensor-core kernel) over a pool of dtype dt, iters
+// times, and returns TFLOP/s (causalAttnFLOPs) and how many times the
+// tensor-core kernel ran.
+func attnPrefillTFLOPs(be *Backend, dt kernels.DType, plen, heads, kvHeads, hd, ps, iters int) (float64, int) {
+	kv := kernels.PagedKV{PageSize: ps, Layers: 1, KVHeads: kvHeads, HeadDim: hd, DType: dt}
+	per := (plen + ps - 1) / ps
+	dk, err := be.AllocKV(kv, per)
+	if err != nil {
+		panic(err)
+	}
+	defer dk.Close()
+	if err := dk.Fill(nil, 1e-3); err != nil {
+		panic(err)
+	}
+	kv.Device = dk
+	pages := make([]int32, per)
+	for j := range pages {
+		pages[j] = int32(j)
+	}
+	ss := []kernels.AttnSeq{{Pages: pages, QStart: 0, QLen: plen, KVLen: plen}}
+	q := make([]float32, plen*heads*hd)
+	for i := range q {
+		q[i] = float32(i%13) * 0.01
+	}
+	pl := planAttention(kv, 0, ss, heads, len(q), len(q), true)
+	be.lock()
+	defer be.unlock()
+	before := be.launches
+	a := be.attnUpload(kv, &pl, heads, 0.1)
+	dq := upload(be, sX, q)
+	do := be.buf(sOut, 4*len(q))
+	be.attnLaunch(a, dq, do) // warm
+	sec := be.timed(func() {
+		for i := 0; i < iters; i++ {
+			be.attnLaunch(a, dq, do)
+		}
+	})
+	mma := 0
+	for k := kAttnMMAF16HD64; k <= kAttnMMABF16HD256; k++ {
+		mma += be.launches[k] - before[k]
+	}
+	return causalAttnFLOPs(plen, heads, hd) * float64(iters) / sec / 1e12, mma
+}
+
+// BenchmarkGPUAttentionPrefill: prompt attention on the tensor cores, one
+// 4096-token prompt over a bf16 pool (GQA 32/8; hd 64 is the dummy 1B's),
+// in TFLOP/s next to the bf16 GemmEx peak measured here (issue 35's goal:
+// at least half of it).
+func BenchmarkGPUAttentionPrefill(b *testing.B) {
+	be := gpuBackend(b)
+	peak := gemmTFLOPs(be, 8192, 10)
+	for _, hd := range []int{64, 128, 256} {
+		b.Run(fmt.Sprintf("bf16/prompt4096/heads32-8/hd%d", hd), func(b *testing.B) {
+			tf, _ := attnPrefillTFLOPs(be, kernels.BF16, 4096, 32, 8, hd, 16, b.N)
+			b.ReportMetric(tf, "attn_TFLOP/s")
+			b.ReportMetric(peak, "peak_TFLOP/s")
+			b.ReportMetric(tf/peak, "attn/peak")
+		})
+	}
+}
+
 // benchDTypes are every weight dtype the backend multiplies.
 var benchDTypes = append(append([]kernels.DType(nil), allDTypes...), kernels.QuantDTypes...)
 
 func BenchmarkGPUMatMul(b *testing.B) {
 	be := gpuBackend(b)
+	b.Run("peak/bf16-gemmex/8192x8192x8192", func(b *testing.B) {
+		b.ReportMetric(gemmTFLOPs(be, 8192, b.N), "TFLOP/s")
+	})
 	for _, dt := range benchDTypes {
 		for _, n := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("%s/4096x4096/n%d", dt, n), func(b *testing.B) {
@@ -243,6 +346,15 @@ func TestFakeBenchHelpers(t *testing.T) {
 				t.Fatalf("%s n=%d: %g GB/s", dt, n, g)
 			}
 		}
+	}
+	if tf := gemmTFLOPs(be, 64, 1); tf <= 0 {
+		t.Fatalf("gemm %g TFLOP/s", tf)
+	}
+	if tf, mma := attnPrefillTFLOPs(be, kernels.BF16, 40, 4, 2, 64, 16, 2); tf <= 0 || mma != 3 {
+		t.Fatalf("prompt attention %g TFLOP/s, the tensor-core kernel ran %d times, want 3", tf, mma)
+	}
+	if got, want := causalAttnFLOPs(3, 2, 4), 4.0*4*2*6; got != want {
+		t.Fatalf("causalAttnFLOPs(3, 2, 4) = %g, want %g", got, want)
 	}
 	ex := expertLayer(be, kernels.Q8_0, 8, 64, 32)
 	for _, host := range []bool{false, true} {

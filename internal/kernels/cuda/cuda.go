@@ -37,7 +37,16 @@
 // read the weights directly, dequantising block formats in registers;
 // larger ones use cuBLAS: sgemm for f32 weights, GemmEx with float32
 // accumulation for f16 and bf16 weights (x rounded to the weights' type),
-// and the block formats dequantised to float32 in row chunks for sgemm.
+// and for the block formats too: each product dequantises the weight to
+// f16 in row chunks of a scratch buffer (bk_dequant_rows_f16, at most
+// 64 MB) and runs GemmEx over them with x rounded to f16. The trade-off:
+// each such product writes and reads 2 bytes a weight more than a
+// resident f16 copy would (small next to the product's arithmetic from a
+// few dozen rows up), while a resident copy would hold 2 bytes a weight
+// on top of the quantised one (3.6 times a Q4_K matrix), the memory the
+// format was chosen to save. f16 rather than bf16: decoded weights and
+// normalised activations fit its range, and it keeps 3 more bits (a term
+// is off by about 2^-10 of its size, x and w each rounded once).
 // Without a loadable cuBLAS every product uses the own kernels.
 //
 // A mixture of experts' FFN runs whole on the device (Experts, moe.go):
@@ -48,8 +57,9 @@
 // summed in pick order by one kernel without atomics.
 //
 // Attention takes two paths in one call. Prompt chunks (QLen >= 16) over
-// an f16 or bf16 pool at head dim 64 or 128 go to kernels/attn_mma.cuh:
-// FlashAttention-2 style tiles of 64 query rows and 64 positions, K and V
+// an f16 or bf16 pool at head dim 64, 128 or 256 go to
+// kernels/attn_mma.cuh: FlashAttention-2 style tiles of 64 query rows and
+// 64 positions (32 at head dim 256, where registers are short), K and V
 // gathered through the page table into shared memory, Q·Kᵀ and P·V on
 // the tensor cores (mma.sync m16n8k16, q and P rounded to the pool's half
 // type), online softmax, over the request's earlier pages too. Everything
@@ -104,11 +114,13 @@ const (
 	attnItemFields = 6
 	attnSeqFields  = 4
 	// The tensor-core prompt attention (attn_mma.cuh): a block's query
-	// rows (BK_MMA_ROWS), positions a K/V tile (BK_MMA_POS), the int32
-	// fields of a tile, and the least QLen sent to it.
+	// rows (BK_MMA_ROWS), positions a K/V tile (BK_MMA_POS; at head dim
+	// 256 BK_MMA_POS_HD256), the int32 fields of a tile, and the least
+	// QLen sent to it.
 	mmaThreads    = 128
 	mmaRows       = 64
 	mmaPos        = 64
+	mmaPosHD256   = 32
 	mmaPad        = 8
 	mmaTileFields = 2
 	mmaMinQLen    = 16
@@ -118,7 +130,8 @@ const (
 	// through; stageMax the largest copy that does.
 	stageBytes = 4 << 20
 	stageMax   = 1 << 20
-	// dequantChunk bounds the float32 scratch of a q8_0 product (floats).
+	// dequantChunk bounds the scratch of a cuBLAS product over a block
+	// format (floats; twice as many halves): 64 MB.
 	dequantChunk = 16 << 20
 	// attnSplitLen is the least positions per split of one attention item:
 	// a block's groups take them a few at a time, and fewer would leave
@@ -176,6 +189,9 @@ const (
 	kAttnMMABF16HD64
 	kAttnMMAF16HD128
 	kAttnMMABF16HD128
+	kAttnMMAF16HD256
+	kAttnMMABF16HD256
+	kDequantRowsF16
 	numKernels
 )
 
@@ -188,6 +204,7 @@ var kernelNames = [numKernels]string{
 	"bk_gemv_q4_0", "bk_gemv_q4_1", "bk_gemv_q5_0", "bk_gemv_q5_1", "bk_gemv_q4_k", "bk_gemv_q5_k", "bk_gemv_q6_k",
 	"bk_gemv_q3_k", "bk_gemv_q2_k",
 	"bk_sample", "bk_attn_mma_f16_hd64", "bk_attn_mma_bf16_hd64", "bk_attn_mma_f16_hd128", "bk_attn_mma_bf16_hd128",
+	"bk_attn_mma_f16_hd256", "bk_attn_mma_bf16_hd256", "bk_dequant_rows_f16",
 }
 
 // gemvKernel is the gemv kernel of each weight dtype (SupportsDType).
@@ -300,7 +317,7 @@ type Backend struct {
 
 	// Tuning, and switches the tests flip.
 	gemvMax      int  // products of at most this many rows use the gemv kernels (Experts: segments)
-	exactGEMM    bool // f16/bf16 products via float32 dequantisation + sgemm, not GemmEx
+	exactGEMM    bool // f16/bf16 and block-format products via float32 dequantisation + sgemm, not GemmEx
 	forceSplits  int  // attention: cut every item into this many parts (0: choose)
 	noAttnMMA    bool // attention: prompt chunks too use attention.cuh, not the tensor cores
 	exactScratch bool // scratch buffers of exactly the size asked (the fake driver's guard pages then catch overruns)
@@ -875,13 +892,20 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 		if w.dtype == kernels.BF16 {
 			conv, typ = kToBF16, 14 // CUDA_R_16BF
 		}
-		xh := b.buf(sHalf, 2*n*cols)
-		if h := b.halfOf; h.x != x || h.elems != n*cols || h.conv != conv {
-			b.launch(conv, blocks(n*cols, elemThreads), 1, elemThreads, 0, xh, x, argI(n*cols))
-			b.halfOf.x, b.halfOf.elems, b.halfOf.conv = x, n*cols, conv
+		b.gemmEx(out, rows, n, cols, w.ptr, b.halfX(x, n*cols, conv), typ, rows)
+	case w.dtype.Quantized() && !b.exactGEMM:
+		xh := b.halfX(x, n*cols, kToF16)
+		chunk := max(1, min(rows, 2*dequantChunk/cols))
+		deq := b.buf(sDequant, 2*chunk*cols)
+		for r0 := 0; r0 < rows; r0 += chunk {
+			cr := min(chunk, rows-r0)
+			h := b.halfOf
+			b.launch(kDequantRowsF16, blocks(cr*cols/8, elemThreads), 1, elemThreads, 0, deq, w.ptr,
+				argI(int(w.dtype)), argI(cols), argI(r0), argI(cr))
+			b.halfOf = h // the launch wrote deq only: xh still holds x
+			b.gemmEx(out+uint64(4*r0), cr, n, cols, deq, xh, 2 /* CUDA_R_16F */, rows)
 		}
-		b.gemmEx(out, rows, n, cols, w.ptr, typ, xh)
-	default: // block formats (and exact f16/bf16): float32 rows in chunks, then sgemm
+	default: // exact products: float32 rows in chunks, then sgemm
 		chunk := max(1, min(rows, dequantChunk/cols))
 		deq := b.buf(sDequant, 4*chunk*cols)
 		for r0 := 0; r0 < rows; r0 += chunk {
@@ -890,6 +914,31 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 				argI(int(w.dtype)), argI(cols), 0, argI(r0), argI(cr))
 			b.sgemm(out+uint64(4*r0), cr, n, cols, deq, x, rows)
 		}
+	}
+}
+
+// halfX is x (elems floats on the device) rounded by conv (kToF16 or
+// kToBF16) into scratch sHalf; products of the same x in a row round it
+// once.
+func (b *Backend) halfX(x dptr, elems, conv int) dptr {
+	xh := b.buf(sHalf, 2*elems)
+	if h := b.halfOf; h.x != x || h.elems != elems || h.conv != conv {
+		b.launch(conv, blocks(elems, elemThreads), 1, elemThreads, 0, xh, x, argI(elems))
+		b.halfOf.x, b.halfOf.elems, b.halfOf.conv = x, elems, conv
+	}
+	return xh
+}
+
+// gemmEx: C[n][ldc] (row-major, first m columns) = x[n][k] · A[m][k]ᵀ,
+// A and x halves of type typ (a cudaDataType), C float32, float32
+// accumulation.
+func (b *Backend) gemmEx(c dptr, m, n, k int, a, x dptr, typ, ldc int) {
+	if b.blasRecorded(func() { b.gemmEx(c, m, n, k, a, x, typ, ldc) }) {
+		return
+	}
+	if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(m), C.int(n), C.int(k),
+		C.bk_dptr(a), C.int(typ), C.int(k), C.bk_dptr(x), C.int(k), C.bk_dptr(c), C.int(ldc))); err != nil {
+		panic(err)
 	}
 }
 
@@ -911,17 +960,6 @@ func (b *Backend) sgemm(c dptr, m, n, k int, a, x dptr, ldc int) {
 	}
 	if err := blasCheck("cublasSgemm", C.bk_sgemm_tn(b.blas, C.uintptr_t(b.blasH), C.int(m), C.int(n), C.int(k),
 		C.bk_dptr(a), C.int(k), C.bk_dptr(x), C.int(k), C.bk_dptr(c), C.int(ldc))); err != nil {
-		panic(err)
-	}
-}
-
-// gemmEx: out[n][rows] = xh[n][cols] · w[rows][cols]ᵀ, both of half type typ.
-func (b *Backend) gemmEx(out dptr, rows, n, cols int, w dptr, typ int, xh dptr) {
-	if b.blasRecorded(func() { b.gemmEx(out, rows, n, cols, w, typ, xh) }) {
-		return
-	}
-	if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(rows), C.int(n), C.int(cols),
-		C.bk_dptr(w), C.int(typ), C.int(cols), C.bk_dptr(xh), C.int(cols), C.bk_dptr(out), C.int(rows))); err != nil {
 		panic(err)
 	}
 }
@@ -1148,10 +1186,11 @@ type attnPlan struct {
 }
 
 // mmaAttention reports whether the tensor-core kernel serves a pool:
-// f16 or bf16 KV, head dim 64 or 128. Its sequences of at least
+// f16 or bf16 KV, head dim 64, 128 or 256. Its sequences of at least
 // mmaMinQLen rows go there.
 func mmaAttention(kv kernels.PagedKV) bool {
-	return (kv.DType == kernels.F16 || kv.DType == kernels.BF16) && (kv.HeadDim == 64 || kv.HeadDim == 128)
+	hd := kv.HeadDim
+	return (kv.DType == kernels.F16 || kv.DType == kernels.BF16) && (hd == 64 || hd == 128 || hd == 256)
 }
 
 // planAttention cuts a call into work: with mma, the sequences the
@@ -1346,10 +1385,23 @@ func attnMMAKernel(dt kernels.DType, hd int) int {
 	if dt == kernels.BF16 {
 		k++
 	}
-	if hd == 128 {
+	switch hd {
+	case 128:
 		k += kAttnMMAF16HD128 - kAttnMMAF16HD64
+	case 256:
+		k += kAttnMMAF16HD256 - kAttnMMAF16HD64
 	}
 	return k
+}
+
+// mmaSmem is the dynamic shared memory of the tensor-core kernel at a
+// head dim: the K tile as stored and the V tile transposed, in halves.
+func mmaSmem(hd int) int {
+	pos := mmaPos
+	if hd == 256 {
+		pos = mmaPosHD256
+	}
+	return 2 * (pos*(hd+mmaPad) + hd*(pos+mmaPad))
 }
 
 // attnLaunch runs the attention kernels: out (device, rows of heads*hd)
@@ -1361,8 +1413,7 @@ func (b *Backend) attnLaunch(a attnCall, q, out dptr) {
 		b.attnLaunchItems(a, q, out)
 	}
 	if a.ntiles > 0 {
-		smem := 2 * (mmaPos*(a.hd+mmaPad) + a.hd*(mmaPos+mmaPad))
-		b.launch(a.mmaKernel, a.ntiles, a.heads, mmaThreads, smem, out, q, a.kv, a.pages, a.seqs, a.tiles,
+		b.launch(a.mmaKernel, a.ntiles, a.heads, mmaThreads, mmaSmem(a.hd), out, q, a.kv, a.pages, a.seqs, a.tiles,
 			argI(a.heads), argI(a.group), argI(a.ps), argI(a.pe), argI(a.rf), argI(a.layer), argF(a.scale))
 	}
 }

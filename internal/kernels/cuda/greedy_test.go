@@ -137,8 +137,9 @@ func TestFakeMoEStepCopiesNoWeights(t *testing.T) {
 
 func checkDummyConfig(t *testing.T, b *Backend, c model.Config) {
 	// Logit tolerance relative to the largest |logit|: f16/bf16 prefill
-	// rounds activations for the tensor cores.
-	tol := map[kernels.DType]float64{kernels.F32: 1e-4, kernels.F16: 5e-3, kernels.BF16: 3e-2, kernels.Q8_0: 1e-4}
+	// rounds activations (and q8_0's decoded weights, to f16) for the
+	// tensor cores.
+	tol := map[kernels.DType]float64{kernels.F32: 1e-4, kernels.F16: 5e-3, kernels.BF16: 3e-2, kernels.Q8_0: 5e-3}
 	for _, dt := range allDTypes {
 		w, err := model.DummyWeights(&c, dt)
 		if err != nil {

@@ -126,15 +126,22 @@ func mmVariants(b *Backend) []mmVariant {
 	return v
 }
 
+// viaGemmEx reports whether b runs a product of n rows of f16, bf16 or
+// block-format weights on cuBLAS GemmEx (x rounded to a half type).
+func viaGemmEx(b *Backend, n int) bool { return n > b.gemvMax && b.blas != nil && !b.exactGEMM }
+
 // mmTol is the tolerance of a product of n rows with dtype dt as b runs it now.
 func mmTol(b *Backend, dt kernels.DType, n int) float64 {
-	if n > b.gemvMax && b.blas != nil && !b.exactGEMM {
-		switch dt {
-		case kernels.F16:
-			return tolMatMulF16
-		case kernels.BF16:
-			return tolMatMulBF16
-		}
+	gemmEx := viaGemmEx(b, n)
+	switch {
+	case dt.Quantized() && gemmEx:
+		return tolQuantGemmEx[dt]
+	case dt.Quantized():
+		return tolQuant[dt]
+	case gemmEx && dt == kernels.F16:
+		return tolMatMulF16
+	case gemmEx && dt == kernels.BF16:
+		return tolMatMulBF16
 	}
 	return tolMatMul
 }

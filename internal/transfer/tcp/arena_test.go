@@ -2,11 +2,14 @@ package tcp
 
 import (
 	"bufio"
+	"errors"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -91,5 +94,62 @@ func TestForeignStagedRefused(t *testing.T) {
 	other := &Session{}
 	if err := s1.Write(transfer.PageWrite{Index: 0, Page: 0, Tokens: 1, Src: stagedRef{s: other}}); err == nil {
 		t.Fatal("a page staged by another session was taken")
+	}
+}
+
+// countingImporter counts the arenas a receiver tries to map; it maps
+// none (a refused session must not get that far).
+type countingImporter struct{ opens atomic.Int32 }
+
+func (c *countingImporter) OpenPeer([]byte) (kernels.PeerMemory, error) {
+	c.opens.Add(1)
+	return nil, errors.New("no arena here")
+}
+
+// refusingSink admits no session.
+type refusingSink struct{ recSink }
+
+func (*refusingSink) Admit(transfer.Key) ([]int32, error) { return nil, errors.New("no such reservation") }
+
+// A session decode did not admit (a wrong capability, a stale epoch) never
+// makes the receiver map the arena it names: the handle is not even
+// opened, and its pages are refused with the session.
+func TestRefusedSessionMapsNoArena(t *testing.T) {
+	imp := &countingImporter{}
+	sink := &refusingSink{}
+	r, err := Listen("127.0.0.1:0", sink, WithPeerImporter(imp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	conn, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, _, err := (transfer.Plain{}).Open(conn, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	key := transfer.Key{Room: 1, Epoch: 2, Cap: transfer.NewCapability()}
+	if _, err := conn.Write(join(frame(frameHello, capSize, key.Room, key.Epoch, 0, key.Cap[:]),
+		frame(frameArena, 64, 0, 0, 0, make([]byte, 64)),
+		frame(frameRef, refSize, 0, 3, 1, make([]byte, refSize)),
+		frame(frameFlush, 0, 1, 0, 0, nil))); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var hdr [hdrSize]byte
+	h, text, _, err := readFrame(bufio.NewReader(conn), &hdr, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.typ != frameAck || !strings.Contains(string(text), "session refused") {
+		t.Fatalf("ack type %d, text %q; want the session's refusal", h.typ, text)
+	}
+	if n := imp.opens.Load(); n != 0 {
+		t.Fatalf("a refused session made the receiver open %d arenas", n)
+	}
+	if writes, _ := sink.counts(key); writes != 0 {
+		t.Fatalf("%d writes reached the Sink", writes)
 	}
 }

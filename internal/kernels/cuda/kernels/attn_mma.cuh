@@ -1,18 +1,18 @@
 // attn_mma.cuh: causal attention for prompt chunks on the tensor cores
-// (FlashAttention-2 style), over KV stored as f16 or bf16, head dims 64
-// and 128. The host sends here the sequences of a call with QLen >= 16;
+// (FlashAttention-2 style), over KV stored as f16 or bf16, head dims 64,
+// 128 and 256. The host sends here the sequences of a call with QLen >= 16;
 // decode rows, short chunks, f32 pools and other head dims use
 // attention.cuh.
 //
 // One block is one sequence, one query head and a tile of BK_MMA_ROWS (64)
 // query rows, 16 a warp. The block walks the positions [0, pend) the tile
 // reads (pend = 1 + the causal limit of its last row; the earlier pages
-// of a chunked prefill or a prefix-cache hit included) in tiles of
-// BK_MMA_POS (64): the K rows of a tile are gathered through the page
+// of a chunked prefill or a prefix-cache hit included) in tiles of POS
+// positions (BK_MMA_POS, 64; 32 at head dim 256, see below): the K rows of a tile are gathered through the page
 // table into shared memory as stored ([pos][hd]), the V rows transposed
 // ([hd][pos]), so that every mma B fragment is one 32-bit shared load.
 // Each warp then
-//   - multiplies S = Q·Kᵀ (16 rows x 64 positions) with
+//   - multiplies S = Q·Kᵀ (16 rows x POS positions) with
 //     mma.sync.m16n8k16 (f32 accumulators, the inputs the pool's half
 //     type: Q is rounded to it once, held as A fragments);
 //   - scales, masks (position p is seen by row i iff p <= KVLen-QLen+i),
@@ -33,6 +33,12 @@
 // no max (fmaxf) but makes its row's l and P NaN; a NaN V element makes
 // the products of the rows that read it NaN.
 //
+// Head dim 256 walks the positions 32 at a time: a lane holds its Q
+// fragments (64 registers) and O accumulators (128) for the whole walk,
+// and with 64 positions the S tile's 32 more pushed ptxas far into
+// spills; the shared tiles stay under the 48 KB a launch gets without
+// cuFuncSetAttribute (37 KB, against 70 KB at 64 positions).
+//
 // Emulation (BK_EMU): the mma runs through bk_emu_mma_m16n8k16 (bk_emu.h),
 // which computes each lane's D elements from the whole warp's fragments
 // as the PTX ISA lays them out, so the fragment bookkeeping here is
@@ -42,7 +48,8 @@
 
 #define BK_MMA_THREADS 128
 #define BK_MMA_ROWS 64  // query rows a block: 16 a warp
-#define BK_MMA_POS 64   // positions a K/V tile
+#define BK_MMA_POS 64   // positions a K/V tile (head dims 64, 128)
+#define BK_MMA_POS_HD256 32
 #define BK_MMA_PAD 8    // halves of padding a shared row: fragment loads hit distinct banks
 #define BK_MMA_TILE_FIELDS 2  // int32: sequence, first row
 
@@ -91,21 +98,21 @@ __device__ __forceinline__ float bk_half2f(uint16_t h) {
 }
 
 // Launch: grid (tiles, heads), block BK_MMA_THREADS, dynamic shared memory
-// 2 * (BK_MMA_POS * (HD + BK_MMA_PAD) + HD * (BK_MMA_POS + BK_MMA_PAD))
+// 2 * (POS * (HD + BK_MMA_PAD) + HD * (POS + BK_MMA_PAD))
 // bytes. tiles holds (sequence, first row) per tile; seqs and pages are
 // attention.cuh's tables; q and out are [nrows][heads][HD]; group is
 // heads per KV head.
-template <int KT, int HD>
+template <int KT, int HD, int POS>
 __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv, const int32_t* pages,
                                  const int64_t* seqs, const int32_t* tiles, int64_t heads, int64_t group, int64_t ps,
                                  int64_t pe, int64_t rf, int64_t layer, float scale) {
   const int KS = HD + BK_MMA_PAD;          // K row stride in shared memory (halves)
-  const int VS = BK_MMA_POS + BK_MMA_PAD;  // transposed V row stride
+  const int VS = POS + BK_MMA_PAD;  // transposed V row stride
   const int NK = HD / 16;                  // k16 steps of Q·Kᵀ
   const int NO = HD / 8;                   // n8 blocks of O
   BK_DYN_SMEM(uint4, bk_mma_smem);
   uint16_t* Ks = reinterpret_cast<uint16_t*>(bk_mma_smem);
-  uint16_t* Vt = Ks + BK_MMA_POS * KS;
+  uint16_t* Vt = Ks + POS * KS;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
   const int32_t* tl = tiles + (int64_t)blockIdx.x * BK_MMA_TILE_FIELDS;
@@ -143,9 +150,9 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
 
   // K row of (page, slot): kvl + page*pe + slot*rf; its V row is ps*rf further.
   const uint16_t* kvl = kv + layer * 2 * ps * rf + kh * HD;
-  for (int64_t pt = 0; pt < pend; pt += BK_MMA_POS) {
+  for (int64_t pt = 0; pt < pend; pt += POS) {
     __syncthreads();  // the last tile's readers are done
-    for (int e = tid; e < BK_MMA_POS * (HD / 8); e += BK_MMA_THREADS) {
+    for (int e = tid; e < POS * (HD / 8); e += BK_MMA_THREADS) {
       const int pi = e / (HD / 8), c = e % (HD / 8) * 8;
       const int64_t p = pt + pi;
       uint4 kx = {0u, 0u, 0u, 0u}, vx = {0u, 0u, 0u, 0u};
@@ -166,13 +173,13 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
     if (!live || pt > lmax) continue;  // the whole warp alike
 
     // S = Q·Kᵀ: s[j] is the n8 block of positions pt + [8j, 8j+8).
-    float s[8][4];
+    float s[POS / 8][4];
 #pragma unroll
-    for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int j = 0; j < POS / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
     for (int k = 0; k < NK; k++) {
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
+      for (int j = 0; j < POS / 8; j++) {
         const uint16_t* kr = Ks + (8 * j + g) * KS + 16 * k + 2 * t;
         const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8)};
         bk_mma<KT>(s[j], qa[k], b);
@@ -181,7 +188,7 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
     // Scale and mask; the rows' maxima over the quad.
     float mx0 = m0, mx1 = m1;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < POS / 8; j++) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int64_t p = pt + 8 * j + 2 * t + e;
@@ -210,7 +217,7 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
     }
     // P in place of S (a masked position weighs 0; a NaN score stays NaN).
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < POS / 8; j++) {
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         s[j][e] = s[j][e] == BK_NEG_INF ? 0.f : expf(s[j][e] - mx0);
@@ -221,7 +228,7 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
     }
     // O += P·V, a k16 step (16 positions) at a time.
 #pragma unroll
-    for (int kk = 0; kk < BK_MMA_POS / 16; kk++) {
+    for (int kk = 0; kk < POS / 16; kk++) {
       const int64_t pk = pt + 16 * kk;
       if (pk > lmax) break;  // past every row's limit
       if (pk + 15 <= lmin) {
@@ -288,16 +295,18 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
 }
 
 // One kernel per half type and head dim (the fragments are registers
-// sized by the head dim).
-#define BK_ATTN_MMA_KERNEL(name, KT, HD)                                                                            \
-  extern "C" __global__ void __launch_bounds__(BK_MMA_THREADS)                                                     \
-      name(float* out, const float* q, const uint16_t* kv, const int32_t* pages, const int64_t* seqs,              \
+// sized by the head dim and the position tile).
+#define BK_ATTN_MMA_KERNEL(name, KT, HD, POS)                                                                       \
+  extern "C" __global__ void __launch_bounds__(BK_MMA_THREADS)                                                      \
+      name(float* out, const float* q, const uint16_t* kv, const int32_t* pages, const int64_t* seqs,               \
            const int32_t* tiles, int64_t heads, int64_t group, int64_t ps, int64_t pe, int64_t rf, int64_t layer,   \
            float scale) {                                                                                           \
-    bk_attn_mma_body<KT, HD>(out, q, kv, pages, seqs, tiles, heads, group, ps, pe, rf, layer, scale);              \
+    bk_attn_mma_body<KT, HD, POS>(out, q, kv, pages, seqs, tiles, heads, group, ps, pe, rf, layer, scale);          \
   }
 
-BK_ATTN_MMA_KERNEL(bk_attn_mma_f16_hd64, BK_F16, 64)
-BK_ATTN_MMA_KERNEL(bk_attn_mma_bf16_hd64, BK_BF16, 64)
-BK_ATTN_MMA_KERNEL(bk_attn_mma_f16_hd128, BK_F16, 128)
-BK_ATTN_MMA_KERNEL(bk_attn_mma_bf16_hd128, BK_BF16, 128)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_f16_hd64, BK_F16, 64, BK_MMA_POS)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_bf16_hd64, BK_BF16, 64, BK_MMA_POS)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_f16_hd128, BK_F16, 128, BK_MMA_POS)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_bf16_hd128, BK_BF16, 128, BK_MMA_POS)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_f16_hd256, BK_F16, 256, BK_MMA_POS_HD256)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_bf16_hd256, BK_BF16, 256, BK_MMA_POS_HD256)

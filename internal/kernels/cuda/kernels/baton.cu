@@ -54,4 +54,7 @@
   X(bk_attn_mma_f16_hd64)   \
   X(bk_attn_mma_bf16_hd64)  \
   X(bk_attn_mma_f16_hd128)  \
-  X(bk_attn_mma_bf16_hd128)
+  X(bk_attn_mma_bf16_hd128) \
+  X(bk_attn_mma_f16_hd256)  \
+  X(bk_attn_mma_bf16_hd256) \
+  X(bk_dequant_rows_f16)

@@ -1,7 +1,9 @@
 // quant.cuh: decoders of ggml's block formats (q8_0, q4_0, q4_1, q5_0,
 // q5_1, q2_k, q3_k, q4_k, q5_k, q6_k; layouts in internal/kernels/quant.go),
-// shared by the gemv kernels (which dequantise in registers) and by
-// bk_dequant_rows (Embed, and the float32 row chunks of cuBLAS products).
+// shared by the gemv kernels (which dequantise in registers), by
+// bk_dequant_rows (Embed, and the float32 row chunks of exact cuBLAS
+// products) and by bk_dequant_rows_f16 (the f16 row chunks of GemmEx
+// products).
 //
 // A block is cut into slots of 8 elements, each decoded by one thread:
 // 4 slots for the 32-element formats, 32 for the 256-element K formats.
@@ -294,4 +296,46 @@ __device__ __forceinline__ float bk_dequant_elem(const uint8_t* __restrict__ w, 
 #undef BK_ELEM_CASE
   }
   return 0.f;
+}
+
+// bk_dequant_rows_f16 writes rows [lo, lo+nrows) of a block-format matrix
+// to dst as f16 (row-major) for a GemmEx product of a prompt chunk: the
+// decode of bk_dequant_rows, each value then rounded to nearest even
+// (kernels.F32ToF16). Half the bytes of the float32 rows, and the product
+// on the tensor cores. Launch: one thread per 8-element slot.
+template <int DT>
+__device__ void bk_dequant_slots_f16(uint16_t* __restrict__ dst, const uint8_t* __restrict__ w, int64_t cols,
+                                     int64_t lo, int64_t nrows) {
+  constexpr int per = bk_qk(DT) / 8;  // slots a block
+  const int64_t nb = cols / bk_qk(DT), total = nrows * nb * per;
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = e / (nb * per), b = e / per % nb;
+    const int s = (int)(e % per);
+    float v[8];
+    bk_q_decode<DT>(w + (lo + i) * bk_row_bytes(DT, cols) + b * bk_qbytes(DT), s, v);
+    int c0, c1;
+    bk_q_slot<DT>(s, c0, c1);
+    // Each run of 4 halves as two words: dst is 4-byte aligned (a device
+    // buffer), rows and blocks are multiples of 32 elements, runs start
+    // at multiples of 4.
+    uint32_t* o0 = reinterpret_cast<uint32_t*>(dst + i * cols + b * bk_qk(DT) + c0);
+    uint32_t* o1 = reinterpret_cast<uint32_t*>(dst + i * cols + b * bk_qk(DT) + c1);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      o0[k] = bk_f2h(v[2 * k]) | (uint32_t)bk_f2h(v[2 * k + 1]) << 16;
+      o1[k] = bk_f2h(v[4 + 2 * k]) | (uint32_t)bk_f2h(v[5 + 2 * k]) << 16;
+    }
+  }
+}
+
+extern "C" __global__ void bk_dequant_rows_f16(uint16_t* dst, const uint8_t* w, int64_t dt, int64_t cols, int64_t lo,
+                                               int64_t nrows) {
+  switch (dt) {
+#define BK_DEQUANT_F16_CASE(DT)                        \
+  case DT:                                             \
+    bk_dequant_slots_f16<DT>(dst, w, cols, lo, nrows); \
+    return;
+    BK_QUANT_CASES(BK_DEQUANT_F16_CASE)
+#undef BK_DEQUANT_F16_CASE
+  }
 }
