@@ -12,8 +12,13 @@ import (
 // dtype, full, partial, one-token and empty pages, the same page twice in
 // one call, and pages the pool was just written through; a page outside
 // the pool or too many tokens is refused.
-func TestFakeSumPages(t *testing.T) {
-	b := fakeBackend(t)
+func TestFakeSumPages(t *testing.T) { checkSumPages(t, fakeBackend(t)) }
+
+// TestGPUSumPages is the same on the GPU, where blocks of a page add
+// their parts by atomics in any order.
+func TestGPUSumPages(t *testing.T) { checkSumPages(t, gpuBackend(t)) }
+
+func checkSumPages(t *testing.T, b *Backend) {
 	for i, dt := range ipcDTypes {
 		src, host := ipcSource(t, b, dt, uint64(90+i))
 		ps := host.PageSize
