@@ -109,7 +109,9 @@ func (c *countingImporter) OpenPeer([]byte) (kernels.PeerMemory, error) {
 // refusingSink admits no session.
 type refusingSink struct{ recSink }
 
-func (*refusingSink) Admit(transfer.Key) ([]int32, error) { return nil, errors.New("no such reservation") }
+func (*refusingSink) Admit(transfer.Key) ([]int32, error) {
+	return nil, errors.New("no such reservation")
+}
 
 // A session decode did not admit (a wrong capability, a stale epoch) never
 // makes the receiver map the arena it names: the handle is not even
