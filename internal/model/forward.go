@@ -37,10 +37,19 @@ func New(c Config, w *Weights, be kernels.Backend) *Model {
 // BeginGraphStep and EndGraphStep. The padded rows repeat the last row
 // (token, position, slot and pages), so they store the same K/V bytes
 // into the same slot and their logits are not returned.
+//
+// EndGraphStep says whether the step was the first run of a graph just
+// captured. That step is run again directly and the two logits compared:
+// a graph that does not compute what its launches do (a capture the
+// driver got wrong, a table captured by value) is turned off for its
+// bucket with GraphWrong before any token is drawn from it, and the
+// direct logits are the step's. Running the step twice is harmless: its
+// K/V stores write the same bytes into the same slots.
 type stepGrapher interface {
 	GraphRows(owner uint64, n int) int
 	BeginGraphStep(owner uint64, rows int)
-	EndGraphStep()
+	EndGraphStep() (fresh bool)
+	GraphWrong(owner uint64, rows int, why string)
 }
 
 // graphable says whether a step may run as a graph: a decode step (a row
@@ -221,9 +230,20 @@ func (m *Model) forward(b *Batch, kv kernels.PagedKV, device bool) ([]float32, e
 	if g, ok := m.be.(stepGrapher); ok && m.graphable(b, device) {
 		n := len(b.Tokens)
 		if rows := g.GraphRows(m.id, n); rows >= n {
+			p := m.padded(b, rows)
 			g.BeginGraphStep(m.id, rows)
-			defer g.EndGraphStep()
-			return m.run(m.padded(b, rows), kv, device)[:n*c.Vocab], nil
+			logits := m.run(p, kv, device)
+			if !g.EndGraphStep() {
+				return logits[:n*c.Vocab], nil
+			}
+			kernels.Host(m.be, logits)
+			graphed := append([]float32(nil), logits[:n*c.Vocab]...)
+			logits = m.run(p, kv, device)
+			kernels.Host(m.be, logits)
+			if i, ok := sameLogits(graphed, logits[:n*c.Vocab]); !ok {
+				g.GraphWrong(m.id, rows, fmt.Sprintf("its first replay gave logit %d = %g, the direct launches %g", i, graphed[i], logits[i]))
+			}
+			return logits[:n*c.Vocab], nil
 		}
 	}
 	return m.run(b, kv, device), nil
@@ -332,4 +352,22 @@ func addBias(x, bias []float32) {
 			row[j] += b
 		}
 	}
+}
+
+// sameLogits compares a graph's logits with direct launches': equal to
+// 1e-5 of the larger magnitude (the same kernels on the same inputs; the
+// margin only absorbs a reduction order a driver may pick per launch).
+// A NaN on one side and not the other differs. It returns the first
+// index that differs.
+func sameLogits(graphed, direct []float32) (int, bool) {
+	for i := range graphed {
+		a, b := float64(graphed[i]), float64(direct[i])
+		if math.IsNaN(a) != math.IsNaN(b) {
+			return i, false
+		}
+		if d := math.Abs(a - b); d > 1e-5*max(math.Abs(a), math.Abs(b), 1) {
+			return i, false
+		}
+	}
+	return 0, true
 }

@@ -124,6 +124,8 @@ type graphState struct {
 	// syncInCapture: tests make every capture synchronise, as a step that
 	// read back inside it would.
 	syncInCapture bool
+	// wrong counts the graphs the model's check caught.
+	wrong int
 }
 
 // SetGraphs sets the largest batch a decode step runs as a CUDA graph
@@ -197,22 +199,24 @@ func (b *Backend) BeginGraphStep(owner uint64, rows int) {
 }
 
 // EndGraphStep runs the step recorded since BeginGraphStep: as its
-// bucket's graph, captured now if need be, or call by call.
-func (b *Backend) EndGraphStep() {
+// bucket's graph, captured now if need be, or call by call. It says
+// whether the step was a graph's first run, which the model checks against
+// direct launches (GraphWrong).
+func (b *Backend) EndGraphStep() (fresh bool) {
 	b.lock()
 	defer b.unlock()
 	rec := b.g.rec
 	b.g.rec = nil
 	if rec == nil { // flushed: it ran call by call
 		b.g.direct++
-		return
+		return false
 	}
 	defer b.freeOutgrown(rec)
 	key := rec.key
 	if g := b.g.graphs[key]; g != nil {
 		if g.matches(rec) {
 			b.replay(g, rec)
-			return
+			return false
 		}
 		b.destroyGraph(g)
 		delete(b.g.graphs, key)
@@ -226,7 +230,7 @@ func (b *Backend) EndGraphStep() {
 		}
 		b.issue(rec)
 		b.g.direct++
-		return
+		return false
 	}
 	b.g.captures[key]++
 	g, err := b.capture(rec)
@@ -235,10 +239,25 @@ func (b *Backend) EndGraphStep() {
 		b.turnOff(key, err.Error())
 		b.issue(rec)
 		b.g.direct++
-		return
+		return false
 	}
 	b.g.graphs[key] = g
 	b.replay(g, rec)
+	return true
+}
+
+// GraphWrong turns a bucket's graphs off because one did not compute what
+// its direct launches do, and says so once.
+func (b *Backend) GraphWrong(owner uint64, rows int, why string) {
+	b.lock()
+	defer b.unlock()
+	key := graphKey{owner, rows}
+	if g := b.g.graphs[key]; g != nil {
+		b.destroyGraph(g)
+		delete(b.g.graphs, key)
+	}
+	b.g.wrong++
+	b.turnOff(key, "a graph differed from direct launches: "+why)
 }
 
 // turnOff runs a bucket direct from now on, and says so once.
