@@ -225,7 +225,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.allowSpecial, "allow-special-tokens-in-prompt", false, "standalone/router: parse control tokens written in a completions prompt (\"</s>\", \"<|im_start|>\") as those tokens; by default they are text (chat messages always are)")
 	fs.StringVar(&f.loadFormat, "load-format", "auto", "auto | gguf | safetensors | dummy (random weights with the model's shape)")
 	fs.BoolVar(&f.mmapWeights, "mmap", false, "cpu: serve the weights from the model file's mapping instead of a copy in huge pages (less memory where processes share a file; decode reads them through 4 KiB pages, up to 2x slower)")
-	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | bf16 | q8_0")
+	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | bf16 | q8_0 | q4_k | q4_k_m (Q4_K, with attn_v, ffn_down and output in Q6_K)")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
 	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f16 on cpu, f32 on cuda) | f32 | f16 | bf16; f16/bf16 halve the KV memory and the handoff bytes (cpu backend only); prefill and decode must agree")
 	fs.IntVar(&f.cudaGraphMaxBS, "cuda-graph-max-bs", cuda.DefaultGraphMaxBS, "cuda: decode steps of up to this many sequences run as CUDA graphs, one per batch-size bucket (1, 2, 4, 8, then multiples of 8), captured at a bucket's first step")
@@ -411,18 +411,34 @@ func parseBytes(s string) (int64, error) {
 	return int64(v * float64(mult)), nil
 }
 
-func parseDType(s string) (kernels.DType, error) {
+// dummyDType is what --dummy-dtype asks for: one dtype for every matrix,
+// or (pick set) a quantised file's mix chosen by each matrix's kind.
+type dummyDType struct {
+	dt   kernels.DType
+	pick func(kind string) kernels.DType
+}
+
+func (d dummyDType) loadOptions(o model.LoadOptions) model.LoadOptions {
+	o.DummyDType, o.DummyPick = d.dt, d.pick
+	return o
+}
+
+func parseDType(s string) (dummyDType, error) {
 	switch strings.ToLower(s) {
 	case "f32":
-		return kernels.F32, nil
+		return dummyDType{dt: kernels.F32}, nil
 	case "f16":
-		return kernels.F16, nil
+		return dummyDType{dt: kernels.F16}, nil
 	case "q8_0":
-		return kernels.Q8_0, nil
+		return dummyDType{dt: kernels.Q8_0}, nil
 	case "bf16":
-		return kernels.BF16, nil
+		return dummyDType{dt: kernels.BF16}, nil
+	case "q4_k":
+		return dummyDType{dt: kernels.Q4_K}, nil
+	case "q4_k_m":
+		return dummyDType{dt: kernels.Q4_K, pick: model.Q4KM}, nil
 	}
-	return 0, fmt.Errorf("unknown dtype %q (f32, f16, bf16, q8_0)", s)
+	return dummyDType{}, fmt.Errorf("unknown dtype %q (f32, f16, bf16, q8_0, q4_k, q4_k_m)", s)
 }
 
 // parseKVDType reads --kv-cache-dtype for a pool on be: auto is the
@@ -570,7 +586,7 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 			_ = bar.Set(done)
 		}
 	}
-	loaded, err := model.Load(model.LoadOptions{Path: f.modelPath, Format: f.loadFormat, DummyDType: dt, Progress: progress, HostCopy: f.hostCopy(be)}, be)
+	loaded, err := model.Load(dt.loadOptions(model.LoadOptions{Path: f.modelPath, Format: f.loadFormat, Progress: progress, HostCopy: f.hostCopy(be)}), be)
 	if err != nil {
 		return nil, err
 	}

@@ -14,11 +14,11 @@ import (
 // loadDraft loads the draft model of --speculative-algorithm draft (nil
 // otherwise, and on a prefill worker, which never decodes) and refuses one
 // whose tokens mean something else than the target's.
-func loadDraft(f *serveFlags, be kernels.Backend, target *model.Model, tok *tokenizer.Tokenizer, dt kernels.DType) (*model.Model, error) {
+func loadDraft(f *serveFlags, be kernels.Backend, target *model.Model, tok *tokenizer.Tokenizer, dt dummyDType) (*model.Model, error) {
 	if f.specAlgorithm != "draft" || f.role == "prefill" {
 		return nil, nil
 	}
-	l, err := model.Load(model.LoadOptions{Path: f.specDraftPath, Format: f.specDraftFormat, DummyDType: dt, HostCopy: f.hostCopy(be)}, be)
+	l, err := model.Load(dt.loadOptions(model.LoadOptions{Path: f.specDraftPath, Format: f.specDraftFormat, HostCopy: f.hostCopy(be)}), be)
 	if err != nil {
 		return nil, fmt.Errorf("--speculative-draft-model-path: %w", err)
 	}

@@ -42,7 +42,7 @@ func TestLoadDraftChecksTheTokenizer(t *testing.T) {
 		{bigger, "dummy", "the draft model's vocabulary has 1024 tokens, the target's 512"},
 	} {
 		f := &serveFlags{role: "standalone", specAlgorithm: "draft", specDraftPath: c.path, specDraftFormat: c.format}
-		d, err := loadDraft(f, be, l.Model, tok, kernels.F32)
+		d, err := loadDraft(f, be, l.Model, tok, dummyDType{dt: kernels.F32})
 		switch {
 		case c.err == "" && err != nil:
 			t.Errorf("%s (%s): %v", c.path, c.format, err)
@@ -54,7 +54,7 @@ func TestLoadDraftChecksTheTokenizer(t *testing.T) {
 		}
 	}
 	// A prefill worker never decodes: it loads no draft.
-	if d, err := loadDraft(&serveFlags{role: "prefill", specAlgorithm: "draft", specDraftPath: "/nonexistent"}, be, l.Model, tok, kernels.F32); d != nil || err != nil {
+	if d, err := loadDraft(&serveFlags{role: "prefill", specAlgorithm: "draft", specDraftPath: "/nonexistent"}, be, l.Model, tok, dummyDType{dt: kernels.F32}); d != nil || err != nil {
 		t.Errorf("prefill loaded a draft: %v, %v", d, err)
 	}
 	other, err := loadTokenizer("../../testdata/vocab/ggml-vocab-llama-spm.gguf")

@@ -24,6 +24,9 @@ type LoadOptions struct {
 	Format string
 	// DummyDType is the weight dtype of dummy models (default f32).
 	DummyDType kernels.DType
+	// DummyPick, when set, chooses each dummy matrix's dtype by its kind
+	// in place of DummyDType (a quantised file's mix, such as Q4KM).
+	DummyPick func(kind string) kernels.DType
 	// Progress, when set, is called as tensors load.
 	Progress func(done, total int)
 	// HostCopy copies the weight matrices out of the file's mapping into
@@ -59,6 +62,13 @@ type Loaded struct {
 	Copied bool
 }
 
+func (o LoadOptions) dummyWeights(c *Config) (*Weights, error) {
+	if o.DummyPick != nil {
+		return DummyWeightsMixed(c, o.DummyPick)
+	}
+	return DummyWeights(c, o.DummyDType)
+}
+
 // Load reads a model and binds it to be.
 func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 	var f *gguf.File
@@ -78,7 +88,7 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 		if err != nil {
 			return nil, err
 		}
-		w, err := DummyWeights(&c, o.DummyDType)
+		w, err := o.dummyWeights(&c)
 		if err != nil {
 			return nil, err
 		}
@@ -108,7 +118,7 @@ func Load(o LoadOptions, be kernels.Backend) (*Loaded, error) {
 	case "", "auto", "gguf":
 		w, err = WeightsFromGGUF(f, &c, o.Progress)
 	case "dummy":
-		w, err = DummyWeights(&c, o.DummyDType)
+		w, err = o.dummyWeights(&c)
 		format = "dummy"
 	case "safetensors":
 		err = fmt.Errorf("model: --load-format safetensors needs a Hugging Face model directory, not %s", o.Path)
@@ -198,7 +208,7 @@ func loadHF(dir string, o LoadOptions, be kernels.Backend) (*Loaded, error) {
 			return nil, fmt.Errorf("model: %s: %w", filepath.Join(dir, "config.json"), err)
 		}
 		c.Name = name
-		w, err := DummyWeights(&c, o.DummyDType)
+		w, err := o.dummyWeights(&c)
 		if err != nil {
 			return nil, err
 		}

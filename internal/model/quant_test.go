@@ -47,16 +47,6 @@ func prefillBatch(c *Config, tables [][]int32, nseq, plen int) *Batch {
 	return b
 }
 
-// q4KM is a Q4_K_M file's mix: Q4_K, with attn_v, ffn_down and the output
-// in Q6_K.
-func q4KM(kind string) kernels.DType {
-	switch kind {
-	case "attn_v", "ffn_down", "output":
-		return kernels.Q6_K
-	}
-	return kernels.Q4_K
-}
-
 // TestQuantizedModel runs a small llama whose weights mix the ggml block
 // formats the way quantised GGUF files do (Q4_K with attn_v, ffn_down and
 // the output in Q6_K, as in a Q4_K_M file; Q5_K_M, Q3_K_M and Q2_K-style mixes;
@@ -77,7 +67,7 @@ func TestQuantizedModel(t *testing.T) {
 	}
 	c := quantConfig
 	mixes := map[string]func(string) kernels.DType{
-		"q4_k_m": q4KM,
+		"q4_k_m": Q4KM,
 		"q5_k_m": func(kind string) kernels.DType {
 			if kind == "ffn_down" || kind == "output" {
 				return kernels.Q6_K
@@ -285,7 +275,7 @@ func testQuantizedGGUF(t *testing.T, arch string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.Requantize(q4KM)
+	w.Requantize(Q4KM)
 	// Biases and norms of distinct values, so that one read from the
 	// wrong tensor, or not at all, changes the logits.
 	for i := range w.Layers {
@@ -375,7 +365,7 @@ func TestLoadRefusesUnsupportedDTypes(t *testing.T) {
 // sequence's finite: the NaN-logits gate sees the read.
 func TestQuantizedModelPoisonedKVIsNaN(t *testing.T) {
 	c := quantConfig
-	w := quantWeights(t, q4KM)
+	w := quantWeights(t, Q4KM)
 	m := New(c, w, cpu.New(2))
 	const plen = 24
 	nonFinite := func(v []float32) (bad, good int) {

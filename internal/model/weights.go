@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/batonlm/baton/internal/gguf"
@@ -388,19 +390,25 @@ func loadLayer(src tensorSource, n layerNames, c *Config, i int) (Layer, error) 
 // dtype dt: the same config always gives the same weights, so benchmarks
 // and tests are repeatable without a checkpoint.
 func DummyWeights(c *Config, dt kernels.DType) (*Weights, error) {
-	if bs := dt.BlockSize(); c.Dim%bs != 0 || c.FF%bs != 0 || (c.Heads*c.HeadDim)%bs != 0 {
-		return nil, fmt.Errorf("model: %s dummy weights need dimensions that are multiples of %d", dt, bs)
-	}
+	return DummyWeightsMixed(c, func(string) kernels.DType { return dt })
+}
+
+// DummyWeightsMixed makes DummyWeights' values with each matrix in the
+// dtype pick chooses for its kind (Requantize's kinds; an expert's are
+// ffn_gate, ffn_up and ffn_down, the router's ffn_gate_inp), as a
+// quantised file mixes formats (Q4KM). Each matrix is encoded once from
+// the values, so a mix costs no more to make than one dtype.
+func DummyWeightsMixed(c *Config, pick func(kind string) kernels.DType) (*Weights, error) {
 	qd, kvd := c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	w := &Weights{OutNorm: ones(c.Dim)}
 	type job struct {
 		dst        **kernels.Matrix
-		name       string
+		name, kind string
 		rows, cols int
 	}
-	jobs := []job{{&w.Embed, "token_embd", c.Vocab, c.Dim}}
+	jobs := []job{{&w.Embed, "token_embd", "token_embd", c.Vocab, c.Dim}}
 	if !c.TieEmbeddings {
-		jobs = append(jobs, job{&w.Output, "output", c.Vocab, c.Dim})
+		jobs = append(jobs, job{&w.Output, "output", "output", c.Vocab, c.Dim})
 	}
 	w.Layers = make([]Layer, c.Layers)
 	for i := range w.Layers {
@@ -413,29 +421,37 @@ func DummyWeights(c *Config, dt kernels.DType) (*Weights, error) {
 			ly.QNorm, ly.KNorm = ones(c.HeadDim), ones(c.HeadDim)
 		}
 		p := fmt.Sprintf("blk.%d.", i)
-		jobs = append(jobs, job{&ly.Q, p + "q", qd, c.Dim}, job{&ly.K, p + "k", kvd, c.Dim}, job{&ly.V, p + "v", kvd, c.Dim},
-			job{&ly.O, p + "o", c.Dim, qd})
+		jobs = append(jobs, job{&ly.Q, p + "q", "attn_q", qd, c.Dim}, job{&ly.K, p + "k", "attn_k", kvd, c.Dim},
+			job{&ly.V, p + "v", "attn_v", kvd, c.Dim}, job{&ly.O, p + "o", "attn_output", c.Dim, qd})
 		if c.Experts == 0 {
-			jobs = append(jobs, job{&ly.Gate, p + "gate", c.FF, c.Dim}, job{&ly.Up, p + "up", c.FF, c.Dim},
-				job{&ly.Down, p + "down", c.Dim, c.FF})
+			jobs = append(jobs, job{&ly.Gate, p + "gate", "ffn_gate", c.FF, c.Dim}, job{&ly.Up, p + "up", "ffn_up", c.FF, c.Dim},
+				job{&ly.Down, p + "down", "ffn_down", c.Dim, c.FF})
 			continue
 		}
-		jobs = append(jobs, job{&ly.Router, p + "router", c.Experts, c.Dim})
+		jobs = append(jobs, job{&ly.Router, p + "router", "ffn_gate_inp", c.Experts, c.Dim})
 		ly.Experts = make([]Expert, c.Experts)
 		for e := range ly.Experts {
 			ex, q := &ly.Experts[e], fmt.Sprintf("%sexpert.%d.", p, e)
-			jobs = append(jobs, job{&ex.Gate, q + "gate", c.FF, c.Dim}, job{&ex.Up, q + "up", c.FF, c.Dim},
-				job{&ex.Down, q + "down", c.Dim, c.FF})
+			jobs = append(jobs, job{&ex.Gate, q + "gate", "ffn_gate", c.FF, c.Dim}, job{&ex.Up, q + "up", "ffn_up", c.FF, c.Dim},
+				job{&ex.Down, q + "down", "ffn_down", c.Dim, c.FF})
 		}
 	}
+	for _, j := range jobs {
+		if dt := pick(j.kind); j.cols%dt.BlockSize() != 0 {
+			return nil, fmt.Errorf("model: %s dummy weights need dimensions that are multiples of %d (%s has %d columns)", dt, dt.BlockSize(), j.kind, j.cols)
+		}
+	}
+	// The block formats encode slowly (Q4_K searches each block's scale):
+	// every core takes matrices, each one's values drawn in order from its
+	// own seed.
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4)
+	sem := make(chan struct{}, max(4, runtime.GOMAXPROCS(0)))
 	for _, j := range jobs {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			*j.dst = dummyMatrix(j.name, j.rows, j.cols, dt)
+			*j.dst = dummyMatrix(j.name, j.rows, j.cols, pick(j.kind))
 		}()
 	}
 	wg.Wait()
@@ -478,22 +494,39 @@ func dummyMatrix(name string, rows, cols int, dt kernels.DType) *kernels.Matrix 
 	return m
 }
 
+// Q4KM is the mix of a Q4_K_M file as llama.cpp's quantiser makes it,
+// simplified to every layer alike: Q6_K for attn_v, ffn_down and the
+// output, Q4_K elsewhere. A pick for Requantize and DummyWeightsMixed.
+func Q4KM(kind string) kernels.DType {
+	switch kind {
+	case "attn_v", "ffn_down", "output":
+		return kernels.Q6_K
+	}
+	return kernels.Q4_K
+}
+
 // Requantize re-encodes every dense matrix of w (not experts') in the dtype pick chooses
 // for its kind ("attn_v", "ffn_down", "token_embd", ...), as a quantiser
 // mixes formats in one file (Q4_K_M's Q6_K for attn_v and ffn_down): for
 // tests and benchmarks of the formats on models made in memory. Each matrix
 // is replaced, so tied embeddings part (Output gets its own kind).
 func (w *Weights) Requantize(pick func(kind string) kernels.DType) {
+	type part struct {
+		src, dst *kernels.Matrix
+		r0, r1   int
+	}
+	var parts []part
 	conv := func(m **kernels.Matrix, kind string) {
 		if *m == nil { // a mixture of experts' layer has no dense FFN
 			return
 		}
 		src, dt := *m, pick(kind)
 		out := &kernels.Matrix{DType: dt, Rows: src.Rows, Cols: src.Cols, Data: make([]byte, dt.RowBytes(src.Cols)*src.Rows)}
-		row, rb := make([]float32, src.Cols), dt.RowBytes(src.Cols)
-		for r := 0; r < src.Rows; r++ {
-			src.Row(r, row)
-			kernels.EncodeRow(out.Data[r*rb:(r+1)*rb], row, dt)
+		// Spans of about a million values, so that the embedding (the
+		// largest matrix by far) is shared out like the rest.
+		step := max(1, (1<<20)/src.Cols)
+		for r := 0; r < src.Rows; r += step {
+			parts = append(parts, part{src, out, r, min(r+step, src.Rows)})
 		}
 		*m = out
 	}
@@ -509,4 +542,32 @@ func (w *Weights) Requantize(pick func(kind string) kernels.DType) {
 			conv(m.p, m.kind)
 		}
 	}
+	// The K formats search each block's scales: one goroutine a core,
+	// each taking the next span of rows.
+	var next sync.Mutex
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var row []float32
+			for {
+				next.Lock()
+				if len(parts) == 0 {
+					next.Unlock()
+					return
+				}
+				p := parts[0]
+				parts = parts[1:]
+				next.Unlock()
+				row = slices.Grow(row[:0], p.src.Cols)[:p.src.Cols]
+				rb := p.dst.DType.RowBytes(p.src.Cols)
+				for r := p.r0; r < p.r1; r++ {
+					p.src.Row(r, row)
+					kernels.EncodeRow(p.dst.Data[r*rb:(r+1)*rb], row, p.dst.DType)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -14,26 +14,41 @@
 # machine's own. The served step needs curl.
 #
 # Steps (each with a time limit; logs and a summary go to $OUT, default a
-# new temporary directory):
-#   1. device      the driver, GPU and cuBLAS the backend finds
+# new temporary directory). The times are estimates for an H200 (the
+# served step's additions have not yet run on one); the limits bound them:
+#   1. device      the driver, GPU and cuBLAS the backend finds (~5 s)
 #   2. kernels     parity of every kernel with the reference on random inputs
 #                  (tolerances in internal/kernels/cuda/parity_test.go), the
 #                  stories260K greedy reference, dummy models of every dtype
+#                  (~1-2 min)
 #   3. bandwidth   paged decode attention GB/s against cuMemcpyDtoD, the
 #                  gemv / cuBLAS products in GB/s of weights, the bf16
 #                  cuBLAS GemmEx peak (8192³, TFLOP/s) and prompt attention
-#                  on the tensor cores at 4096 tokens in TFLOP/s
+#                  on the tensor cores at 4096 tokens in TFLOP/s (~1 min)
 #   4. model       dummy 1B and MoE 2.5B (f16) prefill and decode tokens/s,
 #                  batch 1 and 32; the 1B's prefill at 1 x 512, 1 x 4096
-#                  and 32 x 128 also in TFLOP/s
+#                  and 32 x 128 also in TFLOP/s (~1-2 min)
 #   5. serve       the baton binary as router + prefill + decode with
 #                  --device cuda on loopback: KV pools in GPU memory, pages
-#                  over tcp through pinned buffers, the greedy reference;
-#                  a cuda prefill (bf16 KV) paired with a cpu decode
-#   6. served      `baton bench serve` against the binary on the GPU, dummy
-#                  Qwen3-1.7B shape (test/gpu/models), 512 in / 128 out, 1
-#                  and 32 streams, standalone then router + prefill + decode
-#                  (test/gpu/serve-bench.sh)
+#                  over tcp through pinned buffers and GPU to GPU over
+#                  cuda-ipc (every page shipped from the device), the
+#                  greedy reference; a cuda prefill (bf16 KV) paired with a
+#                  cpu decode (~30 s)
+#   6. served      `baton bench serve` against the binary on the GPU
+#                  (test/gpu/serve-bench.sh, ~2 min: six server starts of a
+#                  few seconds each, every run a few seconds):
+#                  - dummy Qwen3-1.7B shape (test/gpu/models), 512 in / 128
+#                    out at 1 stream (8 prompts) and 32 (32 prompts), and
+#                    TTFT runs of 5 prompts at 512 and 4096 in, 8 out:
+#                    standalone, then router + prefill + decode over tcp,
+#                    then over cuda-ipc (32 streams and the TTFT runs): PD
+#                    TTFT over standalone (goal <= 10 ms at 512), the
+#                    handoff's GB/s from decode's /metrics against the copy
+#                    bandwidth, 32-stream PD throughput over standalone's
+#                    (goal >= 0.9 over cuda-ipc)
+#                  - dummy synth-1b (TinyLlama 1.1B shape, test/gpu/models)
+#                    standalone in F16, Q8_0 and Q4_K_M (--dummy-dtype
+#                    q4_k_m), 512 in / 128 out at 1 and 32 streams
 # It ends with the table of figures against the limits the measured copy
 # bandwidth and GemmEx peak set (test/gpu/table.sh), in $OUT/summary.txt.
 #
@@ -89,7 +104,7 @@ step device 60 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^(TestO
 step kernels 240 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^TestGPU' -test.v -test.timeout 230s
 step bandwidth 120 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x -test.v -test.timeout 110s
 step model 240 "$ROOT/test/gpu" "$BIN/gpu.test" -test.run '^$' -test.bench 'GPUModel' -test.benchtime 3x -test.v -test.timeout 230s
-step serve 120 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^(TestPDOnCUDA|TestPDCUDAPrefillHalfKV)$' -test.v -test.timeout 110s
+step serve 120 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^(TestPDOnCUDA|TestPDOverCUDAIPC|TestPDCUDAPrefillHalfKV)$' -test.v -test.timeout 110s
 step served 240 "$ROOT" env PROMPTS=32 test/gpu/serve-bench.sh "$BIN/baton" "$OUT"
 
 {

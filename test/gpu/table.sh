@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # test/gpu/table.sh OUT: the figures of issue-style GPU tables from the logs
-# test/gpu/run.sh left in OUT (bandwidth.log, model.log, served-*.json),
-# each next to the limit computed from what the same run measured: the
-# copy bandwidth for decode, the bf16 cuBLAS GemmEx peak (8192³) for
-# prefill. Prefill TFLOP/s count 2 a weight a token in the layers, the LM
+# test/gpu/run.sh left in OUT (bandwidth.log, model.log, served-*.json and
+# served-*.kv), each next to the limit computed from what the same run
+# measured: the copy bandwidth for decode and the KV handoff, the bf16
+# cuBLAS GemmEx peak (8192³) for prefill. Prefill TFLOP/s count 2 a weight a token in the layers, the LM
 # head on each prompt's last row and causal attention's Q·Kᵀ and P·V over
 # the positions each row sees (prefillFLOPs in gpu_test.go). Prints a
 # Markdown table; a figure a step did not produce reads "-".
 set -uo pipefail
 OUT=$1
+# The served runs' TTFT prompt lengths and synth dtypes, as serve-bench.sh
+# took them.
+TTFT_LENS=${TTFT_LENS-512 4096}
+SYNTH_DTYPES=${SYNTH_DTYPES-f16 q8_0 q4_k_m}
 
 # metric LOG PATTERN UNIT: the value before UNIT on the first Benchmark line
 # of LOG matching PATTERN.
@@ -24,6 +28,9 @@ served() {
     in_ && index($0, st ":") { v = $2; gsub(/[,]/, "", v); print v; exit }
     in_ && /}/ { in_ = 0 }' "$1"
 }
+
+# kv FILE KEY: a value from serve-bench.sh's served-*.kv.
+kv() { [ -f "$1" ] && awk -v k="$2" '$1 == k { print $2; exit }' "$1"; }
 
 fmt() { if [ -n "${1:-}" ]; then printf "%.${2:-0}f" "$1"; else printf -- "-"; fi; }
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else printf -- "-"; fi; }
@@ -73,5 +80,65 @@ for mode in standalone pd; do
   for c in 1 32; do
     f=$OUT/served-$mode-c$c.json
     echo "| served, dummy Qwen3-1.7B f16, 512 in / 128 out, $mode, $c stream(s) | $(fmt "$(served "$f" output_throughput)") tok/s, TTFT p50 $(fmt "$(served "$f" ttft_ms p50)" 1) ms, ITL p50 $(fmt "$(served "$f" itl_ms p50)" 1) ms | | |"
+  done
+done
+echo "| served, same, pd over cuda-ipc, 32 stream(s) | $(fmt "$(served "$OUT/served-pd-ipc-c32.json" output_throughput)") tok/s, TTFT p50 $(fmt "$(served "$OUT/served-pd-ipc-c32.json" ttft_ms p50)" 1) ms, ITL p50 $(fmt "$(served "$OUT/served-pd-ipc-c32.json" itl_ms p50)" 1) ms | | |"
+sa32=$(served "$OUT/served-standalone-c32.json" output_throughput)
+for mode in pd pd-ipc; do
+  tr=tcp
+  goal=
+  [ "$mode" = pd-ipc ] && tr=cuda-ipc goal=" (goal >= 0.9)"
+  pd32=$(served "$OUT/served-$mode-c32.json" output_throughput)
+  echo "| served 32 streams, PD over $tr / standalone$goal | $(fmt "$pd32") / $(fmt "$sa32") tok/s | | $(ratio "$pd32" "$sa32") |"
+done
+# The handoff of one prompt's KV: B bytes are read and written once, so
+# a copy at the measured rate (read + write) takes 2B / copy.
+half=
+[ -n "$copy" ] && half=$(awk -v c="$copy" 'BEGIN { print c / 2 }')
+for mode in pd pd-ipc; do
+  tr=tcp
+  [ "$mode" = pd-ipc ] && tr=cuda-ipc
+  for l in $TTFT_LENS; do
+    sa=$(served "$OUT/served-standalone-ttft$l-c1.json" ttft_ms p50)
+    pd=$(served "$OUT/served-$mode-ttft$l-c1.json" ttft_ms p50)
+    f=$OUT/served-$mode-ttft$l.kv
+    bytes=$(kv "$f" bytes)
+    secs=$(kv "$f" seconds)
+    n=$(kv "$f" handoffs)
+    over= per= copyms= viattft= viametrics=
+    [ -n "$sa" ] && [ -n "$pd" ] && over=$(awk -v a="$pd" -v b="$sa" 'BEGIN { print a - b }')
+    [ -n "$bytes" ] && [ -n "$n" ] && awk -v n="$n" 'BEGIN { exit !(n > 0) }' && per=$(awk -v b="$bytes" -v n="$n" 'BEGIN { print b / n }')
+    [ -n "$per" ] && [ -n "$half" ] && copyms=$(awk -v p="$per" -v h="$half" 'BEGIN { print p / (h * 1e9) * 1e3 }')
+    [ -n "$per" ] && [ -n "$over" ] && awk -v o="$over" 'BEGIN { exit !(o > 0) }' && viattft=$(awk -v p="$per" -v o="$over" 'BEGIN { print p / (o / 1e3) / 1e9 }')
+    [ -n "$bytes" ] && [ -n "$secs" ] && awk -v s="$secs" 'BEGIN { exit !(s > 0) }' && viametrics=$(awk -v b="$bytes" -v s="$secs" 'BEGIN { print b / s / 1e9 }')
+    goal=
+    [ "$l" = 512 ] && goal=" (goal <= 10 ms)"
+    echo "| PD TTFT p50 over standalone, $tr, 1 x $l in, KV auto (bf16 on cuda)$goal | $(fmt "$pd" 1) - $(fmt "$sa" 1) = $(fmt "$over" 1) ms | KV $(fmt "$(awk -v p="${per:-0}" 'BEGIN { if (p > 0) print p / 1e6 }')" 1) MB a prompt, copied in $(fmt "$copyms" 2) ms | $(ratio "$(awk -v o="${over:-0}" 'BEGIN { if (o > 0) print o }')" "$copyms") |"
+    echo "| KV handoff, $tr, 1 x $l in: decode's bytes landed / transfer seconds (first page to Commit); a prompt's KV / TTFT overhead | $(fmt "$viametrics" 1) GB/s; $(fmt "$viattft" 1) GB/s | copy / 2: $(fmt "$half") GB/s | $(ratio "$viametrics" "$half") |"
+  done
+done
+echo "| cuda-ipc pages shipped from the device / from host memory (goal: all from the device) | $(fmt "$(kv "$OUT/served-pd-ipc-shipped.kv" device)") / $(fmt "$(kv "$OUT/served-pd-ipc-shipped.kv" host)") | | |"
+# synth-1b (TinyLlama 1.1B's shape) reads, a decode step, every matrix
+# but the embedding: per layer 31,981,568 values in the Q4_K part of a
+# Q4_K_M mix (attn_q, attn_k, attn_output, ffn_gate, ffn_up) and
+# 12,058,624 in its Q6_K part (attn_v, ffn_down), x 22 layers, and the
+# 65,536,000 of the output (Q6_K): the limit is that many bytes a step at
+# the copy bandwidth, c tokens a step (the KV, under 1% at 640 positions,
+# left out).
+synthgb() {
+  awk -v dt="$1" 'BEGIN {
+    q4 = 31981568 * 22; q6 = 12058624 * 22 + 65536000
+    bpv["f32"] = 4; bpv["f16"] = 2; bpv["bf16"] = 2; bpv["q8_0"] = 34 / 32; bpv["q4_k"] = 144 / 256
+    if (dt == "q4_k_m") { printf "%.6f", (q4 * 144 / 256 + q6 * 210 / 256) / 1e9; exit }
+    if (dt in bpv) printf "%.6f", (q4 + q6) * bpv[dt] / 1e9 }'
+}
+for dt in $SYNTH_DTYPES; do
+  gb=$(synthgb "$dt")
+  for c in 1 32; do
+    f=$OUT/served-synth-$dt-c$c.json
+    tps=$(served "$f" output_throughput)
+    lim=
+    [ -n "$copy" ] && [ -n "$gb" ] && lim=$(awk -v c="$copy" -v g="$gb" -v n="$c" 'BEGIN { printf "%.0f", n * c / g }')
+    echo "| served, dummy synth-1b (TinyLlama 1.1B shape) $dt, 512 in / 128 out, standalone, $c stream(s) | $(fmt "$tps") tok/s, TTFT p50 $(fmt "$(served "$f" ttft_ms p50)" 1) ms, ITL p50 $(fmt "$(served "$f" itl_ms p50)" 1) ms | $(fmt "$lim") tok/s ($(fmt "$gb" 2) GB a step) | $(ratio "$tps" "$lim") |"
   done
 done
