@@ -22,27 +22,8 @@ func TestStagedPagesRefusedWithoutImporter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	conn, err := net.Dial("tcp", r.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, _, err := (transfer.Plain{}).Open(conn, time.Now().Add(5*time.Second)); err != nil {
-		t.Fatal(err)
-	}
 	key := transfer.Key{Room: 1, Epoch: 2, Cap: transfer.NewCapability()}
-	if _, err := conn.Write(join(frame(frameHello, capSize, key.Room, key.Epoch, 0, key.Cap[:]),
-		frame(frameArena, 64, 0, 0, 0, make([]byte, 64)),
-		frame(frameRef, refSize, 0, 3, 1, make([]byte, refSize)),
-		frame(frameFlush, 0, 1, 0, 0, nil))); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	var hdr [hdrSize]byte
-	h, text, _, err := readFrame(bufio.NewReader(conn), &hdr, nil, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, text := stagedSession(t, r.Addr(), key)
 	if h.typ != frameAck || h.b != 0 || !strings.Contains(string(text), "not cuda-ipc") {
 		t.Fatalf("ack type %d, %d bytes landed, text %q; want a refusal naming cuda-ipc and nothing landed", h.typ, h.b, text)
 	}
@@ -124,7 +105,24 @@ func TestRefusedSessionMapsNoArena(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	conn, err := net.Dial("tcp", r.Addr())
+	key := transfer.Key{Room: 1, Epoch: 2, Cap: transfer.NewCapability()}
+	h, text := stagedSession(t, r.Addr(), key)
+	if h.typ != frameAck || !strings.Contains(string(text), "session refused") {
+		t.Fatalf("ack type %d, text %q; want the session's refusal", h.typ, text)
+	}
+	if n := imp.opens.Load(); n != 0 {
+		t.Fatalf("a refused session made the receiver open %d arenas", n)
+	}
+	if writes, _ := sink.counts(key); writes != 0 {
+		t.Fatalf("%d writes reached the Sink", writes)
+	}
+}
+
+// stagedSession speaks one session to the receiver at addr in raw frames:
+// HELLO for key, an arena, a staged page and a flush; it returns the ack.
+func stagedSession(t *testing.T, addr string, key transfer.Key) (header, []byte) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +130,6 @@ func TestRefusedSessionMapsNoArena(t *testing.T) {
 	if _, _, err := (transfer.Plain{}).Open(conn, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	key := transfer.Key{Room: 1, Epoch: 2, Cap: transfer.NewCapability()}
 	if _, err := conn.Write(join(frame(frameHello, capSize, key.Room, key.Epoch, 0, key.Cap[:]),
 		frame(frameArena, 64, 0, 0, 0, make([]byte, 64)),
 		frame(frameRef, refSize, 0, 3, 1, make([]byte, refSize)),
@@ -145,13 +142,5 @@ func TestRefusedSessionMapsNoArena(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.typ != frameAck || !strings.Contains(string(text), "session refused") {
-		t.Fatalf("ack type %d, text %q; want the session's refusal", h.typ, text)
-	}
-	if n := imp.opens.Load(); n != 0 {
-		t.Fatalf("a refused session made the receiver open %d arenas", n)
-	}
-	if writes, _ := sink.counts(key); writes != 0 {
-		t.Fatalf("%d writes reached the Sink", writes)
-	}
+	return h, text
 }
