@@ -32,11 +32,12 @@ test: deps-test build
 	$(MAKE) test-ucx
 
 # The UCX transport (build tag ucx, Debian libucx-dev): the transport and
-# handoff tests over shared memory and over UCX's tcp, and PD end to end.
+# handoff tests over shared memory and over UCX's tcp, and PD end to end (the other
+# transports do not depend on the tag and run in `test`).
 test-ucx:
 	$(GO) vet -tags ucx $(PKGS)
-	UCX_TLS=posix,cma,self $(GO) test -tags ucx -count=1 -timeout 5m ./internal/transfer/... ./internal/roles/...
-	UCX_TLS=tcp UCX_NET_DEVICES=lo $(GO) test -tags ucx -count=1 -timeout 5m ./internal/transfer/... ./internal/roles/...
+	UCX_TLS=posix,cma,self $(GO) test -tags ucx -count=1 -timeout 5m ./internal/transfer/ucx/... ./internal/roles/...
+	UCX_TLS=tcp UCX_NET_DEVICES=lo $(GO) test -tags ucx -count=1 -timeout 5m ./internal/transfer/ucx/... ./internal/roles/...
 	UCX_TLS=posix,cma,self $(GO) test -tags ucx -count=1 -timeout 5m -run 'UCX' ./test/e2e/
 
 bench-ucx:
