@@ -92,3 +92,59 @@ func TestConformanceCUDAIPC(t *testing.T) {
 		return r, NewSender(WithArena(arena), WithArenaQuarantine(50*time.Millisecond))
 	})
 }
+
+// A prompt that finds no room in the arena goes through the socket: its
+// pages are read into host memory and summed there with the same
+// function the device uses (kernels.PageSum), so the decode side's check
+// is the same either way; the sender counts the fallback.
+func TestArenaFullFallsBack(t *testing.T) {
+	be := fakeCUDA(t)
+	layout := kernels.PagedKV{PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: kernels.BF16}
+	dk, err := be.AllocKV(layout, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dk.Close()
+	kv := layout
+	kv.Device = dk
+	row := make([]byte, kv.PackedBytes(4))
+	for i := range row {
+		row[i] = byte(i * 7)
+	}
+	for p := range int32(4) {
+		if err := dk.WritePage(p, 4, row); err != nil {
+			t.Fatal(err)
+		}
+	}
+	arena, err := dk.(kernels.PeerExporter).NewArena(arenaAlign) // room for one page's span, not four
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arena.Close()
+	r, err := Listen("127.0.0.1:0", &recSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	snd := NewSender(WithArena(arena))
+	sess, err := snd.Open(t.Context(), r.Addr(), transfer.Key{Room: 1, Epoch: 1, Cap: transfer.NewCapability()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	st, err := transfer.StagePages(sess, kv, []int32{0, 1, 2, 3}, []int{4, 4, 4, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Srcs != nil {
+		t.Fatal("four pages were staged in an arena with room for one")
+	}
+	for i, d := range st.Data {
+		if st.Sums[i] != kernels.PageSum(d) {
+			t.Fatalf("page %d went as bytes summed %#x, PageSum of them %#x", i, st.Sums[i], kernels.PageSum(d))
+		}
+	}
+	if s := snd.ArenaStats(); s.FellBack != 1 || s.Staged != 0 {
+		t.Fatalf("arena stats %+v; want one fallback and nothing staged", s)
+	}
+}
