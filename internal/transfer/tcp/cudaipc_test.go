@@ -148,3 +148,71 @@ func TestArenaFullFallsBack(t *testing.T) {
 		t.Fatalf("arena stats %+v; want one fallback and nothing staged", s)
 	}
 }
+
+// A session whose connection ended before it closed (the receiver evicted
+// it, or went away) gets no confirmation that the receiver's copies out of
+// its arena bytes are over: they are quarantined, not reused at once, and
+// come back after the quarantine. A session closed the ordinary way gives
+// its bytes back at once.
+func TestArenaQuarantineAfterLostSession(t *testing.T) {
+	be := fakeCUDA(t)
+	layout := kernels.PagedKV{PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: kernels.BF16}
+	dk, err := be.AllocKV(layout, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dk.Close()
+	kv := layout
+	kv.Device = dk
+	arena, err := dk.(kernels.PeerExporter).NewArena(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arena.Close()
+	snd := NewSender(WithArena(arena), WithArenaQuarantine(200*time.Millisecond))
+	all := snd.ArenaStats().FreeBytes
+	stage := func(r *Receiver) transfer.Session {
+		sess, err := snd.Open(t.Context(), r.Addr(), transfer.Key{Room: 1, Epoch: 1, Cap: transfer.NewCapability()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := transfer.StagePages(sess, kv, []int32{0, 1}, []int{4, 3}); err != nil || st.Srcs == nil {
+			t.Fatalf("staging: %v (staged %v)", err, st.Srcs != nil)
+		}
+		return sess
+	}
+
+	r1, err := Listen("127.0.0.1:0", &recSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r1.Close()
+	sess := stage(r1)
+	if err := sess.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s := snd.ArenaStats(); s.FreeBytes != all || s.Quarantined != 0 {
+		t.Fatalf("after a confirmed end: %+v, want every byte free (%d)", s, all)
+	}
+
+	r2, err := Listen("127.0.0.1:0", &recSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess = stage(r2)
+	_ = r2.Close() // the receiver goes first
+	deadline := time.Now().Add(5 * time.Second)
+	for sess.Flush(t.Context()) == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // until the sender sees the connection gone
+	}
+	_ = sess.Close()
+	if s := snd.ArenaStats(); s.FreeBytes == all || s.Quarantined != 1 {
+		t.Fatalf("after a lost session: %+v, want its bytes quarantined", s)
+	}
+	for snd.ArenaStats().FreeBytes != all && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s := snd.ArenaStats(); s.FreeBytes != all {
+		t.Fatalf("after the quarantine: %+v, want every byte free (%d)", s, all)
+	}
+}

@@ -248,6 +248,16 @@ func (s *Session) Close() error { return s.end(true) }
 func (s *Session) Abort() error { return s.end(false) }
 
 func (s *Session) end(graceful bool) error {
+	// A connection that ended before Close (the receiver evicted the
+	// session, a reset) proves nothing about copies out of the arena the
+	// receiver may still be finishing: only an end this side started and
+	// the receiver confirmed does.
+	diedFirst := false
+	select {
+	case <-s.dead:
+		diedFirst = true
+	default:
+	}
 	s.endOnce.Do(func() {
 		close(s.stop)
 		if !graceful {
@@ -271,7 +281,7 @@ func (s *Session) end(graceful bool) error {
 		_ = s.conn.Close()
 		s.endErr = s.confirmed()
 	})
-	s.releaseSpans(graceful && s.endErr == nil)
+	s.releaseSpans(graceful && s.endErr == nil && !diedFirst)
 	return s.endErr
 }
 
