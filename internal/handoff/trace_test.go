@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -50,6 +51,26 @@ func spanNamed(t *testing.T, rec *tracetest.SpanRecorder, name string) sdktrace.
 	}
 	t.Fatalf("no %s span; have %v", name, spanNames(ended))
 	return nil
+}
+
+// countSpans counts the ended spans named name.
+func countSpans(rec *tracetest.SpanRecorder, name string) int {
+	n := 0
+	for _, sp := range rec.Ended() {
+		if sp.Name() == name {
+			n++
+		}
+	}
+	return n
+}
+
+// waitSpans waits until n spans named name have ended.
+func waitSpans(t *testing.T, rec *tracetest.SpanRecorder, name string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for countSpans(rec, name) < n && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func spanNames(spans []sdktrace.ReadOnlySpan) []string {
@@ -197,6 +218,7 @@ func TestTraceAborts(t *testing.T) {
 		t.Run(class, func(t *testing.T) {
 			f, log, rsp := tracedFixture(t, rec, nil)
 			r := f.request()
+			before := countSpans(rec, tracing.SpanAbort)
 			switch class {
 			case "timeout":
 				res := f.reservation()
@@ -220,6 +242,8 @@ func TestTraceAborts(t *testing.T) {
 				rd.Gone("router stream closed")
 				drainEvents(t, r)
 			}
+			// The span ends just after the moves the cases wait for.
+			waitSpans(t, rec, tracing.SpanAbort, before+1)
 			sp := spanNamed(t, rec, tracing.SpanAbort)
 			wantFailed(t, sp, class)
 			if sp.Parent().SpanID() != rsp.SpanContext().SpanID() || sp.SpanContext().TraceID() != rsp.SpanContext().TraceID() {
