@@ -371,8 +371,8 @@ func probe(l libs) (string, error) {
 	if n == 1 {
 		plural = ""
 	}
-	return fmt.Sprintf("cuda driver %s (%s), %d device%s: %s", versionString(ver), d.name, n, plural,
-		strings.Join(devs, ", ")), nil
+	return fmt.Sprintf("cuda driver %s (%s), %d device%s: %s; %s", versionString(ver), d.name, n, plural,
+		strings.Join(devs, ", "), d.features()), nil
 }
 
 func open(l libs, index int) (*Backend, error) {

@@ -254,3 +254,16 @@ func (d *driver) device(i int) (deviceInfo, error) {
 func (i deviceInfo) String() string {
 	return fmt.Sprintf("%s (sm_%d%d, %d SMs, %.1f GiB)", i.name, i.major, i.minor, i.sms, float64(i.memory)/(1<<30))
 }
+
+// features says which optional parts of the driver API it has: CUDA
+// graphs (decode steps replayed, --cuda-graph-max-bs) and CUDA IPC
+// (--transport cuda-ipc).
+func (d *driver) features() string {
+	has := func(ok bool) string {
+		if ok {
+			return "yes"
+		}
+		return "no"
+	}
+	return fmt.Sprintf("graphs %s, ipc %s", has(C.bk_has_graphs(d.c) != 0), has(C.bk_has_ipc(d.c) != 0))
+}

@@ -122,7 +122,8 @@ func TestFakeOpenErrors(t *testing.T) {
 		t.Fatalf("device 1: %v", err)
 	}
 	s, err := probe(l)
-	if err != nil || !strings.Contains(s, "1 device: [0] Fake CUDA device") || !strings.Contains(s, "sm_90") {
+	if err != nil || !strings.Contains(s, "1 device: [0] Fake CUDA device") || !strings.Contains(s, "sm_90") ||
+		!strings.HasSuffix(s, "; graphs yes, ipc yes") {
 		t.Fatalf("probe: %q, %v", s, err)
 	}
 	t.Log(s)
@@ -162,6 +163,9 @@ func TestFakeContexts(t *testing.T) {
 	defer b.Close()
 	if b.primaryCtx {
 		t.Fatal("primary context from a driver without one")
+	}
+	if s, err := probe(l); err != nil || !strings.HasSuffix(s, "; graphs no, ipc no") {
+		t.Fatalf("probe of a driver without graphs or IPC: %q, %v", s, err)
 	}
 	out := make([]float32, 2)
 	b.Add(out, []float32{1, 2}, []float32{3, 4})
