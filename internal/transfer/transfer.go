@@ -156,19 +156,25 @@ type Stager interface {
 }
 
 // StagePages readies pages for a session: staged by the session where it
-// is a Stager, else packed into host memory (ReadPages) and summed with
-// Checksum.
+// is a Stager, else packed into host memory and summed with Checksum
+// (ReadStaged).
 func StagePages(s Session, kv kernels.PagedKV, pages []int32, tokens []int) (Staged, error) {
 	if st, ok := s.(Stager); ok {
 		return st.StagePages(kv, pages, tokens)
 	}
+	return ReadStaged(kv, pages, tokens, Checksum)
+}
+
+// ReadStaged packs pages into host memory (ReadPages), to go as Data, each
+// summed with sum (Checksum, or kernels.PageSum for cuda-ipc).
+func ReadStaged(kv kernels.PagedKV, pages []int32, tokens []int, sum func([]byte) uint64) (Staged, error) {
 	data, err := ReadPages(kv, pages, tokens)
 	if err != nil {
 		return Staged{}, err
 	}
 	sums := make([]uint64, len(data))
 	for i, d := range data {
-		sums[i] = Checksum(d)
+		sums[i] = sum(d)
 	}
 	return Staged{Data: data, Sums: sums}, nil
 }
@@ -181,15 +187,8 @@ type Sums func(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error
 // HostSums reads the pages back (ReadPages) and takes Checksum of each:
 // tcp's and ucx's sums.
 func HostSums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error) {
-	data, err := ReadPages(kv, pages, tokens)
-	if err != nil {
-		return nil, err
-	}
-	sums := make([]uint64, len(data))
-	for i, d := range data {
-		sums[i] = Checksum(d)
-	}
-	return sums, nil
+	st, err := ReadStaged(kv, pages, tokens, Checksum)
+	return st.Sums, err
 }
 
 // DeviceSums takes kernels.PageSum of the pages where they are, on a pool
@@ -199,15 +198,8 @@ func DeviceSums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, erro
 	if s, ok := kv.Device.(kernels.PageSummer); ok {
 		return s.SumPages(pages, tokens)
 	}
-	data, err := ReadPages(kv, pages, tokens)
-	if err != nil {
-		return nil, err
-	}
-	sums := make([]uint64, len(data))
-	for i, d := range data {
-		sums[i] = kernels.PageSum(d)
-	}
-	return sums, nil
+	st, err := ReadStaged(kv, pages, tokens, kernels.PageSum)
+	return st.Sums, err
 }
 
 // Sink is the decode side's gate for incoming sessions and writes.

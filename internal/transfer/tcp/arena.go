@@ -109,7 +109,7 @@ func (stagedRef) Land(kernels.PagedKV, int32, int) (int, error) {
 // transfer.Checksum.
 func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (transfer.Staged, error) {
 	if s.space == nil {
-		return transfer.StagePages(plainSession{s}, kv, pages, tokens)
+		return transfer.ReadStaged(kv, pages, tokens, transfer.Checksum)
 	}
 	if len(pages) != len(tokens) {
 		return transfer.Staged{}, fmt.Errorf("tcp: %d pages and %d token counts", len(pages), len(tokens))
@@ -122,15 +122,7 @@ func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (t
 	}
 	sp, ok := s.space.take(total)
 	if !ok {
-		data, err := transfer.ReadPages(kv, pages, tokens)
-		if err != nil {
-			return transfer.Staged{}, err
-		}
-		sums := make([]uint64, len(data))
-		for i, d := range data {
-			sums[i] = kernels.PageSum(d)
-		}
-		return transfer.Staged{Data: data, Sums: sums}, nil
+		return transfer.ReadStaged(kv, pages, tokens, kernels.PageSum)
 	}
 	for i := range offs {
 		offs[i] += sp.off
@@ -152,9 +144,6 @@ func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (t
 	}
 	return transfer.Staged{Data: make([][]byte, len(pages)), Srcs: srcs, Sums: sums}, nil
 }
-
-// plainSession hides a session's StagePages, for the default path.
-type plainSession struct{ transfer.Session }
 
 // releaseSpans gives the session's arena bytes back: at once when the
 // receiver confirmed the end, else after the quarantine.
