@@ -3,7 +3,6 @@ package cuda
 import (
 	"fmt"
 	"math"
-	"path/filepath"
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
@@ -216,13 +215,7 @@ func TestFakeGraphDisabled(t *testing.T) {
 // TestFakeGraphNoEntryPoints: a driver without the graph entry points
 // runs every step directly.
 func TestFakeGraphNoEntryPoints(t *testing.T) {
-	l := fakeLibs(t)
-	l.driver = []string{filepath.Join(filepath.Dir(l.driver[0]), "noprimary", "libcuda.so.1")}
-	b, err := open(l, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := bareBackend(t)
 	if rows := b.GraphRows(1, 2); rows != 0 {
 		t.Fatalf("a driver without graphs offers a bucket of %d rows", rows)
 	}

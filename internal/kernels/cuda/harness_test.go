@@ -83,6 +83,26 @@ func fakeBackend(t testing.TB) *Backend {
 	return b
 }
 
+// bareLibs is fakeLibs with the driver that lacks the optional entry
+// points: the primary-context calls, CUDA IPC and CUDA graphs.
+func bareLibs(t testing.TB) libs {
+	t.Helper()
+	l := fakeLibs(t)
+	l.driver = []string{filepath.Join(filepath.Dir(l.driver[0]), "noprimary", "libcuda.so.1")}
+	return l
+}
+
+// bareBackend is a backend on bareLibs' driver, closed with the test.
+func bareBackend(t testing.TB) *Backend {
+	t.Helper()
+	b, err := open(bareLibs(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
 // gpuBackend is the real GPU 0, or a skip (a failure when
 // BATON_REQUIRE_GPU=1, as test/gpu/run.sh sets).
 func gpuBackend(t testing.TB) *Backend {

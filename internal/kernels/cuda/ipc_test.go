@@ -577,13 +577,7 @@ func TestFakeIPCBackendClose(t *testing.T) {
 // TestFakeIPCMissing: on a driver without CUDA IPC, pools still work and
 // exporting or mapping an arena says what is missing.
 func TestFakeIPCMissing(t *testing.T) {
-	l := fakeLibs(t)
-	l.driver = []string{filepath.Join(filepath.Dir(l.driver[0]), "noprimary", "libcuda.so.1")}
-	b, err := open(l, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := bareBackend(t)
 	kp := ipcPool(t, b, kernels.F32)
 	if _, err := kp.NewArena(64); err == nil || !strings.Contains(err.Error(), "no CUDA IPC") {
 		t.Fatalf("NewArena without CUDA IPC: %v", err)

@@ -155,16 +155,11 @@ func TestFakeContexts(t *testing.T) {
 		t.Fatal("not on the primary context")
 	}
 	b.Close()
-	l.driver = []string{filepath.Join(filepath.Dir(l.driver[0]), "noprimary", "libcuda.so.1")}
-	b, err = open(l, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b = bareBackend(t)
 	if b.primaryCtx {
 		t.Fatal("primary context from a driver without one")
 	}
-	if s, err := probe(l); err != nil || !strings.HasSuffix(s, "; graphs no, ipc no") {
+	if s, err := probe(bareLibs(t)); err != nil || !strings.HasSuffix(s, "; graphs no, ipc no") {
 		t.Fatalf("probe of a driver without graphs or IPC: %q, %v", s, err)
 	}
 	out := make([]float32, 2)
