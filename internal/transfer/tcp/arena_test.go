@@ -3,9 +3,11 @@ package tcp
 import (
 	"bufio"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -143,4 +145,64 @@ func stagedSession(t *testing.T, addr string, key transfer.Key) (header, []byte)
 		t.Fatal(err)
 	}
 	return h, text
+}
+
+// countingMemory stands in for a mapped arena (GPU memory is absent
+// here): it counts the copies asked of it.
+type countingMemory struct{ copies atomic.Int32 }
+
+func (*countingMemory) Size() int { return 1 << 20 }
+func (m *countingMemory) CopyPage(int32, int, int) error {
+	m.copies.Add(1)
+	return nil
+}
+func (*countingMemory) Close() error { return nil }
+
+// A staged page lands only in the pool that mapped its arena: handed
+// another pool (or host memory) it copies nothing and says why.
+func TestStagedPageLandsOnlyInItsPool(t *testing.T) {
+	mem := &countingMemory{}
+	p := peerPage{into: &countingImporter{}, mem: mem, landed: new(int)}
+	kv := kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8, Data: make([]float32, 64)}
+	if _, err := p.Land(kv, 0, 1); err == nil || mem.copies.Load() != 0 {
+		t.Fatalf("a staged page landed in host memory (err %v, %d copies)", err, mem.copies.Load())
+	}
+}
+
+// mappingImporter maps every handle to one countingMemory.
+type mappingImporter struct{ mem countingMemory }
+
+func (m *mappingImporter) OpenPeer([]byte) (kernels.PeerMemory, error) { return &m.mem, nil }
+
+// A session names one arena: a second ARENA frame is a protocol error that
+// ends the connection, and the session's later pages copy nothing.
+func TestSecondArenaEndsTheSession(t *testing.T) {
+	imp := &mappingImporter{}
+	sink := &recSink{}
+	r, err := Listen("127.0.0.1:0", sink, WithPeerImporter(imp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	conn, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, _, err := (transfer.Plain{}).Open(conn, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	key := transfer.Key{Room: 1, Epoch: 2, Cap: transfer.NewCapability()}
+	arena := frame(frameArena, 64, 0, 0, 0, make([]byte, 64))
+	if _, err := conn.Write(join(frame(frameHello, capSize, key.Room, key.Epoch, 0, key.Cap[:]), arena, arena,
+		frame(frameRef, refSize, 0, 3, 1, make([]byte, refSize)))); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, conn); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the receiver did not end the connection: %v", err)
+	}
+	if writes, _ := sink.counts(key); writes != 0 || imp.mem.copies.Load() != 0 {
+		t.Fatalf("%d writes, %d copies after a second ARENA", writes, imp.mem.copies.Load())
+	}
 }
