@@ -31,21 +31,28 @@ func copyGBs(be *Backend, bytes, iters int) float64 {
 	return 2 * float64(bytes) * float64(iters) / sec / 1e9
 }
 
+// filledPool is kv with a pool of pages pages on be, every element 1e-3
+// (the benchmarks' KV; the caller closes it).
+func filledPool(be *Backend, kv kernels.PagedKV, pages int) kernels.PagedKV {
+	dk, err := be.AllocKV(kv, pages)
+	if err != nil {
+		panic(err)
+	}
+	if err := dk.Fill(nil, 1e-3); err != nil {
+		panic(err)
+	}
+	kv.Device = dk
+	return kv
+}
+
 // attnDecodeGBs runs decode attention (QLen 1) for seqs sequences of kvlen
 // positions over a pool of dtype dt, iters times, and returns GB/s of K and
 // V read.
 func attnDecodeGBs(be *Backend, dt kernels.DType, seqs, kvlen, heads, kvHeads, hd, ps, iters int) (float64, int) {
 	kv := kernels.PagedKV{PageSize: ps, Layers: 1, KVHeads: kvHeads, HeadDim: hd, DType: dt}
 	per := (kvlen + ps - 1) / ps
-	dk, err := be.AllocKV(kv, seqs*per)
-	if err != nil {
-		panic(err)
-	}
-	defer dk.Close()
-	if err := dk.Fill(nil, 1e-3); err != nil {
-		panic(err)
-	}
-	kv.Device = dk
+	kv = filledPool(be, kv, seqs*per)
+	defer kv.Device.Close()
 	ss := make([]kernels.AttnSeq, seqs)
 	for s := range ss {
 		pages := make([]int32, per)
@@ -256,15 +263,8 @@ func causalAttnFLOPs(plen, heads, hd int) float64 {
 func attnPrefillTFLOPs(be *Backend, dt kernels.DType, plen, heads, kvHeads, hd, ps, iters int) (float64, int) {
 	kv := kernels.PagedKV{PageSize: ps, Layers: 1, KVHeads: kvHeads, HeadDim: hd, DType: dt}
 	per := (plen + ps - 1) / ps
-	dk, err := be.AllocKV(kv, per)
-	if err != nil {
-		panic(err)
-	}
-	defer dk.Close()
-	if err := dk.Fill(nil, 1e-3); err != nil {
-		panic(err)
-	}
-	kv.Device = dk
+	kv = filledPool(be, kv, per)
+	defer kv.Device.Close()
 	pages := make([]int32, per)
 	for j := range pages {
 		pages[j] = int32(j)
