@@ -88,6 +88,11 @@ type stepRec struct {
 	// frees are scratch buffers the step outgrew: its earlier calls, not
 	// queued yet, still use them.
 	frees []dptr
+	// args holds every launch's arguments (ops' args are slices of it),
+	// so that recording a step allocates nothing once the buffers have
+	// grown: a step's record is reused for the next unless a capture kept
+	// it (graphState.spare).
+	args []uint64
 }
 
 type graphKey struct {
@@ -110,6 +115,7 @@ type graphState struct {
 	maxBS  int // 0: graphs off
 	log    *slog.Logger
 	rec    *stepRec
+	spare  *stepRec // the last step's record, for the next (recycle)
 	graphs map[graphKey]*stepGraph
 	// captures counts captures per bucket; off says why a bucket runs
 	// direct from now on.
@@ -195,7 +201,20 @@ func (b *Backend) BeginGraphStep(owner uint64, rows int) {
 	// A table copied once and skipped by later layers must be copied in
 	// every program alike, whatever the step before left.
 	b.sent = [numScratch][]byte{}
-	b.g.rec = &stepRec{key: graphKey{owner, rows}}
+	rec := b.g.spare
+	b.g.spare = nil
+	if rec == nil {
+		rec = &stepRec{}
+	}
+	*rec = stepRec{key: graphKey{owner, rows}, ops: rec.ops[:0], host: rec.host[:0], args: rec.args[:0]}
+	b.g.rec = rec
+}
+
+// recycle keeps rec, whose calls have all been queued and whose ops no
+// graph holds, for the next step's record.
+func (b *Backend) recycle(rec *stepRec) {
+	clear(rec.ops) // the closures and argument slices of this step
+	b.g.spare = rec
 }
 
 // EndGraphStep runs the step recorded since BeginGraphStep: as its
@@ -211,7 +230,13 @@ func (b *Backend) EndGraphStep() (fresh bool) {
 		b.g.direct++
 		return false
 	}
-	defer b.freeOutgrown(rec)
+	kept := false // a captured graph holds rec's ops
+	defer func() {
+		b.freeOutgrown(rec)
+		if !kept {
+			b.recycle(rec)
+		}
+	}()
 	key := rec.key
 	if g := b.g.graphs[key]; g != nil {
 		if g.matches(rec) {
@@ -241,7 +266,7 @@ func (b *Backend) EndGraphStep() (fresh bool) {
 		b.g.direct++
 		return false
 	}
-	b.g.graphs[key] = g
+	b.g.graphs[key], kept = g, true
 	b.replay(g, rec)
 	return true
 }
@@ -298,7 +323,9 @@ func (g *stepGraph) matches(rec *stepRec) bool {
 
 // record notes a call of the step being recorded.
 func (r *stepRec) launch(k, gx, gy, bx, smem int, args []uint64) {
-	r.ops = append(r.ops, stepOp{kind: opLaunch, k: k, gx: gx, gy: gy, bx: bx, smem: smem, args: slices.Clone(args)})
+	at := len(r.args)
+	r.args = append(r.args, args...)
+	r.ops = append(r.ops, stepOp{kind: opLaunch, k: k, gx: gx, gy: gy, bx: bx, smem: smem, args: r.args[at:len(r.args):len(r.args)]})
 }
 
 // copyTo records a copy of bytes bytes to dst from src, of which have
@@ -307,8 +334,9 @@ func (r *stepRec) copyTo(dst dptr, src unsafe.Pointer, have, bytes int) {
 	if bytes > stageMax {
 		r.why = fmt.Sprintf("a copy of %d bytes", bytes)
 	}
-	off := roundUp(len(r.host), 16)
-	r.host = append(r.host, make([]byte, off+bytes-len(r.host))...)
+	old, off := len(r.host), roundUp(len(r.host), 16)
+	r.host = slices.Grow(r.host, off+bytes-old)[:off+bytes]
+	clear(r.host[old:])
 	copy(r.host[off:], unsafe.Slice((*byte)(src), have))
 	r.ops = append(r.ops, stepOp{kind: opCopy, dst: dst, off: off, bytes: bytes})
 }
@@ -331,6 +359,7 @@ func (b *Backend) flush() {
 		b.g.rec = nil
 		b.issue(rec)
 		b.freeOutgrown(rec)
+		b.recycle(rec)
 	}
 }
 
