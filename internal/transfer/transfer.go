@@ -192,14 +192,14 @@ func HostSums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error)
 }
 
 // DeviceSums takes kernels.PageSum of the pages where they are, on a pool
-// that can (kernels.PageSummer), else over the pages read back: cuda-ipc's
-// sums.
+// that can (kernels.PageSummer: a GPU's): cuda-ipc's sums. A cuda-ipc
+// worker starts only with such a pool.
 func DeviceSums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error) {
-	if s, ok := kv.Device.(kernels.PageSummer); ok {
-		return s.SumPages(pages, tokens)
+	s, ok := kv.Device.(kernels.PageSummer)
+	if !ok {
+		return nil, errors.New("transfer: this pool cannot sum pages where they are")
 	}
-	st, err := ReadStaged(kv, pages, tokens, kernels.PageSum)
-	return st.Sums, err
+	return s.SumPages(pages, tokens)
 }
 
 // Sink is the decode side's gate for incoming sessions and writes.
