@@ -146,8 +146,7 @@ func (a *arena) Stage(pages []int32, tokens []int, offs []int) ([]uint64, error)
 	}
 	for i, p := range pages {
 		if size := l.PackedBytes(tokens[i]); size > 0 {
-			if err := kp.launch(kPagePack, blocks(size/2, elemThreads), elemThreads, a.ptr+uint64(offs[i]), kp.ptr, argI(int(p)),
-				argI(tokens[i]), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2)); err != nil {
+			if err := kp.pack(a.ptr+uint64(offs[i]), p, tokens[i]); err != nil {
 				return nil, err
 			}
 		}
@@ -248,8 +247,7 @@ func (pm *peerMemory) CopyPage(page int32, tokens int, off int) error {
 	if size == 0 {
 		return nil
 	}
-	if err := kp.launch(kPageUnpack, blocks(size/2, elemThreads), elemThreads, kp.ptr, pm.ptr+uint64(off), argI(int(page)),
-		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2)); err != nil {
+	if err := kp.unpack(page, tokens, pm.ptr+uint64(off)); err != nil {
 		return err
 	}
 	// The drain proof: nothing of this copy is in flight once it returns.

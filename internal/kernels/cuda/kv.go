@@ -200,6 +200,21 @@ func (kp *KVPool) launch(k, gx, bx int, args ...uint64) error {
 		C.uint(bx), 0, C.uintptr_t(kp.stream), (*C.uint64_t)(unsafe.Pointer(&kp.args[0])), C.int(len(args))))
 }
 
+// pack queues bk_page_pack: the first tokens slots of page, packed, to
+// dst (device memory of PackedBytes(tokens)) on the pool's stream.
+func (kp *KVPool) pack(dst dptr, page int32, tokens int) error {
+	l := kp.layout
+	return kp.launch(kPagePack, blocks(l.PackedBytes(tokens)/2, elemThreads), elemThreads, dst, kp.ptr, argI(int(page)),
+		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2))
+}
+
+// unpack queues bk_page_unpack, pack's inverse, from src.
+func (kp *KVPool) unpack(page int32, tokens int, src dptr) error {
+	l := kp.layout
+	return kp.launch(kPageUnpack, blocks(l.PackedBytes(tokens)/2, elemThreads), elemThreads, kp.ptr, src, argI(int(page)),
+		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2))
+}
+
 func (kp *KVPool) sync() error {
 	d := kp.b.drv
 	return d.check("cuStreamSynchronize", C.bk_stream_sync(d.c, C.uintptr_t(kp.stream)))
@@ -223,9 +238,8 @@ func (kp *KVPool) ReadPage(page int32, tokens int, dst []byte) ([]byte, error) {
 		return dst, err
 	}
 	defer kp.leave()
-	l, d := kp.layout, kp.b.drv
-	if err := kp.launch(kPagePack, blocks(size/2, elemThreads), elemThreads, kp.stage, kp.ptr, argI(int(page)),
-		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2)); err != nil {
+	d := kp.b.drv
+	if err := kp.pack(kp.stage, page, tokens); err != nil {
 		return dst, err
 	}
 	if err := d.check("cuMemcpyDtoHAsync", C.bk_dtoh(d.c, kp.host, C.bk_dptr(kp.stage), C.size_t(size), C.uintptr_t(kp.stream))); err != nil {
@@ -271,8 +285,7 @@ func (kp *KVPool) ReadPages(pages []int32, tokens []int) ([][]byte, error) {
 	for i, p := range pages {
 		size := l.PackedBytes(tokens[i])
 		if size > 0 {
-			if err := kp.launch(kPagePack, blocks(size/2, elemThreads), elemThreads, kp.many+uint64(at), kp.ptr, argI(int(p)),
-				argI(tokens[i]), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2)); err != nil {
+			if err := kp.pack(kp.many+uint64(at), p, tokens[i]); err != nil {
 				return nil, err
 			}
 		}
@@ -340,13 +353,12 @@ func (kp *KVPool) WritePage(page int32, tokens int, src []byte) error {
 		return err
 	}
 	defer kp.leave()
-	l, d := kp.layout, kp.b.drv
+	d := kp.b.drv
 	copy(unsafe.Slice((*byte)(kp.host), size), src)
 	if err := d.check("cuMemcpyHtoDAsync", C.bk_htod(d.c, C.bk_dptr(kp.stage), kp.host, C.size_t(size), C.uintptr_t(kp.stream))); err != nil {
 		return err
 	}
-	if err := kp.launch(kPageUnpack, blocks(size/2, elemThreads), elemThreads, kp.ptr, kp.stage, argI(int(page)),
-		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2)); err != nil {
+	if err := kp.unpack(page, tokens, kp.stage); err != nil {
 		return err
 	}
 	return kp.sync()
