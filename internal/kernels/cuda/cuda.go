@@ -49,6 +49,20 @@
 // is off by about 2^-10 of its size, x and w each rounded once).
 // Without a loadable cuBLAS every product uses the own kernels.
 //
+// Where a GemmEx product's input comes from: the kernel that writes it
+// (RMSNorm alone or after the residual add, SwiGLU, and the tensor-core
+// prompt attention) writes its half copy too, in the same pass, so no
+// cast kernel runs before a product (halfShadow). What stays float32 and
+// why: the residual stream (a sum over every layer, where f16's 11 bits
+// would drift), the norms' sums and scale (float64, as ref), RoPE's
+// rotation, attention's q and softmax (rounded to half only inside the
+// tensor-core tiles), the products' accumulation and outputs, and the
+// logits. Each value is rounded at most once before its product, as the
+// cast it replaces did, so the results are bit for bit the same
+// (TestFakeHalfShadow) and the parity tolerances are unchanged. Inputs
+// of gemv products (up to 8 rows) stay float32: those kernels read them
+// once and the weights dominate.
+//
 // A mixture of experts' FFN runs whole on the device (Experts, moe.go):
 // the model routes on the host from the router's logits and hands over
 // the choice; the rows are gathered by expert, each product runs over all
@@ -321,6 +335,7 @@ type Backend struct {
 	forceSplits  int  // attention: cut every item into this many parts (0: choose)
 	noAttnMMA    bool // attention: prompt chunks too use attention.cuh, not the tensor cores
 	exactScratch bool // scratch buffers of exactly the size asked (the fake driver's guard pages then catch overruns)
+	noHalfShadow bool // products round their inputs with a cast kernel each, as before halfShadow
 
 	moe    moePlan    // Experts' host tables, reused between calls
 	sample samplePlan // SampleRows' host tables, likewise
@@ -333,6 +348,10 @@ type Backend struct {
 		elems int
 		conv  int
 	}
+	// lastConv is the rounding (kToF16, kToBF16) of the last GemmEx
+	// product's input, 0 before any: halfShadow's guess at the next;
+	// lastRows is the last product's rows, SwiGLU's guess at the next's.
+	lastConv, lastRows int
 	// Counts the tests read: Experts calls, and bytes copied to the device.
 	expertCalls, h2dBytes, h2dCopies, stagedCopies int
 	launches                                       [numKernels]int
@@ -870,6 +889,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 // matmul: out[n, rows] = x[n, cols] · wᵀ on the device.
 func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 	rows, cols := w.rows, w.cols
+	b.lastRows = n
 	// A cuBLAS product writes out without a launch: a rounded input it
 	// overwrites is forgotten.
 	if h := b.halfOf; h.x != 0 && out < h.x+uint64(4*h.elems) && h.x < out+uint64(4*n*rows) {
@@ -922,11 +942,44 @@ func (b *Backend) matmul(out, x dptr, n int, w *devMatrix) {
 // once.
 func (b *Backend) halfX(x dptr, elems, conv int) dptr {
 	xh := b.buf(sHalf, 2*elems)
+	b.lastConv = conv
 	if h := b.halfOf; h.x != x || h.elems != elems || h.conv != conv {
 		b.launch(conv, blocks(elems, elemThreads), 1, elemThreads, 0, xh, x, argI(elems))
 		b.halfOf.x, b.halfOf.elems, b.halfOf.conv = x, elems, conv
 	}
 	return xh
+}
+
+// halfShadow is where a norm or SwiGLU of rows rows (elems outputs) also
+// writes its output rounded for the product after it, and how
+// (bk_half_out's kind), or (0, 0): only when that product will be a
+// GemmEx one (more rows than the gemv kernels take), and in the half type
+// the last GemmEx product rounded its input to — a model's products round
+// to one type, so after its first the guess holds, and halfX rounds anew
+// when it does not. The shadow saves the cast kernel before each product
+// of a prompt chunk, and the read of the float32 output it makes.
+func (b *Backend) halfShadow(rows, elems int) (dptr, int) {
+	if b.blas == nil || b.exactGEMM || b.noHalfShadow || rows <= b.gemvMax || b.lastConv == 0 {
+		return 0, 0
+	}
+	kind := 1
+	if b.lastConv == kToBF16 {
+		kind = 2
+	}
+	return b.buf(sHalf, 2*elems), kind
+}
+
+// shadowed notes, after the launch that wrote it, that sHalf holds out
+// rounded (halfShadow's kind), for halfX to use.
+func (b *Backend) shadowed(out dptr, elems, kind int) {
+	if kind == 0 {
+		return
+	}
+	conv := kToF16
+	if kind == 2 {
+		conv = kToBF16
+	}
+	b.halfOf.x, b.halfOf.elems, b.halfOf.conv = out, elems, conv
 }
 
 // gemmEx: C[n][ldc] (row-major, first m columns) = x[n][k] · A[m][k]ᵀ,
@@ -988,7 +1041,9 @@ func (b *Backend) RMSNorm(out, x, weight []float32, n int, eps float32) {
 	dx := b.in(sX, x[:n*d])
 	dw := b.in(sVec, weight)
 	do, done := b.out(sOut, out, n*d)
-	b.launch(kRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dw, argI(n), argI(d), argF(eps))
+	half, kind := b.halfShadow(n, n*d)
+	b.launch(kRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dw, argI(n), argI(d), argF(eps), half, argI(kind))
+	b.shadowed(do, n*d, kind)
 	done()
 }
 
@@ -1007,7 +1062,10 @@ func (b *Backend) AddRMSNorm(out, x, delta, weight []float32, n int, eps float32
 	dd := b.in(sX2, delta[:n*d])
 	dw := b.in(sVec, weight)
 	do, done := b.out(sOut, out, n*d)
-	b.launch(kAddRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dd, dw, argI(n), argI(d), argF(eps))
+	half, kind := b.halfShadow(n, n*d)
+	b.launch(kAddRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dd, dw, argI(n), argI(d), argF(eps), half,
+		argI(kind))
+	b.shadowed(do, n*d, kind)
 	xDone()
 	done()
 }
@@ -1083,7 +1141,9 @@ func (b *Backend) SwiGLU(out, gate, up []float32) {
 	dg := b.in(sX, gate)
 	du := b.in(sX2, up[:n])
 	do, done := b.out(sOut, out, n)
-	b.launch(kSwiGLU, blocks(n, elemThreads), 1, elemThreads, 0, do, dg, du, argI(n))
+	half, kind := b.halfShadow(b.lastRows, n) // the rows of up, the product before
+	b.launch(kSwiGLU, blocks(n, elemThreads), 1, elemThreads, 0, do, dg, du, argI(n), half, argI(kind))
+	b.shadowed(do, n, kind)
 	done()
 }
 
@@ -1288,7 +1348,11 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 	a := b.attnUpload(kv, &pl, heads, scale)
 	if pl.contiguous {
 		do, done := b.out(sOut, out, pl.rows*rowSize)
+		if a.nitems == 0 { // only the tensor-core kernel writes out
+			a.half, a.halfKind = b.halfShadow(pl.rows, pl.rows*rowSize)
+		}
 		b.attnLaunch(a, dq, do)
+		b.shadowed(do, pl.rows*rowSize, a.halfKind)
 		done()
 		return
 	}
@@ -1320,6 +1384,8 @@ type attnCall struct {
 	mmaKernel            int // by KV dtype and head dim
 	lanes                int // lanes that read one K or V row
 	vec16                bool
+	half                 dptr // the tensor-core kernel's rounded copy of out (halfShadow)
+	halfKind             int
 }
 
 // attnUpload uploads a plan's tables.
@@ -1414,7 +1480,8 @@ func (b *Backend) attnLaunch(a attnCall, q, out dptr) {
 	}
 	if a.ntiles > 0 {
 		b.launch(a.mmaKernel, a.ntiles, a.heads, mmaThreads, mmaSmem(a.hd), out, q, a.kv, a.pages, a.seqs, a.tiles,
-			argI(a.heads), argI(a.group), argI(a.ps), argI(a.pe), argI(a.rf), argI(a.layer), argF(a.scale))
+			argI(a.heads), argI(a.group), argI(a.ps), argI(a.pe), argI(a.rf), argI(a.layer), argF(a.scale), a.half,
+			argI(a.halfKind))
 	}
 }
 

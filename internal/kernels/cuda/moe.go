@@ -106,7 +106,7 @@ func (b *Backend) Experts(out, x []float32, n int, experts []kernels.Expert, pic
 	b.launch(kMoEGather, blocks(ns*d, elemThreads), 1, elemThreads, 0, gx, dx, rows, argI(ns), argI(d))
 	b.moeProduct(experts, p, seg, moeGate, gate, gx, ff, d)
 	b.moeProduct(experts, p, seg, moeUp, up, gx, ff, d)
-	b.launch(kSwiGLU, blocks(ns*ff, elemThreads), 1, elemThreads, 0, gate, gate, up, argI(ns*ff))
+	b.launch(kSwiGLU, blocks(ns*ff, elemThreads), 1, elemThreads, 0, gate, gate, up, argI(ns*ff), 0, 0)
 	b.moeProduct(experts, p, seg, moeDown, y, gate, d, ff)
 	do, done := b.out(sOut, out, n*d)
 	b.launch(kMoEScatter, blocks(n*d, elemThreads), 1, elemThreads, 0, do, y, slots, ws, argI(n), argI(k), argI(d))

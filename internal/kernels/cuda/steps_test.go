@@ -2,7 +2,9 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -78,11 +80,89 @@ func TestFakeDecodeStepCopies(t *testing.T) {
 			t.Errorf("%s launched %d times in a 3-layer decode step, want %d", kernelNames[k], launches[k], want)
 		}
 	}
-	// A 9-row prefill chunk's products of f16 weights round their input to f16
-	// once per input: Q, K and V share one, gate and up another, O and
-	// Down one each.
-	if got := prefill[kToF16]; got != 4*3 {
-		t.Errorf("a 3-layer prefill chunk rounded inputs to f16 %d times, want %d", got, 4*3)
+	// A 9-row prefill chunk's products of f16 weights find their inputs
+	// rounded by the kernels that wrote them (halfShadow) but O's: at head
+	// dim 16 attention is not the tensor-core kernel, which alone writes a
+	// rounded copy (TestFakeHalfShadow).
+	if got := prefill[kToF16]; got != 3 {
+		t.Errorf("a 3-layer prefill chunk rounded inputs to f16 %d times, want %d", got, 3)
+	}
+}
+
+// halfShadowRun runs a prefill of two 17-row chunks (enough rows for the tensor-core attention) and a decode step of a
+// 2-layer dummy model (weights of dt, a bf16 pool, head dim hd) on b and
+// returns the logits of each step and the cast launches (kToF16 and
+// kToBF16) of the second chunk.
+func halfShadowRun(t *testing.T, b *Backend, dt kernels.DType, hd int) ([][]float32, int) {
+	t.Helper()
+	c := model.Config{Arch: "llama", Vocab: 256, Dim: 4 * hd, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: hd, FF: 320,
+		ContextLength: 64, NormEps: 1e-6, RoPE: kernels.RoPE{Dim: hd, Theta: 10000}}
+	w, err := model.DummyWeights(&c, dt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := model.New(c, w, b)
+	defer m.Close()
+	kvh := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kernels.BF16}
+	kvh.Data = make([]float32, 12*kvh.PageFloats())
+	kv := toDevice(t, b, kvh)
+	pages := []int32{3, 1, 6, 0, 7, 2, 9, 11, 4, 10}
+	var logits [][]float32
+	casts, start := 0, 0
+	for step, n := range []int{17, 17, 1} {
+		before := b.launches
+		out, err := m.Forward(seqStep(start, n, c.Vocab, 53, 7, pages), kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		logits = append(logits, slices.Clone(out))
+		if step == 1 {
+			casts = b.launches[kToF16] - before[kToF16] + b.launches[kToBF16] - before[kToBF16]
+		}
+		start += n
+	}
+	return logits, casts
+}
+
+// TestFakeHalfShadow: the kernels that write a product's input (the
+// norms, SwiGLU, the tensor-core prompt attention) also write it rounded
+// for a GemmEx product, so a prompt chunk launches no cast kernel, and
+// the logits are bit for bit those of casting each input on its own:
+// both round the same float32 values the same way.
+func TestFakeHalfShadow(t *testing.T) {
+	for _, tc := range []struct {
+		dt    kernels.DType
+		hd    int
+		casts int // of the second chunk, with the shadows
+	}{
+		{kernels.F16, 16, 2},  // attention.cuh at head dim 16: O's input is cast
+		{kernels.F16, 64, 0},  // the tensor-core kernel writes O's input rounded too
+		{kernels.BF16, 64, 0}, // likewise in bf16
+		{kernels.Q8_0, 64, 0}, // block formats multiply in f16 (dequantised rows)
+	} {
+		t.Run(fmt.Sprintf("%s/hd%d", tc.dt, tc.hd), func(t *testing.T) {
+			// Scratch buffers grow and stay, as they do outside the
+			// tests: one of exactly the size asked would move at each
+			// product of another size, and a move forgets any rounded input.
+			plain, shadows := fakeBackend(t), fakeBackend(t)
+			plain.exactScratch, shadows.exactScratch = false, false
+			plain.noHalfShadow = true
+			want, cast := halfShadowRun(t, plain, tc.dt, tc.hd)
+			got, shadowed := halfShadowRun(t, shadows, tc.dt, tc.hd)
+			if cast != 4*2 {
+				t.Errorf("without shadows the chunk cast %d inputs, want %d", cast, 4*2)
+			}
+			if shadowed != tc.casts {
+				t.Errorf("with shadows the chunk cast %d inputs, want %d", shadowed, tc.casts)
+			}
+			for s := range want {
+				for i := range want[s] {
+					if math.Float32bits(got[s][i]) != math.Float32bits(want[s][i]) {
+						t.Fatalf("step %d logit %d: %v with shadows, %v without", s, i, got[s][i], want[s][i])
+					}
+				}
+			}
+		})
 	}
 }
 

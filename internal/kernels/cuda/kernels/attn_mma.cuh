@@ -100,12 +100,14 @@ __device__ __forceinline__ float bk_half2f(uint16_t h) {
 // Launch: grid (tiles, heads), block BK_MMA_THREADS, dynamic shared memory
 // 2 * (POS * (HD + BK_MMA_PAD) + HD * (POS + BK_MMA_PAD))
 // bytes. tiles holds (sequence, first row) per tile; seqs and pages are
-// attention.cuh's tables; q and out are [nrows][heads][HD]; group is
-// heads per KV head.
+// attention.cuh's tables; q and out are [nrows][heads][HD], half out's
+// rounded copy by half_kind (bk_half_out, for the output projection);
+// group is heads per KV head.
 template <int KT, int HD, int POS>
 __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv, const int32_t* pages,
                                  const int64_t* seqs, const int32_t* tiles, int64_t heads, int64_t group, int64_t ps,
-                                 int64_t pe, int64_t rf, int64_t layer, float scale) {
+                                 int64_t pe, int64_t rf, int64_t layer, float scale, uint16_t* half,
+                                 int64_t half_kind) {
   const int KS = HD + BK_MMA_PAD;          // K row stride in shared memory (halves)
   const int VS = POS + BK_MMA_PAD;  // transposed V row stride
   const int NK = HD / 16;                  // k16 steps of Q·Kᵀ
@@ -288,8 +290,16 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
 #pragma unroll
     for (int c = 0; c < 2; c++) {
       const int d = 8 * j + 2 * t + c;
-      if (ra < qlen) out[((rowStart + ra) * heads + h) * HD + d] = o[j][c] / l0;
-      if (rb < qlen) out[((rowStart + rb) * heads + h) * HD + d] = o[j][2 + c] / l1;
+      const int64_t ia = ((rowStart + ra) * heads + h) * HD + d, ib = ((rowStart + rb) * heads + h) * HD + d;
+      const float va = o[j][c] / l0, vb = o[j][2 + c] / l1;
+      if (ra < qlen) {
+        out[ia] = va;
+        bk_half_out(half, half_kind, ia, va);
+      }
+      if (rb < qlen) {
+        out[ib] = vb;
+        bk_half_out(half, half_kind, ib, vb);
+      }
     }
   }
 }
@@ -300,8 +310,9 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
   extern "C" __global__ void __launch_bounds__(BK_MMA_THREADS)                                                      \
       name(float* out, const float* q, const uint16_t* kv, const int32_t* pages, const int64_t* seqs,               \
            const int32_t* tiles, int64_t heads, int64_t group, int64_t ps, int64_t pe, int64_t rf, int64_t layer,   \
-           float scale) {                                                                                           \
-    bk_attn_mma_body<KT, HD, POS>(out, q, kv, pages, seqs, tiles, heads, group, ps, pe, rf, layer, scale);          \
+           float scale, uint16_t* half, int64_t half_kind) {                                                       \
+    bk_attn_mma_body<KT, HD, POS>(out, q, kv, pages, seqs, tiles, heads, group, ps, pe, rf, layer, scale, half,     \
+                                  half_kind);                                                                       \
   }
 
 BK_ATTN_MMA_KERNEL(bk_attn_mma_f16_hd64, BK_F16, 64, BK_MMA_POS)

@@ -111,6 +111,19 @@ __device__ __forceinline__ uint16_t bk_f2bf(float f) {
 #endif
 }
 
+// bk_half_out is the rounded copy a kernel (a norm, SwiGLU, prompt
+// attention) also writes of its float32 output when the product after it
+// multiplies in a half type (half_kind 1: f16, 2: bf16, 0: none): the same
+// rounding as bk_f32_to_f16/bf16, without a launch and a read of the
+// output for it.
+__device__ __forceinline__ void bk_half_out(uint16_t* half, int64_t kind, int64_t i, float v) {
+  if (kind == 1) {
+    half[i] = bk_f2h(v);
+  } else if (kind == 2) {
+    half[i] = bk_f2bf(v);
+  }
+}
+
 // Warp collectives: every lane of the warp must call them.
 __device__ __forceinline__ float bk_warp_sum(float v) {
 #pragma unroll

@@ -12,7 +12,10 @@
 // delta is not null it first adds it into x (x += delta, stored), so a
 // residual add and the next norm read the row once: the model's
 // Add then RMSNorm, fused, with the same float32 sum and float64 scale.
-__device__ __forceinline__ void bk_rms_row(float* orow, float* xr, const float* dr, const float* w, int64_t d, float eps) {
+// The normalised row stays float32 (the reference's), and hrow gets its
+// rounded copy (bk_half_out).
+__device__ __forceinline__ void bk_rms_row(float* orow, float* xr, const float* dr, const float* w, int64_t d, float eps,
+                                           uint16_t* hrow, int64_t hkind) {
   __shared__ double red[32];
   double ss = 0;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
@@ -36,25 +39,30 @@ __device__ __forceinline__ void bk_rms_row(float* orow, float* xr, const float* 
   __syncthreads();
   const double scale = 1.0 / sqrt(red[0] / (double)d + (double)eps);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    orow[j] = (float)((double)xr[j] * scale) * w[j];
+    const float o = (float)((double)xr[j] * scale) * w[j];
+    orow[j] = o;
+    bk_half_out(hrow, hkind, j, o);
   }
 }
 
-// bk_rmsnorm: out[i, :] = x[i, :] / rms(x[i, :]) * w for n rows of d.
+// bk_rmsnorm: out[i, :] = x[i, :] / rms(x[i, :]) * w for n rows of d, and
+// half[i, :] its rounded copy by half_kind (bk_half_out).
 // Launch: grid n, block a multiple of 32 (<= 1024).
-extern "C" __global__ void bk_rmsnorm(float* out, const float* x, const float* w, int64_t n, int64_t d, float eps) {
+extern "C" __global__ void bk_rmsnorm(float* out, const float* x, const float* w, int64_t n, int64_t d, float eps,
+                                      uint16_t* half, int64_t half_kind) {
   const int64_t row = blockIdx.x;
   if (row >= n) return;  // uniform over the block
-  bk_rms_row(out + row * d, const_cast<float*>(x) + row * d, nullptr, w, d, eps);
+  bk_rms_row(out + row * d, const_cast<float*>(x) + row * d, nullptr, w, d, eps, half ? half + row * d : nullptr, half_kind);
 }
 
 // bk_add_rmsnorm: x[i, :] += delta[i, :], then out[i, :] = x[i, :] /
-// rms(x[i, :]) * w (kernels.AddRMSNorm). Launch as bk_rmsnorm.
+// rms(x[i, :]) * w (kernels.AddRMSNorm), half as bk_rmsnorm's. Launch as
+// bk_rmsnorm.
 extern "C" __global__ void bk_add_rmsnorm(float* out, float* x, const float* delta, const float* w, int64_t n, int64_t d,
-                                          float eps) {
+                                          float eps, uint16_t* half, int64_t half_kind) {
   const int64_t row = blockIdx.x;
   if (row >= n) return;
-  bk_rms_row(out + row * d, x + row * d, delta + row * d, w, d, eps);
+  bk_rms_row(out + row * d, x + row * d, delta + row * d, w, d, eps, half ? half + row * d : nullptr, half_kind);
 }
 
 // bk_rope_pair rotates pair i of one head's row v by the angle whose sine
@@ -85,11 +93,15 @@ extern "C" __global__ void bk_rope(float* x, const int32_t* pos, int64_t ntok, i
   }
 }
 
-// bk_swiglu: out[i] = silu(gate[i]) * up[i], the sigmoid in float64 as ref.
-extern "C" __global__ void bk_swiglu(float* out, const float* gate, const float* up, int64_t n) {
+// bk_swiglu: out[i] = silu(gate[i]) * up[i], the sigmoid in float64 as ref,
+// and half[i] its rounded copy by half_kind (bk_half_out).
+extern "C" __global__ void bk_swiglu(float* out, const float* gate, const float* up, int64_t n, uint16_t* half,
+                                     int64_t half_kind) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const double g = gate[i];
-    out[i] = (float)(g / (1.0 + exp(-g))) * up[i];
+    const float o = (float)(g / (1.0 + exp(-g))) * up[i];
+    out[i] = o;
+    bk_half_out(half, half_kind, i, o);
   }
 }
 
