@@ -55,7 +55,7 @@ var flagRoles = map[string][]string{
 	"disaggregation-transfer-backend": workerRoles, "transport": workerRoles,
 	"rdma-device": workerRoles, "disaggregation-ib-device": workerRoles,
 	"advertise-host": workerRoles, "grpc-port": workerRoles, "insecure-internal": workerRoles,
-	"transfer-port": {"decode"}, "handoff-timeout": {"decode"}, "drain-grace": {"decode"}, "cuda-ipc-arena": {"prefill"},
+	"transfer-port": {"decode"}, "handoff-timeout": {"decode"}, "drain-grace": {"decode"}, "cuda-ipc-arena": {"prefill"}, "ucx-kv-buffer": {"decode"},
 	"max-reservations-per-peer": {"decode"}, "max-pages-per-peer": {"decode"},
 
 	"internal-tls-cert": clusterRoles, "internal-tls-key": clusterRoles, "internal-tls-ca": clusterRoles,

@@ -114,6 +114,7 @@ type serveFlags struct {
 	transferPort   int
 	transport      string
 	ipcArena       string
+	ucxKVBuffer    string
 	handoffTimeout time.Duration
 	maxResPerPeer  int
 	maxPagesPeer   peerPages
@@ -253,6 +254,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.grpcPort, "grpc-port", 0, "prefill/decode: gRPC control-plane port (0: any free port)")
 	fs.IntVar(&f.transferPort, "transfer-port", 0, "decode: KV transport receiver port (0: any free port)")
 	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp, ucx, cuda-ipc)")
+	fs.StringVar(&f.ucxKVBuffer, "ucx-kv-buffer", "auto", "decode, --transport ucx with a GPU pool: where prefill's puts land (auto: in the pool itself when UCX can register GPU memory, else host; host: a landing zone in host memory, copied into the pool at Commit)")
 	fs.StringVar(&f.ipcArena, "cuda-ipc-arena", "auto", "prefill, --transport cuda-ipc: GPU memory staging the pages decode copies (auto: an eighth of the KV pool, 8 MiB to 1 GiB)")
 	fs.DurationVar(&f.drainGrace, "drain-grace", 10*time.Second, "decode: after SIGTERM or POST /drain, how long running requests may go on before the worker hands them back to the router, which continues each on another pair (0: at once)")
 	fs.DurationVar(&f.handoffTimeout, "handoff-timeout", 60*time.Second, "decode: abort a reservation whose commit has not come by then; a writer still holding its session that long after an abort is cut off")
@@ -356,6 +358,8 @@ func (f *serveFlags) validate() error {
 		return fmt.Errorf("unknown --transport %q (tcp, ucx, cuda-ipc)", f.transport)
 	case f.transport == "cuda-ipc" && f.device == "cpu":
 		return fmt.Errorf("--transport cuda-ipc moves pages between GPU pools: it needs --device cuda")
+	case f.ucxKVBuffer != "auto" && f.ucxKVBuffer != "host":
+		return fmt.Errorf("--ucx-kv-buffer %q: auto or host", f.ucxKVBuffer)
 	case f.ipcArena != "auto" && f.ipcArenaBytes(0) <= 0:
 		return fmt.Errorf("--cuda-ipc-arena %q: auto, or a size such as 256MiB", f.ipcArena)
 	case f.transport == "ucx" && !ucx.Enabled:
@@ -547,6 +551,9 @@ type loadedEngine struct {
 	// last, after the receiver and the engine stopped.
 	region  *ucx.Region
 	landing kernels.PagedKV
+	// ucxDevice registers a GPU pool with UCX in place (decode, ucx,
+	// ucxDeviceMemory): nil when the pages land in host memory.
+	ucxDevice ucx.Option
 	// transferPath is /server_info's kv_transfer_path.
 	transferPath string
 	// constraints compiles structured-output constraints for the engine.
@@ -656,11 +663,17 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		}
 		le.devKV, pc.Device, where = dev, dev, be.Name()
 	}
-	if f.role == "decode" && f.transport == "ucx" {
+	if f.role == "decode" && f.transport == "ucx" && pc.Device != nil && f.ucxKVBuffer == "auto" {
+		if opt, memory := ucxDeviceMemory(f, pc.Device); opt != nil {
+			le.ucxDevice = opt
+			where += ", registered with ucx as " + memory
+		}
+	}
+	if f.role == "decode" && f.transport == "ucx" && le.ucxDevice == nil {
 		// Memory UCX allocates is memory a local prefill writes with its own
 		// stores: one-sided for real (see internal/transfer/ucx). A pool in
-		// GPU memory gets it as a landing zone of the same pages, verified
-		// and copied into the pool at Commit.
+		// GPU memory UCX cannot register gets it as a landing zone of the
+		// same pages, verified and copied into the pool at Commit.
 		region, err := ucx.AllocKV(plan.pages*layout.PageFloats(), ucxOptions(f)...)
 		if err != nil {
 			return fail(err)
@@ -679,7 +692,7 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return fail(err)
 	}
 	le.pool = pool
-	le.transferPath = transferPath(f, pc.Device != nil, log)
+	le.transferPath = transferPath(f, pc.Device != nil, le.ucxDevice != nil, log)
 	if draft != nil {
 		if err := le.draftPool(kvdt, f.kvPoison); err != nil {
 			return fail(err)
@@ -1002,11 +1015,33 @@ func (le *loadedEngine) ipcImporter() (kernels.PeerImporter, error) {
 	return imp, nil
 }
 
+// ucxDeviceMemory is how a decode worker's pool in GPU memory is
+// registered with UCX in place, so that prefill puts pages straight into
+// it, and what it is registered as; nil when UCX cannot reach it (the
+// pages then land in host memory and are copied in at Commit). A UCX
+// built with CUDA support registers it as CUDA memory (GPUDirect RDMA on
+// InfiniBand, cuda_ipc on one node); the emulated driver's device memory
+// is host memory and is registered as such.
+func ucxDeviceMemory(f *serveFlags, dev kernels.DeviceKV) (ucx.Option, string) {
+	dr, ok := dev.(kernels.DeviceRange)
+	if !ok {
+		return nil, ""
+	}
+	addr, n, hostVisible := dr.Range()
+	if hostVisible {
+		return ucx.WithDeviceMemory(addr, n, false), "host memory (emulated device memory)"
+	}
+	if cuda, err := ucx.CUDAMemory(ucxOptions(f)...); err != nil || !cuda {
+		return nil, ""
+	}
+	return ucx.WithDeviceMemory(addr, n, true), "CUDA memory"
+}
+
 // transferPath says which memory a worker's KV pages pass through on the
 // way between prefill and decode (/server_info's kv_transfer_path). For
 // ucx with a GPU pool it asks UCX whether it moves GPU memory at all, and
 // logs the answer once.
-func transferPath(f *serveFlags, onGPU bool, log *slog.Logger) string {
+func transferPath(f *serveFlags, onGPU, ucxDevice bool, log *slog.Logger) string {
 	switch {
 	case f.role != "prefill" && f.role != "decode":
 		return ""
@@ -1014,6 +1049,8 @@ func transferPath(f *serveFlags, onGPU bool, log *slog.Logger) string {
 		return "GPU to GPU: prefill stages the pages in its arena and decode copies them into its pool (through the socket when the arena is full)"
 	case !onGPU:
 		return "host memory (" + f.transport + ")"
+	case ucxDevice:
+		return "into the GPU pool (ucx: the pool is registered with UCX and prefill puts pages straight into it)"
 	case f.transport == "ucx":
 		rs, err := ucx.Transports(ucxOptions(f)...)
 		if cuda := ucx.CUDATransports(rs); err == nil && len(cuda) > 0 {

@@ -127,7 +127,11 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		addr := net.JoinHostPort(f.host, strconv.Itoa(f.transferPort))
 		var recv transfer.Receiver
 		if f.transport == "ucx" {
-			recv, err = ucx.Listen(addr, d, le.transferKV(), append(ucxOptions(f), ucx.WithMemory(le.region), ucx.WithHandshake(xfer))...)
+			opts := append(ucxOptions(f), ucx.WithMemory(le.region), ucx.WithHandshake(xfer))
+			if le.ucxDevice != nil {
+				opts = append(opts, le.ucxDevice)
+			}
+			recv, err = ucx.Listen(addr, d, le.transferKV(), opts...)
 		} else {
 			recvOpts := []tcp.Option{tcp.WithHandshake(xfer)}
 			if f.transport == "cuda-ipc" {

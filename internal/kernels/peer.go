@@ -58,3 +58,15 @@ type PeerMemory interface {
 	// Close unmaps it; no CopyPage may be running.
 	Close() error
 }
+
+// DeviceRange is a DeviceKV held as one range of device memory whose pages
+// are laid out as PagedKV's (KOffset, VOffset): a one-sided transport
+// registers the range and writes pages straight into it, device memory to
+// device memory where the NIC reaches GPU memory (GPUDirect RDMA).
+type DeviceRange interface {
+	// Range is the pool's device address and size in bytes. hostVisible
+	// says the address is host memory of this process as well, as on an
+	// emulated driver (test/gpu's fake libcuda), where a transport may
+	// register it as host memory.
+	Range() (addr uintptr, bytes int, hostVisible bool)
+}

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/batonlm/baton/test/harness"
@@ -46,15 +47,31 @@ func serverInfoOf(t *testing.T, s *server) map[string]any {
 	return info
 }
 
-// A decode worker on the cuda backend with --transport ucx: UCX puts land
-// in a host landing zone that Commit verifies and copies into the GPU pool.
+// A decode worker on the cuda backend with --transport ucx registers its
+// GPU pool with UCX in place, and prefill puts pages straight into it
+// (the emulated driver's device memory is host memory, registered as
+// such; a UCX built with CUDA registers a GPU's as CUDA memory). With
+// --ucx-kv-buffer host they land in a host landing zone that Commit
+// verifies and copies into the pool. Greedy output equals the public
+// reference either way.
 func TestPDOverUCXOnCUDA(t *testing.T) {
 	ref := loadReference(t)
 	env := cudaEnv(t)
 	bin := harness.Build(t, "ucx")
-	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: bin, PrefillEnv: env, DecodeEnv: env,
-		WorkerArgs: []string{"--transport", "ucx", "--device", "cuda", "--max-total-tokens", "1024", "--page-size", "4"}})
-	checkOnCUDA(t, c.Decode[0], "ucx landing zone in host memory")
-	greedyConcurrently(t, c.Router.URL, ref, 2)
-	c.WaitClean(t)
+	for _, c := range []struct{ buffer, memory, path string }{
+		{"auto", "registered with ucx as host memory (emulated device memory)", "into the GPU pool"},
+		{"host", "ucx landing zone in host memory", "GPU pool through host memory"},
+	} {
+		t.Run(c.buffer, func(t *testing.T) {
+			cl := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: bin, PrefillEnv: env, DecodeEnv: env,
+				WorkerArgs: []string{"--transport", "ucx", "--device", "cuda", "--max-total-tokens", "1024", "--page-size", "4"},
+				DecodeArgs: []string{"--ucx-kv-buffer", c.buffer}})
+			checkOnCUDA(t, cl.Decode[0], c.memory)
+			if path, _ := serverInfoOf(t, cl.Decode[0])["kv_transfer_path"].(string); !strings.HasPrefix(path, c.path) {
+				t.Errorf("decode's kv_transfer_path is %q, want it to start %q", path, c.path)
+			}
+			greedyConcurrently(t, cl.Router.URL, ref, 2)
+			cl.WaitClean(t)
+		})
+	}
 }

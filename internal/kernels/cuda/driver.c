@@ -67,6 +67,8 @@ static const bk_sym cuda_syms[] = {
     SYM(cuGraphLaunch, "cuGraphLaunch", 0),
     SYM(cuGraphExecDestroy, "cuGraphExecDestroy", 0),
     SYM(cuGraphDestroy, "cuGraphDestroy", 0),
+    // The emulated driver's mark
+    SYM(hostVisibleMemory, "bkfake_host_visible_memory", 0),
 };
 #undef SYM
 

@@ -78,6 +78,9 @@ typedef struct bk_cuda {
   bk_res (*cuGraphLaunch)(bk_h, bk_h);
   bk_res (*cuGraphExecDestroy)(bk_h);
   bk_res (*cuGraphDestroy)(bk_h);
+  // Only the emulated driver (testdata/fakecuda) has it: its device
+  // memory is this process's host memory.
+  int (*hostVisibleMemory)(void);
 } bk_cuda;
 
 typedef struct bk_cublas {
@@ -98,6 +101,7 @@ bk_cuda* bk_cuda_load(const char* name, char* err, size_t errlen);
 bk_cublas* bk_cublas_load(const char* name, char* err, size_t errlen);
 
 // Thin wrappers (cgo cannot call through function pointers).
+static inline int bk_host_visible(bk_cuda* d) { return d->hostVisibleMemory && d->hostVisibleMemory(); }
 static inline bk_res bk_driver_version(bk_cuda* d, int* v) { return d->cuDriverGetVersion(v); }
 static inline bk_res bk_init(bk_cuda* d) { return d->cuInit(0); }
 static inline bk_res bk_device_count(bk_cuda* d, int* n) { return d->cuDeviceGetCount(n); }

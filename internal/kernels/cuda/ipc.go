@@ -38,6 +38,10 @@ var (
 
 func (d *driver) hasIPC() bool { return C.bk_has_ipc(d.c) != 0 }
 
+// hostVisible says the driver's device memory is this process's host
+// memory: only the emulated driver's is.
+func (d *driver) hostVisible() bool { return C.bk_host_visible(d.c) != 0 }
+
 // ipcCheck is check for the IPC entry points, which a driver may lack.
 func (d *driver) ipcCheck(op string, r C.bk_res) error {
 	if r == C.BK_ERR_MISSING {

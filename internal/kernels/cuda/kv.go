@@ -121,6 +121,16 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 // Pages implements kernels.DeviceKV.
 func (kp *KVPool) Pages() int { return kp.pages }
 
+var _ kernels.DeviceRange = (*KVPool)(nil)
+
+// Range implements kernels.DeviceRange: the pool is one allocation, laid
+// out as kernels.PagedKV's pages (kv.cuh's bk_k_off). The range stays
+// valid until Close; whoever registers it with a NIC must unregister it
+// first.
+func (kp *KVPool) Range() (addr uintptr, bytes int, hostVisible bool) {
+	return uintptr(kp.ptr), kp.pages * kp.layout.PageFloats() * 4, kp.b.drv.hostVisible()
+}
+
 // Pinned reports whether page copies are staged through page-locked host
 // memory (the driver may refuse it; copies then stage through pageable
 // memory, correct but slower).

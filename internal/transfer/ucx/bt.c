@@ -151,7 +151,10 @@ ucs_status_t bt_ep_create(ucp_worker_h w, const void *addr, int peer, bt_ep *e) 
 int bt_ep_failed(bt_ep *e) { return e->failed; }
 ucs_status_t bt_ep_status(bt_ep *e) { return e->status; }
 
-ucs_status_t bt_mem_map(ucp_context_h ctx, uintptr_t addr, size_t len, int alloc, ucp_mem_h *mh, void **base, size_t *outlen) {
+// bt_mem_map registers (or, alloc, allocates) memory; cuda says addr is
+// GPU memory, which UCX then registers with its CUDA memory domains.
+ucs_status_t bt_mem_map(ucp_context_h ctx, uintptr_t addr, size_t len, int alloc, int cuda, ucp_mem_h *mh, void **base,
+                        size_t *outlen) {
 	ucp_mem_map_params_t p;
 	memset(&p, 0, sizeof p);
 	p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
@@ -160,6 +163,10 @@ ucs_status_t bt_mem_map(ucp_context_h ctx, uintptr_t addr, size_t len, int alloc
 	if (alloc) {
 		p.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
 		p.flags = UCP_MEM_MAP_ALLOCATE;
+	}
+	if (cuda) {
+		p.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+		p.memory_type = UCS_MEMORY_TYPE_CUDA;
 	}
 	ucs_status_t st = ucp_mem_map(ctx, &p, mh);
 	if (st != UCS_OK) {
@@ -266,4 +273,17 @@ char *bt_uct_resources(void) {
 	uct_release_component_list(comps);
 	fclose(f);
 	return buf;
+}
+
+// bt_ctx_cuda_memory says whether the context can register and move CUDA
+// device memory (its memory domains include one for UCS_MEMORY_TYPE_CUDA):
+// what the build and the host allow, asked of UCX rather than assumed.
+int bt_ctx_cuda_memory(ucp_context_h ctx) {
+	ucp_context_attr_t a;
+	memset(&a, 0, sizeof a);
+	a.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+	if (ucp_context_query(ctx, &a) != UCS_OK) {
+		return 0;
+	}
+	return (a.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
 }

@@ -82,6 +82,11 @@
 //     it in shared memory, the sender maps it and its CPU stores land
 //     directly, with no receiver involvement: one-sided for real, and
 //     faster. The KV pool must then use that memory instead of its own.
+//   - a pool outside Go memory (WithDeviceMemory, kernels.DeviceRange): a
+//     GPU pool, registered as CUDA memory where the UCX build can
+//     (CUDAMemory), so puts land in GPU memory with no host copy; or the
+//     emulated driver's device memory, which is host memory and is
+//     registered as such.
 //
 // # Threads
 //

@@ -52,3 +52,19 @@ func Transports(opts ...Option) ([]Resource, error) {
 	}
 	return out, nil
 }
+
+// CUDAMemory says whether a UCX context made with these options can
+// register and move GPU memory (ucp_context_query's memory types include
+// CUDA): the UCX build must have CUDA support and find the CUDA driver.
+// Detected, never assumed: Debian's libucx answers false.
+func CUDAMemory(opts ...Option) (bool, error) {
+	cfg := newConfig(opts)
+	ctx, err := newContext(cfg)
+	if err != nil {
+		return false, err
+	}
+	defer ctx.unref()
+	ctx.mu.Lock()
+	defer ctx.mu.Unlock()
+	return C.bt_ctx_cuda_memory(ctx.h) != 0, nil
+}

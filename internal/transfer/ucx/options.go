@@ -30,6 +30,7 @@ type config struct {
 	handshake        transfer.Handshake
 	errMode          ErrMode
 	region           *Region
+	device           *deviceMemory
 	spin             time.Duration
 }
 
@@ -182,6 +183,26 @@ func Describe(rs []Resource) string {
 		s += strings.Join(rdmaTLs, ", ")
 	}
 	return s
+}
+
+// deviceMemory is a KV pool outside Go memory that a Receiver registers
+// in place of kv.Data (WithDeviceMemory).
+type deviceMemory struct {
+	addr  uintptr
+	bytes int
+	cuda  bool
+}
+
+// WithDeviceMemory makes a Receiver register the KV pool at addr, bytes
+// long, in place of kv.Data (kernels.DeviceRange): senders put straight
+// into the pool, with no landing zone in host memory to verify and copy
+// from at Commit. cuda says the memory is GPU memory, which UCX registers
+// with its CUDA memory domains (CUDAMemory must be true); without it the
+// memory is host memory standing in for GPU memory, as the emulated
+// driver's is. The memory must stay allocated until the Receiver is
+// closed.
+func WithDeviceMemory(addr uintptr, bytes int, cuda bool) Option {
+	return func(c *config) { c.device = &deviceMemory{addr: addr, bytes: bytes, cuda: cuda} }
 }
 
 // cudaTransports are UCX's transports that move GPU memory: cuda_copy

@@ -54,7 +54,7 @@ func AllocKV(floats int, opts ...Option) (*Region, error) {
 	var base unsafe.Pointer
 	var n C.size_t
 	ctx.mu.Lock()
-	st := C.bt_mem_map(ctx.h, 0, C.size_t(floats*4), 1, &r.memh, &base, &n)
+	st := C.bt_mem_map(ctx.h, 0, C.size_t(floats*4), 1, 0, &r.memh, &base, &n)
 	ctx.mu.Unlock()
 	if st != C.UCS_OK {
 		ctx.unref()
@@ -135,7 +135,8 @@ type rconn struct {
 }
 
 // Listen registers kv.Data with UCX (or, WithMemory, exposes a Region that
-// holds it), and serves sessions at addr (host:port; port 0 picks one).
+// holds it; or, WithDeviceMemory, registers the pool in GPU memory, kv
+// then giving only the layout), and serves sessions at addr (host:port; port 0 picks one).
 // Go memory is pinned for the receiver's life (runtime.Pinner): the KV
 // pool is allocated once and never reallocated, and Go's collector does
 // not move heap objects, so its address stays valid for UCX and senders.
@@ -147,12 +148,29 @@ func Listen(addr string, sink transfer.Sink, kv kernels.PagedKV, opts ...Option)
 		return nil, err
 	}
 	pf := kv.PageFloats()
-	if pf <= 0 || len(kv.Data) < pf || len(kv.Data)%pf != 0 {
+	if dm := cfg.device; dm != nil {
+		if cfg.region != nil {
+			return nil, errors.New("ucx: WithDeviceMemory and WithMemory name two pools")
+		}
+		if pf <= 0 || dm.bytes < pf*4 || dm.bytes%(pf*4) != 0 || dm.addr == 0 {
+			return nil, fmt.Errorf("ucx: device memory of %d bytes at %#x is not whole pages of %d bytes", dm.bytes, dm.addr, pf*4)
+		}
+	} else if pf <= 0 || len(kv.Data) < pf || len(kv.Data)%pf != 0 {
 		return nil, fmt.Errorf("ucx: KV of %d floats is not whole pages of %d", len(kv.Data), pf)
 	}
 	r := &Receiver{cfg: cfg, sink: sink, conns: map[*rconn]struct{}{}}
-	p, n := uintptr(unsafe.Pointer(&kv.Data[0])), uintptr(len(kv.Data)*4)
-	if reg := cfg.region; reg != nil {
+	var p, n uintptr
+	switch {
+	case cfg.device != nil:
+		// Not Go memory: nothing to pin. It must outlive the receiver
+		// (Close unregisters it), which its owner sees to.
+		p, n = cfg.device.addr, uintptr(cfg.device.bytes)
+		if err := r.register(cfg, p, n, cfg.device.cuda); err != nil {
+			return nil, err
+		}
+	case cfg.region != nil:
+		reg := cfg.region
+		p, n = uintptr(unsafe.Pointer(&kv.Data[0])), uintptr(len(kv.Data)*4)
 		reg.mu.Lock()
 		ok := !reg.freed && reg.contains(p, n)
 		if ok {
@@ -163,24 +181,13 @@ func Listen(addr string, sink transfer.Sink, kv kernels.PagedKV, opts ...Option)
 			return nil, errors.New("ucx: WithMemory: the KV memory is not inside the region (or it was freed)")
 		}
 		r.ctx, r.memh = reg.ctx, reg.memh
-	} else {
-		ctx, err := newContext(cfg)
-		if err != nil {
+	default:
+		p, n = uintptr(unsafe.Pointer(&kv.Data[0])), uintptr(len(kv.Data)*4)
+		r.pin.Pin(&kv.Data[0])
+		if err := r.register(cfg, p, n, false); err != nil {
+			r.pin.Unpin()
 			return nil, err
 		}
-		r.ctx = ctx
-		r.pin.Pin(&kv.Data[0])
-		var base unsafe.Pointer
-		var got C.size_t
-		ctx.mu.Lock()
-		st := C.bt_mem_map(ctx.h, C.uintptr_t(p), C.size_t(n), 0, &r.memh, &base, &got)
-		ctx.mu.Unlock()
-		if st != C.UCS_OK {
-			r.pin.Unpin()
-			ctx.unref()
-			return nil, statusErr("ucp_mem_map", st)
-		}
-		r.ownMap = true
 	}
 	fail := func(err error) (*Receiver, error) {
 		r.release()
@@ -221,6 +228,30 @@ func Listen(addr string, sink transfer.Sink, kv kernels.PagedKV, opts ...Option)
 	r.wg.Add(1)
 	go r.acceptLoop()
 	return r, nil
+}
+
+// register makes the receiver's context and registers [p, p+n) with it,
+// as GPU memory when cuda.
+func (r *Receiver) register(cfg config, p, n uintptr, cuda bool) error {
+	ctx, err := newContext(cfg)
+	if err != nil {
+		return err
+	}
+	var base unsafe.Pointer
+	var got C.size_t
+	c := C.int(0)
+	if cuda {
+		c = 1
+	}
+	ctx.mu.Lock()
+	st := C.bt_mem_map(ctx.h, C.uintptr_t(p), C.size_t(n), 0, c, &r.memh, &base, &got)
+	ctx.mu.Unlock()
+	if st != C.UCS_OK {
+		ctx.unref()
+		return statusErr("ucp_mem_map", st)
+	}
+	r.ctx, r.ownMap = ctx, true
+	return nil
 }
 
 // release undoes Listen's registrations (after the sessions are gone).

@@ -61,3 +61,6 @@ func (s *Sender) Close() error { return nil }
 
 // Transports needs UCX; see the ucx build.
 func Transports(opts ...Option) ([]Resource, error) { return nil, ErrNotBuilt }
+
+// CUDAMemory needs UCX; see the ucx build.
+func CUDAMemory(opts ...Option) (bool, error) { return false, ErrNotBuilt }

@@ -678,6 +678,12 @@ CUresult cuGetErrorString(CUresult e, const char** s) {
   return 0;
 }
 
+// bkfake_host_visible_memory marks this driver as the emulation: its
+// "device" memory is host memory of the process (the backend then lets a
+// transport register a pool as host memory, standing in for GPU memory a
+// NIC reaches).
+int bkfake_host_visible_memory(void) { return 1; }
+
 }  // extern "C"
 
 #ifndef FAKE_NO_IPC
