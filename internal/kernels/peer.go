@@ -50,11 +50,22 @@ type PeerMemory interface {
 	// Size is the mapped size in bytes, as the driver reports it (not as
 	// the peer claims it).
 	Size() int
-	// CopyPage unpacks the PackedBytes(tokens) bytes at byte offset off
-	// into the first tokens slots of page of the importer's pool. The rows
-	// are in place, for every kernel queued later, and no copy of them is
-	// in flight, when it returns: that is the drain proof of a pulled page.
+	// QueuePage queues the unpack of the PackedBytes(tokens) bytes at byte
+	// offset off into the first tokens slots of page of the importer's
+	// pool, behind everything queued on the pool's page stream, and
+	// returns without waiting for it: a receiver landing a batch of pages
+	// pays one wait (Drain) for the batch rather than one a page. Until
+	// Drain returned nil the rows are not known to be in place, and the
+	// copy may still read the arena.
+	QueuePage(page int32, tokens int, off int) error
+	// Drain waits for every copy queued on the importer's pool so far. An
+	// error means a copy queued since the last Drain may not have landed.
+	Drain() error
+	// CopyPage is QueuePage then Drain: the rows are in place, for every
+	// kernel queued later, and no copy of them is in flight, when it
+	// returns.
 	CopyPage(page int32, tokens int, off int) error
-	// Close unmaps it; no CopyPage may be running.
+	// Close unmaps it, once the copies queued on it are done; no
+	// QueuePage or CopyPage may be running.
 	Close() error
 }

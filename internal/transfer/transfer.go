@@ -110,8 +110,12 @@ type PageWrite struct {
 // from itself rather than off the wire.
 type PageSource interface {
 	// Land copies the rows into the first tokens slots of page of kv and
-	// returns how many bytes it copied. The rows are in place and no copy
-	// of them is in flight when it returns.
+	// returns how many bytes it copied. The copy may only be queued when
+	// it returns: the transport that made the source owns the wait, and
+	// waits before it acknowledges the page, reads on, or reports the
+	// session Closed (cuda-ipc's receiver batches its copies so). Its
+	// Sink need not wait: the rows are in place and no copy of them is in
+	// flight by the time anything depends on them.
 	Land(kv kernels.PagedKV, page int32, tokens int) (int, error)
 }
 

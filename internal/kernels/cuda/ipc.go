@@ -225,9 +225,10 @@ func (kp *KVPool) OpenPeer(handle []byte) (kernels.PeerMemory, error) {
 // Size implements kernels.PeerMemory.
 func (pm *peerMemory) Size() int { return pm.size }
 
-// CopyPage implements kernels.PeerMemory: WritePage's unpack kernel, reading
-// the peer's arena where WritePage reads its staging page.
-func (pm *peerMemory) CopyPage(page int32, tokens int, off int) error {
+// QueuePage implements kernels.PeerMemory: WritePage's unpack kernel,
+// reading the peer's arena where WritePage reads its staging page, queued
+// on the pool's stream without a wait.
+func (pm *peerMemory) QueuePage(page int32, tokens int, off int) error {
 	kp := pm.kp
 	if err := kp.check(page, tokens); err != nil {
 		return err
@@ -247,11 +248,26 @@ func (pm *peerMemory) CopyPage(page int32, tokens int, off int) error {
 	if size == 0 {
 		return nil
 	}
-	if err := kp.unpack(page, tokens, pm.ptr+uint64(off)); err != nil {
+	return kp.unpack(page, tokens, pm.ptr+uint64(off))
+}
+
+// Drain implements kernels.PeerMemory: the copies share the pool's stream,
+// so one synchronise covers every page queued on it, from any peer.
+func (pm *peerMemory) Drain() error {
+	if err := pm.kp.enter(-1); err != nil {
+		return err
+	}
+	defer pm.kp.leave()
+	return pm.kp.sync()
+}
+
+// CopyPage implements kernels.PeerMemory.
+func (pm *peerMemory) CopyPage(page int32, tokens int, off int) error {
+	if err := pm.QueuePage(page, tokens, off); err != nil {
 		return err
 	}
 	// The drain proof: nothing of this copy is in flight once it returns.
-	return kp.sync()
+	return pm.Drain()
 }
 
 // Close implements kernels.PeerMemory.
@@ -263,7 +279,16 @@ func (pm *peerMemory) Close() error {
 		return err
 	}
 	defer pm.kp.leave()
-	return pm.close()
+	if pm.ptr == 0 {
+		return nil
+	}
+	// A queued copy may still read the mapping: it goes once they are
+	// done. (The pool's release synchronises before it unmaps its peers.)
+	serr := pm.kp.sync()
+	if err := pm.close(); err != nil {
+		return err
+	}
+	return serr
 }
 
 // close unmaps, with the pool's lock held and the context current.

@@ -40,8 +40,10 @@ type KVPool struct {
 	// waits for the backend's stream through event.
 	stored []atomic.Uint64
 	event  uintptr
-	// waits counts reads that waited for the backend's stream (tests).
+	// waits counts reads that waited for the backend's stream; syncs the
+	// pool's waits for its own stream (tests, through Synchronizes).
 	waits int
+	syncs int
 	// host is the staging buffer of one packed page: pinned (page-locked,
 	// so copies are DMA at full speed) when the driver allows, else
 	// pageable C memory.
@@ -120,6 +122,15 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 
 // Pages implements kernels.DeviceKV.
 func (kp *KVPool) Pages() int { return kp.pages }
+
+// Synchronizes counts the times the pool's page operations waited for its
+// stream: what batching the page copies saves, for tests outside the
+// package.
+func (kp *KVPool) Synchronizes() int {
+	kp.mu.Lock()
+	defer kp.mu.Unlock()
+	return kp.syncs
+}
 
 // Pinned reports whether page copies are staged through page-locked host
 // memory (the driver may refuse it; copies then stage through pageable
@@ -216,6 +227,7 @@ func (kp *KVPool) unpack(page int32, tokens int, src dptr) error {
 }
 
 func (kp *KVPool) sync() error {
+	kp.syncs++
 	d := kp.b.drv
 	return d.check("cuStreamSynchronize", C.bk_stream_sync(d.c, C.uintptr_t(kp.stream)))
 }

@@ -257,16 +257,23 @@ type peerPage struct {
 	into kernels.PeerImporter
 	mem  kernels.PeerMemory
 	off  int
-	// landed is set to the bytes copied, for the session's count.
+	// landed is set to the bytes queued, for the session's count; queued
+	// is the connection's count of copies not yet drained.
 	landed *int
+	queued *int
 }
 
-// Land implements transfer.PageSource.
+// Land implements transfer.PageSource. It only queues the copy: the
+// receiver that made the page drains it (connState.drain) before it reads
+// on from the socket, acknowledges, or returns.
 func (p peerPage) Land(kv kernels.PagedKV, page int32, tokens int) (int, error) {
 	if kv.Device == nil || any(kv.Device) != any(p.into) {
 		return 0, errors.New("tcp: a staged page can only land in the pool that mapped its arena")
 	}
-	if err := p.mem.CopyPage(page, tokens, p.off); err != nil {
+	// Counted before the call: a launch that failed half-way may have
+	// left the stream in an error only a drain reports.
+	*p.queued++
+	if err := p.mem.QueuePage(page, tokens, p.off); err != nil {
 		return 0, err
 	}
 	*p.landed = kv.PackedBytes(tokens)
