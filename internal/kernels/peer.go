@@ -24,16 +24,30 @@ type Arena interface {
 	Handle() []byte
 	// Size is the arena's size in bytes.
 	Size() int
-	// Stage packs the first tokens[i] slots of pool page pages[i] into the
-	// arena at byte offset offs[i] (after the kernels queued before it that
-	// store into those pages) and returns each page's PageSum, computed on
-	// the device: nothing is read back to the host. The arena holds the
-	// rows when it returns.
-	Stage(pages []int32, tokens []int, offs []int) ([]uint64, error)
+	// Stage queues the packing of the first tokens[i] slots of pool page
+	// pages[i] into the arena at byte offset offs[i] (after the kernels
+	// queued before it that store into those pages), and of each page's
+	// PageSum, computed on the device (only the sums come back to the
+	// host), and returns without waiting for them: the caller (a prefill
+	// engine loop) goes on with the next chunk while the device packs. The
+	// arena holds the rows, and nobody may be told where they are, once
+	// the Staging's Wait returned nil. Kernels queued on the pool after
+	// Stage returns (a later chunk's, another request's reusing a page)
+	// run after the packs: a page is not rewritten while it is packed.
+	Stage(pages []int32, tokens []int, offs []int) (Staging, error)
 	// Close frees the memory. A peer that still maps it keeps its mapping
 	// valid (the driver counts the references), so Close is safe at any
 	// time; reusing the bytes is not, which is the caller's to order.
 	Close() error
+}
+
+// Staging is an Arena.Stage under way on the device.
+type Staging interface {
+	// Wait blocks until the packs and the sums are done and returns each
+	// page's PageSum. It may be called more than once, from any
+	// goroutine; each call returns what the first did. The first call
+	// frees what the staging holds, so every Staging is to be waited for.
+	Wait() ([]uint64, error)
 }
 
 // PeerImporter is a DeviceKV that copies pages out of another process's

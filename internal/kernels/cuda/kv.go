@@ -64,6 +64,15 @@ type KVPool struct {
 	peers  map[*peerMemory]struct{}
 	// sums is SumPages' staging (sums.go).
 	sums *pageSums
+	// slots are the staging slots of Arena.Stage (ipc.go), free those no
+	// Stage in flight holds. released is set, under waitMu, once release
+	// freed them: a Wait holds waitMu's read lock while it blocks on a
+	// slot's event, so release does not destroy the event under it.
+	slots      map[*stageSlot]struct{}
+	freeSlots  []*stageSlot
+	waitMu     sync.RWMutex
+	released   bool
+	eventWaits atomic.Int64
 }
 
 var _ kernels.DeviceKV = (*KVPool)(nil)
@@ -91,7 +100,7 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	b.lock()
 	defer b.unlock()
 	kp := &KVPool{b: b, layout: layout, pages: pages, stored: make([]atomic.Uint64, pages),
-		arenas: map[*arena]struct{}{}, peers: map[*peerMemory]struct{}{}}
+		arenas: map[*arena]struct{}{}, peers: map[*peerMemory]struct{}{}, slots: map[*stageSlot]struct{}{}}
 	made := false
 	defer func() {
 		if !made { // a driver call panicked: free what was made so far
@@ -124,12 +133,13 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 func (kp *KVPool) Pages() int { return kp.pages }
 
 // Synchronizes counts the times the pool's page operations waited for its
-// stream: what batching the page copies saves, for tests outside the
-// package.
-func (kp *KVPool) Synchronizes() int {
+// stream, and the times a Staging's Wait waited for its event: what
+// batching the page copies saves and where staging waits, for tests
+// outside the package.
+func (kp *KVPool) Synchronizes() (stream, event int) {
 	kp.mu.Lock()
 	defer kp.mu.Unlock()
-	return kp.syncs
+	return kp.syncs, int(kp.eventWaits.Load())
 }
 
 // Pinned reports whether page copies are staged through page-locked host
@@ -443,6 +453,7 @@ func (kp *KVPool) release() {
 		C.bk_stream_destroy(d, C.uintptr_t(kp.stream))
 	}
 	kp.releaseIPC()
+	kp.releaseSlots()
 	if kp.event != 0 {
 		C.bk_event_destroy(d, C.uintptr_t(kp.event))
 	}

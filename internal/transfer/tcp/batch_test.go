@@ -32,6 +32,8 @@ type landSink struct {
 	pages  []int32
 	log    *callLog
 	proofs []string
+	// onWrite, if set, sees each write before it lands.
+	onWrite func(transfer.PageWrite)
 }
 
 func (s *landSink) Admit(transfer.Key) ([]int32, error) { return slices.Clone(s.pages), nil }
@@ -39,6 +41,9 @@ func (s *landSink) Admit(transfer.Key) ([]int32, error) { return slices.Clone(s.
 func (s *landSink) Write(_ transfer.Key, w transfer.PageWrite) error {
 	if w.Index < 0 || w.Index >= len(s.pages) || s.pages[w.Index] != w.Page {
 		return fmt.Errorf("page %d is not index %d of the reservation", w.Page, w.Index)
+	}
+	if s.onWrite != nil {
+		s.onWrite(w)
 	}
 	_, err := transfer.Land(s.kv, w)
 	return err
@@ -275,7 +280,9 @@ func newStagedPools(t *testing.T, n int, pages []int32) *stagedPools {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ar.Close() })
-	if _, err := ar.Stage(src, tokens, sp.offs); err != nil {
+	if st, err := ar.Stage(src, tokens, sp.offs); err != nil {
+		t.Fatal(err)
+	} else if _, err := st.Wait(); err != nil {
 		t.Fatal(err)
 	}
 	sp.handle = ar.Handle()
@@ -322,12 +329,12 @@ func TestStagedBatchOneSynchronise(t *testing.T) {
 		into[i] = int32(n + i)
 	}
 	sp := newStagedPools(t, n, into)
-	pool := sp.dst.Device.(interface{ Synchronizes() int })
-	before := pool.Synchronizes()
+	before, _ := syncsOf(sp.dst)
 	if text := sp.session(t, into); text != "" {
 		t.Fatalf("refused: %s", text)
 	}
-	if got := pool.Synchronizes() - before; got != 1 {
+	if after, _ := syncsOf(sp.dst); after-before != 1 {
+		got := after - before
 		t.Fatalf("%d pages landed with %d synchronises of the decode pool's stream; want 1", n, got)
 	}
 	for i, p := range into {
@@ -364,5 +371,103 @@ func TestStagedBatchRefusedPageInTheMiddle(t *testing.T) {
 	}
 	if got := page(t, sp.dst, pages[2]); !bytes.Equal(got, poison) {
 		t.Fatalf("decode page %d, whose write was refused, holds something", pages[2])
+	}
+}
+
+// syncsOf is a GPU pool's count of stream synchronises and event waits.
+func syncsOf(kv kernels.PagedKV) (stream, event int) {
+	return kv.Device.(interface{ Synchronizes() (int, int) }).Synchronizes()
+}
+
+// Staging on the prefill side does not wait for the device: StagePages
+// returns with the packs only queued (no synchronise, no event wait), and
+// a page's REF reaches the receiver only after the sender waited for the
+// packing's event (Session.Write waits; deleting that wait fails this).
+func TestStagedPagesSentAfterTheirPack(t *testing.T) {
+	be := fakeCUDA(t)
+	layout := kernels.PagedKV{PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: kernels.BF16}
+	src, dst := layout, layout
+	var err error
+	if src.Device, err = be.AllocKV(layout, 4); err != nil {
+		t.Fatal(err)
+	}
+	defer src.Device.Close()
+	row := make([]byte, layout.PackedBytes(4))
+	for p := range int32(4) {
+		for i := range row {
+			row[i] = byte(i*5 + int(p)*11)
+		}
+		if err := src.Device.WritePage(p, 4, row); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if dst.Device, err = be.AllocKV(layout, 4); err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Device.Close()
+	arena, err := src.Device.(kernels.PeerExporter).NewArena(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arena.Close()
+	var mu sync.Mutex
+	var seen []int // the prefill pool's event waits as each REF arrived
+	sink := &landSink{kv: dst, pages: []int32{0, 1, 2}, log: &callLog{}, onWrite: func(transfer.PageWrite) {
+		_, e := syncsOf(src)
+		mu.Lock()
+		seen = append(seen, e)
+		mu.Unlock()
+	}}
+	r, err := Listen("127.0.0.1:0", sink, WithPeerImporter(dst.Device.(kernels.PeerImporter)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	sess, err := NewSender(WithArena(arena)).Open(t.Context(), r.Addr(), transfer.Key{Room: 1, Epoch: 1, Cap: transfer.NewCapability()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+
+	s0, e0 := syncsOf(src)
+	tokens := []int{4, 4, 3}
+	st, err := transfer.StagePages(sess, src, []int32{3, 2, 1}, tokens)
+	if err != nil || st.Srcs == nil || st.Pending == nil {
+		t.Fatalf("staging: %v (staged %v, pending %v)", err, st.Srcs != nil, st.Pending != nil)
+	}
+	if s, e := syncsOf(src); s != s0 || e != e0 {
+		t.Fatalf("StagePages waited for the device: %d stream synchronises, %d event waits", s-s0, e-e0)
+	}
+	for j := range tokens {
+		if err := sess.Write(st.Write(j, j, int32(j), tokens[j])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sess.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 || slices.Min(seen) != e0+1 {
+		t.Fatalf("event waits of the prefill pool as the REFs arrived: %v; want 3 REFs, each after the one wait (%d)", seen, e0+1)
+	}
+	if s, _ := syncsOf(src); s != s0 {
+		t.Fatalf("sending staged pages synchronised the prefill pool's stream %d times", s-s0)
+	}
+	sums, err := st.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j, p := range []int32{3, 2, 1} {
+		rows, err := src.Device.ReadPage(p, tokens[j], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sums[j] != kernels.PageSum(rows) {
+			t.Fatalf("page %d summed %#x, PageSum of its rows %#x", p, sums[j], kernels.PageSum(rows))
+		}
+		if got, err := dst.Device.ReadPage(int32(j), tokens[j], nil); err != nil || !bytes.Equal(got, rows) {
+			t.Fatalf("page %d did not land in decode page %d", p, j)
+		}
 	}
 }
