@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -12,19 +13,24 @@ import (
 
 // shipper packs completed pages on the engine loop (so local pages can be
 // released as soon as the prompt is done) and writes them to the session
-// on its own goroutine (so a slow network never stalls the engine).
+// on its own goroutine (so a slow network never stalls the engine). Where
+// the session stages on the device (cuda-ipc) the engine loop only queues
+// the packs; the goroutine waits for them, off the engine loop, before it
+// writes the pages and records their checksums.
 type shipper struct {
 	pages     []int32 // decode's pages, by prompt page
 	pageSize  int
 	promptLen int
 	// heldPages lead the prompt in decode's prefix cache: not shipped.
 	heldPages int
+	// checksums are the shipped pages' sums, by prompt page: written by
+	// the writing goroutine, read after finish.
 	checksums []uint64
 	// sess stages pages itself where it can (transfer.Stager: cuda-ipc).
 	sess transfer.Session
 	// shipped counts pages by where they go from (metrics.PagesShipped).
 	shipped *prometheus.CounterVec
-	queue   chan transfer.PageWrite
+	queue   chan shipBatch
 	done    chan error
 	firstAt time.Time // when the first page was queued (engine loop only, read after finish)
 	packErr error     // a page that could not be read from the pool (engine loop only, read after finish)
@@ -34,14 +40,32 @@ type shipper struct {
 	marks  []chunkMark
 }
 
+// shipBatch is one chunk's pages, staged: prompt page index[j] is the
+// staging's page j, of tokens[j] tokens.
+type shipBatch struct {
+	staged transfer.Staged
+	index  []int
+	tokens []int
+}
+
 func newShipper(t Ticket, pageSize, promptLen int, sess transfer.Session, shipped *prometheus.CounterVec) *shipper {
 	s := &shipper{pages: t.Pages, pageSize: pageSize, promptLen: promptLen, heldPages: t.HeldTokens / pageSize, checksums: make([]uint64, len(t.Pages)), sess: sess, shipped: shipped,
-		queue: make(chan transfer.PageWrite, len(t.Pages)), done: make(chan error, 1)}
+		queue: make(chan shipBatch, len(t.Pages)), done: make(chan error, 1)}
 	go func() {
 		var first error
-		for w := range s.queue {
-			if first == nil {
-				first = sess.Write(w)
+		for b := range s.queue {
+			// Waited for even once the session failed: the wait frees
+			// what the staging holds.
+			sums, err := b.staged.Wait()
+			if err != nil {
+				first = cmp.Or(first, fmt.Errorf("staging pages %d-%d of the prompt: %w", b.index[0], b.index[len(b.index)-1], err))
+				continue
+			}
+			for j, i := range b.index {
+				s.checksums[i] = sums[j]
+				if first == nil {
+					first = sess.Write(b.staged.Write(j, i, s.pages[i], b.tokens[j]))
+				}
 			}
 		}
 		s.done <- first
@@ -51,7 +75,8 @@ func newShipper(t Ticket, pageSize, promptLen int, sess transfer.Session, shippe
 
 // onChunk runs on the engine loop after positions [from, to) were computed;
 // it ships every page this completed (the last, partial page with the
-// prompt's end). The queue holds every page of the prompt, so it never blocks.
+// prompt's end). The queue holds a batch per page of the prompt, more than
+// it is ever given, so it never blocks.
 func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 	if s.traced {
 		s.marks = append(s.marks, chunkMark{from: from, to: to, at: time.Now()})
@@ -89,13 +114,10 @@ func (s *shipper) onChunk(kv kernels.PagedKV, pages []int32, from, to int) {
 	if s.shipped != nil {
 		s.shipped.WithLabelValues(source).Add(float64(len(index)))
 	}
-	for j, i := range index {
-		s.checksums[i] = staged.Sums[j]
-		if s.firstAt.IsZero() {
-			s.firstAt = time.Now()
-		}
-		s.queue <- staged.Write(j, i, s.pages[i], tokens[j])
+	if s.firstAt.IsZero() {
+		s.firstAt = time.Now()
 	}
+	s.queue <- shipBatch{staged: staged, index: index, tokens: tokens}
 }
 
 // finish waits until every queued page was handed to the session.

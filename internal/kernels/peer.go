@@ -24,16 +24,30 @@ type Arena interface {
 	Handle() []byte
 	// Size is the arena's size in bytes.
 	Size() int
-	// Stage packs the first tokens[i] slots of pool page pages[i] into the
-	// arena at byte offset offs[i] (after the kernels queued before it that
-	// store into those pages) and returns each page's PageSum, computed on
-	// the device: nothing is read back to the host. The arena holds the
-	// rows when it returns.
-	Stage(pages []int32, tokens []int, offs []int) ([]uint64, error)
+	// Stage queues the packing of the first tokens[i] slots of pool page
+	// pages[i] into the arena at byte offset offs[i] (after the kernels
+	// queued before it that store into those pages), and of each page's
+	// PageSum, computed on the device (only the sums come back to the
+	// host), and returns without waiting for them: the caller (a prefill
+	// engine loop) goes on with the next chunk while the device packs. The
+	// arena holds the rows, and nobody may be told where they are, once
+	// the Staging's Wait returned nil. Kernels queued on the pool after
+	// Stage returns (a later chunk's, another request's reusing a page)
+	// run after the packs: a page is not rewritten while it is packed.
+	Stage(pages []int32, tokens []int, offs []int) (Staging, error)
 	// Close frees the memory. A peer that still maps it keeps its mapping
 	// valid (the driver counts the references), so Close is safe at any
 	// time; reusing the bytes is not, which is the caller's to order.
 	Close() error
+}
+
+// Staging is an Arena.Stage under way on the device.
+type Staging interface {
+	// Wait blocks until the packs and the sums are done and returns each
+	// page's PageSum. It may be called more than once, from any
+	// goroutine; each call returns what the first did. The first call
+	// frees what the staging holds, so every Staging is to be waited for.
+	Wait() ([]uint64, error)
 }
 
 // PeerImporter is a DeviceKV that copies pages out of another process's
@@ -50,12 +64,23 @@ type PeerMemory interface {
 	// Size is the mapped size in bytes, as the driver reports it (not as
 	// the peer claims it).
 	Size() int
-	// CopyPage unpacks the PackedBytes(tokens) bytes at byte offset off
-	// into the first tokens slots of page of the importer's pool. The rows
-	// are in place, for every kernel queued later, and no copy of them is
-	// in flight, when it returns: that is the drain proof of a pulled page.
+	// QueuePage queues the unpack of the PackedBytes(tokens) bytes at byte
+	// offset off into the first tokens slots of page of the importer's
+	// pool, behind everything queued on the pool's page stream, and
+	// returns without waiting for it: a receiver landing a batch of pages
+	// pays one wait (Drain) for the batch rather than one a page. Until
+	// Drain returned nil the rows are not known to be in place, and the
+	// copy may still read the arena.
+	QueuePage(page int32, tokens int, off int) error
+	// Drain waits for every copy queued on the importer's pool so far. An
+	// error means a copy queued since the last Drain may not have landed.
+	Drain() error
+	// CopyPage is QueuePage then Drain: the rows are in place, for every
+	// kernel queued later, and no copy of them is in flight, when it
+	// returns.
 	CopyPage(page int32, tokens int, off int) error
-	// Close unmaps it; no CopyPage may be running.
+	// Close unmaps it, once the copies queued on it are done; no
+	// QueuePage or CopyPage may be running.
 	Close() error
 }
 

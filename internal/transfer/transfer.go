@@ -110,8 +110,12 @@ type PageWrite struct {
 // from itself rather than off the wire.
 type PageSource interface {
 	// Land copies the rows into the first tokens slots of page of kv and
-	// returns how many bytes it copied. The rows are in place and no copy
-	// of them is in flight when it returns.
+	// returns how many bytes it copied. The copy may only be queued when
+	// it returns: the transport that made the source owns the wait, and
+	// waits before it acknowledges the page, reads on, or reports the
+	// session Closed (cuda-ipc's receiver batches its copies so). Its
+	// Sink need not wait: the rows are in place and no copy of them is in
+	// flight by the time anything depends on them.
 	Land(kv kernels.PagedKV, page int32, tokens int) (int, error)
 }
 
@@ -130,10 +134,25 @@ func Land(kv kernels.PagedKV, w PageWrite) (int, error) {
 // Staged is what a session made of a batch of prompt pages: per page, the
 // packed rows to send (nil for a staged page), where a staged page's rows
 // are (nil for one sent as Data), and the checksum Commit claims for it.
+//
+// Staging on a device may still be under way when the session returns
+// it (Pending set, Sums nil): Wait, off the engine loop, for the sums.
+// The session itself waits before it sends a staged page (a page's place
+// is not told before its rows are there), and every Pending is to be
+// waited for, which frees what it holds.
 type Staged struct {
-	Data [][]byte
-	Srcs []PageSource
-	Sums []uint64
+	Data    [][]byte
+	Srcs    []PageSource
+	Sums    []uint64
+	Pending kernels.Staging
+}
+
+// Wait returns the pages' sums once the staging is done.
+func (s Staged) Wait() ([]uint64, error) {
+	if s.Pending == nil {
+		return s.Sums, nil
+	}
+	return s.Pending.Wait()
 }
 
 // Write is page i's write for reservation index index, decode page page.
@@ -151,7 +170,8 @@ func (s Staged) Write(i, index int, page int32, tokens int) PageWrite {
 // transport's (cuda-ipc: kernels.PageSum, computed on the device).
 type Stager interface {
 	// StagePages stages the first tokens[i] slots of pool page pages[i];
-	// a page that could not be staged (no room) goes as Data.
+	// a page that could not be staged (no room) goes as Data. It may
+	// return before the staging is done (Staged.Pending).
 	StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (Staged, error)
 }
 

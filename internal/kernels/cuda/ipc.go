@@ -10,6 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"slices"
+	"sync"
 	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
@@ -117,47 +120,203 @@ func (a *arena) Handle() []byte { return append([]byte(nil), a.handle[:]...) }
 func (a *arena) Size() int { return a.size }
 
 // Stage implements kernels.Arena: the pack kernel writes each page straight
-// into its place in the arena, and one copy of the span they cover brings
-// them back for the caller's checksums.
-func (a *arena) Stage(pages []int32, tokens []int, offs []int) ([]uint64, error) {
+// into its place in the arena and bk_page_sum sums the pool's pages behind
+// the packs, on the pool's stream; an event marks where the stream is done
+// with them, and the sums come back into pinned memory of the staging's
+// own, so the caller waits for nothing here (Wait does).
+//
+// The ordering rule for the pages packed: the packs run on the pool's
+// stream, after the backend's stores into the pages (enterReading), and
+// the backend's stream waits for the staging's event before any kernel
+// queued after Stage returns. The pages a prompt finished are not written
+// again while it runs, but once released they may be reused by another
+// request's kernels on the backend's stream: those must not overwrite a
+// page still being packed. The wait is the device's (cuStreamWaitEvent),
+// and the pack is short, so the next chunk barely notices it.
+func (a *arena) Stage(pages []int32, tokens []int, offs []int) (kernels.Staging, error) {
 	kp := a.kp
 	if len(pages) != len(tokens) || len(pages) != len(offs) {
 		return nil, fmt.Errorf("cuda: %d pages, %d token counts and %d offsets", len(pages), len(tokens), len(offs))
 	}
 	l := kp.layout
-	lo, hi := a.size, 0
 	for i, p := range pages {
 		if err := kp.check(p, tokens[i]); err != nil {
 			return nil, err
 		}
-		size := l.PackedBytes(tokens[i])
-		if err := span(offs[i], size, a.size); err != nil {
+		if err := span(offs[i], l.PackedBytes(tokens[i]), a.size); err != nil {
 			return nil, err
 		}
-		if size > 0 {
-			lo, hi = min(lo, offs[i]), max(hi, offs[i]+size)
-		}
 	}
-	if err := kp.enterReading(pages); err != nil {
+	st := &staging{kp: kp, tokens: slices.Clone(tokens)}
+	if len(pages) == 0 {
+		st.sums = []uint64{}
+		return st, nil
+	}
+	if err := a.stage(st, pages, offs); err != nil {
 		return nil, err
+	}
+	if err := kp.computeAfter(st.slot.event); err != nil {
+		_, _ = st.Wait() // gives the slot back
+		return nil, err
+	}
+	return st, nil
+}
+
+// stage queues the packs, the sums and the event of st.
+func (a *arena) stage(st *staging, pages []int32, offs []int) error {
+	kp := a.kp
+	if err := kp.enterReading(pages); err != nil {
+		return err
 	}
 	defer kp.leave()
 	if a.ptr == 0 {
-		return nil, errArenaClosed
+		return errArenaClosed
 	}
-	if hi <= lo {
-		return kp.sumPagesLocked(pages, tokens)
+	slot, err := kp.takeSlot(len(pages))
+	if err != nil {
+		return err
 	}
-	for i, p := range pages {
-		if size := l.PackedBytes(tokens[i]); size > 0 {
-			if err := kp.pack(a.ptr+uint64(offs[i]), p, tokens[i]); err != nil {
-				return nil, err
+	err = func() error {
+		for i, p := range pages {
+			if size := kp.layout.PackedBytes(st.tokens[i]); size > 0 {
+				if err := kp.pack(a.ptr+uint64(offs[i]), p, st.tokens[i]); err != nil {
+					return err
+				}
 			}
 		}
+		// The sums are of the pool's pages, queued behind their packs on
+		// the same stream: the rows the arena got.
+		if err := kp.queueSums(slot.sums, pages, st.tokens); err != nil {
+			return err
+		}
+		d := kp.b.drv
+		return d.check("cuEventRecord", C.bk_event_record(d.c, C.uintptr_t(slot.event), C.uintptr_t(kp.stream)))
+	}()
+	if err != nil {
+		// Nothing waits for this slot's work: the stream drains before the
+		// slot is reused.
+		serr := kp.sync()
+		kp.freeSlots = append(kp.freeSlots, slot)
+		return errors.Join(err, serr)
 	}
-	// The sums are of the pool's pages, queued behind their packs on the
-	// same stream: the rows the arena got.
-	return kp.sumPagesLocked(pages, tokens)
+	st.slot = slot
+	return nil
+}
+
+// computeAfter makes the backend's stream wait for event before whatever
+// is queued on it next (Stage's ordering rule). It takes the backend's
+// lock, so a step is not captured into a graph meanwhile; the pool's lock
+// is not held (the backend's comes first).
+func (kp *KVPool) computeAfter(event uintptr) (err error) {
+	defer catch(&err)
+	b := kp.b
+	b.lock()
+	defer b.unlock()
+	return b.drv.check("cuStreamWaitEvent", C.bk_stream_wait(b.drv.c, C.uintptr_t(b.stream), C.uintptr_t(event)))
+}
+
+// stageSlot is what a Stage in flight holds: its sums' staging, on the
+// device and pinned, and the event that marks them (and the packs) done.
+type stageSlot struct {
+	sums  *pageSums
+	event uintptr
+}
+
+// takeSlot finds a free slot for n pages' sums or makes one, with the
+// pool's lock held and its context current.
+func (kp *KVPool) takeSlot(n int) (*stageSlot, error) {
+	for i, sl := range kp.freeSlots {
+		if sl.sums.n >= n {
+			kp.freeSlots = slices.Delete(kp.freeSlots, i, i+1)
+			return sl, nil
+		}
+	}
+	sums, err := kp.newPageSums(n)
+	if err != nil {
+		return nil, err
+	}
+	d := kp.b.drv
+	var e C.uintptr_t
+	if err := d.check("cuEventCreate", C.bk_event_create(d.c, &e, 2 /* CU_EVENT_DISABLE_TIMING */)); err != nil {
+		sums.free(d.c)
+		return nil, err
+	}
+	sl := &stageSlot{sums: sums, event: uintptr(e)}
+	kp.slots[sl] = struct{}{}
+	return sl, nil
+}
+
+// staging implements kernels.Staging.
+type staging struct {
+	kp     *KVPool
+	tokens []int
+	// slot is nil once given back (or when nothing was queued).
+	slot *stageSlot
+	once sync.Once
+	sums []uint64
+	err  error
+}
+
+// Wait implements kernels.Staging.
+func (st *staging) Wait() ([]uint64, error) {
+	st.once.Do(st.wait)
+	return st.sums, st.err
+}
+
+// wait blocks on the staging's event with neither of the pool's locks
+// held, so the engine loop's next Stage does not queue behind it; the
+// pool's Close waits for it (waitMu) before it destroys the event.
+func (st *staging) wait() {
+	if st.slot == nil {
+		return
+	}
+	kp, sl := st.kp, st.slot
+	st.err = kp.waitEvent(sl.event)
+	kp.mu.Lock()
+	defer kp.mu.Unlock()
+	if kp.closed {
+		if st.err == nil {
+			st.err = errPoolClosed
+		}
+		return
+	}
+	if st.err == nil {
+		st.sums = kp.sumsOf(sl.sums, st.tokens)
+	}
+	st.slot = nil
+	kp.freeSlots = append(kp.freeSlots, sl)
+}
+
+// waitEvent is cuEventSynchronize of one of the pool's events.
+func (kp *KVPool) waitEvent(event uintptr) error {
+	kp.waitMu.RLock()
+	defer kp.waitMu.RUnlock()
+	if kp.released {
+		return errPoolClosed
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b, d := kp.b, kp.b.drv
+	if err := d.check("cuCtxSetCurrent", C.bk_ctx_set(d.c, C.uintptr_t(b.ctx))); err != nil {
+		return err
+	}
+	kp.eventWaits.Add(1)
+	return d.check("cuEventSynchronize", C.bk_event_sync(d.c, C.uintptr_t(event)))
+}
+
+// releaseSlots frees every staging slot, from release (the stream is
+// synchronised): a Wait blocked on an event finishes first, later ones
+// find the pool gone.
+func (kp *KVPool) releaseSlots() {
+	kp.waitMu.Lock()
+	kp.released = true
+	kp.waitMu.Unlock()
+	d := kp.b.drv.c
+	for sl := range kp.slots {
+		C.bk_event_destroy(d, C.uintptr_t(sl.event))
+		sl.sums.free(d)
+	}
+	kp.slots, kp.freeSlots = nil, nil
 }
 
 // Close implements kernels.Arena.
@@ -229,9 +388,10 @@ func (kp *KVPool) OpenPeer(handle []byte) (kernels.PeerMemory, error) {
 // Size implements kernels.PeerMemory.
 func (pm *peerMemory) Size() int { return pm.size }
 
-// CopyPage implements kernels.PeerMemory: WritePage's unpack kernel, reading
-// the peer's arena where WritePage reads its staging page.
-func (pm *peerMemory) CopyPage(page int32, tokens int, off int) error {
+// QueuePage implements kernels.PeerMemory: WritePage's unpack kernel,
+// reading the peer's arena where WritePage reads its staging page, queued
+// on the pool's stream without a wait.
+func (pm *peerMemory) QueuePage(page int32, tokens int, off int) error {
 	kp := pm.kp
 	if err := kp.check(page, tokens); err != nil {
 		return err
@@ -251,11 +411,26 @@ func (pm *peerMemory) CopyPage(page int32, tokens int, off int) error {
 	if size == 0 {
 		return nil
 	}
-	if err := kp.unpack(page, tokens, pm.ptr+uint64(off)); err != nil {
+	return kp.unpack(page, tokens, pm.ptr+uint64(off))
+}
+
+// Drain implements kernels.PeerMemory: the copies share the pool's stream,
+// so one synchronise covers every page queued on it, from any peer.
+func (pm *peerMemory) Drain() error {
+	if err := pm.kp.enter(-1); err != nil {
+		return err
+	}
+	defer pm.kp.leave()
+	return pm.kp.sync()
+}
+
+// CopyPage implements kernels.PeerMemory.
+func (pm *peerMemory) CopyPage(page int32, tokens int, off int) error {
+	if err := pm.QueuePage(page, tokens, off); err != nil {
 		return err
 	}
 	// The drain proof: nothing of this copy is in flight once it returns.
-	return kp.sync()
+	return pm.Drain()
 }
 
 // Close implements kernels.PeerMemory.
@@ -267,7 +442,16 @@ func (pm *peerMemory) Close() error {
 		return err
 	}
 	defer pm.kp.leave()
-	return pm.close()
+	if pm.ptr == 0 {
+		return nil
+	}
+	// A queued copy may still read the mapping: it goes once they are
+	// done. (The pool's release synchronises before it unmaps its peers.)
+	serr := pm.kp.sync()
+	if err := pm.close(); err != nil {
+		return err
+	}
+	return serr
 }
 
 // close unmaps, with the pool's lock held and the context current.

@@ -115,7 +115,7 @@ func TestFakeIPCRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ar.Close()
-		staged, err := ar.Stage(plan.Pages, plan.Tokens, plan.Offs)
+		staged, err := stage(ar, plan.Pages, plan.Tokens, plan.Offs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,7 +153,7 @@ func TestFakeIPCArenaOutlivesClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ar.Stage([]int32{3}, []int{8}, []int{0}); err != nil {
+	if _, err := stage(ar, []int32{3}, []int{8}, []int{0}); err != nil {
 		t.Fatal(err)
 	}
 	pm, err := dst.OpenPeer(ar.Handle())
@@ -285,7 +285,7 @@ func testIPCTwoProcesses(t *testing.T, b *Backend, libDir string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ar.Stage(plan.Pages, plan.Tokens, plan.Offs); err != nil {
+		if _, err := stage(ar, plan.Pages, plan.Tokens, plan.Offs); err != nil {
 			t.Fatal(err)
 		}
 		c := ipcChild{Dir: libDir, Handle: hex.EncodeToString(ar.Handle()), DType: dt, Plan: plan,
@@ -327,7 +327,7 @@ func TestFakeIPCRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ar.Close()
-	if _, err := ar.Stage([]int32{0, 1}, []int{8, 8}, []int{0, page}); err != nil {
+	if _, err := stage(ar, []int32{0, 1}, []int{8, 8}, []int{0, page}); err != nil {
 		t.Fatal(err)
 	}
 	handle := ar.Handle()
@@ -405,7 +405,7 @@ func TestFakeIPCRefusals(t *testing.T) {
 		{"fewer offsets than pages", []int32{3, 2}, []int{8, 1}, []int{0}},
 		{"fewer token counts than pages", []int32{3, 2}, []int{8}, []int{0, page}},
 	} {
-		if _, err := ar.Stage(c.pages, c.tokens, c.offs); err == nil {
+		if _, err := stage(ar, c.pages, c.tokens, c.offs); err == nil {
 			t.Errorf("Stage of %s", c.what)
 		}
 	}
@@ -487,7 +487,7 @@ func TestFakeIPCClose(t *testing.T) {
 	if err := pm.CopyPage(0, 1, 0); err == nil {
 		t.Fatal("CopyPage after Close")
 	}
-	if _, err := ar.Stage([]int32{0}, []int{1}, []int{0}); err == nil {
+	if _, err := stage(ar, []int32{0}, []int{1}, []int{0}); err == nil {
 		t.Fatal("Stage after Close")
 	}
 	if len(src.arenas) != 0 || len(dst.peers) != 0 {
@@ -587,5 +587,68 @@ func TestFakeIPCMissing(t *testing.T) {
 	}
 	if err := kp.WritePage(1, 1, make([]byte, kp.layout.PackedBytes(1))); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// stage is Arena.Stage and the Wait for it.
+func stage(ar kernels.Arena, pages []int32, tokens, offs []int) ([]uint64, error) {
+	st, err := ar.Stage(pages, tokens, offs)
+	if err != nil {
+		return nil, err
+	}
+	return st.Wait()
+}
+
+// TestFakeIPCStageAsync: Stage queues the packs and the sums and returns
+// without waiting for the pool's stream; Wait waits for the staging's
+// event alone, once however often it is called, and gives its slot back
+// for the next Stage. A staging left unwaited when its pool closes fails
+// its Wait instead of touching freed memory.
+func TestFakeIPCStageAsync(t *testing.T) {
+	b := fakeBackend(t)
+	src, host := ipcSource(t, b, kernels.BF16, 90)
+	plan := newIPCPlan(host)
+	ar, err := src.NewArena(plan.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	syncs, events := src.Synchronizes()
+	st, err := ar.Stage(plan.Pages, plan.Tokens, plan.Offs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, e := src.Synchronizes(); s != syncs || e != events {
+		t.Fatalf("Stage waited: %d stream synchronises and %d event waits", s-syncs, e-events)
+	}
+	for range 2 {
+		sums, err := st.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, p := range plan.Pages {
+			if want := kernels.PageSum(kernels.PackPage(host, p, plan.Tokens[j], nil)); sums[j] != want {
+				t.Fatalf("entry %d summed %#x, want %#x", j, sums[j], want)
+			}
+		}
+	}
+	if s, e := src.Synchronizes(); s != syncs || e != events+1 {
+		t.Fatalf("two Waits: %d stream synchronises and %d event waits, want 0 and 1", s-syncs, e-events)
+	}
+	if _, err := stage(ar, plan.Pages, plan.Tokens, plan.Offs); err != nil {
+		t.Fatal(err)
+	}
+	if len(src.slots) != 1 || len(src.freeSlots) != 1 {
+		t.Fatalf("%d staging slots (%d free) after two stagings in turn, want one, free", len(src.slots), len(src.freeSlots))
+	}
+	left, err := ar.Stage(plan.Pages, plan.Tokens, plan.Offs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := left.Wait(); err == nil {
+		t.Fatal("a staging's Wait after its pool's Close")
 	}
 }

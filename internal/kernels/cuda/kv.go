@@ -40,8 +40,10 @@ type KVPool struct {
 	// waits for the backend's stream through event.
 	stored []atomic.Uint64
 	event  uintptr
-	// waits counts reads that waited for the backend's stream (tests).
+	// waits counts reads that waited for the backend's stream; syncs the
+	// pool's waits for its own stream (tests, through Synchronizes).
 	waits int
+	syncs int
 	// host is the staging buffer of one packed page: pinned (page-locked,
 	// so copies are DMA at full speed) when the driver allows, else
 	// pageable C memory.
@@ -62,6 +64,15 @@ type KVPool struct {
 	peers  map[*peerMemory]struct{}
 	// sums is SumPages' staging (sums.go).
 	sums *pageSums
+	// slots are the staging slots of Arena.Stage (ipc.go), free those no
+	// Stage in flight holds. released is set, under waitMu, once release
+	// freed them: a Wait holds waitMu's read lock while it blocks on a
+	// slot's event, so release does not destroy the event under it.
+	slots      map[*stageSlot]struct{}
+	freeSlots  []*stageSlot
+	waitMu     sync.RWMutex
+	released   bool
+	eventWaits atomic.Int64
 }
 
 var _ kernels.DeviceKV = (*KVPool)(nil)
@@ -89,7 +100,7 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	b.lock()
 	defer b.unlock()
 	kp := &KVPool{b: b, layout: layout, pages: pages, stored: make([]atomic.Uint64, pages),
-		arenas: map[*arena]struct{}{}, peers: map[*peerMemory]struct{}{}}
+		arenas: map[*arena]struct{}{}, peers: map[*peerMemory]struct{}{}, slots: map[*stageSlot]struct{}{}}
 	made := false
 	defer func() {
 		if !made { // a driver call panicked: free what was made so far
@@ -129,6 +140,16 @@ var _ kernels.DeviceRange = (*KVPool)(nil)
 // first.
 func (kp *KVPool) Range() (addr uintptr, bytes int, hostVisible bool) {
 	return uintptr(kp.ptr), kp.pages * kp.layout.PageFloats() * 4, kp.b.drv.hostVisible()
+}
+
+// Synchronizes counts the times the pool's page operations waited for its
+// stream, and the times a Staging's Wait waited for its event: what
+// batching the page copies saves and where staging waits, for tests
+// outside the package.
+func (kp *KVPool) Synchronizes() (stream, event int) {
+	kp.mu.Lock()
+	defer kp.mu.Unlock()
+	return kp.syncs, int(kp.eventWaits.Load())
 }
 
 // Pinned reports whether page copies are staged through page-locked host
@@ -226,6 +247,7 @@ func (kp *KVPool) unpack(page int32, tokens int, src dptr) error {
 }
 
 func (kp *KVPool) sync() error {
+	kp.syncs++
 	d := kp.b.drv
 	return d.check("cuStreamSynchronize", C.bk_stream_sync(d.c, C.uintptr_t(kp.stream)))
 }
@@ -441,6 +463,7 @@ func (kp *KVPool) release() {
 		C.bk_stream_destroy(d, C.uintptr_t(kp.stream))
 	}
 	kp.releaseIPC()
+	kp.releaseSlots()
 	if kp.event != 0 {
 		C.bk_event_destroy(d, C.uintptr_t(kp.event))
 	}

@@ -89,10 +89,12 @@ func (s *arenaSpace) freeBytes() int {
 }
 
 // stagedRef is a staged page as the sending session knows it: where in
-// its arena the rows are. Only the session that staged it sends it.
+// its arena the rows are, and the staging that puts them there. Only the
+// session that staged it sends it, and only once the staging is done.
 type stagedRef struct {
-	s   *Session
-	off int
+	s       *Session
+	off     int
+	staging kernels.Staging
 }
 
 // Land implements transfer.PageSource; a staged page lands only on the
@@ -106,7 +108,8 @@ func (stagedRef) Land(kernels.PagedKV, int32, int) (int, error) {
 // go as REF frames; when the arena has no room for them they are read
 // into host memory, summed there the same way, and go as PAGE frames.
 // Without an arena the session is plain tcp: pages read into host memory,
-// transfer.Checksum.
+// transfer.Checksum. The packs are only queued when it returns
+// (Staged.Pending); Write waits for them before it queues a REF.
 func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (transfer.Staged, error) {
 	if s.space == nil {
 		return transfer.ReadStaged(kv, pages, tokens, transfer.Checksum)
@@ -127,22 +130,23 @@ func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (t
 	for i := range offs {
 		offs[i] += sp.off
 	}
-	sums, err := s.space.arena.Stage(pages, tokens, offs)
+	staging, err := s.space.arena.Stage(pages, tokens, offs)
 	if err != nil {
 		s.space.give([]span{sp})
 		return transfer.Staged{}, fmt.Errorf("tcp: %v: staging %d pages: %w", s.key, len(pages), err)
 	}
 	s.mu.Lock()
 	s.spans = append(s.spans, sp)
+	s.stagings = append(s.stagings, staging)
 	s.mu.Unlock()
 	s.space.mu.Lock()
 	s.space.staged += len(pages)
 	s.space.mu.Unlock()
 	srcs := make([]transfer.PageSource, len(pages))
 	for i := range srcs {
-		srcs[i] = stagedRef{s: s, off: offs[i]}
+		srcs[i] = stagedRef{s: s, off: offs[i], staging: staging}
 	}
-	return transfer.Staged{Data: make([][]byte, len(pages)), Srcs: srcs, Sums: sums}, nil
+	return transfer.Staged{Data: make([][]byte, len(pages)), Srcs: srcs, Pending: staging}, nil
 }
 
 // releaseSpans gives the session's arena bytes back: at once when the
@@ -152,9 +156,14 @@ func (s *Session) releaseSpans(confirmed bool) {
 		return
 	}
 	s.mu.Lock()
-	spans := s.spans
-	s.spans = nil
+	spans, stagings := s.spans, s.stagings
+	s.spans, s.stagings = nil, nil
 	s.mu.Unlock()
+	// Every staging is waited for, sent or not, which frees what it holds;
+	// the bytes it packs into are not reused before it is done.
+	for _, st := range stagings {
+		_, _ = st.Wait()
+	}
 	if len(spans) == 0 {
 		return
 	}
@@ -257,16 +266,23 @@ type peerPage struct {
 	into kernels.PeerImporter
 	mem  kernels.PeerMemory
 	off  int
-	// landed is set to the bytes copied, for the session's count.
+	// landed is set to the bytes queued, for the session's count; queued
+	// is the connection's count of copies not yet drained.
 	landed *int
+	queued *int
 }
 
-// Land implements transfer.PageSource.
+// Land implements transfer.PageSource. It only queues the copy: the
+// receiver that made the page drains it (connState.drain) before it reads
+// on from the socket, acknowledges, or returns.
 func (p peerPage) Land(kv kernels.PagedKV, page int32, tokens int) (int, error) {
 	if kv.Device == nil || any(kv.Device) != any(p.into) {
 		return 0, errors.New("tcp: a staged page can only land in the pool that mapped its arena")
 	}
-	if err := p.mem.CopyPage(page, tokens, p.off); err != nil {
+	// Counted before the call: a launch that failed half-way may have
+	// left the stream in an error only a drain reports.
+	*p.queued++
+	if err := p.mem.QueuePage(page, tokens, p.off); err != nil {
 		return 0, err
 	}
 	*p.landed = kv.PackedBytes(tokens)

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -70,7 +71,7 @@ func FuzzFrame(f *testing.F) {
 		sink := &fuzzSink{t: t, max: maxPayload}
 		st := &connState{cfg: &cfg, sink: sink}
 		hellos := 0
-		err := st.serveFrames(bytes.NewReader(in), io.Discard, func(transfer.Key) { hellos++ })
+		err := st.serveFrames(bufio.NewReader(bytes.NewReader(in)), io.Discard, func(transfer.Key) { hellos++ })
 		if hellos > 1 {
 			t.Fatalf("hello called %d times", hellos)
 		}

@@ -201,6 +201,9 @@ type connState struct {
 	peers   *peerSet
 	arena   *peer
 	noArena bool
+	// queued counts the staged pages whose copies were queued on the
+	// decode pool and not yet drained (see serveFrames).
+	queued int
 }
 
 // refuse notes the session's first refusal, which its next ack carries.
@@ -218,9 +221,55 @@ func (st *connState) dropArena() {
 	}
 }
 
+// drain waits for the copies of the staged pages queued since the last
+// drain. An error fails the session: its pages are not known to be in
+// place (they were counted when queued, and Commit's checksums, computed
+// behind the copies on the same stream, catch what did not land).
+func (st *connState) drain() error {
+	if st.queued == 0 {
+		return nil
+	}
+	st.queued = 0
+	if err := st.arena.mem.Drain(); err != nil {
+		return fmt.Errorf("copying staged pages out of the sender's arena: %w", err)
+	}
+	return nil
+}
+
+// frameBuffered says whether r holds the whole next frame, so reading it
+// cannot block on the socket.
+func frameBuffered(r *bufio.Reader) bool {
+	n := r.Buffered()
+	if n < hdrSize {
+		return false
+	}
+	hdr, _ := r.Peek(hdrSize) // buffered already: Peek does not read
+	return uint64(n) >= hdrSize+uint64(binary.LittleEndian.Uint32(hdr[4:]))
+}
+
 // serveFrames reads frames from r until EOF or an error, calling hello
 // once the HELLO is in. It returns nil at a clean EOF between frames.
-func (st *connState) serveFrames(r io.Reader, w io.Writer, hello func(transfer.Key)) error {
+//
+// Staged pages (REF frames) land in batches: each REF's copy is queued
+// through the Sink's gate, page by page as ever, without a wait, and the
+// copies queued are drained (one synchronise of the decode pool's stream)
+// before anything that stands for them having landed: before the next
+// read that could block on the socket (so a batch is every REF already
+// buffered), before a FLUSH_ACK is written, and before this returns, so
+// before the connection is closed (the end of session the sender takes as
+// the receiver's confirmation) and before Sink.Closed. So the drain proof
+// keeps its meaning: when Closed is called no copy of the session is in
+// flight.
+func (st *connState) serveFrames(r *bufio.Reader, w io.Writer, hello func(transfer.Key)) (err error) {
+	defer func() {
+		if derr := st.drain(); err == nil {
+			err = derr
+		}
+	}()
+	return st.frames(r, w, hello)
+}
+
+func (st *connState) frames(r *bufio.Reader, w io.Writer, hello func(transfer.Key)) error {
 	var (
 		h       header
 		payload []byte
@@ -243,6 +292,11 @@ func (st *connState) serveFrames(r io.Reader, w io.Writer, hello func(transfer.K
 		st.refused = true
 	}
 	for {
+		if !frameBuffered(r) {
+			if err := st.drain(); err != nil {
+				return err
+			}
+		}
 		h, payload, st.buf, err = readFrame(r, &st.hdr, st.buf, st.cfg.maxPayload)
 		if err == io.EOF {
 			return nil
@@ -291,7 +345,7 @@ func (st *connState) serveFrames(r io.Reader, w io.Writer, hello func(transfer.K
 				st.refuse("page %d (index %d): arena offset %d", w.Page, w.Index, off)
 				continue
 			}
-			src := peerPage{into: st.peers.imp, mem: st.arena.mem, off: int(off), landed: new(int)}
+			src := peerPage{into: st.peers.imp, mem: st.arena.mem, off: int(off), landed: new(int), queued: &st.queued}
 			w.Src = src
 			if err := st.sink.Write(key, w); err != nil {
 				st.refuse("page %d (index %d): %v", w.Page, w.Index, err)
@@ -300,13 +354,21 @@ func (st *connState) serveFrames(r io.Reader, w io.Writer, hello func(transfer.K
 			}
 		case frameFlush:
 			// Frames are processed in order on this goroutine, so every
-			// earlier page has been through the Sink by now.
+			// earlier page has been through the Sink by now, and, drained,
+			// every staged one has landed.
+			derr := st.drain()
+			if derr != nil {
+				st.refuse("%v", derr)
+			}
 			text := st.firstErr[:min(len(st.firstErr), maxAckText)]
 			st.ack = append(st.ack[:0], make([]byte, hdrSize)...)
 			putHeader(st.ack, frameAck, len(text), h.a, uint64(st.landed), 0)
 			st.ack = append(st.ack, text...)
 			if _, err := w.Write(st.ack); err != nil {
 				return fmt.Errorf("writing FLUSH_ACK: %w", err)
+			}
+			if derr != nil {
+				return derr
 			}
 		default:
 			return fmt.Errorf("%w: unexpected frame type %d in a session", errMalformed, h.typ)

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 )
 
@@ -138,6 +139,7 @@ type Session struct {
 	// arena's handle (writer goroutine only).
 	space     *arenaSpace
 	spans     []span
+	stagings  []kernels.Staging // this session's, under mu
 	arenaSent bool
 
 	endOnce sync.Once
@@ -152,8 +154,15 @@ func (s *Session) Write(w transfer.PageWrite) error {
 		return fmt.Errorf("tcp: %v: bad page write (index %d, tokens %d)", s.key, w.Index, w.Tokens)
 	}
 	if w.Src != nil {
-		if ref, ok := w.Src.(stagedRef); !ok || ref.s != s {
+		ref, ok := w.Src.(stagedRef)
+		if !ok || ref.s != s {
 			return fmt.Errorf("tcp: %v: page index %d is staged by another session or transport", s.key, w.Index)
+		}
+		// The REF tells the receiver to copy the rows, on its own stream
+		// in another process: nothing but this wait orders the copy after
+		// the pack that puts them in the arena.
+		if _, err := ref.staging.Wait(); err != nil {
+			return fmt.Errorf("tcp: %v: page index %d: staging: %w", s.key, w.Index, err)
 		}
 	} else if len(w.Data) > s.cfg.maxPayload {
 		return fmt.Errorf("tcp: %v: page payload of %d bytes over the %d-byte limit", s.key, len(w.Data), s.cfg.maxPayload)

@@ -311,10 +311,14 @@ func (s *stagingSession) Write(w transfer.PageWrite) error {
 	if err != nil {
 		return err
 	}
+	sums, err := staged.Wait()
+	if err != nil {
+		return err
+	}
 	if staged.Srcs == nil {
 		return s.Session.Write(w)
 	}
-	if staged.Sums[0] != kernels.PageSum(w.Data) {
+	if sums[0] != kernels.PageSum(w.Data) {
 		return errors.New("harness: the staged page's sum is not PageSum of its rows")
 	}
 	w.Src = staged.Srcs[0]
