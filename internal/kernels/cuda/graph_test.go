@@ -1,8 +1,13 @@
 package cuda
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
@@ -21,21 +26,27 @@ type graphRun struct {
 	pages [][]int32
 }
 
-const graphPage = 4
+// graphPage is the test pool's page size; graphSeqPages is how many pages
+// each sequence has, room for its prompt and 17 decode steps.
+const graphPage, graphSeqPages = 4, 8
 
 func newGraphRun(t *testing.T, b *Backend, c model.Config, w *model.Weights, seqs int) *graphRun {
 	t.Helper()
 	r := &graphRun{t: t, b: b, m: model.New(c, w, b)}
 	// As the engine does before its first step: a step that grew the
 	// model's buffers would run directly.
-	r.m.Reserve(16, 16)
+	r.m.Reserve(max(16, seqs), max(16, seqs))
 	host := kernels.PagedKV{PageSize: graphPage, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kernels.BF16}
-	host.Data = make([]float32, 4*seqs*host.PageFloats())
+	host.Data = make([]float32, graphSeqPages*seqs*host.PageFloats())
 	r.kv = toDevice(t, b, host)
 	for i := range seqs {
 		// Pages interleaved across sequences, in no order.
-		r.pages = append(r.pages, []int32{int32(4*seqs - 1 - i), int32(i), int32(seqs + i), int32(2*seqs + i)})
-		n := 3 + 3*i
+		pages := []int32{int32(graphSeqPages*seqs - 1 - i)}
+		for p := range graphSeqPages - 1 {
+			pages = append(pages, int32(p*seqs+i))
+		}
+		r.pages = append(r.pages, pages)
+		n := 3 + 3*(i%5)
 		bt := &model.Batch{Seqs: []kernels.AttnSeq{{Pages: r.pages[i], QLen: n, KVLen: n}}}
 		for p := range n {
 			bt.Tokens = append(bt.Tokens, r.token(i, p))
@@ -315,5 +326,170 @@ func TestGPUGraphReplay(t *testing.T) {
 	}
 	if g := bOn.g; g.replays == before.replays || g.failures != before.failures {
 		t.Errorf("%d graph launches, %d capture failures", g.replays-before.replays, g.failures-before.failures)
+	}
+}
+
+// TestFakeGraphCUBLAS: decode steps of the buckets whose products go to
+// cuBLAS (16 and 24 rows, above the gemv kernels' 8) run as graphs that
+// hold the cuBLAS calls, captured on the backend's stream, and give the
+// logits and greedy tokens of direct launches; each fresh graph's check
+// against direct launches (the model's) passed.
+func TestFakeGraphCUBLAS(t *testing.T) {
+	on, off := graphPair(t, DefaultGraphMaxBS, 24)
+	if on.b.blas == nil || on.b.blasWork == 0 {
+		t.Fatalf("cuBLAS loaded: %v, its workspace: %#x (%s)", on.b.blas != nil, on.b.blasWork, on.b.blasNoCapture)
+	}
+	for i, n := range []int{16, 16, 12, 16, 24, 20, 24} {
+		before := on.b.g
+		sameLogits(t, fmt.Sprintf("step %d of %d rows", i, n), on.step(n), off.step(n), graphConfig.Vocab)
+		// The first step copies the logits buffer in: it runs directly.
+		if g := on.b.g; i > 0 && g.replays != before.replays+1 {
+			t.Errorf("step %d of %d rows: %d graph launches, want 1 (%d ran direct)", i, n, g.replays-before.replays,
+				g.direct-before.direct)
+		}
+	}
+	// A bucket's first step may grow a scratch buffer midway, which moves
+	// it for the next step: a second capture.
+	if g := on.b.g; g.captured < 2 || g.captured > 4 || g.failures != 0 || g.wrong != 0 {
+		t.Errorf("%d captures, %d failures, %d wrong; want the buckets of 16 and 24 captured once or twice each", g.captured,
+			g.failures, g.wrong)
+	}
+	for key, g := range on.b.g.graphs {
+		products := 0
+		for i := range g.ops {
+			if g.ops[i].kind == opBLAS {
+				products++
+			}
+		}
+		if products == 0 {
+			t.Errorf("the graph of %d rows holds no cuBLAS product", key.rows)
+		}
+	}
+}
+
+// blasStep is a backend with graphs, a kept input x of n rows on the
+// device and a kept output, for steps of products by hand.
+type blasStep struct {
+	b      *Backend
+	x, out []float32
+	n      int
+}
+
+func newBLASStep(t *testing.T, n, cols int, ws ...*kernels.Matrix) *blasStep {
+	b := fakeBackend(t)
+	b.SetGraphs(DefaultGraphMaxBS, nil)
+	if err := b.Preload(ws...); err != nil {
+		t.Fatal(err)
+	}
+	s := &blasStep{b: b, x: randVec(rand.New(rand.NewPCG(5, 6)), n*cols, 1), out: make([]float32, n*ws[0].Rows), n: n}
+	b.Keep(s.x, s.out)
+	// x goes to the device now: a step that copies a whole kept buffer
+	// in runs directly.
+	b.MatMul(s.out, s.x, n, ws[0])
+	return s
+}
+
+// run is a graph step of n rows: out = x · wᵀ for each w in turn.
+func (s *blasStep) run(ws ...*kernels.Matrix) {
+	if rows := s.b.GraphRows(1, s.n); rows != s.n {
+		panic(fmt.Sprintf("a step of %d rows runs as %d", s.n, rows))
+	}
+	s.b.BeginGraphStep(1, s.n)
+	for _, w := range ws {
+		s.b.MatMul(s.out, s.x, s.n, w)
+	}
+	s.b.EndGraphStep()
+}
+
+// TestFakeGraphBLASProgram: a step that differs from its bucket's graph
+// only in a cuBLAS product's weight (its launches and copies alike) is
+// captured anew, not replayed with the weight the graph was captured
+// with: the program comparison covers every argument of a cuBLAS call.
+func TestFakeGraphBLASProgram(t *testing.T) {
+	const n, rows, cols = 16, 48, 64
+	rng := rand.New(rand.NewPCG(3, 4))
+	wA, wB := randMatrix(rng, kernels.F16, rows, cols), randMatrix(rng, kernels.F16, rows, cols)
+	s := newBLASStep(t, n, cols, wA, wB)
+	want := map[*kernels.Matrix][]float32{}
+	for _, w := range []*kernels.Matrix{wA, wB} {
+		want[w] = make([]float32, n*rows)
+		s.b.MatMul(want[w], append([]float32(nil), s.x...), n, w) // direct
+	}
+	for i, step := range []struct {
+		w                  *kernels.Matrix
+		captured, replayed bool
+	}{{wA, true, true}, {wA, false, true}, {wB, true, true}, {wB, false, true}, {wA, true, true}} {
+		before := s.b.g
+		s.run(step.w)
+		kernels.Host(s.b, s.out)
+		for j := range s.out {
+			if s.out[j] != want[step.w][j] {
+				t.Fatalf("step %d: out[%d] = %g, want %g (the product by the other weight: %g)", i, j, s.out[j],
+					want[step.w][j], want[map[*kernels.Matrix]*kernels.Matrix{wA: wB, wB: wA}[step.w]][j])
+			}
+		}
+		g := s.b.g
+		if captured := g.captured == before.captured+1; captured != step.captured || g.replays != before.replays+1 {
+			t.Errorf("step %d: %d captures and %d graph launches, want captured %v and 1 launch", i,
+				g.captured-before.captured, g.replays-before.replays, step.captured)
+		}
+	}
+}
+
+// TestFakeGraphStepAllocs: recording and replaying a step of cuBLAS
+// products allocates nothing beyond what its calls allocate run directly.
+func TestFakeGraphStepAllocs(t *testing.T) {
+	const n, rows, cols = 16, 32, 64
+	rng := rand.New(rand.NewPCG(7, 8))
+	var ws []*kernels.Matrix
+	for range 8 {
+		ws = append(ws, randMatrix(rng, kernels.F16, rows, cols))
+	}
+	s := newBLASStep(t, n, cols, ws...)
+	// The first step's program skips rounding x (the direct product
+	// before did it), the second's does: two captures, then replays.
+	s.run(ws...)
+	s.run(ws...)
+	before := s.b.g
+	const runs = 20
+	recorded := testing.AllocsPerRun(runs, func() { s.run(ws...) })
+	if g := s.b.g; g.captured != before.captured || g.replays != before.replays+runs+1 {
+		t.Fatalf("%d captures and %d graph launches in %d steps, want 0 and %d", g.captured-before.captured,
+			g.replays-before.replays, runs+1, runs+1)
+	}
+	direct := testing.AllocsPerRun(runs, func() {
+		for _, w := range ws {
+			s.b.MatMul(s.out, s.x, n, w)
+		}
+	})
+	t.Logf("a step of %d products: %.0f allocations recorded and replayed, %.0f run directly", len(ws), recorded, direct)
+	if recorded > direct {
+		t.Errorf("a step of %d products: %.0f allocations recorded and replayed, %.0f run directly", len(ws), recorded, direct)
+	}
+}
+
+// TestFakeGraphNoBLASWorkspace: with a cuBLAS that lacks
+// cublasSetWorkspace_v2 the buckets whose products go to cuBLAS run
+// directly (said once in the log), and the smaller ones are still graphs.
+func TestFakeGraphNoBLASWorkspace(t *testing.T) {
+	l := fakeLibs(t)
+	l.cublas = []string{filepath.Join(filepath.Dir(l.cublas[0]), "noworkspace", "libcublas.so.12")}
+	b, err := open(l, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	var logged bytes.Buffer
+	b.SetGraphs(DefaultGraphMaxBS, slog.New(slog.NewTextHandler(&logged, nil)))
+	if b.blas == nil || b.blasWork != 0 || !strings.Contains(b.blasNoCapture, "cublasSetWorkspace_v2") {
+		t.Fatalf("cuBLAS loaded: %v, workspace %#x, why none: %q", b.blas != nil, b.blasWork, b.blasNoCapture)
+	}
+	for _, c := range []struct{ n, rows int }{{16, 0}, {24, 0}, {32, 0}, {8, 8}, {3, 4}, {12, 0}} {
+		if rows := b.GraphRows(1, c.n); rows != c.rows {
+			t.Errorf("GraphRows(%d) = %d, want %d", c.n, rows, c.rows)
+		}
+	}
+	if got := strings.Count(logged.String(), "cublasSetWorkspace_v2"); got != 1 {
+		t.Errorf("the missing workspace logged %d times, want once:\n%s", got, logged.String())
 	}
 }
