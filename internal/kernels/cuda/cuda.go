@@ -1008,6 +1008,7 @@ func (b *Backend) gemm(c blasCall) {
 			r.why = "a cuBLAS product without a workspace of ours (" + b.blasNoCapture + ")"
 		}
 		r.ops = append(r.ops, stepOp{kind: opBLAS, blas: c})
+		r.products = true
 		return
 	}
 	if err := b.blasNow(&c); err != nil {

@@ -32,9 +32,11 @@ import (
 // A cuBLAS product is captured as cuBLAS issues it on the capturing stream
 // (its handle's stream is the backend's): as kernels whose arguments are
 // fixed at capture, like ours. cuBLAS must not allocate inside a capture,
-// so it gets a workspace of ours when it is opened (setBLASWorkspace);
-// a cuBLAS without cublasSetWorkspace_v2 keeps the buckets above gemvMaxN
-// rows, whose products go to cuBLAS, direct. That a captured product
+// so it gets a workspace of ours when it is opened (setBLASWorkspace),
+// and a bucket's first step with products runs direct, so that cuBLAS
+// chooses (and loads) its kernels for the bucket's shapes outside a
+// capture. A cuBLAS without cublasSetWorkspace_v2 keeps the buckets above
+// gemvMaxN rows, whose products go to cuBLAS, direct. That a captured product
 // replays what a direct one computes is checked on the emulated driver,
 // whose cuBLAS captures its products as graph nodes the same way, and by
 // the model's check of every fresh graph, not yet on a GPU.
@@ -95,6 +97,8 @@ type stepRec struct {
 	// the first steps do, and the next will not).
 	why  string
 	warm bool
+	// products: the step calls cuBLAS.
+	products bool
 	// frees are scratch buffers the step outgrew: its earlier calls, not
 	// queued yet, still use them.
 	frees []dptr
@@ -135,6 +139,10 @@ type graphState struct {
 	// blasWarned: buckets with cuBLAS products run direct for want of a
 	// workspace (Backend.blasNoCapture), said once.
 	blasWarned bool
+	// blasRan marks the buckets whose products have run outside a
+	// capture: cuBLAS chooses (and may load) its kernels for a shape at
+	// the shape's first call, which should not happen inside a capture.
+	blasRan map[graphKey]bool
 	// syncs counts stream synchronisations (a graph's pinned buffer may be
 	// rewritten once one followed its launch).
 	syncs uint64
@@ -217,8 +225,10 @@ func (b *Backend) BeginGraphStep(owner uint64, rows int) {
 		panic("cuda: BeginGraphStep inside a graph step")
 	}
 	// A table copied once and skipped by later layers must be copied in
-	// every program alike, whatever the step before left.
+	// every program alike, whatever the step before left; so must an
+	// input rounded for a product.
 	b.sent = [numScratch][]byte{}
+	b.halfOf.x = 0
 	rec := b.g.spare
 	b.g.spare = nil
 	if rec == nil {
@@ -267,11 +277,15 @@ func (b *Backend) EndGraphStep() (fresh bool) {
 	if rec.why == "" && b.g.captures[key] >= maxCaptures {
 		rec.why = fmt.Sprintf("its program changed after %d captures", maxCaptures)
 	}
+	if rec.products && !b.g.blasRan[key] {
+		rec.warm = true // its first products run direct (blasRan)
+	}
 	if rec.why != "" || rec.warm {
 		if rec.why != "" {
 			b.turnOff(key, rec.why)
 		}
 		b.issue(rec)
+		b.g.blasRan[key] = b.g.blasRan[key] || rec.products
 		b.g.direct++
 		return false
 	}
@@ -511,4 +525,5 @@ func (b *Backend) dropGraphs() {
 		b.destroyGraph(g)
 	}
 	b.g.graphs, b.g.captures, b.g.off = map[graphKey]*stepGraph{}, map[graphKey]int{}, map[graphKey]string{}
+	b.g.blasRan = map[graphKey]bool{}
 }
