@@ -304,6 +304,10 @@ type Backend struct {
 	blas     *C.bk_cublas
 	blasH    uintptr
 	blasDesc string
+	// blasWork is cuBLAS's workspace (setBLASWorkspace), 0 when it has
+	// none of ours; blasNoCapture then says why.
+	blasWork      dptr
+	blasNoCapture string
 
 	scratch [numScratch]devBuf
 	// stage is pinned host memory (nil when the driver refused it) that
@@ -488,6 +492,7 @@ func (b *Backend) openCUBLAS(names []string) {
 			continue
 		}
 		b.blas, b.blasH = lib, uintptr(h)
+		b.setBLASWorkspace()
 		b.blasDesc = "cublas " + name
 		var v C.int
 		if C.bk_blas_version(lib, h, &v) == 0 {
@@ -496,6 +501,33 @@ func (b *Backend) openCUBLAS(names []string) {
 		return
 	}
 	b.blasDesc = "no cublas (" + strings.Join(reasons, "; ") + "): own kernels for every product"
+}
+
+// blasWorkspaceBytes is the workspace cuBLAS gets: what it recommends on
+// sm_90, more than it needs elsewhere.
+const blasWorkspaceBytes = 32 << 20
+
+// setBLASWorkspace gives cuBLAS a workspace of ours. Left to itself cuBLAS
+// may allocate one at a product's first call, and an allocation inside a
+// stream capture spoils it: only with a workspace set may a graph step
+// hold cuBLAS products (blasNoCapture says why not). cublasSetStream drops
+// the workspace, so this comes after it.
+func (b *Backend) setBLASWorkspace() {
+	if C.bk_blas_has_workspace(b.blas) == 0 {
+		b.blasNoCapture = "this cuBLAS lacks cublasSetWorkspace_v2"
+		return
+	}
+	var p C.bk_dptr
+	if r := C.bk_mem_alloc(b.drv.c, &p, blasWorkspaceBytes); r != 0 {
+		b.blasNoCapture = "allocating its workspace: " + b.drv.errText(r)
+		return
+	}
+	if err := blasCheck("cublasSetWorkspace", C.bk_blas_set_workspace(b.blas, C.uintptr_t(b.blasH), p, blasWorkspaceBytes)); err != nil {
+		C.bk_mem_free(b.drv.c, p)
+		b.blasNoCapture = err.Error()
+		return
+	}
+	b.blasWork = dptr(p)
 }
 
 // Name implements kernels.Backend.
@@ -557,6 +589,10 @@ func (b *Backend) release() {
 	if b.blasH != 0 {
 		C.bk_blas_destroy(b.blas, C.uintptr_t(b.blasH))
 		b.blasH = 0
+	}
+	if b.blasWork != 0 {
+		C.bk_mem_free(d, C.bk_dptr(b.blasWork))
+		b.blasWork = 0
 	}
 	if b.stream != 0 {
 		C.bk_stream_destroy(d, C.uintptr_t(b.stream))
@@ -986,13 +1022,7 @@ func (b *Backend) shadowed(out dptr, elems, kind int) {
 // A and x halves of type typ (a cudaDataType), C float32, float32
 // accumulation.
 func (b *Backend) gemmEx(c dptr, m, n, k int, a, x dptr, typ, ldc int) {
-	if b.blasRecorded(func() { b.gemmEx(c, m, n, k, a, x, typ, ldc) }) {
-		return
-	}
-	if err := blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, C.uintptr_t(b.blasH), C.int(m), C.int(n), C.int(k),
-		C.bk_dptr(a), C.int(typ), C.int(k), C.bk_dptr(x), C.int(k), C.bk_dptr(c), C.int(ldc))); err != nil {
-		panic(err)
-	}
+	b.gemm(blasCall{ex: true, typ: typ, m: m, n: n, k: k, a: a, lda: k, x: x, ldx: k, c: c, ldc: ldc, alpha: 1})
 }
 
 // dequantThreads is how many threads bk_dequant_rows wants for n
@@ -1008,25 +1038,47 @@ func dequantThreads(dt kernels.DType, n int) int {
 // sgemm: C[n][ldc] (row-major, first m columns) = x[n][k] · A[m][k]ᵀ,
 // i.e. column-major C(m×n) = Aᵀ·x with A stored k×m.
 func (b *Backend) sgemm(c dptr, m, n, k int, a, x dptr, ldc int) {
-	if b.blasRecorded(func() { b.sgemm(c, m, n, k, a, x, ldc) }) {
+	b.gemm(blasCall{m: m, n: n, k: k, a: a, lda: k, x: x, ldx: k, c: c, ldc: ldc, alpha: 1})
+}
+
+// blasCall is one cuBLAS product, column-major C(m×n) = alpha·Aᵀ·x +
+// beta·C, described by value: everything the call passes, so that two
+// recorded calls are the same call only when they compute the same thing
+// from the same memory (a graph replays the arguments it captured).
+type blasCall struct {
+	ex            bool // cublasGemmEx, A and x of cudaDataType typ; else cublasSgemm
+	typ           int
+	m, n, k       int
+	a, x, c       dptr
+	lda, ldx, ldc int
+	alpha, beta   float32
+}
+
+// gemm queues c, or records it into the graph step being recorded.
+func (b *Backend) gemm(c blasCall) {
+	if r := b.g.rec; r != nil {
+		if b.blasWork == 0 {
+			r.why = "a cuBLAS product without a workspace of ours (" + b.blasNoCapture + ")"
+		}
+		r.ops = append(r.ops, stepOp{kind: opBLAS, blas: c})
+		r.products = true
 		return
 	}
-	if err := blasCheck("cublasSgemm", C.bk_sgemm_tn(b.blas, C.uintptr_t(b.blasH), C.int(m), C.int(n), C.int(k),
-		C.bk_dptr(a), C.int(k), C.bk_dptr(x), C.int(k), C.bk_dptr(c), C.int(ldc))); err != nil {
+	if err := b.blasNow(&c); err != nil {
 		panic(err)
 	}
 }
 
-// blasRecorded records a cuBLAS call of a graph step (which then runs
-// call by call), or says there is no step recording.
-func (b *Backend) blasRecorded(call func()) bool {
-	r := b.g.rec
-	if r == nil {
-		return false
+// blasNow issues c on the handle's stream, b.stream: queued, or captured
+// while that stream captures.
+func (b *Backend) blasNow(c *blasCall) error {
+	h := C.uintptr_t(b.blasH)
+	if c.ex {
+		return blasCheck("cublasGemmEx", C.bk_gemmex_tn(b.blas, h, C.int(c.m), C.int(c.n), C.int(c.k), C.float(c.alpha),
+			C.bk_dptr(c.a), C.int(c.typ), C.int(c.lda), C.bk_dptr(c.x), C.int(c.ldx), C.float(c.beta), C.bk_dptr(c.c), C.int(c.ldc)))
 	}
-	r.why = "a cuBLAS product"
-	r.ops = append(r.ops, stepOp{kind: opBLAS, blas: call})
-	return true
+	return blasCheck("cublasSgemm", C.bk_sgemm_tn(b.blas, h, C.int(c.m), C.int(c.n), C.int(c.k), C.float(c.alpha),
+		C.bk_dptr(c.a), C.int(c.lda), C.bk_dptr(c.x), C.int(c.ldx), C.float(c.beta), C.bk_dptr(c.c), C.int(c.ldc)))
 }
 
 // RMSNorm implements kernels.Backend.

@@ -80,6 +80,7 @@ static const bk_sym cublas_syms[] = {
     BSYM(getVersion, "cublasGetVersion_v2", 0),
     BSYM(sgemm, "cublasSgemm_v2", 1),
     BSYM(gemmEx, "cublasGemmEx", 1),
+    BSYM(setWorkspace, "cublasSetWorkspace_v2", 0),
 };
 #undef BSYM
 

@@ -93,6 +93,8 @@ typedef struct bk_cublas {
                   float*, int);
   bk_res (*gemmEx)(bk_h, int, int, int, int, int, const void*, const void*, int, int, const void*, int, int,
                    const void*, void*, int, int, int, int);
+  // Optional: without it no graph step holds a cuBLAS product.
+  bk_res (*setWorkspace)(bk_h, void*, size_t);
 } bk_cublas;
 
 // Loading: NULL and a message in err (naming the library or the missing
@@ -216,19 +218,22 @@ static inline bk_res bk_blas_version(bk_cublas* b, uintptr_t h, int* v) {
   if (!b->getVersion) return BK_ERR_MISSING;
   return b->getVersion((bk_h)h, v);
 }
-// out(m x n, col-major, ldc) = A(k x m, col-major, lda)ᵀ · B(k x n, col-major, ldb).
-static inline bk_res bk_sgemm_tn(bk_cublas* b, uintptr_t h, int m, int n, int k, bk_dptr A, int lda, bk_dptr B, int ldb,
-                                 bk_dptr C, int ldc) {
-  const float one = 1, zero = 0;
-  return b->sgemm((bk_h)h, 1 /* CUBLAS_OP_T */, 0 /* CUBLAS_OP_N */, m, n, k, &one, (const float*)A, lda,
-                  (const float*)B, ldb, &zero, (float*)C, ldc);
+static inline int bk_blas_has_workspace(bk_cublas* b) { return b->setWorkspace != 0; }
+static inline bk_res bk_blas_set_workspace(bk_cublas* b, uintptr_t h, bk_dptr p, size_t n) {
+  if (!b->setWorkspace) return BK_ERR_MISSING;
+  return b->setWorkspace((bk_h)h, (void*)p, n);
+}
+// out(m x n, col-major, ldc) = alpha A(k x m, col-major, lda)ᵀ · B(k x n, col-major, ldb) + beta out.
+static inline bk_res bk_sgemm_tn(bk_cublas* b, uintptr_t h, int m, int n, int k, float alpha, bk_dptr A, int lda,
+                                 bk_dptr B, int ldb, float beta, bk_dptr C, int ldc) {
+  return b->sgemm((bk_h)h, 1 /* CUBLAS_OP_T */, 0 /* CUBLAS_OP_N */, m, n, k, &alpha, (const float*)A, lda,
+                  (const float*)B, ldb, &beta, (float*)C, ldc);
 }
 // The same with A and B of type abtype (CUDA_R_16F 2, CUDA_R_16BF 14),
 // float32 output and CUBLAS_COMPUTE_32F.
-static inline bk_res bk_gemmex_tn(bk_cublas* b, uintptr_t h, int m, int n, int k, bk_dptr A, int abtype, int lda,
-                                  bk_dptr B, int ldb, bk_dptr C, int ldc) {
-  const float one = 1, zero = 0;
-  return b->gemmEx((bk_h)h, 1, 0, m, n, k, &one, (const void*)A, abtype, lda, (const void*)B, abtype, ldb, &zero,
+static inline bk_res bk_gemmex_tn(bk_cublas* b, uintptr_t h, int m, int n, int k, float alpha, bk_dptr A, int abtype,
+                                  int lda, bk_dptr B, int ldb, float beta, bk_dptr C, int ldc) {
+  return b->gemmEx((bk_h)h, 1, 0, m, n, k, &alpha, (const void*)A, abtype, lda, (const void*)B, abtype, ldb, &beta,
                    (void*)C, 0 /* CUDA_R_32F */, ldc, 68 /* CUBLAS_COMPUTE_32F */, -1 /* CUBLAS_GEMM_DEFAULT */);
 }
 

@@ -19,14 +19,27 @@ import (
 // launches, not the kernels, bound a small batch's step. So a step the
 // model marks (BeginGraphStep .. EndGraphStep) is not queued as its calls
 // come but recorded: each launch with its grid and argument values, each
-// copy to the device with its destination and bytes (the data kept aside).
-// At its end the step's program is compared with the graph captured for
-// its (model, rows) bucket: when every launch and every copy's destination
-// and size are the same, only the copied data differ, so the data go into
-// the graph's own pinned buffer (where its copy nodes read them) and one
-// cuGraphLaunch runs the step. A graph's kernels keep the argument values
-// they were captured with; the program comparison is what makes a replay
-// run exactly what a direct launch of the same step would.
+// copy to the device with its destination and bytes (the data kept aside),
+// each cuBLAS product with every argument it passes (blasCall). At its end
+// the step's program is compared with the graph captured for its (model,
+// rows) bucket: when every launch, every product and every copy's
+// destination and size are the same, only the copied data differ, so the
+// data go into the graph's own pinned buffer (where its copy nodes read
+// them) and one cuGraphLaunch runs the step. A graph's kernels keep the
+// argument values they were captured with; the program comparison is what
+// makes a replay run exactly what a direct launch of the same step would.
+//
+// A cuBLAS product is captured as cuBLAS issues it on the capturing stream
+// (its handle's stream is the backend's): as kernels whose arguments are
+// fixed at capture, like ours. cuBLAS must not allocate inside a capture,
+// so it gets a workspace of ours when it is opened (setBLASWorkspace),
+// and a bucket's first step with products runs direct, so that cuBLAS
+// chooses (and loads) its kernels for the bucket's shapes outside a
+// capture. A cuBLAS without cublasSetWorkspace_v2 keeps the buckets above
+// gemvMaxN rows, whose products go to cuBLAS, direct. That a captured product
+// replays what a direct one computes is checked on the emulated driver,
+// whose cuBLAS captures its products as graph nodes the same way, and by
+// the model's check of every fresh graph, not yet on a GPU.
 //
 // The first step of a bucket, and one whose program differs (a table grew
 // past its rounded size, a scratch buffer moved), is captured anew; the
@@ -35,11 +48,10 @@ import (
 // than the longest sequence, so that a bucket's steps have one program.
 //
 // What cannot be a graph runs as before, its recorded calls queued in
-// order: a step that reads back to the host (flushed there), a cuBLAS
-// product (the emulated cuBLAS cannot be captured, so capture of it is
-// unchecked: buckets above gemvMaxN rows are not offered while cuBLAS is
-// loaded), a large copy, a driver without the graph entry points, or a
-// capture the driver refused (logged once; the bucket then runs direct).
+// order: a step that reads back to the host (flushed there), a large
+// copy, a driver without the graph entry points, a cuBLAS product without
+// our workspace (see above), or a capture the driver or cuBLAS refused
+// (logged once; the bucket then runs direct).
 //
 // A KV pool's page read orders itself after stores queued on the
 // backend's stream; a graph step's stores are queued only at its end,
@@ -72,7 +84,7 @@ type stepOp struct {
 	args                []uint64 // launch arguments
 	dst                 dptr     // copy: destination
 	off, bytes          int      // copy: its data in stepRec.host
-	blas                func()
+	blas                blasCall
 }
 
 // stepRec is a step being recorded.
@@ -85,6 +97,8 @@ type stepRec struct {
 	// the first steps do, and the next will not).
 	why  string
 	warm bool
+	// products: the step calls cuBLAS.
+	products bool
 	// frees are scratch buffers the step outgrew: its earlier calls, not
 	// queued yet, still use them.
 	frees []dptr
@@ -122,6 +136,13 @@ type graphState struct {
 	captures map[graphKey]int
 	off      map[graphKey]string
 	warned   bool // the driver lacks the entry points: said once
+	// blasWarned: buckets with cuBLAS products run direct for want of a
+	// workspace (Backend.blasNoCapture), said once.
+	blasWarned bool
+	// blasRan marks the buckets whose products have run outside a
+	// capture: cuBLAS chooses (and may load) its kernels for a shape at
+	// the shape's first call, which should not happen inside a capture.
+	blasRan map[graphKey]bool
 	// syncs counts stream synchronisations (a graph's pinned buffer may be
 	// rewritten once one followed its launch).
 	syncs uint64
@@ -181,8 +202,13 @@ func (b *Backend) GraphRows(owner uint64, n int) int {
 		}
 		return 0
 	}
-	if b.blas != nil && rows > b.gemvMax {
-		return 0 // cuBLAS products (see the package's graph notes)
+	if b.blas != nil && rows > b.gemvMax && b.blasWork == 0 {
+		if !b.g.blasWarned {
+			b.g.blasWarned = true
+			b.logf("cuda graphs only up to the buckets without cuBLAS products: cuBLAS has no workspace of ours to capture them with",
+				"rows", b.gemvMax, "reason", b.blasNoCapture)
+		}
+		return 0
 	}
 	if b.g.off[graphKey{owner, rows}] != "" {
 		return 0
@@ -199,8 +225,10 @@ func (b *Backend) BeginGraphStep(owner uint64, rows int) {
 		panic("cuda: BeginGraphStep inside a graph step")
 	}
 	// A table copied once and skipped by later layers must be copied in
-	// every program alike, whatever the step before left.
+	// every program alike, whatever the step before left; so must an
+	// input rounded for a product.
 	b.sent = [numScratch][]byte{}
+	b.halfOf.x = 0
 	rec := b.g.spare
 	b.g.spare = nil
 	if rec == nil {
@@ -213,7 +241,7 @@ func (b *Backend) BeginGraphStep(owner uint64, rows int) {
 // recycle keeps rec, whose calls have all been queued and whose ops no
 // graph holds, for the next step's record.
 func (b *Backend) recycle(rec *stepRec) {
-	clear(rec.ops) // the closures and argument slices of this step
+	clear(rec.ops) // the argument slices of this step
 	b.g.spare = rec
 }
 
@@ -249,11 +277,15 @@ func (b *Backend) EndGraphStep() (fresh bool) {
 	if rec.why == "" && b.g.captures[key] >= maxCaptures {
 		rec.why = fmt.Sprintf("its program changed after %d captures", maxCaptures)
 	}
+	if rec.products && !b.g.blasRan[key] {
+		rec.warm = true // its first products run direct (blasRan)
+	}
 	if rec.why != "" || rec.warm {
 		if rec.why != "" {
 			b.turnOff(key, rec.why)
 		}
 		b.issue(rec)
+		b.g.blasRan[key] = b.g.blasRan[key] || rec.products
 		b.g.direct++
 		return false
 	}
@@ -295,7 +327,8 @@ func (b *Backend) turnOff(key graphKey, why string) {
 }
 
 // matches says whether rec's program is g's: the same launches with the
-// same arguments and the same copies (destination and size).
+// same arguments, the same copies (destination and size) and the same
+// cuBLAS calls (every argument).
 func (g *stepGraph) matches(rec *stepRec) bool {
 	if len(g.ops) != len(rec.ops) || rec.why != "" || rec.warm {
 		return false
@@ -312,6 +345,10 @@ func (g *stepGraph) matches(rec *stepRec) bool {
 			}
 		case opCopy:
 			if a.dst != o.dst || a.bytes != o.bytes || a.off != o.off {
+				return false
+			}
+		case opBLAS:
+			if a.blas != o.blas {
 				return false
 			}
 		default:
@@ -385,7 +422,9 @@ func (b *Backend) issue(rec *stepRec) {
 		case opCopy:
 			b.h2dNow(o.dst, unsafe.Pointer(&rec.host[o.off]), o.bytes)
 		case opBLAS:
-			o.blas()
+			if err := b.blasNow(&o.blas); err != nil {
+				panic(err)
+			}
 		}
 	}
 }
@@ -420,8 +459,10 @@ func (b *Backend) capture(rec *stepRec) (_ *stepGraph, err error) {
 				C.uint(o.bx), C.uint(o.smem), C.uintptr_t(b.stream), (*C.uint64_t)(unsafe.Pointer(&o.args[0])), C.int(len(o.args))))
 		case opCopy:
 			note("cuMemcpyHtoDAsync", C.bk_htod(d, C.bk_dptr(o.dst), unsafe.Add(g.host, o.off), C.size_t(o.bytes), C.uintptr_t(b.stream)))
-		default:
-			first = fmt.Errorf("cuda: a cuBLAS call in a graph step")
+		case opBLAS:
+			if err := b.blasNow(&o.blas); err != nil && first == nil {
+				first = err
+			}
 		}
 	}
 	if b.g.syncInCapture {
@@ -484,4 +525,5 @@ func (b *Backend) dropGraphs() {
 		b.destroyGraph(g)
 	}
 	b.g.graphs, b.g.captures, b.g.off = map[graphKey]*stepGraph{}, map[graphKey]int{}, map[graphKey]string{}
+	b.g.blasRan = map[graphKey]bool{}
 }

@@ -1,8 +1,13 @@
 package cuda
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/batonlm/baton/internal/kernels"
@@ -21,21 +26,27 @@ type graphRun struct {
 	pages [][]int32
 }
 
-const graphPage = 4
+// graphPage is the test pool's page size; graphSeqPages is how many pages
+// each sequence has, room for its prompt and 17 decode steps.
+const graphPage, graphSeqPages = 4, 8
 
 func newGraphRun(t *testing.T, b *Backend, c model.Config, w *model.Weights, seqs int) *graphRun {
 	t.Helper()
 	r := &graphRun{t: t, b: b, m: model.New(c, w, b)}
 	// As the engine does before its first step: a step that grew the
 	// model's buffers would run directly.
-	r.m.Reserve(16, 16)
+	r.m.Reserve(max(16, seqs), max(16, seqs))
 	host := kernels.PagedKV{PageSize: graphPage, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kernels.BF16}
-	host.Data = make([]float32, 4*seqs*host.PageFloats())
+	host.Data = make([]float32, graphSeqPages*seqs*host.PageFloats())
 	r.kv = toDevice(t, b, host)
 	for i := range seqs {
 		// Pages interleaved across sequences, in no order.
-		r.pages = append(r.pages, []int32{int32(4*seqs - 1 - i), int32(i), int32(seqs + i), int32(2*seqs + i)})
-		n := 3 + 3*i
+		pages := []int32{int32(graphSeqPages*seqs - 1 - i)}
+		for p := range graphSeqPages - 1 {
+			pages = append(pages, int32(p*seqs+i))
+		}
+		r.pages = append(r.pages, pages)
+		n := 3 + 3*(i%5)
 		bt := &model.Batch{Seqs: []kernels.AttnSeq{{Pages: r.pages[i], QLen: n, KVLen: n}}}
 		for p := range n {
 			bt.Tokens = append(bt.Tokens, r.token(i, p))
@@ -315,5 +326,202 @@ func TestGPUGraphReplay(t *testing.T) {
 	}
 	if g := bOn.g; g.replays == before.replays || g.failures != before.failures {
 		t.Errorf("%d graph launches, %d capture failures", g.replays-before.replays, g.failures-before.failures)
+	}
+}
+
+// TestFakeGraphCUBLAS: decode steps of the buckets whose products go to
+// cuBLAS (16 and 24 rows, above the gemv kernels' 8) run as graphs that
+// hold the cuBLAS calls, captured on the backend's stream, and give the
+// logits and greedy tokens of direct launches; each fresh graph's check
+// against direct launches (the model's) passed.
+func TestFakeGraphCUBLAS(t *testing.T) {
+	on, off := graphPair(t, DefaultGraphMaxBS, 24)
+	graphCUBLASSteps(t, on, off)
+}
+
+// TestGPUGraphCUBLAS is the same on the GPU, against direct launches on a
+// second backend: the real cuBLAS's products captured into graphs, with
+// the workspace it was given.
+func TestGPUGraphCUBLAS(t *testing.T) {
+	bOn := gpuBackend(t)
+	bOn.SetGraphs(DefaultGraphMaxBS, nil)
+	bOff, err := Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bOff.Close() })
+	bOff.SetGraphs(0, nil)
+	c := graphConfig
+	w, err := model.DummyWeights(&c, kernels.F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	graphCUBLASSteps(t, newGraphRun(t, bOn, c, w, 24), newGraphRun(t, bOff, c, w, 24))
+}
+
+// graphCUBLASSteps runs steps of 12 to 24 rows on on (graphs of up to 32
+// rows) and off (none), and fails unless their logits agree, every step
+// but a bucket's first (direct, so that cuBLAS meets its shapes outside a
+// capture) was a graph launch, and the graphs hold cuBLAS products.
+func graphCUBLASSteps(t *testing.T, on, off *graphRun) {
+	if on.b.blas == nil || on.b.blasWork == 0 {
+		t.Fatalf("cuBLAS loaded: %v, its workspace: %#x (%s)", on.b.blas != nil, on.b.blasWork, on.b.blasNoCapture)
+	}
+	start := on.b.g
+	for i, step := range []struct {
+		n      int
+		direct bool
+	}{{16, true}, {16, false}, {12, false}, {16, false}, {24, true}, {20, false}, {24, false}} {
+		before := on.b.g
+		sameLogits(t, fmt.Sprintf("step %d of %d rows", i, step.n), on.step(step.n), off.step(step.n), graphConfig.Vocab)
+		g := on.b.g
+		if launched := g.replays - before.replays; step.direct != (launched == 0) || launched > 1 {
+			t.Errorf("step %d of %d rows: %d graph launches, %d direct; want direct %v", i, step.n, launched,
+				g.direct-before.direct, step.direct)
+		}
+	}
+	g := on.b.g
+	if captured := g.captured - start.captured; captured != 2 || g.failures != start.failures || g.wrong != start.wrong {
+		t.Errorf("%d captures, %d failures, %d wrong; want the buckets of 16 and 24 captured once each", captured,
+			g.failures-start.failures, g.wrong-start.wrong)
+	}
+	for key, g := range on.b.g.graphs {
+		products := 0
+		for i := range g.ops {
+			if g.ops[i].kind == opBLAS {
+				products++
+			}
+		}
+		if key.rows > on.b.gemvMax && products == 0 {
+			t.Errorf("the graph of %d rows holds no cuBLAS product", key.rows)
+		}
+	}
+}
+
+// blasStep is a backend with graphs, a kept input x of n rows on the
+// device and a kept output, for steps of products by hand.
+type blasStep struct {
+	b      *Backend
+	x, out []float32
+	n      int
+}
+
+func newBLASStep(t *testing.T, n, cols int, ws ...*kernels.Matrix) *blasStep {
+	b := fakeBackend(t)
+	b.SetGraphs(DefaultGraphMaxBS, nil)
+	if err := b.Preload(ws...); err != nil {
+		t.Fatal(err)
+	}
+	s := &blasStep{b: b, x: randVec(rand.New(rand.NewPCG(5, 6)), n*cols, 1), out: make([]float32, n*ws[0].Rows), n: n}
+	b.Keep(s.x, s.out)
+	// x goes to the device now: a step that copies a whole kept buffer
+	// in runs directly.
+	b.MatMul(s.out, s.x, n, ws[0])
+	return s
+}
+
+// run is a graph step of n rows: out = x · wᵀ for each w in turn.
+func (s *blasStep) run(ws ...*kernels.Matrix) {
+	if rows := s.b.GraphRows(1, s.n); rows != s.n {
+		panic(fmt.Sprintf("a step of %d rows runs as %d", s.n, rows))
+	}
+	s.b.BeginGraphStep(1, s.n)
+	for _, w := range ws {
+		s.b.MatMul(s.out, s.x, s.n, w)
+	}
+	s.b.EndGraphStep()
+}
+
+// TestFakeGraphBLASProgram: a step that differs from its bucket's graph
+// only in a cuBLAS product's weight (its launches and copies alike) is
+// captured anew, not replayed with the weight the graph was captured
+// with: the program comparison covers every argument of a cuBLAS call.
+func TestFakeGraphBLASProgram(t *testing.T) {
+	const n, rows, cols = 16, 48, 64
+	rng := rand.New(rand.NewPCG(3, 4))
+	wA, wB := randMatrix(rng, kernels.F16, rows, cols), randMatrix(rng, kernels.F16, rows, cols)
+	s := newBLASStep(t, n, cols, wA, wB)
+	want := map[*kernels.Matrix][]float32{}
+	for _, w := range []*kernels.Matrix{wA, wB} {
+		want[w] = make([]float32, n*rows)
+		s.b.MatMul(want[w], append([]float32(nil), s.x...), n, w) // direct
+	}
+	for i, step := range []struct {
+		w                  *kernels.Matrix
+		captured, replayed bool
+	}{{wA, false, false}, {wA, true, true}, {wA, false, true}, {wB, true, true}, {wB, false, true}, {wA, true, true}} {
+		before := s.b.g
+		s.run(step.w)
+		kernels.Host(s.b, s.out)
+		for j := range s.out {
+			if s.out[j] != want[step.w][j] {
+				t.Fatalf("step %d: out[%d] = %g, want %g (the product by the other weight: %g)", i, j, s.out[j],
+					want[step.w][j], want[map[*kernels.Matrix]*kernels.Matrix{wA: wB, wB: wA}[step.w]][j])
+			}
+		}
+		g := s.b.g
+		if captured, replayed := g.captured == before.captured+1, g.replays == before.replays+1; captured != step.captured ||
+			replayed != step.replayed {
+			t.Errorf("step %d: %d captures and %d graph launches, want captured %v, launched %v", i,
+				g.captured-before.captured, g.replays-before.replays, step.captured, step.replayed)
+		}
+	}
+}
+
+// TestFakeGraphStepAllocs: recording and replaying a step of cuBLAS
+// products allocates nothing beyond what its calls allocate run directly.
+func TestFakeGraphStepAllocs(t *testing.T) {
+	const n, rows, cols = 16, 32, 64
+	rng := rand.New(rand.NewPCG(7, 8))
+	var ws []*kernels.Matrix
+	for range 8 {
+		ws = append(ws, randMatrix(rng, kernels.F16, rows, cols))
+	}
+	s := newBLASStep(t, n, cols, ws...)
+	// The first step runs direct (a bucket's first products do), the
+	// second is captured, the rest replay it.
+	s.run(ws...)
+	s.run(ws...)
+	before := s.b.g
+	const runs = 20
+	recorded := testing.AllocsPerRun(runs, func() { s.run(ws...) })
+	if g := s.b.g; g.captured != before.captured || g.replays != before.replays+runs+1 {
+		t.Fatalf("%d captures and %d graph launches in %d steps, want 0 and %d", g.captured-before.captured,
+			g.replays-before.replays, runs+1, runs+1)
+	}
+	direct := testing.AllocsPerRun(runs, func() {
+		for _, w := range ws {
+			s.b.MatMul(s.out, s.x, n, w)
+		}
+	})
+	t.Logf("a step of %d products: %.0f allocations recorded and replayed, %.0f run directly", len(ws), recorded, direct)
+	if recorded > direct {
+		t.Errorf("a step of %d products: %.0f allocations recorded and replayed, %.0f run directly", len(ws), recorded, direct)
+	}
+}
+
+// TestFakeGraphNoBLASWorkspace: with a cuBLAS that lacks
+// cublasSetWorkspace_v2 the buckets whose products go to cuBLAS run
+// directly (said once in the log), and the smaller ones are still graphs.
+func TestFakeGraphNoBLASWorkspace(t *testing.T) {
+	l := fakeLibs(t)
+	l.cublas = []string{filepath.Join(filepath.Dir(l.cublas[0]), "noworkspace", "libcublas.so.12")}
+	b, err := open(l, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	var logged bytes.Buffer
+	b.SetGraphs(DefaultGraphMaxBS, slog.New(slog.NewTextHandler(&logged, nil)))
+	if b.blas == nil || b.blasWork != 0 || !strings.Contains(b.blasNoCapture, "cublasSetWorkspace_v2") {
+		t.Fatalf("cuBLAS loaded: %v, workspace %#x, why none: %q", b.blas != nil, b.blasWork, b.blasNoCapture)
+	}
+	for _, c := range []struct{ n, rows int }{{16, 0}, {24, 0}, {32, 0}, {8, 8}, {3, 4}, {12, 0}} {
+		if rows := b.GraphRows(1, c.n); rows != c.rows {
+			t.Errorf("GraphRows(%d) = %d, want %d", c.n, rows, c.rows)
+		}
+	}
+	if got := strings.Count(logged.String(), "cublasSetWorkspace_v2"); got != 1 {
+		t.Errorf("the missing workspace logged %d times, want once:\n%s", got, logged.String())
 	}
 }

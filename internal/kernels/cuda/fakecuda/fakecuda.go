@@ -19,10 +19,11 @@ import (
 // ErrNoCompiler: g++ is not installed.
 var ErrNoCompiler = errors.New("fakecuda: g++ not found (the fake driver is built from C++)")
 
-// Build compiles libcuda.so.1 and libcublas.so.12 into dir, and into
+// Build compiles libcuda.so.1 and libcublas.so.12 into dir, into
 // dir/noprimary a driver that lacks the primary-context calls, CUDA IPC
-// and CUDA graphs. A process
-// started with LD_LIBRARY_PATH=dir uses them as its CUDA installation.
+// and CUDA graphs, and into dir/noworkspace a cuBLAS that lacks
+// cublasSetWorkspace_v2. A process started with LD_LIBRARY_PATH=dir uses
+// them as its CUDA installation.
 func Build(dir string) error {
 	cxx, err := exec.LookPath("g++")
 	if err != nil {
@@ -34,8 +35,10 @@ func Build(dir string) error {
 	}
 	cuda := filepath.Dir(filepath.Dir(self))
 	src, kernels := filepath.Join(cuda, "testdata", "fakecuda"), filepath.Join(cuda, "kernels")
-	if err := os.MkdirAll(filepath.Join(dir, "noprimary"), 0o755); err != nil {
-		return err
+	for _, sub := range []string{"noprimary", "noworkspace"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return err
+		}
 	}
 	flags := []string{"-std=c++17", "-O2", "-fPIC", "-shared", "-fno-strict-aliasing", "-Wall", "-Wno-unknown-pragmas"}
 	driver := slices.Concat(flags, []string{"-DBK_EMU", "-I" + src, "-I" + kernels})
@@ -43,6 +46,7 @@ func Build(dir string) error {
 		slices.Concat(driver, []string{"-o", filepath.Join(dir, "libcuda.so.1"), filepath.Join(src, "fakecuda.cc")}),
 		slices.Concat(flags, []string{"-o", filepath.Join(dir, "libcublas.so.12"), filepath.Join(src, "fakecublas.cc")}),
 		slices.Concat(driver, []string{"-DFAKE_NO_PRIMARY", "-DFAKE_NO_IPC", "-DFAKE_NO_GRAPHS", "-o", filepath.Join(dir, "noprimary", "libcuda.so.1"), filepath.Join(src, "fakecuda.cc")}),
+		slices.Concat(flags, []string{"-DFAKE_NO_WORKSPACE", "-o", filepath.Join(dir, "noworkspace", "libcublas.so.12"), filepath.Join(src, "fakecublas.cc")}),
 	} {
 		if out, err := exec.Command(cxx, c...).CombinedOutput(); err != nil {
 			return fmt.Errorf("fakecuda: building the fake driver: %w\n%s", err, out)

@@ -24,7 +24,11 @@
 // and event records; a call that would synchronise during a capture fails
 // with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and spoils the capture, as
 // does an async copy from host memory that cuMemHostAlloc did not give.
+// The fake cuBLAS queues its products through the stream (fakeabi.h), so
+// one on a capturing stream is captured like a launch: its arguments
+// copied then, the product computed at each launch of the graph.
 #include "baton.cu"
+#include "fakeabi.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -265,9 +269,9 @@ struct Event {
 // ---- stream capture ----
 
 struct Node {
-  enum Kind { KERNEL, COPY, MEMSET, EVENT } kind;
+  enum Kind { KERNEL, COPY, MEMSET, EVENT, CALL } kind;
   Kernel* k;
-  std::function<void()> bound;  // the arguments as they were at capture
+  std::function<void()> bound;  // the arguments as they were at capture (KERNEL, CALL)
   dim3 grid, block;
   unsigned smem;
   void* dst;
@@ -338,6 +342,25 @@ CUresult captureCopy(Graph* g, void* dst, const void* src, size_t n, const void*
   g->nodes.push_back(nd);
   return 0;
 }
+
+// bkfake_enqueue and streamCapturing are every fake stream's hooks for
+// the fake cuBLAS (fakeabi.h).
+int bkfake_enqueue(void* stream, void (*fn)(const void*), const void* arg, size_t argBytes) {
+  if (Graph* g = capturing(stream)) {
+    std::vector<unsigned char> bytes(static_cast<const unsigned char*>(arg),
+                                     static_cast<const unsigned char*>(arg) + argBytes);
+    Node nd{};
+    nd.kind = Node::CALL;
+    nd.bound = [fn, bytes]() { fn(bytes.data()); };
+    g->nodes.push_back(nd);
+    return 0;
+  }
+  std::lock_guard<std::mutex> l(mu);
+  fn(arg);
+  return 0;
+}
+
+int streamCapturing(void* stream) { return capturing(stream) != nullptr; }
 
 }  // namespace
 
@@ -543,11 +566,11 @@ CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigne
 }
 
 CUresult cuStreamCreate(void** s, unsigned) {
-  *s = new int(3);
+  *s = new bkfake_stream{bkfake_enqueue, streamCapturing};
   return 0;
 }
 CUresult cuStreamDestroy_v2(void* s) {
-  delete static_cast<int*>(s);
+  delete static_cast<bkfake_stream*>(s);
   return 0;
 }
 CUresult cuStreamSynchronize(void* s) {
@@ -647,6 +670,11 @@ CUresult cuGraphLaunch(void* exec, void* s) {
       case Node::EVENT:
         nd.event->t = std::chrono::steady_clock::now();
         break;
+      case Node::CALL: {
+        std::lock_guard<std::mutex> l(mu);
+        nd.bound();
+        break;
+      }
     }
   }
   return 0;
