@@ -64,23 +64,26 @@ type PeerMemory interface {
 	// Size is the mapped size in bytes, as the driver reports it (not as
 	// the peer claims it).
 	Size() int
-	// QueuePage queues the unpack of the PackedBytes(tokens) bytes at byte
+	// QueuePage takes the copy of the PackedBytes(tokens) bytes at byte
 	// offset off into the first tokens slots of page of the importer's
-	// pool, behind everything queued on the pool's page stream, and
-	// returns without waiting for it: a receiver landing a batch of pages
-	// pays one wait (Drain) for the batch rather than one a page. Until
-	// Drain returned nil the rows are not known to be in place, and the
-	// copy may still read the arena.
+	// pool, checked now and issued by the next Drain (or Close), and
+	// returns without waiting: a receiver landing a batch of pages pays
+	// one wait (Drain) for the batch rather than one a page, and a run of
+	// consecutive full pages moves as one copy. Until Drain returned nil
+	// the rows are not known to be in place, and the copy may still read
+	// the arena.
 	QueuePage(page int32, tokens int, off int) error
-	// Drain waits for every copy queued on the importer's pool so far. An
-	// error means a copy queued since the last Drain may not have landed.
+	// Drain issues the copies taken so far (from every session of the
+	// mapping), queued on the importer's pool behind what is queued there,
+	// and waits for every copy on the pool. An error means a copy taken
+	// since the last Drain may not have landed.
 	Drain() error
 	// CopyPage is QueuePage then Drain: the rows are in place, for every
 	// kernel queued later, and no copy of them is in flight, when it
 	// returns.
 	CopyPage(page int32, tokens int, off int) error
-	// Close unmaps it, once the copies queued on it are done; no
-	// QueuePage or CopyPage may be running.
+	// Close unmaps it, once the copies taken from it are done (it issues
+	// those not issued yet); no QueuePage or CopyPage may be running.
 	Close() error
 }
 

@@ -177,12 +177,12 @@ func (a *arena) stage(st *staging, pages []int32, offs []int) error {
 		return err
 	}
 	err = func() error {
+		moves := make([]pageCopy, len(pages))
 		for i, p := range pages {
-			if size := kp.layout.PackedBytes(st.tokens[i]); size > 0 {
-				if err := kp.pack(a.ptr+uint64(offs[i]), p, st.tokens[i]); err != nil {
-					return err
-				}
-			}
+			moves[i] = pageCopy{page: p, tokens: st.tokens[i], other: a.ptr + uint64(offs[i])}
+		}
+		if err := kp.copyPages(moves, false); err != nil {
+			return err
 		}
 		// The sums are of the pool's pages, queued behind their packs on
 		// the same stream: the rows the arena got.
@@ -212,6 +212,7 @@ func (kp *KVPool) computeAfter(event uintptr) (err error) {
 	b := kp.b
 	b.lock()
 	defer b.unlock()
+	kp.computeWaits.Add(1)
 	return b.drv.check("cuStreamWaitEvent", C.bk_stream_wait(b.drv.c, C.uintptr_t(b.stream), C.uintptr_t(event)))
 }
 
@@ -348,6 +349,9 @@ type peerMemory struct {
 	kp   *KVPool
 	ptr  dptr // 0 once closed; under kp.mu
 	size int
+	// pending are the copies QueuePage took and Drain issues, so that a
+	// batch's runs of consecutive pages go as single copies; under kp.mu.
+	pending []pageCopy
 }
 
 // OpenPeer implements kernels.PeerImporter. The mapping's size is the
@@ -388,9 +392,10 @@ func (kp *KVPool) OpenPeer(handle []byte) (kernels.PeerMemory, error) {
 // Size implements kernels.PeerMemory.
 func (pm *peerMemory) Size() int { return pm.size }
 
-// QueuePage implements kernels.PeerMemory: WritePage's unpack kernel,
-// reading the peer's arena where WritePage reads its staging page, queued
-// on the pool's stream without a wait.
+// QueuePage implements kernels.PeerMemory: the page's move out of the
+// peer's arena, checked and kept for Drain, which issues a batch's moves
+// in runs (copyPages: one copy for consecutive full pages, WritePage's
+// unpack kernel for a partial one).
 func (pm *peerMemory) QueuePage(page int32, tokens int, off int) error {
 	kp := pm.kp
 	if err := kp.check(page, tokens); err != nil {
@@ -411,17 +416,37 @@ func (pm *peerMemory) QueuePage(page int32, tokens int, off int) error {
 	if size == 0 {
 		return nil
 	}
-	return kp.unpack(page, tokens, pm.ptr+uint64(off))
+	pm.pending = append(pm.pending, pageCopy{page: page, tokens: tokens, other: pm.ptr + uint64(off)})
+	return nil
 }
 
-// Drain implements kernels.PeerMemory: the copies share the pool's stream,
-// so one synchronise covers every page queued on it, from any peer.
+// issue queues the pending copies on the pool's stream, runs of
+// consecutive full pages as one copy each; with the pool's lock held.
+func (pm *peerMemory) issue() error {
+	moves := pm.pending
+	pm.pending = pm.pending[:0]
+	return pm.kp.copyPages(moves, true)
+}
+
+// Drain implements kernels.PeerMemory: it issues the copies QueuePage
+// took, in runs, and waits; the copies share the pool's stream, so one
+// synchronise covers every page queued on it, from any peer. A peer
+// mapping is shared by its sender's sessions: whichever drains first
+// issues the others' copies too, and each Drain returns only once every
+// copy taken before it landed.
 func (pm *peerMemory) Drain() error {
 	if err := pm.kp.enter(-1); err != nil {
 		return err
 	}
 	defer pm.kp.leave()
-	return pm.kp.sync()
+	var err error
+	if pm.ptr != 0 {
+		err = pm.issue()
+	}
+	if serr := pm.kp.sync(); err == nil {
+		err = serr
+	}
+	return err
 }
 
 // CopyPage implements kernels.PeerMemory.
@@ -447,7 +472,9 @@ func (pm *peerMemory) Close() error {
 	}
 	// A queued copy may still read the mapping: it goes once they are
 	// done. (The pool's release synchronises before it unmaps its peers.)
-	serr := pm.kp.sync()
+	// Copies taken and not drained were gated already: they land.
+	ierr := pm.issue()
+	serr := errors.Join(ierr, pm.kp.sync())
 	if err := pm.close(); err != nil {
 		return err
 	}

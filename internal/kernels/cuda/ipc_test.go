@@ -659,3 +659,51 @@ func TestFakeIPCStageAsync(t *testing.T) {
 		t.Fatal("a staging's Wait after its pool's Close")
 	}
 }
+
+// TestFakeIPCPageRuns: consecutive full pages whose packed rows sit back
+// to back move as one copy, both ways: Stage packs pool pages 0-2 into the
+// arena with one copy (page 3, partial, with the pack kernel), and a
+// batch of QueuePage calls lands them into consecutive importer pages 1-3
+// with one copy at Drain (the partial page with the unpack kernel). The
+// pages are bit for bit where they belong, every dtype.
+func TestFakeIPCPageRuns(t *testing.T) {
+	exp, imp := fakeBackend(t), fakeBackend(t)
+	for i, dt := range ipcDTypes {
+		src, host := ipcSource(t, exp, dt, uint64(80+i))
+		dst := ipcPool(t, imp, dt)
+		l := host
+		full := l.PackedBytes(l.PageSize)
+		plan := ipcPlan{Pages: []int32{0, 1, 2, 3}, Tokens: []int{8, 8, 8, 5}, Targets: []int32{1, 2, 3, 0},
+			Offs: []int{0, full, 2 * full, 3 * full}, Bytes: 4 * full}
+		ar, err := kernels.PeerExporter(src).NewArena(plan.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ar.Close()
+		before := src.runCopies
+		if _, err := stage(ar, plan.Pages, plan.Tokens, plan.Offs); err != nil {
+			t.Fatal(err)
+		}
+		if n := src.runCopies - before; n != 1 {
+			t.Errorf("%s: Stage of three consecutive full pages made %d copies, want 1", dt, n)
+		}
+		pm, err := kernels.PeerImporter(dst).OpenPeer(ar.Handle())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pm.Close()
+		before = dst.runCopies
+		for j := range plan.Pages {
+			if err := pm.QueuePage(plan.Targets[j], plan.Tokens[j], plan.Offs[j]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := pm.Drain(); err != nil {
+			t.Fatal(err)
+		}
+		if n := dst.runCopies - before; n != 1 {
+			t.Errorf("%s: landing three consecutive full pages made %d copies, want 1", dt, n)
+		}
+		sameBits(t, fmt.Sprintf("%s: importer's pool", dt), poolData(t, dst), plan.wantAfter(host))
+	}
+}

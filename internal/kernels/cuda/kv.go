@@ -44,6 +44,9 @@ type KVPool struct {
 	// pool's waits for its own stream (tests, through Synchronizes).
 	waits int
 	syncs int
+	// runCopies counts the device-to-device copies of runs of full pages
+	// (copyPages), for tests.
+	runCopies int
 	// host is the staging buffer of one packed page: pinned (page-locked,
 	// so copies are DMA at full speed) when the driver allows, else
 	// pageable C memory.
