@@ -130,6 +130,31 @@ func halfShadowRun(t *testing.T, b *Backend, dt kernels.DType, hd int) ([][]floa
 // the logits are bit for bit those of casting each input on its own:
 // both round the same float32 values the same way.
 func TestFakeHalfShadow(t *testing.T) {
+	testHalfShadow(t, func(t *testing.T) (plain, shadows *Backend) {
+		// Scratch buffers grow and stay, as they do outside the tests: one
+		// of exactly the size asked would move at each product of another
+		// size, and a move forgets any rounded input.
+		plain, shadows = fakeBackend(t), fakeBackend(t)
+		plain.exactScratch, shadows.exactScratch = false, false
+		return plain, shadows
+	})
+}
+
+// TestGPUHalfShadow is TestFakeHalfShadow on the GPU, one backend run
+// without the shadows and then with them (cuBLAS's products are
+// deterministic on one device, so the logits must still be bit for bit
+// equal).
+func TestGPUHalfShadow(t *testing.T) {
+	testHalfShadow(t, func(t *testing.T) (plain, shadows *Backend) {
+		b := gpuBackend(t)
+		if b.blas == nil {
+			t.Skip("no cuBLAS here: no GemmEx product, so no shadow to check")
+		}
+		return b, b
+	})
+}
+
+func testHalfShadow(t *testing.T, backends func(t *testing.T) (plain, shadows *Backend)) {
 	for _, tc := range []struct {
 		dt    kernels.DType
 		hd    int
@@ -141,13 +166,10 @@ func TestFakeHalfShadow(t *testing.T) {
 		{kernels.Q8_0, 64, 0}, // block formats multiply in f16 (dequantised rows)
 	} {
 		t.Run(fmt.Sprintf("%s/hd%d", tc.dt, tc.hd), func(t *testing.T) {
-			// Scratch buffers grow and stay, as they do outside the
-			// tests: one of exactly the size asked would move at each
-			// product of another size, and a move forgets any rounded input.
-			plain, shadows := fakeBackend(t), fakeBackend(t)
-			plain.exactScratch, shadows.exactScratch = false, false
+			plain, shadows := backends(t)
 			plain.noHalfShadow = true
 			want, cast := halfShadowRun(t, plain, tc.dt, tc.hd)
+			plain.noHalfShadow = false
 			got, shadowed := halfShadowRun(t, shadows, tc.dt, tc.hd)
 			if cast != 4*2 {
 				t.Errorf("without shadows the chunk cast %d inputs, want %d", cast, 4*2)
