@@ -305,20 +305,7 @@ func graphGreedy(t *testing.T, b *Backend, exact bool) {
 // direct launches on a second backend: the real driver's graphs, padded
 // buckets and in-place tables give the same logits and greedy tokens.
 func TestGPUGraphReplay(t *testing.T) {
-	bOn := gpuBackend(t)
-	bOn.SetGraphs(4, nil)
-	t.Cleanup(func() { bOn.SetGraphs(DefaultGraphMaxBS, nil) })
-	bOff, err := Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bOff.Close() })
-	bOff.SetGraphs(0, nil)
-	c := graphConfig
-	w, err := model.DummyWeights(&c, kernels.F16)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bOn, bOff, c, w := gpuGraphPair(t, 4)
 	on, off := newGraphRun(t, bOn, c, w, 5), newGraphRun(t, bOff, c, w, 5)
 	before := bOn.g
 	for i, n := range []int{3, 3, 4, 1, 1, 5, 3} {
@@ -343,20 +330,28 @@ func TestFakeGraphCUBLAS(t *testing.T) {
 // second backend: the real cuBLAS's products captured into graphs, with
 // the workspace it was given.
 func TestGPUGraphCUBLAS(t *testing.T) {
-	bOn := gpuBackend(t)
-	bOn.SetGraphs(DefaultGraphMaxBS, nil)
-	bOff, err := Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bOff.Close() })
-	bOff.SetGraphs(0, nil)
-	c := graphConfig
-	w, err := model.DummyWeights(&c, kernels.F16)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bOn, bOff, c, w := gpuGraphPair(t, DefaultGraphMaxBS)
 	graphCUBLASSteps(t, newGraphRun(t, bOn, c, w, 24), newGraphRun(t, bOff, c, w, 24))
+}
+
+// gpuGraphPair is the GPU backend with graphs up to maxBS rows (back to
+// the default after the test), a second backend on the same GPU without
+// graphs, and the f16 dummy weights of graphConfig for both.
+func gpuGraphPair(t *testing.T, maxBS int) (on, off *Backend, c model.Config, w *model.Weights) {
+	on = gpuBackend(t)
+	on.SetGraphs(maxBS, nil)
+	t.Cleanup(func() { on.SetGraphs(DefaultGraphMaxBS, nil) })
+	off, err := Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { off.Close() })
+	off.SetGraphs(0, nil)
+	c = graphConfig
+	if w, err = model.DummyWeights(&c, kernels.F16); err != nil {
+		t.Fatal(err)
+	}
+	return on, off, c, w
 }
 
 // graphCUBLASSteps runs steps of 12 to 24 rows on on (graphs of up to 32

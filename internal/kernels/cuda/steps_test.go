@@ -14,6 +14,16 @@ import (
 	"github.com/batonlm/baton/internal/model"
 )
 
+// stepModel is the model of c and w on b and a zeroed bf16 pool of
+// pages pages of 4 slots on b for it (closed with the test); Close the
+// model.
+func stepModel(t *testing.T, b *Backend, c model.Config, w *model.Weights, pages int) (*model.Model, kernels.PagedKV) {
+	t.Helper()
+	kvh := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kernels.BF16}
+	kvh.Data = make([]float32, pages*kvh.PageFloats())
+	return model.New(c, w, b), toDevice(t, b, kvh)
+}
+
 // copiesPerDecodeStep runs a dummy model of the given depth on b (weights
 // preloaded, a prompt of two 9-token chunks first) and returns how many
 // host-to-device copies its second decode step made, and how many times
@@ -34,11 +44,8 @@ func copiesPerDecodeStep(t *testing.T, b *Backend, layers int) (int, [numKernels
 	if err := b.Preload(ms...); err != nil {
 		t.Fatal(err)
 	}
-	m := model.New(c, w, b)
+	m, kv := stepModel(t, b, c, w, 8)
 	defer m.Close()
-	kvh := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kernels.BF16}
-	kvh.Data = make([]float32, 8*kvh.PageFloats())
-	kv := toDevice(t, b, kvh)
 	pages := []int32{3, 1, 6, 0, 7, 2}
 	copies, launches, prefill := 0, [numKernels]int{}, [numKernels]int{}
 	start := 0
@@ -101,11 +108,8 @@ func halfShadowRun(t *testing.T, b *Backend, dt kernels.DType, hd int) ([][]floa
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := model.New(c, w, b)
+	m, kv := stepModel(t, b, c, w, 12)
 	defer m.Close()
-	kvh := kernels.PagedKV{PageSize: 4, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: kernels.BF16}
-	kvh.Data = make([]float32, 12*kvh.PageFloats())
-	kv := toDevice(t, b, kvh)
 	pages := []int32{3, 1, 6, 0, 7, 2, 9, 11, 4, 10}
 	var logits [][]float32
 	casts, start := 0, 0
