@@ -666,8 +666,9 @@ func TestFakeIPCStageAsync(t *testing.T) {
 // batch of QueuePage calls lands them into consecutive importer pages 1-3
 // with one copy at Drain (the partial page with the unpack kernel). The
 // pages are bit for bit where they belong, every dtype.
-func TestFakeIPCPageRuns(t *testing.T) {
-	exp, imp := fakeBackend(t), fakeBackend(t)
+func TestFakeIPCPageRuns(t *testing.T) { testIPCPageRuns(t, fakeBackend(t), fakeBackend(t)) }
+
+func testIPCPageRuns(t *testing.T, exp, imp *Backend) {
 	for i, dt := range ipcDTypes {
 		src, host := ipcSource(t, exp, dt, uint64(80+i))
 		dst := ipcPool(t, imp, dt)

@@ -21,9 +21,11 @@ var ErrNoCompiler = errors.New("fakecuda: g++ not found (the fake driver is buil
 
 // Build compiles libcuda.so.1 and libcublas.so.12 into dir, into
 // dir/noprimary a driver that lacks the primary-context calls, CUDA IPC
-// and CUDA graphs, and into dir/noworkspace a cuBLAS that lacks
-// cublasSetWorkspace_v2. A process started with LD_LIBRARY_PATH=dir uses
-// them as its CUDA installation.
+// and CUDA graphs, into dir/noworkspace a cuBLAS that lacks
+// cublasSetWorkspace_v2, and into dir/deferred a driver whose streams run
+// their work only when something waits for it (FAKE_DEFERRED in
+// testdata/fakecuda/fakecuda.cc). A process started with
+// LD_LIBRARY_PATH=dir uses them as its CUDA installation.
 func Build(dir string) error {
 	cxx, err := exec.LookPath("g++")
 	if err != nil {
@@ -35,7 +37,7 @@ func Build(dir string) error {
 	}
 	cuda := filepath.Dir(filepath.Dir(self))
 	src, kernels := filepath.Join(cuda, "testdata", "fakecuda"), filepath.Join(cuda, "kernels")
-	for _, sub := range []string{"noprimary", "noworkspace"} {
+	for _, sub := range []string{"noprimary", "noworkspace", "deferred"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			return err
 		}
@@ -47,6 +49,7 @@ func Build(dir string) error {
 		slices.Concat(flags, []string{"-o", filepath.Join(dir, "libcublas.so.12"), filepath.Join(src, "fakecublas.cc")}),
 		slices.Concat(driver, []string{"-DFAKE_NO_PRIMARY", "-DFAKE_NO_IPC", "-DFAKE_NO_GRAPHS", "-o", filepath.Join(dir, "noprimary", "libcuda.so.1"), filepath.Join(src, "fakecuda.cc")}),
 		slices.Concat(flags, []string{"-DFAKE_NO_WORKSPACE", "-o", filepath.Join(dir, "noworkspace", "libcublas.so.12"), filepath.Join(src, "fakecublas.cc")}),
+		slices.Concat(driver, []string{"-DFAKE_DEFERRED", "-o", filepath.Join(dir, "deferred", "libcuda.so.1"), filepath.Join(src, "fakecuda.cc")}),
 	} {
 		if out, err := exec.Command(cxx, c...).CombinedOutput(); err != nil {
 			return fmt.Errorf("fakecuda: building the fake driver: %w\n%s", err, out)

@@ -27,6 +27,16 @@
 // The fake cuBLAS queues its products through the stream (fakeabi.h), so
 // one on a capturing stream is captured like a launch: its arguments
 // copied then, the product computed at each launch of the graph.
+//
+// Built with -DFAKE_DEFERRED (dir/deferred) streams are asynchronous as a
+// GPU's are: launches, async copies, memsets, event records and waits are
+// queued per stream and run only when something waits for them (a stream
+// or event synchronise, a synchronous copy, a free, an export), each
+// stream in its order and across streams only as cuStreamWaitEvent orders
+// them. So a missing wait, which the synchronous streams hide, shows as
+// wrong data. An async copy from pageable host memory takes the bytes at
+// the call (as the driver stages them), one into pageable memory waits
+// for its stream, and pinned memory is read or written when the copy runs.
 #include "baton.cu"
 #include "fakeabi.h"
 
@@ -42,6 +52,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -264,7 +275,70 @@ int envInt(const char* name, int def) {
 
 struct Event {
   std::chrono::steady_clock::time_point t;
+  // Deferred streams: the stream of the last record, and how many records
+  // were made and have run.
+  void* stream = nullptr;
+  unsigned long long recorded = 0, reached = 0;
 };
+
+// ---- deferred streams (FAKE_DEFERRED) ----
+
+#ifdef FAKE_DEFERRED
+constexpr bool kDeferred = true;
+#else
+constexpr bool kDeferred = false;
+#endif
+
+std::recursive_mutex qMu;  // the queues, and the running of what they hold
+std::map<void*, std::vector<std::function<void()>>> queues;
+
+// later runs fn now, or with deferred streams when stream's work up to
+// here is waited for.
+void later(void* stream, std::function<void()> fn) {
+  if (!kDeferred || !stream) {
+    fn();
+    return;
+  }
+  std::lock_guard<std::recursive_mutex> l(qMu);
+  queues[stream].push_back(std::move(fn));
+}
+
+// runSome runs stream's queued work in order until done says stop (or
+// the queue is empty).
+void runSome(void* stream, const std::function<bool()>& done) {
+  std::lock_guard<std::recursive_mutex> l(qMu);
+  auto& q = queues[stream];
+  while (!q.empty() && !done()) {
+    auto fn = std::move(q.front());
+    q.erase(q.begin());
+    fn();
+  }
+}
+
+void drainStream(void* stream) {
+  runSome(stream, [] { return false; });
+}
+
+// drainAll runs every stream's work: what a synchronous call waits for
+// (legacy default-stream semantics).
+void drainAll() {
+  std::lock_guard<std::recursive_mutex> l(qMu);
+  for (bool more = true; more;) {
+    more = false;
+    for (auto& q : queues) {
+      if (!q.second.empty()) {
+        drainStream(q.first);
+        more = true;
+      }
+    }
+  }
+}
+
+// reach runs e's stream up to e's record number n.
+void reach(Event* e, unsigned long long n) {
+  if (!e->stream) return;
+  runSome(e->stream, [e, n] { return e->reached >= n; });
+}
 
 // ---- stream capture ----
 
@@ -353,6 +427,15 @@ int bkfake_enqueue(void* stream, void (*fn)(const void*), const void* arg, size_
     nd.kind = Node::CALL;
     nd.bound = [fn, bytes]() { fn(bytes.data()); };
     g->nodes.push_back(nd);
+    return 0;
+  }
+  if (kDeferred) {
+    std::vector<unsigned char> bytes(static_cast<const unsigned char*>(arg),
+                                     static_cast<const unsigned char*>(arg) + argBytes);
+    later(stream, [fn, bytes] {
+      std::lock_guard<std::mutex> l(mu);
+      fn(bytes.data());
+    });
     return 0;
   }
   std::lock_guard<std::mutex> l(mu);
@@ -493,6 +576,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
   if (anyCapture()) return refuse();
+  drainAll();  // queued work may still use it
   std::lock_guard<std::mutex> l(mu);
   auto it = allocs.find(p);
   if (it == allocs.end()) return 1;  // CUDA_ERROR_INVALID_VALUE
@@ -505,32 +589,45 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
 }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* s, size_t n) {
   if (anyCapture()) return refuse();
+  drainAll();
   memcpy(reinterpret_cast<void*>(d), s, n);
   return 0;
 }
 CUresult cuMemcpyDtoH_v2(void* d, CUdeviceptr s, size_t n) {
   if (anyCapture()) return refuse();
+  drainAll();
   memcpy(d, reinterpret_cast<void*>(s), n);
   return 0;
 }
 CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) {
   if (anyCapture()) return refuse();
+  drainAll();
   memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
   return 0;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* s, size_t n, void* st) {
   if (Graph* g = capturing(st)) return captureCopy(g, reinterpret_cast<void*>(d), s, n, s);
-  memcpy(reinterpret_cast<void*>(d), s, n);
+  void* dst = reinterpret_cast<void*>(d);
+  if (kDeferred && !isPinned(s, n)) {
+    auto bytes = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(s),
+                                                                static_cast<const unsigned char*>(s) + n);
+    later(st, [dst, bytes] { memcpy(dst, bytes->data(), bytes->size()); });
+    return 0;
+  }
+  later(st, [dst, s, n] { memcpy(dst, s, n); });
   return 0;
 }
 CUresult cuMemcpyDtoHAsync_v2(void* d, CUdeviceptr s, size_t n, void* st) {
   if (Graph* g = capturing(st)) return captureCopy(g, d, reinterpret_cast<void*>(s), n, d);
-  memcpy(d, reinterpret_cast<void*>(s), n);
+  const void* src = reinterpret_cast<void*>(s);
+  later(st, [d, src, n] { memcpy(d, src, n); });
+  if (kDeferred && !isPinned(d, n)) drainStream(st);  // into pageable memory: done on return
   return 0;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void* st) {
   if (Graph* g = capturing(st)) return captureCopy(g, reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n, nullptr);
-  memmove(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
+  void *dst = reinterpret_cast<void*>(d), *src = reinterpret_cast<void*>(s);
+  later(st, [dst, src, n] { memmove(dst, src, n); });
   return 0;
 }
 CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void* st) {
@@ -544,7 +641,9 @@ CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, void* st) {
     return 0;
   }
   unsigned* p = reinterpret_cast<unsigned*>(d);
-  for (size_t i = 0; i < n; i++) p[i] = v;
+  later(st, [p, v, n] {
+    for (size_t i = 0; i < n; i++) p[i] = v;
+  });
   return 0;
 }
 
@@ -560,8 +659,11 @@ CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     g->nodes.push_back(Node{Node::KERNEL, k, k->bind(params), dim3{gx, gy, gz}, dim3{bx, by, bz}, smem});
     return 0;
   }
-  std::lock_guard<std::mutex> l(mu);
-  runGrid(k, k->bind(params), dim3{gx, gy, gz}, dim3{bx, by, bz}, smem);
+  auto bound = k->bind(params);  // the arguments as they are now
+  later(stream, [k, bound, gx, gy, gz, bx, by, bz, smem] {
+    std::lock_guard<std::mutex> l(mu);
+    runGrid(k, bound, dim3{gx, gy, gz}, dim3{bx, by, bz}, smem);
+  });
   return 0;
 }
 
@@ -570,6 +672,11 @@ CUresult cuStreamCreate(void** s, unsigned) {
   return 0;
 }
 CUresult cuStreamDestroy_v2(void* s) {
+  drainStream(s);
+  {
+    std::lock_guard<std::recursive_mutex> l(qMu);
+    queues.erase(s);
+  }
   delete static_cast<bkfake_stream*>(s);
   return 0;
 }
@@ -578,6 +685,7 @@ CUresult cuStreamSynchronize(void* s) {
     g->invalid = true;
     return kCaptureUnsupported;
   }
+  drainStream(s);
   return 0;
 }
 CUresult cuEventCreate(void** e, unsigned) {
@@ -585,6 +693,7 @@ CUresult cuEventCreate(void** e, unsigned) {
   return 0;
 }
 CUresult cuEventDestroy_v2(void* e) {
+  drainAll();  // a queued record of it
   delete static_cast<Event*>(e);
   return 0;
 }
@@ -596,11 +705,29 @@ CUresult cuEventRecord(void* e, void* s) {
     g->nodes.push_back(nd);
     return 0;
   }
-  static_cast<Event*>(e)->t = std::chrono::steady_clock::now();
+  Event* ev = static_cast<Event*>(e);
+  ev->stream = s;
+  unsigned long long n = ++ev->recorded;
+  later(s, [ev, n] {
+    ev->t = std::chrono::steady_clock::now();
+    ev->reached = n;
+  });
   return 0;
 }
-CUresult cuEventSynchronize(void*) { return captures.empty() ? 0 : refuse(); }
-CUresult cuStreamWaitEvent(void* s, void* e, unsigned) { return s && e ? 0 : 400; }  // CUDA_ERROR_INVALID_HANDLE
+CUresult cuEventSynchronize(void* e) {
+  if (!captures.empty()) return refuse();
+  Event* ev = static_cast<Event*>(e);
+  reach(ev, ev->recorded);
+  return 0;
+}
+CUresult cuStreamWaitEvent(void* s, void* e, unsigned) {
+  if (!s || !e) return 400;  // CUDA_ERROR_INVALID_HANDLE
+  // What s queues from now on runs after e's stream reached this record.
+  Event* ev = static_cast<Event*>(e);
+  unsigned long long n = ev->recorded;
+  later(s, [ev, n] { reach(ev, n); });
+  return 0;
+}
 CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
   *ms = std::chrono::duration<float, std::milli>(static_cast<Event*>(b)->t - static_cast<Event*>(a)->t).count();
   return 0;
@@ -614,6 +741,7 @@ CUresult cuMemHostAlloc(void** p, size_t n, unsigned) {
   return 0;
 }
 CUresult cuMemFreeHost(void* p) {
+  drainAll();  // a queued copy may use it
   std::lock_guard<std::recursive_mutex> l(capMu);
   pinned.erase(reinterpret_cast<uintptr_t>(p));
   free(p);
@@ -650,11 +778,19 @@ CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long lon
   *exec = new Graph(*static_cast<Graph*>(graph));
   return 0;
 }
+static void runGraph(Graph* graph);
 CUresult cuGraphLaunch(void* exec, void* s) {
   if (!exec) return 1;
   if (capturing(s)) return kCaptureUnsupported;  // a child graph node: not emulated
   if (int e = envInt("FAKE_CUDA_LAUNCH_ERROR", 0)) return e;
-  for (const Node& nd : static_cast<Graph*>(exec)->nodes) {
+  Graph* graph = static_cast<Graph*>(exec);
+  later(s, [graph] { runGraph(graph); });
+  return 0;
+}
+
+// runGraph runs an instantiated graph's nodes in order.
+static void runGraph(Graph* graph) {
+  for (const Node& nd : graph->nodes) {
     switch (nd.kind) {
       case Node::KERNEL: {
         std::lock_guard<std::mutex> l(mu);
@@ -677,9 +813,9 @@ CUresult cuGraphLaunch(void* exec, void* s) {
       }
     }
   }
-  return 0;
 }
 CUresult cuGraphExecDestroy(void* exec) {
+  drainAll();  // a queued launch of it
   delete static_cast<Graph*>(exec);
   return 0;
 }
@@ -786,6 +922,7 @@ extern "C" {
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle* h, CUdeviceptr p) {
   if (!h) return 1;
+  drainAll();  // the allocation moves into a file
   std::lock_guard<std::mutex> l(mu);
   auto it = allocs.find(p);
   if (it == allocs.end()) return 1;  // not the start of an allocation
@@ -840,6 +977,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcMemHandle h, unsigned flags)
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  drainAll();  // a queued copy may read the mapping
   std::lock_guard<std::mutex> l(mu);
   auto it = opened.find(p);
   if (it == opened.end()) return 1;

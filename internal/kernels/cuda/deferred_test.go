@@ -1,0 +1,115 @@
+package cuda
+
+import (
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+
+	"github.com/batonlm/baton/internal/kernels"
+	"github.com/batonlm/baton/internal/model"
+)
+
+// Tests on the emulated driver whose streams are asynchronous
+// (fakecuda's deferred/ build): work queued on a stream runs only when
+// something waits for it, so an ordering the backend forgot to ask the
+// device for shows as wrong data instead of being hidden by synchronous
+// streams.
+
+// deferredBackend is a backend on the deferred driver, closed with the
+// test.
+func deferredBackend(t *testing.T) *Backend {
+	t.Helper()
+	l := fakeLibs(t)
+	l.driver = []string{filepath.Join(filepath.Dir(l.driver[0]), "deferred", "libcuda.so.1")}
+	b, err := open(l, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// TestDeferredKernels: the kernel parity suite holds with asynchronous
+// streams: every result the backend hands back was waited for.
+func TestDeferredKernels(t *testing.T) { runSuite(t, deferredBackend(t)) }
+
+// TestDeferredStageBeforeReuse: Stage packs a page on the pool's stream
+// and returns without waiting; a store into the same page queued on the
+// compute stream after it (another request reusing the page once it was
+// released) must not land before the pack read it. The staging's sums and
+// the arena's rows are the page as it was when staged.
+func TestDeferredStageBeforeReuse(t *testing.T) {
+	b := deferredBackend(t)
+	src, host := ipcSource(t, b, kernels.BF16, 95)
+	kv := host
+	kv.Data, kv.Device = nil, src
+	const page = 1
+	tokens := host.PageSize
+	ar, err := src.NewArena(host.PackedBytes(tokens))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	st, err := ar.Stage([]int32{page}, []int{tokens}, []int{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reuse: new rows into every slot of the page, on the compute
+	// stream, which then runs (a synchronise of it).
+	rng := rand.New(rand.NewPCG(96, 97))
+	slots := make([]int32, tokens)
+	for i := range slots {
+		slots[i] = int32(page*host.PageSize + i)
+	}
+	rows := randVec(rng, tokens*host.RowFloats(), 1)
+	for l := range host.Layers {
+		b.StoreKV(kv, l, slots, rows, rows)
+	}
+	b.lock()
+	b.sync()
+	b.unlock()
+	sums, err := st.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := kernels.PageSum(kernels.PackPage(host, page, tokens, nil)); sums[0] != want {
+		t.Fatalf("the staged page summed %#x, the page as staged %#x: the reuse landed before the pack", sums[0], want)
+	}
+	dst := ipcPool(t, b, kernels.BF16)
+	pm, err := kernels.PeerImporter(dst).OpenPeer(ar.Handle())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Close()
+	if err := pm.CopyPage(0, tokens, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := host
+	got.Data = poolData(t, dst)
+	if a, w := kernels.PackPage(got, 0, tokens, nil), kernels.PackPage(host, page, tokens, nil); string(a) != string(w) {
+		t.Fatal("the arena does not hold the page as it was staged")
+	}
+}
+
+// TestDeferredIPCPageRuns: pages staged and landed in runs, every copy
+// queued and waited for only where the backend says: the importer's
+// pool holds them after Drain.
+func TestDeferredIPCPageRuns(t *testing.T) {
+	testIPCPageRuns(t, deferredBackend(t), deferredBackend(t))
+}
+
+// TestDeferredGraphCUBLAS: decode steps captured and replayed as graphs,
+// their cuBLAS products inside, with asynchronous streams (a graph launch
+// queued on the stream like any launch): the logits equal direct
+// launches' on synchronous streams.
+func TestDeferredGraphCUBLAS(t *testing.T) {
+	c := graphConfig
+	w, err := model.DummyWeights(&c, kernels.F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bOn, bOff := deferredBackend(t), fakeBackend(t)
+	bOn.SetGraphs(DefaultGraphMaxBS, nil)
+	bOff.SetGraphs(0, nil)
+	graphCUBLASSteps(t, newGraphRun(t, bOn, c, w, 24), newGraphRun(t, bOff, c, w, 24))
+}
