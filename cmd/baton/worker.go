@@ -87,7 +87,16 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		}
 		var sender transfer.Sender = tcp.NewSender(sendOpts...)
 		if f.transport == "ucx" {
-			s, err := ucx.NewSender(append(ucxOptions(f), ucx.WithHandshake(xfer))...)
+			opts := append(ucxOptions(f), ucx.WithHandshake(xfer))
+			if arena := le.ucxArena(f); arena != nil {
+				// Closed after the sender (deferred first), which
+				// unregisters it.
+				defer arena.Close()
+				opts = append(opts, ucx.WithArena(arena))
+				le.transferPath = ucxStagedPath
+				fmt.Fprintf(logw, "baton: ucx staging arena of %d MiB in GPU memory\n", arena.Size()>>20)
+			}
+			s, err := ucx.NewSender(opts...)
 			if err != nil {
 				return err
 			}
