@@ -255,7 +255,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.IntVar(&f.transferPort, "transfer-port", 0, "decode: KV transport receiver port (0: any free port)")
 	fs.StringVar(&f.transport, "transport", "tcp", "prefill/decode: KV transport (tcp, ucx, cuda-ipc)")
 	fs.StringVar(&f.ucxKVBuffer, "ucx-kv-buffer", "auto", "decode, --transport ucx with a GPU pool: where prefill's puts land (auto: in the pool itself when UCX can register GPU memory, else host; host: a landing zone in host memory, copied into the pool at Commit)")
-	fs.StringVar(&f.ipcArena, "cuda-ipc-arena", "auto", "prefill, --transport cuda-ipc: GPU memory staging the pages decode copies (auto: an eighth of the KV pool, 8 MiB to 1 GiB)")
+	fs.StringVar(&f.ipcArena, "cuda-ipc-arena", "auto", "prefill, --transport cuda-ipc or ucx with a GPU pool: GPU memory staging the pages shipped (auto: an eighth of the KV pool, 8 MiB to 1 GiB)")
 	fs.DurationVar(&f.drainGrace, "drain-grace", 10*time.Second, "decode: after SIGTERM or POST /drain, how long running requests may go on before the worker hands them back to the router, which continues each on another pair (0: at once)")
 	fs.DurationVar(&f.handoffTimeout, "handoff-timeout", 60*time.Second, "decode: abort a reservation whose commit has not come by then; a writer still holding its session that long after an abort is cut off")
 	fs.IntVar(&f.maxResPerPeer, "max-reservations-per-peer", 256, "decode: most reservations one caller may hold at once (0: no bound)")
@@ -976,8 +976,8 @@ func (f *serveFlags) hostCopy(be kernels.Backend) bool {
 	return be.Name() == "cpu" && !f.mmapWeights
 }
 
-// ipcArenaBytes is the size of a prefill worker's cuda-ipc arena for a
-// pool of poolBytes: what --cuda-ipc-arena says, or auto's eighth of the
+// ipcArenaBytes is the size of a prefill worker's staging arena
+// (cuda-ipc's, or ucx's with a GPU pool) for a pool of poolBytes: what --cuda-ipc-arena says, or auto's eighth of the
 // pool, enough for the prompts in flight, within [8 MiB, 1 GiB]. 0: no
 // valid size.
 func (f *serveFlags) ipcArenaBytes(poolBytes int64) int64 {
@@ -1004,6 +1004,41 @@ func (le *loadedEngine) ipcArena(f *serveFlags) (kernels.Arena, error) {
 		return nil, fmt.Errorf("--transport cuda-ipc: arena of %d MiB: %w", size>>20, err)
 	}
 	return a, nil
+}
+
+// ucxStagedPath is /server_info's kv_transfer_path for a ucx prefill
+// worker that stages in a GPU arena (ucxArena).
+const ucxStagedPath = "from the GPU arena (ucx: prefill stages the pages in GPU memory and puts them from there; into a decode pool in host memory, or one UCX cannot register, they go from host memory)"
+
+// ucxArena makes a ucx prefill worker's staging arena in its pool's GPU
+// memory, sized as --cuda-ipc-arena says, when UCX can put from it: the
+// arena is host memory (the emulated driver) or this UCX build moves
+// CUDA memory. nil otherwise (no GPU pool, no arena to be had, a UCX
+// without CUDA): the pages then go from host memory as before.
+func (le *loadedEngine) ucxArena(f *serveFlags) kernels.Arena {
+	exp, ok := le.devKV.(kernels.PeerExporter)
+	if !ok {
+		return nil
+	}
+	size := f.ipcArenaBytes(int64(le.pool.NumPages()) * int64(le.pool.PageBytes()))
+	a, err := exp.NewArena(int(size))
+	if err != nil {
+		le.log.Warn("ucx: no GPU staging arena; KV pages go from host memory", "bytes", size, "err", err)
+		return nil
+	}
+	dr, ok := a.(kernels.DeviceRange)
+	if !ok {
+		_ = a.Close()
+		return nil
+	}
+	if _, _, hostVisible := dr.Range(); !hostVisible {
+		if cuda, err := ucx.CUDAMemory(ucxOptions(f)...); err != nil || !cuda {
+			_ = a.Close()
+			le.log.Warn("ucx has no CUDA support in this build: KV pages go from host memory, not a GPU arena")
+			return nil
+		}
+	}
+	return a
 }
 
 // ipcImporter is a decode worker's pool as cuda-ipc copies into it.

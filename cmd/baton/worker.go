@@ -87,7 +87,16 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		}
 		var sender transfer.Sender = tcp.NewSender(sendOpts...)
 		if f.transport == "ucx" {
-			s, err := ucx.NewSender(append(ucxOptions(f), ucx.WithHandshake(xfer))...)
+			opts := append(ucxOptions(f), ucx.WithHandshake(xfer))
+			if arena := le.ucxArena(f); arena != nil {
+				// Closed after the sender (deferred first), which
+				// unregisters it.
+				defer arena.Close()
+				opts = append(opts, ucx.WithArena(arena))
+				le.transferPath = ucxStagedPath
+				fmt.Fprintf(logw, "baton: ucx staging arena of %d MiB in GPU memory\n", arena.Size()>>20)
+			}
+			s, err := ucx.NewSender(opts...)
 			if err != nil {
 				return err
 			}
@@ -120,7 +129,10 @@ func runWorker(ctx context.Context, f *serveFlags, logw io.Writer) error {
 		defer closeTiers()
 		eng = le.engine(f, scheduler.RoleDecode, ms, cache, tiers)
 		var sums transfer.Sums // the transport's checksums of pages at Commit
-		if f.transport == "cuda-ipc" {
+		if f.transport == "cuda-ipc" || (f.transport == "ucx" && le.ucxDevice != nil) {
+			// Summed on the GPU where they are: a ucx receiver made with
+			// the pool's device memory announces kernels.PageSum, which
+			// its senders claim their pages with.
 			sums = transfer.DeviceSums
 		}
 		d := roles.NewDecode(roles.DecodeOptions{DecodeDesk: roles.DecodeDesk{Engine: eng, Pool: le.pool, Metrics: ms, Cache: cache, MaxSeq: le.plan.context, HandoffTimeout: f.handoffTimeout, Landing: le.landing, Sums: sums, MaxReservationsPerPeer: f.maxResPerPeer, MaxPagesPerPeer: f.maxPagesPeer.of(le.pool.NumPages(), le.pool.PagesFor(le.plan.context)), Log: le.log, Guards: guards.decode, Faults: guards.decodeFaults}, Layout: layout, ContextLength: le.plan.modelContext, Transport: f.transport, Auth: plane, Identity: le.identity()})

@@ -54,8 +54,10 @@ type DecodeOptions struct {
 	// the pool.
 	Landing kernels.PagedKV
 	// Sums is the transport's page checksum, which Commit's claims are
-	// checked against (nil: transfer.HostSums, tcp's and ucx's; cuda-ipc's
-	// is transfer.DeviceSums).
+	// checked against (nil: transfer.HostSums, tcp's and ucx's into host
+	// memory; cuda-ipc's, and ucx's into a registered GPU pool, is
+	// transfer.DeviceSums). With a one-sided transport and no Landing, the
+	// pages are checked with it in one batch.
 	Sums transfer.Sums
 	// MaxReservationsPerPeer and MaxPagesPerPeer bound what one caller of
 	// Reserve may hold at once (0: no bound), so that one member gone

@@ -174,6 +174,12 @@ func (d *Decode) verify(res *reservation, c Commit) (string, error) {
 	}
 	ps := d.o.Pool.PageSize()
 	var buf []byte
+	// A one-sided transport's pages that landed in the pool itself are
+	// proven with the transport's Sums where it has its own (ucx into a
+	// registered GPU pool: kernels.PageSum on the device), batched with the
+	// rest: nothing is read back, and they are marked written only once
+	// every one matched.
+	batchOneSided := d.oneSided && d.o.Sums != nil && d.o.Landing.Data == nil
 	// The shipped pages whose checksums are left to check, read back in
 	// one pass at the end (one wait for a GPU pool, not one a page).
 	var sumIndex []int
@@ -197,6 +203,10 @@ func (d *Decode) verify(res *reservation, c Commit) (string, error) {
 		}
 		if err := d.o.Guards.OwnerTag(d.o.Pool, res.r, res.prompt, i, p); err != nil {
 			return "owner_tag", err
+		}
+		if batchOneSided {
+			sumIndex, sumPages, sumTokens = append(sumIndex, i), append(sumPages, p), append(sumTokens, want)
+			continue
 		}
 		if d.oneSided {
 			var err error
@@ -228,6 +238,14 @@ func (d *Decode) verify(res *reservation, c Commit) (string, error) {
 	for j, i := range sumIndex {
 		if claim := c.PageChecksums[i]; !d.o.Guards.ChecksumMatches(got[j], claim) {
 			return "checksum", fmt.Errorf("page %d checksum %016x, commit claims %016x", sumPages[j], got[j], claim)
+		}
+	}
+	if batchOneSided {
+		// No frame marked them: what landed is proven now, every page.
+		for j, p := range sumPages {
+			if err := d.o.Pool.MarkWritten(res.r.Owner(), p, sumTokens[j]); err != nil {
+				return "coverage", err
+			}
 		}
 	}
 	return "", nil

@@ -14,9 +14,9 @@ import (
 // shipper packs completed pages on the engine loop (so local pages can be
 // released as soon as the prompt is done) and writes them to the session
 // on its own goroutine (so a slow network never stalls the engine). Where
-// the session stages on the device (cuda-ipc) the engine loop only queues
-// the packs; the goroutine waits for them, off the engine loop, before it
-// writes the pages and records their checksums.
+// the session stages on the device (cuda-ipc, ucx with an arena) the
+// engine loop only queues the packs; the goroutine waits for them, off the
+// engine loop, before it writes the pages and records their checksums.
 type shipper struct {
 	pages     []int32 // decode's pages, by prompt page
 	pageSize  int
@@ -26,7 +26,8 @@ type shipper struct {
 	// checksums are the shipped pages' sums, by prompt page: written by
 	// the writing goroutine, read after finish.
 	checksums []uint64
-	// sess stages pages itself where it can (transfer.Stager: cuda-ipc).
+	// sess stages pages itself where it can (transfer.Stager: cuda-ipc,
+	// ucx with an arena).
 	sess transfer.Session
 	// shipped counts pages by where they go from (metrics.PagesShipped).
 	shipped *prometheus.CounterVec

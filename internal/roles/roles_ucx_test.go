@@ -3,9 +3,12 @@
 package roles
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"github.com/batonlm/baton/internal/metrics"
 	"github.com/batonlm/baton/internal/model"
 	"github.com/batonlm/baton/internal/scheduler"
+	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/ucx"
 )
 
@@ -41,6 +45,11 @@ func newUCXPair(t *testing.T, pageSize, chunk int) *pair {
 }
 
 func newUCXPairIn(t *testing.T, mem ucxMemory, pages, pageSize, chunk int) *pair {
+	return newUCXPairSums(t, mem, pages, pageSize, chunk, nil)
+}
+
+// newUCXPairSums is newUCXPairIn whose decode checks Commit with sums.
+func newUCXPairSums(t *testing.T, mem ucxMemory, pages, pageSize, chunk int, sums transfer.Sums) *pair {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	p := &pair{dm: metrics.New("decode"), pm: metrics.New("prefill")}
 	var be kernels.Backend = cpu.New(1)
@@ -77,7 +86,7 @@ func newUCXPairIn(t *testing.T, mem ucxMemory, pages, pageSize, chunk int) *pair
 		landing = kernels.PagedKV{PageSize: pageSize, Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, Data: reg.Floats()}
 		recvKV = landing
 	}
-	p.decode = NewDecode(DecodeOptions{DecodeDesk: DecodeDesk{Engine: de, Pool: dpool, Metrics: p.dm, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Landing: landing, Log: log}, Layout: p.layout, ContextLength: 512, Transport: "ucx"})
+	p.decode = NewDecode(DecodeOptions{DecodeDesk: DecodeDesk{Engine: de, Pool: dpool, Metrics: p.dm, MaxSeq: 512, HandoffTimeout: 5 * time.Second, Landing: landing, Sums: sums, Log: log}, Layout: p.layout, ContextLength: 512, Transport: "ucx"})
 	t.Cleanup(p.decode.Close)
 	recv, err := ucx.Listen("127.0.0.1:0", p.decode, recvKV, opts...)
 	if err != nil {
@@ -118,4 +127,94 @@ func TestUCXHandoffDevicePoolLanding(t *testing.T) {
 	if w, want := deviceMemory(t, p.dPool).Writes.Load(), int64(3*p.dPool.PagesFor(len(want.PromptIDs))); w != want {
 		t.Fatalf("%d verified pages copied into the device pool, want %d", w, want)
 	}
+}
+
+// countedSums is transfer.HostSums counting its calls and pages.
+type countedSums struct{ calls, pages atomic.Int64 }
+
+func (c *countedSums) sums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error) {
+	c.calls.Add(1)
+	c.pages.Add(int64(len(pages)))
+	return transfer.HostSums(kv, pages, tokens)
+}
+
+// With the transport's own Sums (as ucx into a registered GPU pool has),
+// Commit proves a one-sided reservation's pages in one batched call, not
+// one read-back a page, and the handoffs still give the reference.
+func TestUCXOneSidedSumsBatched(t *testing.T) {
+	want := loadRef(t)
+	var c countedSums
+	p := newUCXPairSums(t, ucxGoMemory, 256, 4, 512, c.sums)
+	handoffsMatch(t, p, want, 3, "one-sided, batched sums")
+	perPrompt := int64(p.dPool.PagesFor(len(want.PromptIDs)))
+	if calls, pages := c.calls.Load(), c.pages.Load(); calls != 3 || pages != 3*perPrompt {
+		t.Fatalf("sums called %d times over %d pages, want 3 over %d", calls, pages, 3*perPrompt)
+	}
+}
+
+// A page that differs in the pool from what the writer claims fails the
+// batched one-sided check under the checksum label, and no page of the
+// reservation is marked written.
+func TestUCXOneSidedSumsCorruptPage(t *testing.T) {
+	want := loadRef(t)
+	var c countedSums
+	p := newUCXPairSums(t, ucxGoMemory, 256, 4, 512, c.sums)
+	ctx := context.Background()
+	prompt := want.PromptIDs[:8]
+	res, err := p.dc.Reserve(ctx, &pdv1.ReserveRequest{RequestId: "x", Prompt: prompt, Sampling: &pdv1.SamplingParams{MaxTokens: 4},
+		Layout: p.layout, Writer: p.prefillAddr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snd, err := ucx.NewSender()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snd.Close()
+	sess, err := snd.Open(ctx, res.TransferAddr, resKey(res))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	kv := p.dPool.KV()
+	var sums []uint64
+	for i, pg := range res.Pages {
+		data := make([]byte, transfer.PackedSize(kv, 4))
+		for j := 0; j < len(data); j += 4 {
+			data[j+3] = 0x3f
+			data[j] = byte(i + 1)
+		}
+		sums = append(sums, transfer.Checksum(data))
+		if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: 4, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sess.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The second page changes in the pool after it landed.
+	if err := transfer.Unpack(kv, res.Pages[1], 4, make([]byte, transfer.PackedSize(kv, 4))); err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.dc.Commit(ctx, &pdv1.CommitRequest{Room: res.Room, Epoch: res.Epoch, TokensWritten: uint32(len(prompt)),
+		PageChecksums: sums, FirstToken: &pdv1.Token{Id: 5}, Writer: p.prefillAddr, Capability: res.Capability, SessionId: sidOf(sess)})
+	if err == nil || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("commit over a page that changed in the pool: %v", err)
+	}
+	if n := labelled(t, p.dm, "baton_handoff_failures_total", "reason", "checksum"); n != 1 {
+		t.Fatalf("%v checksum failures counted, want 1", n)
+	}
+	if calls := c.calls.Load(); calls != 1 {
+		t.Fatalf("sums called %d times, want one batch", calls)
+	}
+	for _, pg := range res.Pages {
+		if _, written, _ := p.dPool.Owner(pg); written != 0 {
+			t.Fatalf("page %d marked written (%d tokens) by a commit that failed", pg, written)
+		}
+	}
+	sess.Close()
+	if _, err := p.dc.Drained(ctx, &pdv1.DrainedRequest{Room: res.Room, Epoch: res.Epoch, Writer: p.prefillAddr, Capability: res.Capability}); err != nil {
+		t.Fatal(err)
+	}
+	waitAllFree(t, p.dPool)
 }

@@ -100,9 +100,9 @@ type PageWrite struct {
 	Tokens int
 	Data   []byte
 	// Src, when set, is where the page's rows are instead of Data: in
-	// device memory the receiving side copies from itself (cuda-ipc). On
-	// the sending side Data then holds the same rows read back, for the
-	// checksum, and is not sent.
+	// device memory the receiving side copies from itself (cuda-ipc), or
+	// the sending session puts from (ucx with an arena). Data is then not
+	// sent.
 	Src PageSource
 }
 
@@ -165,9 +165,11 @@ func (s Staged) Write(i, index int, page int32, tokens int) PageWrite {
 }
 
 // Stager is a Session that takes a prompt's pages straight from the
-// prefill pool: it stages them where the decode side copies them from
-// (PageWrite.Src) and sends only where they are. Its checksums are the
-// transport's (cuda-ipc: kernels.PageSum, computed on the device).
+// prefill pool: it stages them in device memory (PageWrite.Src) where the
+// decode side copies them from (cuda-ipc: it sends only where they are)
+// or from where it puts them itself (ucx with an arena). Its checksums
+// are the transport's, or the receiver's (kernels.PageSum, computed on
+// the device, for cuda-ipc and for ucx into a GPU pool).
 type Stager interface {
 	// StagePages stages the first tokens[i] slots of pool page pages[i];
 	// a page that could not be staged (no room) goes as Data. It may
@@ -186,7 +188,8 @@ func StagePages(s Session, kv kernels.PagedKV, pages []int32, tokens []int) (Sta
 }
 
 // ReadStaged packs pages into host memory (ReadPages), to go as Data, each
-// summed with sum (Checksum, or kernels.PageSum for cuda-ipc).
+// summed with sum (Checksum, or kernels.PageSum for cuda-ipc and for ucx
+// into a GPU pool).
 func ReadStaged(kv kernels.PagedKV, pages []int32, tokens []int, sum func([]byte) uint64) (Staged, error) {
 	data, err := ReadPages(kv, pages, tokens)
 	if err != nil {
@@ -205,15 +208,16 @@ func ReadStaged(kv kernels.PagedKV, pages []int32, tokens []int, sum func([]byte
 type Sums func(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error)
 
 // HostSums reads the pages back (ReadPages) and takes Checksum of each:
-// tcp's and ucx's sums.
+// tcp's sums, and ucx's into host memory.
 func HostSums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error) {
 	st, err := ReadStaged(kv, pages, tokens, Checksum)
 	return st.Sums, err
 }
 
 // DeviceSums takes kernels.PageSum of the pages where they are, on a pool
-// that can (kernels.PageSummer: a GPU's): cuda-ipc's sums. A cuda-ipc
-// worker starts only with such a pool.
+// that can (kernels.PageSummer: a GPU's): cuda-ipc's sums, and ucx's into
+// a GPU pool registered with UCX. A cuda-ipc worker starts only with such
+// a pool.
 func DeviceSums(kv kernels.PagedKV, pages []int32, tokens []int) ([]uint64, error) {
 	s, ok := kv.Device.(kernels.PageSummer)
 	if !ok {
@@ -254,8 +258,9 @@ type Sink interface {
 // the decode side's registered memory (one-sided puts: ucx). Its Sink's
 // Write is never called, since no frame reaches the decode side, so the
 // decode worker learns what landed from the memory itself: at Commit it
-// recomputes each page's Checksum over the page contents (Pack of the
-// written slots) and marks the pages written only if every one matches.
+// recomputes each page's checksum over the page contents (Checksum of
+// the written slots packed, or the transport's Sums where it has its own)
+// and marks the pages written only if every one matches.
 // Sink.Closed still comes at most once per session, and only with a proof
 // (see the transport); a session that ends without one gets no Closed, and
 // its pages wait for the writer's Drained.

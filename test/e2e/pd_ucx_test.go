@@ -48,19 +48,24 @@ func serverInfoOf(t *testing.T, s *server) map[string]any {
 }
 
 // A decode worker on the cuda backend with --transport ucx registers its
-// GPU pool with UCX in place, and prefill puts pages straight into it
-// (the emulated driver's device memory is host memory, registered as
-// such; a UCX built with CUDA registers a GPU's as CUDA memory). With
-// --ucx-kv-buffer host they land in a host landing zone that Commit
-// verifies and copies into the pool. Greedy output equals the public
-// reference either way.
+// GPU pool with UCX in place, and prefill stages the pages in a GPU arena
+// of its own and puts them from there straight into the pool, with the
+// checksums computed on the devices (the emulated driver's device memory
+// is host memory, registered as such; a UCX built with CUDA registers a
+// GPU's as CUDA memory). With --ucx-kv-buffer host they land in a host
+// landing zone that Commit verifies and copies into the pool, and prefill
+// sends them from host memory. Greedy output equals the public reference
+// either way.
 func TestPDOverUCXOnCUDA(t *testing.T) {
 	ref := loadReference(t)
 	env := cudaEnv(t)
 	bin := harness.Build(t, "ucx")
-	for _, c := range []struct{ buffer, memory, path string }{
-		{"auto", "registered with ucx as host memory (emulated device memory)", "into the GPU pool"},
-		{"host", "ucx landing zone in host memory", "GPU pool through host memory"},
+	for _, c := range []struct {
+		buffer, memory, path string
+		staged               bool
+	}{
+		{"auto", "registered with ucx as host memory (emulated device memory)", "into the GPU pool", true},
+		{"host", "ucx landing zone in host memory", "GPU pool through host memory", false},
 	} {
 		t.Run(c.buffer, func(t *testing.T) {
 			cl := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, Binary: bin, PrefillEnv: env, DecodeEnv: env,
@@ -70,8 +75,19 @@ func TestPDOverUCXOnCUDA(t *testing.T) {
 			if path, _ := serverInfoOf(t, cl.Decode[0])["kv_transfer_path"].(string); !strings.HasPrefix(path, c.path) {
 				t.Errorf("decode's kv_transfer_path is %q, want it to start %q", path, c.path)
 			}
+			if path, _ := serverInfoOf(t, cl.Prefill[0])["kv_transfer_path"].(string); !strings.HasPrefix(path, "from the GPU arena") {
+				t.Errorf("prefill's kv_transfer_path is %q, want it to start %q", path, "from the GPU arena")
+			}
 			greedyConcurrently(t, cl.Router.URL, ref, 2)
 			cl.WaitClean(t)
+			pm, dm := metricsOf(t, cl.Prefill[0]), metricsOf(t, cl.Decode[0])
+			dev, host := pm[`baton_kv_pages_shipped_total{from="device",role="prefill"}`], pm[`baton_kv_pages_shipped_total{from="host",role="prefill"}`]
+			if c.staged && (dev == 0 || host != 0) || !c.staged && (dev != 0 || host == 0) {
+				t.Errorf("prefill shipped %v pages from the device and %v from the host; staged in the arena: %v", dev, host, c.staged)
+			}
+			if dm["baton_handoff_failures_total"] != 0 {
+				t.Errorf("decode: %v handoff failures", dm["baton_handoff_failures_total"])
+			}
 		})
 	}
 }

@@ -119,6 +119,20 @@ func (a *arena) Handle() []byte { return append([]byte(nil), a.handle[:]...) }
 // Size implements kernels.Arena.
 func (a *arena) Size() int { return a.size }
 
+var _ kernels.DeviceRange = (*arena)(nil)
+
+// Range implements kernels.DeviceRange, for a one-sided transport that
+// registers the arena and puts the staged pages straight from it (ucx):
+// the arena's device address (0 once it is freed) and size, and whether
+// that address is host memory of this process too (the emulated driver).
+// Whoever registers it must unregister it before Close.
+func (a *arena) Range() (addr uintptr, bytes int, hostVisible bool) {
+	a.kp.mu.Lock()
+	p := a.ptr
+	a.kp.mu.Unlock()
+	return uintptr(p), a.size, a.kp.b.drv.hostVisible()
+}
+
 // Stage implements kernels.Arena: the pack kernel writes each page straight
 // into its place in the arena and bk_page_sum sums the pool's pages behind
 // the packs, on the pool's stream; an event marks where the stream is done

@@ -3,12 +3,12 @@ package tcp
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
+	"github.com/batonlm/baton/internal/transfer/arenaspace"
 )
 
 // Staged pages (cuda-ipc). The sender packs a prompt's pages into its
@@ -19,74 +19,6 @@ import (
 // the arena are reused only once the receiver confirmed the session's end
 // (every frame processed: no copy out of them is left), or after a
 // quarantine when it did not.
-
-// arenaAlign keeps every staged page on a boundary the copy kernels'
-// vector loads like.
-const arenaAlign = 256
-
-// span is a range of arena bytes [off, end).
-type span struct{ off, end int }
-
-// arenaSpace hands out a sender's arena bytes to its sessions, first fit.
-type arenaSpace struct {
-	arena kernels.Arena
-	mu    sync.Mutex
-	free  []span // sorted, coalesced
-	// stats, for tests and logs
-	staged, fellBack, quarantined int
-}
-
-func newArenaSpace(a kernels.Arena) *arenaSpace {
-	return &arenaSpace{arena: a, free: []span{{0, a.Size() / arenaAlign * arenaAlign}}}
-}
-
-// take finds n bytes (n a multiple of arenaAlign), or reports none.
-func (s *arenaSpace) take(n int) (span, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, f := range s.free {
-		if f.end-f.off >= n {
-			got := span{f.off, f.off + n}
-			if s.free[i].off += n; s.free[i].off == s.free[i].end {
-				s.free = slices.Delete(s.free, i, i+1)
-			}
-			return got, true
-		}
-	}
-	s.fellBack++
-	return span{}, false
-}
-
-// give returns spans to the free list.
-func (s *arenaSpace) give(spans []span) {
-	if len(spans) == 0 {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.free = append(s.free, spans...)
-	slices.SortFunc(s.free, func(a, b span) int { return a.off - b.off })
-	out := s.free[:1]
-	for _, f := range s.free[1:] {
-		if last := &out[len(out)-1]; f.off <= last.end {
-			last.end = max(last.end, f.end)
-		} else {
-			out = append(out, f)
-		}
-	}
-	s.free = out
-}
-
-// freeBytes is how much of the arena no session holds.
-func (s *arenaSpace) freeBytes() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for _, f := range s.free {
-		n += f.end - f.off
-	}
-	return n
-}
 
 // stagedRef is a staged page as the sending session knows it: where in
 // its arena the rows are, and the staging that puts them there. Only the
@@ -114,39 +46,22 @@ func (s *Session) StagePages(kv kernels.PagedKV, pages []int32, tokens []int) (t
 	if s.space == nil {
 		return transfer.ReadStaged(kv, pages, tokens, transfer.Checksum)
 	}
-	if len(pages) != len(tokens) {
-		return transfer.Staged{}, fmt.Errorf("tcp: %d pages and %d token counts", len(pages), len(tokens))
+	st, ok, err := s.space.Stage(kv, pages, tokens)
+	if err != nil {
+		return transfer.Staged{}, fmt.Errorf("tcp: %v: %w", s.key, err)
 	}
-	offs := make([]int, len(pages))
-	total := 0
-	for i, t := range tokens {
-		offs[i] = total
-		total += (kv.PackedBytes(t) + arenaAlign - 1) / arenaAlign * arenaAlign
-	}
-	sp, ok := s.space.take(total)
 	if !ok {
 		return transfer.ReadStaged(kv, pages, tokens, kernels.PageSum)
 	}
-	for i := range offs {
-		offs[i] += sp.off
-	}
-	staging, err := s.space.arena.Stage(pages, tokens, offs)
-	if err != nil {
-		s.space.give([]span{sp})
-		return transfer.Staged{}, fmt.Errorf("tcp: %v: staging %d pages: %w", s.key, len(pages), err)
-	}
 	s.mu.Lock()
-	s.spans = append(s.spans, sp)
-	s.stagings = append(s.stagings, staging)
+	s.spans = append(s.spans, st.Span)
+	s.stagings = append(s.stagings, st.Staging)
 	s.mu.Unlock()
-	s.space.mu.Lock()
-	s.space.staged += len(pages)
-	s.space.mu.Unlock()
 	srcs := make([]transfer.PageSource, len(pages))
 	for i := range srcs {
-		srcs[i] = stagedRef{s: s, off: offs[i], staging: staging}
+		srcs[i] = stagedRef{s: s, off: st.Offs[i], staging: st.Staging}
 	}
-	return transfer.Staged{Data: make([][]byte, len(pages)), Srcs: srcs, Pending: staging}, nil
+	return transfer.Staged{Data: make([][]byte, len(pages)), Srcs: srcs, Pending: st.Staging}, nil
 }
 
 // releaseSpans gives the session's arena bytes back: at once when the
@@ -159,40 +74,20 @@ func (s *Session) releaseSpans(confirmed bool) {
 	spans, stagings := s.spans, s.stagings
 	s.spans, s.stagings = nil, nil
 	s.mu.Unlock()
-	// Every staging is waited for, sent or not, which frees what it holds;
-	// the bytes it packs into are not reused before it is done.
-	for _, st := range stagings {
-		_, _ = st.Wait()
-	}
-	if len(spans) == 0 {
-		return
-	}
-	if confirmed {
-		s.space.give(spans)
-		return
-	}
-	s.space.mu.Lock()
-	s.space.quarantined += len(spans)
-	s.space.mu.Unlock()
-	time.AfterFunc(s.cfg.quarantine, func() { s.space.give(spans) })
+	s.space.Release(spans, stagings, confirmed, s.cfg.quarantine)
 }
 
 // ArenaStats says how a sender's arena was used: pages staged, stagings
 // that found no room (their pages went in the frames), sessions whose
 // bytes were quarantined, and the bytes free now.
-type ArenaStats struct {
-	Staged, FellBack, Quarantined, FreeBytes int
-}
+type ArenaStats = arenaspace.Stats
 
 // ArenaStats reports the arena's use; zero without one.
 func (s *Sender) ArenaStats() ArenaStats {
 	if s.space == nil {
 		return ArenaStats{}
 	}
-	free := s.space.freeBytes()
-	s.space.mu.Lock()
-	defer s.space.mu.Unlock()
-	return ArenaStats{Staged: s.space.staged, FellBack: s.space.fellBack, Quarantined: s.space.quarantined, FreeBytes: free}
+	return s.space.Stats()
 }
 
 // peerSet is a receiver's mapped sender arenas, opened once per arena and

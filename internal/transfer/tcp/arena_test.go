@@ -34,31 +34,6 @@ func TestStagedPagesRefusedWithoutImporter(t *testing.T) {
 	}
 }
 
-// The arena's bytes go first fit, come back coalesced, and a staging that
-// finds no room is counted (its pages then go in the frames).
-func TestArenaSpace(t *testing.T) {
-	s := &arenaSpace{free: []span{{0, 4 * arenaAlign}}}
-	a, ok := s.take(2 * arenaAlign)
-	b, ok2 := s.take(arenaAlign)
-	if !ok || !ok2 || a != (span{0, 2 * arenaAlign}) || b != (span{2 * arenaAlign, 3 * arenaAlign}) {
-		t.Fatalf("took %v %v (%v %v)", a, b, ok, ok2)
-	}
-	if _, ok := s.take(2 * arenaAlign); ok {
-		t.Fatal("took 2 units with 1 free")
-	}
-	if s.fellBack != 1 {
-		t.Fatalf("fellBack %d, want 1", s.fellBack)
-	}
-	s.give([]span{a})
-	s.give([]span{b})
-	if len(s.free) != 1 || s.free[0] != (span{0, 4 * arenaAlign}) || s.freeBytes() != 4*arenaAlign {
-		t.Fatalf("free list %v after giving everything back", s.free)
-	}
-	if c, ok := s.take(4 * arenaAlign); !ok || c.off != 0 {
-		t.Fatalf("the whole arena after coalescing: %v %v", c, ok)
-	}
-}
-
 // A session sends only the pages it staged itself.
 func TestForeignStagedRefused(t *testing.T) {
 	sink := &recSink{}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
+	"github.com/batonlm/baton/internal/transfer/arenaspace"
 )
 
 // The receiver lands the staged pages (REF frames) it has buffered as one
@@ -261,7 +262,7 @@ func newStagedPools(t *testing.T, n int, pages []int32) *stagedPools {
 		t.Fatal(err)
 	}
 	size := layout.PackedBytes(4)
-	stride := (size + arenaAlign - 1) / arenaAlign * arenaAlign
+	stride := (size + arenaspace.Align - 1) / arenaspace.Align * arenaspace.Align
 	row := make([]byte, size)
 	src := make([]int32, n)
 	tokens := make([]int, n)

@@ -11,6 +11,7 @@ import (
 	"github.com/batonlm/baton/internal/kernels/cuda"
 	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
 	"github.com/batonlm/baton/internal/transfer"
+	"github.com/batonlm/baton/internal/transfer/arenaspace"
 	"github.com/batonlm/baton/internal/transfer/transfertest"
 )
 
@@ -116,7 +117,7 @@ func TestArenaFullFallsBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	arena, err := dk.(kernels.PeerExporter).NewArena(arenaAlign) // room for one page's span, not four
+	arena, err := dk.(kernels.PeerExporter).NewArena(arenaspace.Align) // room for one page's span, not four
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
+	"github.com/batonlm/baton/internal/transfer/arenaspace"
 )
 
 // maxBatch is how many queued frames the writer hands to one writev: enough
@@ -26,7 +27,7 @@ const maxBatch = 16
 // Sender is the prefill side. It implements transfer.Sender.
 type Sender struct {
 	cfg   config
-	space *arenaSpace // with WithArena
+	space *arenaspace.Space // with WithArena
 }
 
 var _ transfer.Sender = (*Sender)(nil)
@@ -35,7 +36,7 @@ var _ transfer.Sender = (*Sender)(nil)
 func NewSender(opts ...Option) *Sender {
 	s := &Sender{cfg: newConfig(opts)}
 	if s.cfg.arena != nil {
-		s.space = newArenaSpace(s.cfg.arena)
+		s.space = arenaspace.New(s.cfg.arena)
 	}
 	return s
 }
@@ -137,8 +138,8 @@ type Session struct {
 	// space is the sender's arena (nil without one); spans are this
 	// session's bytes in it, under mu. arenaSent: the writer sent the
 	// arena's handle (writer goroutine only).
-	space     *arenaSpace
-	spans     []span
+	space     *arenaspace.Space
+	spans     []arenaspace.Span
 	stagings  []kernels.Staging // this session's, under mu
 	arenaSent bool
 
@@ -362,7 +363,7 @@ func (s *Session) writeLoop() {
 				vec = append(vec, h)
 			case it.w.Src != nil:
 				if !s.arenaSent {
-					handle := s.space.arena.Handle()
+					handle := s.space.Arena().Handle()
 					putHeader(h, frameArena, len(handle), 0, 0, 0)
 					vec = append(vec, h, handle)
 					s.arenaSent = true

@@ -34,6 +34,7 @@ func newConfig(opts []Option) config {
 		maxInFlight:      DefaultMaxInFlight,
 		handshakeTimeout: DefaultHandshakeTimeout,
 		closeTimeout:     DefaultCloseTimeout,
+		quarantine:       DefaultArenaQuarantine,
 		handshake:        transfer.Plain{},
 	}
 	for _, o := range opts {

@@ -3,7 +3,9 @@
 package ucx
 
 import (
+	"bytes"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"testing"
@@ -94,6 +96,81 @@ func TestConformanceDeviceMemory(t *testing.T) {
 	})
 }
 
+// Both pools in GPU memory and the sender staging into an arena
+// (WithArena): pages are packed and summed on the device, put from the
+// arena straight into the registered decode pool, and nothing is read
+// back into host memory on either side (the arena is host-visible on the
+// emulated driver and registered as such). The arena holds a few pages,
+// so sessions that find it full fall back to host memory and PageSum.
+func TestConformanceDeviceArena(t *testing.T) {
+	be := fakeCUDA(t)
+	device := func(t *testing.T, layout kernels.PagedKV, pages int) (dst, src kernels.PagedKV) {
+		dst, src = layout, layout
+		var err error
+		if dst.Device, err = be.AllocKV(layout, pages); err != nil {
+			t.Fatal(err)
+		}
+		if src.Device, err = be.AllocKV(layout, 1); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = dst.Device.Close()
+			_ = src.Device.Close()
+		})
+		return dst, src
+	}
+	var senders []*Sender
+	transfertest.RunWith(t, transfertest.Options{Device: device}, func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender) {
+		kv := kvOf(t, sink)
+		addr, n, _ := kv.Device.(kernels.DeviceRange).Range()
+		r, err := Listen("127.0.0.1:0", sink, kv, WithDeviceMemory(addr, n, false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := sink.(interface{ Source() kernels.PagedKV }).Source()
+		arena, err := src.Device.(kernels.PeerExporter).NewArena(8 * kv.PackedBytes(kv.PageSize))
+		if err != nil {
+			_ = r.Close()
+			t.Fatal(err)
+		}
+		if _, _, hostVisible := arena.(kernels.DeviceRange).Range(); !hostVisible {
+			t.Fatal("the emulated driver's arena is not host-visible")
+		}
+		s, err := NewSender(WithArena(arena))
+		if err != nil {
+			_ = r.Close()
+			_ = arena.Close()
+			t.Fatal(err)
+		}
+		senders = append(senders, s)
+		// The sender unregisters the arena before it is freed.
+		t.Cleanup(func() {
+			_ = s.Close()
+			_ = arena.Close()
+		})
+		return r, s
+	})
+	staged := 0
+	for _, s := range senders {
+		staged += s.ArenaStats().Staged
+	}
+	if staged == 0 {
+		t.Fatal("no page was staged in an arena")
+	}
+}
+
+// An arena that cannot tell its device address is refused by NewSender.
+func TestArenaWithoutRange(t *testing.T) {
+	if s, err := NewSender(WithArena(rangelessArena{})); err == nil {
+		_ = s.Close()
+		t.Fatal("NewSender took an arena without a device range")
+	}
+}
+
+type rangelessArena struct{ kernels.Arena }
+
+func (rangelessArena) Size() int { return 1 << 12 }
+
 // A device range that is not whole pages, or comes with a Region too, is
 // refused before anything is registered.
 func TestDeviceMemoryRefused(t *testing.T) {
@@ -132,4 +209,124 @@ func TestCUDAMemoryAsksUCX(t *testing.T) {
 		t.Errorf("CUDAMemory() = %v, but the CUDA transports are %v", got, cudaTLs)
 	}
 	t.Logf("CUDA memory: %v", got)
+}
+
+// A session stages into the arena only for a receiver that verifies with
+// PageSum (a pool in device memory); Write waits for the staging itself
+// and puts a full page and a partial one from the arena; Close, having
+// flushed, gives the arena's bytes back at once. For a receiver in host
+// memory (xxh3) the same pages go from host memory, summed with
+// transfer.Checksum.
+func TestArenaStagedSession(t *testing.T) {
+	be := fakeCUDA(t)
+	layout := kernels.PagedKV{PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: kernels.BF16}
+	src := layout
+	var err error
+	if src.Device, err = be.AllocKV(layout, 2); err != nil {
+		t.Fatal(err)
+	}
+	defer src.Device.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for p := range int32(2) {
+		b := make([]byte, layout.PackedBytes(layout.PageSize))
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		if err := src.Device.WritePage(p, layout.PageSize, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	arena, err := src.Device.(kernels.PeerExporter).NewArena(4 * layout.PackedBytes(layout.PageSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arena.Close()
+	snd, err := NewSender(WithArena(arena))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snd.Close()
+	free := snd.ArenaStats().FreeBytes
+
+	dev := layout
+	if dev.Device, err = be.AllocKV(layout, 4); err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Device.Close()
+	host := layout
+	host.Data = make([]float32, 4*layout.PageFloats())
+
+	pages, tokens := []int32{0, 1}, []int{4, 3} // a full page and a partial one
+	into := []int32{2, 1}
+	for _, c := range []struct {
+		name   string
+		kv     kernels.PagedKV
+		opts   []Option
+		staged bool
+	}{
+		{"device pool", dev, []Option{WithDeviceMemory(func() uintptr { a, _, _ := dev.Device.(kernels.DeviceRange).Range(); return a }(), 4*layout.PageFloats()*4, false)}, true},
+		{"host pool", host, nil, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := Listen("127.0.0.1:0", &nopSink{pages: into}, c.kv, c.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			sess, err := snd.Open(t.Context(), r.Addr(), transfer.Key{Room: 1, Epoch: 1, Cap: transfer.NewCapability()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			staged, err := transfer.StagePages(sess, src, pages, tokens)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := staged.Srcs != nil; got != c.staged {
+				t.Fatalf("staged %v, want %v", got, c.staged)
+			}
+			// Written before anyone waited for the staging: Write must.
+			for i := range pages {
+				if err := sess.Write(staged.Write(i, i, into[i], tokens[i])); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := sess.Flush(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			sums, err := staged.Wait()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range pages {
+				want, err := transfer.ReadPage(src, p, tokens[i], nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := transfer.ReadPage(c.kv, into[i], tokens[i], nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, want) {
+					t.Errorf("page %d (%d tokens) landed differently from what was staged", into[i], tokens[i])
+				}
+				sum := transfer.Checksum(want)
+				if c.staged {
+					sum = kernels.PageSum(want)
+				}
+				if sums[i] != sum {
+					t.Errorf("page %d: sum %016x, want %016x", into[i], sums[i], sum)
+				}
+			}
+			if err := sess.Close(); err != nil {
+				t.Fatal(err)
+			}
+			st := snd.ArenaStats()
+			if st.FreeBytes != free || st.Quarantined != 0 {
+				t.Fatalf("after a flushed close: %+v, want all %d bytes free and nothing quarantined", st, free)
+			}
+			if c.staged && st.Staged != len(pages) {
+				t.Fatalf("%d pages staged, want %d", st.Staged, len(pages))
+			}
+		})
+	}
 }

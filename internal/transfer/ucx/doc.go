@@ -17,8 +17,9 @@
 // session. The sender says HELLO(room, epoch, capability); the receiver
 // asks its Sink (Admit) whether the reservation is live and
 // answers WELCOME with its UCX worker address, the packed remote key, the
-// base address and length of the registered memory, the KV layout and the
-// reservation's page ids, or REFUSE with the reason. This costs one round
+// base address and length of the registered memory, the KV layout, the
+// page checksum it verifies Commit with, and the reservation's page ids,
+// or REFUSE with the reason. This costs one round
 // trip per session (the gRPC Reserve reply could carry the same bytes, but
 // then the proto, the router and every hop must pass them on), and gives
 // each session a connection whose end the receiver sees.
@@ -35,6 +36,18 @@
 // with it); Write blocks while more than WithMaxInFlight bytes are not yet
 // complete locally.
 //
+// A Sender made WithArena (a kernels.Arena in GPU memory, also a
+// kernels.DeviceRange) registers the arena with its context, and its
+// sessions are transfer.Stagers: for a receiver that verifies with
+// kernels.PageSum the pages are packed and summed on the device into a
+// span of the arena (internal/transfer/arenaspace, shared with tcp's
+// cuda-ipc), and Write waits for the staging and puts from the arena's
+// device address, with the same spans. The session's spans are reused
+// once its Close flushed the endpoint (no put reads them any more), else
+// after a quarantine (WithArenaQuarantine). Without an arena, for an xxh3
+// receiver, or with the arena full, pages are packed into host memory and
+// put from there.
+//
 // Sessions to one receiver share one endpoint and remote key per Sender
 // (a new endpoint per request would pay UCX's wire-up and, on shared
 // memory, the mapping of the whole pool every time). Flush and Close
@@ -47,8 +60,11 @@
 // Puts are one-sided, so the receiver's Sink never sees a frame: its Write
 // is never called (the Receiver implements transfer.OneSided). Decode
 // learns what landed from the memory itself: at Commit it recomputes each
-// page's xxh3 over the page contents and marks the pages written only if
-// every checksum matches.
+// page's checksum over the page contents and marks the pages written only
+// if every checksum matches. The checksum is the one the WELCOME named:
+// xxh3 of the pages read back into host memory, or, for a pool in device
+// memory (WithDeviceMemory), kernels.PageSum computed on the GPU where the
+// pages are (transfer.DeviceSums), in one batch for the reservation.
 //
 // Sink.Closed is called at most once per session, only with a proof, and
 // before the receiver closes the control connection:

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/rdma"
 )
@@ -19,6 +20,10 @@ const (
 	DefaultMaxInFlight      = 64 << 20
 	DefaultHandshakeTimeout = 10 * time.Second
 	DefaultCloseTimeout     = 10 * time.Second
+	// DefaultArenaQuarantine is how long a session's staged bytes stay
+	// out of use after an end that did not flush its endpoint (an abort,
+	// a failed or timed-out flush): a put may still read them.
+	DefaultArenaQuarantine = time.Minute
 )
 
 type config struct {
@@ -32,6 +37,8 @@ type config struct {
 	region           *Region
 	device           *deviceMemory
 	spin             time.Duration
+	arena            kernels.Arena
+	quarantine       time.Duration
 }
 
 // Option tunes a Receiver, Sender, AllocKV or Transports; each applies to
@@ -135,6 +142,28 @@ func WithCloseTimeout(d time.Duration) Option {
 // the CPU the peer's progress needs; on a large host a few microseconds
 // may cut latency.
 func WithSpin(d time.Duration) Option { return func(c *config) { c.spin = max(d, 0) } }
+
+// WithArena makes a Sender stage the pages it ships in a (sender): device
+// memory apart from the KV pool, which the sender registers with its UCX
+// context and puts from, for sessions whose receiver verifies with
+// kernels.PageSum (a receiver made WithDeviceMemory). The pages are then
+// packed and summed on the device, and no page is read back into host
+// memory. a must implement kernels.DeviceRange (the cuda arena does); its
+// memory is registered as CUDA memory unless it is host-visible (the
+// emulated driver's), which needs a UCX built with CUDA (CUDAMemory). The
+// arena must stay allocated until the Sender is closed.
+func WithArena(a kernels.Arena) Option { return func(c *config) { c.arena = a } }
+
+// WithArenaQuarantine sets how long a session's staged bytes stay unused
+// after an end that did not flush its endpoint, since a put out of them
+// may still read them (sender). d <= 0 keeps the default.
+func WithArenaQuarantine(d time.Duration) Option {
+	return func(c *config) {
+		if d > 0 {
+			c.quarantine = d
+		}
+	}
+}
 
 // WithMemory makes a Receiver expose memory from AllocKV instead of
 // registering the PagedKV's memory itself: kv.Data must lie inside r

@@ -15,7 +15,7 @@ import (
 // an 8-byte header, little endian:
 //
 //	0     magic 0xBC
-//	1     version 3
+//	1     version 4
 //	2     type
 //	3     flags, must be 0
 //	4..8  payload length (uint32)
@@ -26,8 +26,9 @@ import (
 //	         capability (bytes, 32)
 //	WELCOME  receiver to sender: worker address (bytes), rkey (bytes), base u64,
 //	         length u64, page size u32, layers u32, KV heads u32, head dim u32,
-//	         KV dtype u32 (kernels.DType: f32, f16 or bf16), host id (bytes),
-//	         page count u32, then that many page ids (i32)
+//	         KV dtype u32 (kernels.DType: f32, f16 or bf16), page checksum u32
+//	         (sumXXH3 or sumPageSum), host id (bytes), page count u32, then
+//	         that many page ids (i32)
 //	REFUSE   receiver to sender: the reason (text); the session has no key
 //	END      sender to receiver: every put of the session is remotely complete and
 //	         its endpoint closed; the receiver calls Sink.Closed and closes
@@ -39,7 +40,7 @@ import (
 const (
 	ctlHdr     = 8
 	ctlMagic   = 0xBC
-	ctlVersion = 3
+	ctlVersion = 4
 
 	msgHello   = 1
 	msgWelcome = 2
@@ -53,6 +54,18 @@ const (
 )
 
 var errMalformed = errors.New("ucx: malformed control message")
+
+// The page checksums a receiver verifies Commit with, which the sender
+// claims its pages with (WELCOME's checksum field).
+const (
+	// sumXXH3 is transfer.Checksum over the packed rows, read back into
+	// host memory: pages that land in host memory.
+	sumXXH3 = 0
+	// sumPageSum is kernels.PageSum, which a GPU computes where the pages
+	// are: a receiver whose pool is device memory (WithDeviceMemory), so
+	// that neither side reads pages back to checksum them.
+	sumPageSum = 1
+)
 
 // hello is what a sender says first.
 type hello struct {
@@ -75,6 +88,9 @@ type welcome struct {
 	// DType is the pool's element type: a put's offsets and lengths are
 	// in its element size.
 	DType uint32
+	// Sum is the page checksum Commit is verified with: sumXXH3 or
+	// sumPageSum.
+	Sum   uint32
 	Host  string
 	Pages []int32
 }
@@ -175,6 +191,7 @@ func (w welcome) marshal() []byte {
 	e.u32(w.KVHeads)
 	e.u32(w.HeadDim)
 	e.u32(w.DType)
+	e.u32(w.Sum)
 	e.bytes([]byte(w.Host))
 	e.u32(uint32(len(w.Pages)))
 	for _, p := range w.Pages {
@@ -195,6 +212,7 @@ func parseWelcome(p []byte) (welcome, error) {
 		KVHeads:    d.u32(),
 		HeadDim:    d.u32(),
 		DType:      d.u32(),
+		Sum:        d.u32(),
 		Host:       string(d.bytes(256)),
 	}
 	n := d.u32()
@@ -217,13 +235,17 @@ func parseWelcome(p []byte) (welcome, error) {
 }
 
 // check validates what a sender will compute remote addresses from: a
-// layout whose page fits in the registered length, and page ids inside it.
+// layout whose page fits in the registered length, and page ids inside it;
+// and a checksum it knows.
 func (w welcome) check() error {
 	if w.PageSize == 0 || w.Layers == 0 || w.KVHeads == 0 || w.HeadDim == 0 {
 		return fmt.Errorf("%w: layout %d/%d/%d/%d", errMalformed, w.PageSize, w.Layers, w.KVHeads, w.HeadDim)
 	}
 	if !kernels.ValidKVDType(kernels.DType(w.DType)) {
 		return fmt.Errorf("%w: KV dtype %d", errMalformed, w.DType)
+	}
+	if w.Sum != sumXXH3 && w.Sum != sumPageSum {
+		return fmt.Errorf("%w: page checksum %d", errMalformed, w.Sum)
 	}
 	pb := w.pageBytes()
 	if pb == 0 || pb > math.MaxInt32*uint64(4) || w.Length < pb || len(w.WorkerAddr) == 0 || len(w.RKey) == 0 {

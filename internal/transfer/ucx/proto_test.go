@@ -25,13 +25,16 @@ func TestControlRoundTrip(t *testing.T) {
 	if got, err := parseHello(p); err != nil || got != h {
 		t.Errorf("HELLO round trip: %+v %v, want %+v", got, err, h)
 	}
-	w := goodWelcome()
-	typ, p, err = readMsg(bytes.NewReader(w.marshal()))
-	if err != nil || typ != msgWelcome {
-		t.Fatalf("readMsg(WELCOME): %d %v", typ, err)
-	}
-	if got, err := parseWelcome(p); err != nil || !reflect.DeepEqual(got, w) {
-		t.Errorf("WELCOME round trip: %+v %v, want %+v", got, err, w)
+	for _, sum := range []uint32{sumXXH3, sumPageSum} {
+		w := goodWelcome()
+		w.Sum = sum
+		typ, p, err = readMsg(bytes.NewReader(w.marshal()))
+		if err != nil || typ != msgWelcome {
+			t.Fatalf("readMsg(WELCOME): %d %v", typ, err)
+		}
+		if got, err := parseWelcome(p); err != nil || !reflect.DeepEqual(got, w) {
+			t.Errorf("WELCOME round trip: %+v %v, want %+v", got, err, w)
+		}
 	}
 	typ, p, err = readMsg(bytes.NewReader(refuseMsg(strings.Repeat("x", 10000))))
 	if err != nil || typ != msgRefuse || len(p) != maxText {
@@ -62,6 +65,7 @@ func TestWelcomeChecks(t *testing.T) {
 		"Q8_0DType":     func(w *welcome) { w.DType = uint32(kernels.Q8_0) },
 		"UnknownDType":  func(w *welcome) { w.DType = 1 << 20 },
 		"F16Outside":    func(w *welcome) { w.DType, w.Pages = uint32(kernels.F16), []int32{8} },
+		"UnknownSum":    func(w *welcome) { w.Sum = 2 },
 		"TrailingBytes": nil,
 	}
 	for name, mut := range cases {
@@ -119,6 +123,9 @@ func TestReadMsgLimits(t *testing.T) {
 func FuzzControl(f *testing.F) {
 	f.Add(hello{Room: 1, Epoch: 2, PID: 3, Host: "h"}.marshal())
 	f.Add(goodWelcome().marshal())
+	pageSum := goodWelcome()
+	pageSum.Sum = sumPageSum
+	f.Add(pageSum.marshal())
 	f.Add(refuseMsg("no"))
 	f.Add(frame(msgEnd, nil))
 	f.Fuzz(func(t *testing.T, in []byte) {

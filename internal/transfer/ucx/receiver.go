@@ -215,8 +215,14 @@ func Listen(addr string, sink transfer.Sink, kv kernels.PagedKV, opts ...Option)
 	if err := eng.call(func() (err error) { waddr, err = eng.workerAddress(); return }); err != nil {
 		return fail(err)
 	}
+	// A pool in device memory is verified where it is, with the sum a GPU
+	// computes (transfer.DeviceSums): senders claim their pages with it.
+	sum := uint32(sumXXH3)
+	if cfg.device != nil {
+		sum = sumPageSum
+	}
 	r.wel = welcome{WorkerAddr: waddr, RKey: rkey, Base: uint64(p), Length: uint64(n),
-		PageSize: uint32(kv.PageSize), Layers: uint32(kv.Layers), KVHeads: uint32(kv.KVHeads), HeadDim: uint32(kv.HeadDim), DType: uint32(kv.DType), Host: hostID()}
+		PageSize: uint32(kv.PageSize), Layers: uint32(kv.Layers), KVHeads: uint32(kv.KVHeads), HeadDim: uint32(kv.HeadDim), DType: uint32(kv.DType), Sum: sum, Host: hostID()}
 	if err := r.wel.check(); err != nil {
 		return fail(err)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/transfer"
+	"github.com/batonlm/baton/internal/transfer/arenaspace"
 )
 
 // Sender is the prefill side: one UCX worker for all its sessions. It
@@ -39,6 +40,12 @@ type Sender struct {
 
 	// peers is engine goroutine only.
 	peers map[string]*peer
+
+	// space hands out the arena (WithArena; nil without one), registered
+	// with ctx as arenaMemh at arenaBase until Close.
+	space     *arenaspace.Space
+	arenaMemh C.ucp_mem_h
+	arenaBase uintptr
 }
 
 var _ transfer.Sender = (*Sender)(nil)
@@ -61,19 +68,78 @@ type peer struct {
 	orphan bool // out of the map (failed): close when the last session lets go
 }
 
-// NewSender makes a UCX context and worker for sessions.
+// NewSender makes a UCX context and worker for sessions, and registers
+// the arena with the context (WithArena).
 func NewSender(opts ...Option) (*Sender, error) {
 	cfg := newConfig(opts)
 	ctx, err := newContext(cfg)
 	if err != nil {
 		return nil, err
 	}
+	s := &Sender{cfg: cfg, ctx: ctx, host: hostID(), sessions: map[*Session]struct{}{}, peers: map[string]*peer{}}
+	if cfg.arena != nil {
+		if err := s.mapArena(cfg.arena); err != nil {
+			ctx.unref()
+			return nil, err
+		}
+	}
 	eng, err := startEngine("sender", ctx, cfg.spin)
-	ctx.unref() // the engine holds its own reference
 	if err != nil {
+		s.unmapArena()
+		ctx.unref()
 		return nil, err
 	}
-	return &Sender{cfg: cfg, ctx: ctx, eng: eng, host: hostID(), sessions: map[*Session]struct{}{}, peers: map[string]*peer{}}, nil
+	s.eng = eng
+	if s.space == nil {
+		ctx.unref() // the engine holds its own reference
+	}
+	// else the sender keeps its reference until Close unmaps the arena.
+	return s, nil
+}
+
+// mapArena registers the arena's device memory with the sender's context,
+// as CUDA memory unless it is host memory too (the emulated driver's).
+func (s *Sender) mapArena(a kernels.Arena) error {
+	dr, ok := a.(kernels.DeviceRange)
+	if !ok {
+		return fmt.Errorf("ucx: WithArena: the arena (%T) gives no device range to register", a)
+	}
+	addr, n, hostVisible := dr.Range()
+	if addr == 0 || n <= 0 || n < a.Size() {
+		return fmt.Errorf("ucx: WithArena: arena of %d bytes at %#x", n, addr)
+	}
+	cuda := C.int(1)
+	if hostVisible {
+		cuda = 0
+	}
+	var base unsafe.Pointer
+	var got C.size_t
+	s.ctx.mu.Lock()
+	st := C.bt_mem_map(s.ctx.h, C.uintptr_t(addr), C.size_t(n), 0, cuda, &s.arenaMemh, &base, &got)
+	s.ctx.mu.Unlock()
+	if st != C.UCS_OK {
+		return statusErr(fmt.Sprintf("ucp_mem_map(arena, %d bytes, cuda %v)", n, !hostVisible), st)
+	}
+	s.space, s.arenaBase = arenaspace.New(a), addr
+	return nil
+}
+
+// unmapArena undoes mapArena once no put can read the arena.
+func (s *Sender) unmapArena() {
+	if s.space == nil {
+		return
+	}
+	s.ctx.mu.Lock()
+	C.ucp_mem_unmap(s.ctx.h, s.arenaMemh)
+	s.ctx.mu.Unlock()
+}
+
+// ArenaStats says how the sender's arena was used (zero without one).
+func (s *Sender) ArenaStats() arenaspace.Stats {
+	if s.space == nil {
+		return arenaspace.Stats{}
+	}
+	return s.space.Stats()
 }
 
 // Close aborts the sessions still open and stops the worker.
@@ -99,6 +165,11 @@ func (s *Sender) Close() error {
 		return nil
 	})
 	s.eng.stop()
+	if s.space != nil {
+		// The worker is gone: no put reads the arena any more.
+		s.unmapArena()
+		s.ctx.unref()
+	}
 	return nil
 }
 
@@ -325,6 +396,11 @@ type Session struct {
 	landed     atomic.Int64
 	readerDone chan struct{}
 
+	// arenaSpans and stagings are this session's in the sender's arena,
+	// under mu; given back when the session ends (releaseSpans).
+	arenaSpans []arenaspace.Span
+	stagings   []kernels.Staging
+
 	endOnce sync.Once
 	endErr  error
 }
@@ -367,22 +443,23 @@ type span struct {
 	off    uint64
 }
 
-// spans maps a checked write onto the decode layout: a full page is one
-// put of the whole page (its packed rows are the page's memory); a partial
-// page is, for every layer, one put at the start of its K block and one at
-// the start of its V block, each tokens rows long.
-func (s *Session) spans(w transfer.PageWrite) []span {
+// spans maps a checked write of n packed bytes onto the decode layout: a
+// full page is one put of the whole page (its packed rows are the page's
+// memory); a partial page is, for every layer, one put at the start of its
+// K block and one at the start of its V block, each tokens rows long, from
+// consecutive offsets of the packed rows.
+func (s *Session) spans(w transfer.PageWrite, n int) []span {
 	if w.Tokens == s.kv.PageSize {
-		return []span{{0, len(w.Data), uint64(w.Page) * s.pageBytes}}
+		return []span{{0, n, uint64(w.Page) * s.pageBytes}}
 	}
 	eb := s.kv.ElemBytes()
-	n := w.Tokens * s.kv.RowFloats() * eb
+	rows := w.Tokens * s.kv.RowFloats() * eb
 	out := make([]span, 0, 2*s.kv.Layers)
 	src := 0
 	for l := 0; l < s.kv.Layers; l++ {
 		for _, off := range []int{s.kv.KOffset(int(w.Page), l, 0), s.kv.VOffset(int(w.Page), l, 0)} {
-			out = append(out, span{src, n, uint64(off) * uint64(eb)})
-			src += n
+			out = append(out, span{src, rows, uint64(off) * uint64(eb)})
+			src += rows
 		}
 	}
 	return out
@@ -400,7 +477,7 @@ func (s *Session) check(w transfer.PageWrite) string {
 		return fmt.Sprintf("page %d outside the %d registered pages", w.Page, s.npages)
 	case w.Tokens < 1 || w.Tokens > s.kv.PageSize:
 		return fmt.Sprintf("%d tokens for a page of %d", w.Tokens, s.kv.PageSize)
-	case len(w.Data) != transfer.PackedSize(s.kv, w.Tokens):
+	case w.Src == nil && len(w.Data) != transfer.PackedSize(s.kv, w.Tokens):
 		return fmt.Sprintf("payload of %d bytes for %d tokens, want %d", len(w.Data), w.Tokens, transfer.PackedSize(s.kv, w.Tokens))
 	}
 	return ""
@@ -411,10 +488,24 @@ func (s *Session) check(w transfer.PageWrite) string {
 // exceed the in-flight bound, and fails once the session is closed or
 // broken. A write the reservation does not allow is not put; Flush
 // reports it. The session owns w.Data until the puts completed (the
-// memory is pinned meanwhile and read in place).
+// memory is pinned meanwhile and read in place). A page this session
+// staged (StagePages) is put from the arena once its staging is done.
 func (s *Session) Write(w transfer.PageWrite) error {
 	if w.Index < 0 || w.Tokens < 0 {
 		return fmt.Errorf("ucx: %v: bad page write (index %d, tokens %d)", s.key, w.Index, w.Tokens)
+	}
+	var src uintptr // the staged rows' device address; 0 for w.Data
+	if w.Src != nil {
+		ref, ok := w.Src.(stagedPage)
+		if !ok || ref.s != s {
+			return fmt.Errorf("ucx: %v: page index %d is staged by another session or transport", s.key, w.Index)
+		}
+		// The put reads the arena on UCX's side, on no stream of the
+		// device's: nothing but this wait orders it after the pack.
+		if _, err := ref.staging.Wait(); err != nil {
+			return fmt.Errorf("ucx: %v: page index %d: staging: %w", s.key, w.Index, err)
+		}
+		src = s.snd.arenaBase + uintptr(ref.off)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -429,7 +520,11 @@ func (s *Session) Write(w transfer.PageWrite) error {
 		s.refuseLocked(fmt.Sprintf("page %d (index %d): %s", w.Page, w.Index, why))
 		return nil
 	}
-	n := int64(len(w.Data))
+	size := len(w.Data)
+	if src != 0 {
+		size = transfer.PackedSize(s.kv, w.Tokens)
+	}
+	n := int64(size)
 	for s.inflight > 0 && s.inflight+n > s.snd.cfg.maxInFlight && s.endedLocked() == nil {
 		s.cond.Wait()
 	}
@@ -438,12 +533,22 @@ func (s *Session) Write(w transfer.PageWrite) error {
 	}
 	s.inflight += n
 	s.issued += n
-	spans := s.spans(w)
-	pin := new(runtime.Pinner)
-	pin.Pin(&w.Data[0])
-	data := w.Data
-	if err := s.snd.eng.submit(func() { s.put(data, spans, pin, n) }); err != nil {
-		pin.Unpin()
+	spans := s.spans(w, size)
+	// Go memory stays pinned until UCX is done with it; the arena's
+	// bytes are the session's until it ends, which waits for the puts.
+	var pin *runtime.Pinner
+	if src == 0 {
+		pin = new(runtime.Pinner)
+		pin.Pin(&w.Data[0])
+		src = uintptr(unsafe.Pointer(&w.Data[0]))
+	}
+	unpin := func() {
+		if pin != nil {
+			pin.Unpin()
+		}
+	}
+	if err := s.snd.eng.submit(func() { s.put(src, spans, unpin, n) }); err != nil {
+		unpin()
 		s.inflight -= n
 		s.issued -= n
 		return fmt.Errorf("ucx: %v: %w (%v)", s.key, transfer.ErrClosed, err)
@@ -451,12 +556,13 @@ func (s *Session) Write(w transfer.PageWrite) error {
 	return nil
 }
 
-// put issues a write's puts (engine goroutine). The payload stays pinned
-// until every put of it completed locally, since UCX may read it later.
-func (s *Session) put(data []byte, spans []span, pin *runtime.Pinner, n int64) {
+// put issues a write's puts from base (engine goroutine); unpin lets go of
+// the payload once every put of it completed locally, since UCX may read
+// it until then.
+func (s *Session) put(base uintptr, spans []span, unpin func(), n int64) {
 	outstanding := 0
 	finish := func() {
-		pin.Unpin()
+		unpin()
 		s.mu.Lock()
 		s.inflight -= n
 		s.cond.Broadcast()
@@ -466,7 +572,6 @@ func (s *Session) put(data []byte, spans []span, pin *runtime.Pinner, n int64) {
 		finish()
 		return
 	}
-	base := uintptr(unsafe.Pointer(&data[0]))
 	for _, sp := range spans {
 		var req unsafe.Pointer
 		st := C.bt_put(s.peer.ep.ep, C.uintptr_t(base+uintptr(sp.src)), C.size_t(sp.n), C.uint64_t(s.wel.Base+sp.off), s.peer.rkey, &req)
@@ -582,6 +687,9 @@ func (s *Session) end(abort bool) error {
 		s.mu.Unlock()
 		// Every Write that got in queued its puts before this command.
 		epErr := s.closeEndpoint(abort)
+		// The arena's bytes are free again only once the flush proved
+		// every put from them remotely complete.
+		s.releaseSpans(!abort && epErr == nil)
 		if abort {
 			if tc, ok := s.conn.(*net.TCPConn); ok {
 				_ = tc.SetLinger(0)

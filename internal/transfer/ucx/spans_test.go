@@ -30,7 +30,7 @@ func TestWelcomeHalfWidthPages(t *testing.T) {
 			t.Errorf("%s: page of %d bytes, want 2048", dt, pb)
 		}
 		s := &Session{kv: got.layout(), pageBytes: got.pageBytes()}
-		spans := s.spans(transfer.PageWrite{Page: 7, Tokens: 3, Data: make([]byte, transfer.PackedSize(got.layout(), 3))})
+		spans := s.spans(transfer.PageWrite{Page: 7, Tokens: 3}, transfer.PackedSize(got.layout(), 3))
 		// Layer 0's K block starts the page; its V block is 16 slots of 16
 		// two-byte elements further; layer 1's K block 16 slots after that.
 		want := []span{{0, 96, 7 * 2048}, {96, 96, 7*2048 + 512}, {192, 96, 7*2048 + 1024}, {288, 96, 7*2048 + 1536}}
