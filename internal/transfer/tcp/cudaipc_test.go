@@ -1,15 +1,12 @@
 package tcp
 
 import (
-	"errors"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cuda"
-	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
+	"github.com/batonlm/baton/internal/kernels/cuda/cudatest"
 	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/arenaspace"
 	"github.com/batonlm/baton/internal/transfer/transfertest"
@@ -22,32 +19,8 @@ import (
 // the Sink's gate. The emulated driver maps the arena through shared
 // memory, as another process would.
 
-var (
-	fakeOnce sync.Once
-	fakeBe   *cuda.Backend
-	fakeErr  error
-)
-
-func fakeCUDA(t *testing.T) *cuda.Backend {
-	t.Helper()
-	fakeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "baton-tcp-fakecuda-")
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		if fakeErr = fakecuda.Build(dir); fakeErr == nil {
-			fakeBe, fakeErr = cuda.OpenAt(dir, 0)
-		}
-	})
-	if errors.Is(fakeErr, fakecuda.ErrNoCompiler) {
-		t.Skip(fakeErr)
-	}
-	if fakeErr != nil {
-		t.Fatal(fakeErr)
-	}
-	return fakeBe
-}
+// fakeCUDA is the shared backend on the emulated driver.
+func fakeCUDA(t *testing.T) *cuda.Backend { return cudatest.Synchronous(t) }
 
 func TestConformanceCUDAIPC(t *testing.T) {
 	be := fakeCUDA(t)

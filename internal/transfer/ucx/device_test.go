@@ -4,16 +4,13 @@ package ucx
 
 import (
 	"bytes"
-	"errors"
 	"math/rand/v2"
-	"os"
-	"sync"
 	"testing"
 	"unsafe"
 
 	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cuda"
-	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
+	"github.com/batonlm/baton/internal/kernels/cuda/cudatest"
 	"github.com/batonlm/baton/internal/transfer"
 	"github.com/batonlm/baton/internal/transfer/transfertest"
 )
@@ -24,32 +21,8 @@ import (
 // the same path registers it as CUDA memory. Senders put straight into
 // the decode pool, and what landed is read back from the device.
 
-var (
-	fakeOnce sync.Once
-	fakeBe   *cuda.Backend
-	fakeErr  error
-)
-
-func fakeCUDA(t *testing.T) *cuda.Backend {
-	t.Helper()
-	fakeOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "baton-ucx-fakecuda-")
-		if err != nil {
-			fakeErr = err
-			return
-		}
-		if fakeErr = fakecuda.Build(dir); fakeErr == nil {
-			fakeBe, fakeErr = cuda.OpenAt(dir, 0)
-		}
-	})
-	if errors.Is(fakeErr, fakecuda.ErrNoCompiler) {
-		t.Skip(fakeErr)
-	}
-	if fakeErr != nil {
-		t.Fatal(fakeErr)
-	}
-	return fakeBe
-}
+// fakeCUDA is the shared backend on the emulated driver.
+func fakeCUDA(t *testing.T) *cuda.Backend { return cudatest.Synchronous(t) }
 
 func TestConformanceDeviceMemory(t *testing.T) {
 	be := fakeCUDA(t)
@@ -217,8 +190,14 @@ func TestCUDAMemoryAsksUCX(t *testing.T) {
 // flushed, gives the arena's bytes back at once. For a receiver in host
 // memory (xxh3) the same pages go from host memory, summed with
 // transfer.Checksum.
-func TestArenaStagedSession(t *testing.T) {
-	be := fakeCUDA(t)
+func TestArenaStagedSession(t *testing.T) { testArenaStagedSession(t, fakeCUDA(t)) }
+
+// TestArenaStagedSessionDeferred is TestArenaStagedSession with streams
+// that run their work only when it is waited for: a put that did not wait
+// for its page's staging would read the arena before the pack ran.
+func TestArenaStagedSessionDeferred(t *testing.T) { testArenaStagedSession(t, cudatest.Deferred(t)) }
+
+func testArenaStagedSession(t *testing.T, be *cuda.Backend) {
 	layout := kernels.PagedKV{PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, DType: kernels.BF16}
 	src := layout
 	var err error
