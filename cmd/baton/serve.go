@@ -692,7 +692,7 @@ func loadEngine(f *serveFlags, logw io.Writer) (*loadedEngine, error) {
 		return fail(err)
 	}
 	le.pool = pool
-	le.transferPath = transferPath(f, pc.Device != nil, le.ucxDevice != nil, log)
+	le.transferPath = transferPath(f, pc.Device != nil, le.ucxDevice != nil, hostVisible(pc.Device), log)
 	if draft != nil {
 		if err := le.draftPool(kvdt, f.kvPoison); err != nil {
 			return fail(err)
@@ -1050,6 +1050,17 @@ func (le *loadedEngine) ipcImporter() (kernels.PeerImporter, error) {
 	return imp, nil
 }
 
+// hostVisible says dev's memory is host memory of this process (the
+// emulated driver's), which UCX registers as such.
+func hostVisible(dev kernels.DeviceKV) bool {
+	dr, ok := dev.(kernels.DeviceRange)
+	if !ok {
+		return false
+	}
+	_, _, visible := dr.Range()
+	return visible
+}
+
 // ucxDeviceMemory is how a decode worker's pool in GPU memory is
 // registered with UCX in place, so that prefill puts pages straight into
 // it, and what it is registered as; nil when UCX cannot reach it (the
@@ -1074,9 +1085,10 @@ func ucxDeviceMemory(f *serveFlags, dev kernels.DeviceKV) (ucx.Option, string) {
 
 // transferPath says which memory a worker's KV pages pass through on the
 // way between prefill and decode (/server_info's kv_transfer_path). For
-// ucx with a GPU pool it asks UCX whether it moves GPU memory at all, and
-// logs the answer once.
-func transferPath(f *serveFlags, onGPU, ucxDevice bool, log *slog.Logger) string {
+// ucx with a GPU pool that is not registered in place it asks UCX whether
+// it can register GPU memory at all, and logs once when it cannot;
+// emulated says the pool is the emulated driver's host memory.
+func transferPath(f *serveFlags, onGPU, ucxDevice, emulated bool, log *slog.Logger) string {
 	switch {
 	case f.role != "prefill" && f.role != "decode":
 		return ""
@@ -1087,12 +1099,19 @@ func transferPath(f *serveFlags, onGPU, ucxDevice bool, log *slog.Logger) string
 	case ucxDevice:
 		return "into the GPU pool (ucx: the pool is registered with UCX and prefill puts pages straight into it)"
 	case f.transport == "ucx":
-		rs, err := ucx.Transports(ucxOptions(f)...)
-		if cuda := ucx.CUDATransports(rs); err == nil && len(cuda) > 0 {
-			log.Warn("ucx moves GPU memory here, but baton registers only host memory with it: KV pages go through host memory", "cuda_transports", strings.Join(cuda, ","))
-			return "GPU pool through host memory (ucx; its CUDA transports " + strings.Join(cuda, ", ") + " unused)"
+		// A decode worker here lands pages in host memory; a prefill
+		// worker puts from host memory unless it gets a GPU arena
+		// (ucxArena, which then says so).
+		if f.role == "decode" && f.ucxKVBuffer == "host" {
+			return "GPU pool through host memory (ucx, --ucx-kv-buffer host)"
 		}
-		log.Warn("ucx has no CUDA transport (cuda_copy, cuda_ipc, gdr_copy) in this build: KV pages go through host memory between the GPU pool and the network")
+		if emulated {
+			return "GPU pool through host memory (ucx)"
+		}
+		if cuda, err := ucx.CUDAMemory(ucxOptions(f)...); err == nil && cuda {
+			return "GPU pool through host memory (ucx)"
+		}
+		log.Warn("ucx cannot register GPU memory in this build (no CUDA support: no cuda_copy, cuda_ipc or gdr_copy): KV pages go through host memory between the GPU pool and the network")
 		return "GPU pool through host memory (ucx without CUDA support)"
 	}
 	return "GPU pool through pinned host memory and the socket (tcp)"
