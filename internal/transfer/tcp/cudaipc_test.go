@@ -23,22 +23,7 @@ import (
 func fakeCUDA(t *testing.T) *cuda.Backend { return cudatest.Synchronous(t) }
 
 func TestConformanceCUDAIPC(t *testing.T) {
-	be := fakeCUDA(t)
-	device := func(t *testing.T, layout kernels.PagedKV, pages int) (dst, src kernels.PagedKV) {
-		dst, src = layout, layout
-		var err error
-		if dst.Device, err = be.AllocKV(layout, pages); err != nil {
-			t.Fatal(err)
-		}
-		if src.Device, err = be.AllocKV(layout, 1); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = dst.Device.Close()
-			_ = src.Device.Close()
-		})
-		return dst, src
-	}
+	device := cudatest.Pools(fakeCUDA(t))
 	transfertest.RunWith(t, transfertest.Options{Device: device}, func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender) {
 		pools := sink.(interface {
 			KV() kernels.PagedKV

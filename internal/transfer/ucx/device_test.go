@@ -25,24 +25,7 @@ import (
 func fakeCUDA(t *testing.T) *cuda.Backend { return cudatest.Synchronous(t) }
 
 func TestConformanceDeviceMemory(t *testing.T) {
-	be := fakeCUDA(t)
-	device := func(t *testing.T, layout kernels.PagedKV, pages int) (dst, src kernels.PagedKV) {
-		dst, src = layout, layout
-		var err error
-		if dst.Device, err = be.AllocKV(layout, pages); err != nil {
-			t.Fatal(err)
-		}
-		if src.Device, err = be.AllocKV(layout, 1); err != nil {
-			t.Fatal(err)
-		}
-		// After the receiver's Close (the harness's cleanup, registered
-		// later, runs first), which unregisters the pool.
-		t.Cleanup(func() {
-			_ = dst.Device.Close()
-			_ = src.Device.Close()
-		})
-		return dst, src
-	}
+	device := cudatest.Pools(fakeCUDA(t))
 	transfertest.RunWith(t, transfertest.Options{Device: device, Unstaged: true}, func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender) {
 		kv := kvOf(t, sink)
 		dr, ok := kv.Device.(kernels.DeviceRange)
@@ -76,22 +59,7 @@ func TestConformanceDeviceMemory(t *testing.T) {
 // emulated driver and registered as such). The arena holds a few pages,
 // so sessions that find it full fall back to host memory and PageSum.
 func TestConformanceDeviceArena(t *testing.T) {
-	be := fakeCUDA(t)
-	device := func(t *testing.T, layout kernels.PagedKV, pages int) (dst, src kernels.PagedKV) {
-		dst, src = layout, layout
-		var err error
-		if dst.Device, err = be.AllocKV(layout, pages); err != nil {
-			t.Fatal(err)
-		}
-		if src.Device, err = be.AllocKV(layout, 1); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = dst.Device.Close()
-			_ = src.Device.Close()
-		})
-		return dst, src
-	}
+	device := cudatest.Pools(fakeCUDA(t))
 	var senders []*Sender
 	transfertest.RunWith(t, transfertest.Options{Device: device}, func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender) {
 		kv := kvOf(t, sink)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cuda"
 	"github.com/batonlm/baton/internal/kernels/cuda/fakecuda"
 )
@@ -56,4 +57,28 @@ func open(t testing.TB, variant string) *cuda.Backend {
 	}
 	backends[variant] = b
 	return b
+}
+
+// Pools is transfertest.Options.Device on b: the decode side's pool of
+// pages pages and a one-page prefill pool to stage from, both in b's
+// "GPU" memory, closed with the test after whatever the test registered
+// later (a receiver that registered the pool closes first).
+func Pools(b *cuda.Backend) func(t *testing.T, layout kernels.PagedKV, pages int) (dst, src kernels.PagedKV) {
+	return func(t *testing.T, layout kernels.PagedKV, pages int) (dst, src kernels.PagedKV) {
+		t.Helper()
+		dst, src = layout, layout
+		var err error
+		if dst.Device, err = b.AllocKV(layout, pages); err != nil {
+			t.Fatal(err)
+		}
+		if src.Device, err = b.AllocKV(layout, 1); err != nil {
+			_ = dst.Device.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = dst.Device.Close()
+			_ = src.Device.Close()
+		})
+		return dst, src
+	}
 }
