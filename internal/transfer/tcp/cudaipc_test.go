@@ -128,7 +128,9 @@ func TestArenaQuarantineAfterLostSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer arena.Close()
-	snd := NewSender(WithArena(arena), WithArenaQuarantine(200*time.Millisecond))
+	// Long enough that a loaded machine still sees the bytes held between
+	// the session's loss and the check below.
+	snd := NewSender(WithArena(arena), WithArenaQuarantine(2*time.Second))
 	all := snd.ArenaStats().FreeBytes
 	stage := func(r *Receiver) transfer.Session {
 		sess, err := snd.Open(t.Context(), r.Addr(), transfer.Key{Room: 1, Epoch: 1, Cap: transfer.NewCapability()})
@@ -168,6 +170,7 @@ func TestArenaQuarantineAfterLostSession(t *testing.T) {
 	if s := snd.ArenaStats(); s.FreeBytes == all || s.Quarantined != 1 {
 		t.Fatalf("after a lost session: %+v, want its bytes quarantined", s)
 	}
+	deadline = time.Now().Add(10 * time.Second)
 	for snd.ArenaStats().FreeBytes != all && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
