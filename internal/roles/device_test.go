@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	pdv1 "github.com/batonlm/baton/api/pd/v1"
+	"github.com/batonlm/baton/internal/kernels"
 	"github.com/batonlm/baton/internal/kernels/cpu"
 	"github.com/batonlm/baton/internal/kernels/kernelstest"
 	"github.com/batonlm/baton/internal/kvpool"
@@ -67,18 +68,7 @@ func TestDevicePoolChecksumReadsBack(t *testing.T) {
 	}
 	defer sess.Close()
 	kv := p.dPool.KV()
-	var sums []uint64
-	for i, pg := range res.Pages {
-		data := make([]byte, transfer.PackedSize(kv, 4))
-		for j := 0; j < len(data); j += 4 {
-			data[j+3] = 0x3f // 0.5-ish floats, distinct per page
-			data[j] = byte(i + 1)
-		}
-		if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: 4, Data: data}); err != nil {
-			t.Fatal(err)
-		}
-		sums = append(sums, transfer.Checksum(data))
-	}
+	sums := writeFullPages(t, sess, kv, res.Pages, transfer.Checksum)
 	if err := sess.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -122,4 +112,23 @@ func TestPrefillDeviceReadFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitAllFree(t, p.dPool, p.pPool)
+}
+
+// writeFullPages writes every page of a reservation, full, with 0.5-ish
+// floats distinct per page, and returns each page's sum.
+func writeFullPages(t *testing.T, sess transfer.Session, kv kernels.PagedKV, pages []int32, sum func([]byte) uint64) []uint64 {
+	t.Helper()
+	var sums []uint64
+	for i, pg := range pages {
+		data := make([]byte, transfer.PackedSize(kv, kv.PageSize))
+		for j := 0; j < len(data); j += 4 {
+			data[j+3] = 0x3f
+			data[j] = byte(i + 1)
+		}
+		sums = append(sums, sum(data))
+		if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: kv.PageSize, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sums
 }

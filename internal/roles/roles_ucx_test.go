@@ -177,18 +177,7 @@ func TestUCXOneSidedSumsCorruptPage(t *testing.T) {
 	}
 	defer sess.Close()
 	kv := p.dPool.KV()
-	var sums []uint64
-	for i, pg := range res.Pages {
-		data := make([]byte, transfer.PackedSize(kv, 4))
-		for j := 0; j < len(data); j += 4 {
-			data[j+3] = 0x3f
-			data[j] = byte(i + 1)
-		}
-		sums = append(sums, transfer.Checksum(data))
-		if err := sess.Write(transfer.PageWrite{Index: i, Page: pg, Tokens: 4, Data: data}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sums := writeFullPages(t, sess, kv, res.Pages, transfer.Checksum)
 	if err := sess.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
