@@ -27,6 +27,15 @@ func envCmd() *cobra.Command {
 				} else {
 					fmt.Fprintln(w, ucx.Describe(rs))
 				}
+				// Whether KV pages can go GPU to GPU over ucx here
+				// (a decode pool registered in place, prefill's arena).
+				if cuda, err := ucx.CUDAMemory(); err != nil {
+					fmt.Fprintf(w, "ucx GPU memory: %v\n", err)
+				} else if cuda {
+					fmt.Fprintln(w, "ucx GPU memory: yes (GPU pools are registered with UCX)")
+				} else {
+					fmt.Fprintln(w, "ucx GPU memory: no (this UCX build cannot register CUDA memory; GPU pools' pages go through host memory)")
+				}
 			} else {
 				fmt.Fprintln(w, "ucx: not in this build (build with -tags ucx)")
 			}

@@ -4,9 +4,11 @@ package e2e
 
 import (
 	"encoding/json"
+	"os/exec"
 	"strings"
 	"testing"
 
+	"github.com/batonlm/baton/internal/transfer/ucx"
 	"github.com/batonlm/baton/test/harness"
 )
 
@@ -89,5 +91,27 @@ func TestPDOverUCXOnCUDA(t *testing.T) {
 				t.Errorf("decode: %v handoff failures", dm["baton_handoff_failures_total"])
 			}
 		})
+	}
+}
+
+// `baton env` says whether this UCX can register GPU memory, as the
+// workers decide it (ucx.CUDAMemory), so a GPU machine's env log tells
+// which path ucx takes there.
+func TestEnvUCXGPUMemory(t *testing.T) {
+	bin := harness.Build(t, "ucx")
+	out, err := exec.Command(bin, "env").CombinedOutput()
+	if err != nil {
+		t.Fatalf("baton env: %v\n%s", err, out)
+	}
+	cuda, err := ucx.CUDAMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "ucx GPU memory: no"
+	if cuda {
+		want = "ucx GPU memory: yes"
+	}
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("baton env does not say %q:\n%s", want, out)
 	}
 }
