@@ -60,8 +60,8 @@
 // logits. Each value is rounded at most once before its product, as the
 // cast it replaces did, so the results are bit for bit the same
 // (TestFakeHalfShadow) and the parity tolerances are unchanged. Inputs
-// of gemv products (up to 8 rows) stay float32: those kernels read them
-// once and the weights dominate.
+// of gemv products (up to 8 rows) stay float32: those kernels read each
+// once, next to every byte of the weights.
 //
 // A mixture of experts' FFN runs whole on the device (Experts, moe.go):
 // the model routes on the host from the router's logits and hands over

@@ -59,10 +59,10 @@ import (
 // transfer (a forward pass returns with its work queued, as before).
 
 // DefaultGraphMaxBS is --cuda-graph-max-bs's default: the buckets 1, 2, 4,
-// 8, 16, 24 and 32. Up to 32 rows a decode step of a small model is a few
-// microseconds of work a kernel, where launches dominate; beyond it the
-// products are long enough that they do not, and each bucket is another
-// capture at its first step.
+// 8, 16, 24 and 32: SGLang's default range for small batches, where a
+// step's kernels are short next to their launches; each bucket is
+// another capture at its first step. Where launches stop mattering is not
+// measured on a GPU.
 const DefaultGraphMaxBS = 32
 
 // maxCaptures bounds the captures of one bucket: a program that keeps

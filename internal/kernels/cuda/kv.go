@@ -76,10 +76,6 @@ type KVPool struct {
 	waitMu     sync.RWMutex
 	released   bool
 	eventWaits atomic.Int64
-	// computeWaits counts the backend stream's waits for a staging's
-	// event (computeAfter): the emulated driver runs launches at once, so
-	// only the count shows the ordering was asked for (tests).
-	computeWaits atomic.Int64
 }
 
 var _ kernels.DeviceKV = (*KVPool)(nil)
