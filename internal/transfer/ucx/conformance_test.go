@@ -25,15 +25,7 @@ func kvOf(t *testing.T, sink transfer.Sink) kernels.PagedKV {
 // posix,cma,self and with tcp).
 func TestConformance(t *testing.T) {
 	transfertest.Run(t, func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender) {
-		r, err := Listen("127.0.0.1:0", sink, kvOf(t, sink))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := NewSender()
-		if err != nil {
-			_ = r.Close()
-			t.Fatal(err)
-		}
+		r, s := listenAndSend(t, sink, kvOf(t, sink))
 		t.Logf("receiver transports: %v", r.Transports())
 		return r, s
 	})
@@ -58,15 +50,7 @@ func TestConformanceAllocKV(t *testing.T) {
 	transfertest.RunWith(t, transfertest.Options{Alloc: alloc}, func(t *testing.T, sink transfer.Sink) (transfer.Receiver, transfer.Sender) {
 		kv := kvOf(t, sink)
 		reg := regions[&kv.Data[0]]
-		r, err := Listen("127.0.0.1:0", sink, kv, WithMemory(reg))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := NewSender()
-		if err != nil {
-			_ = r.Close()
-			t.Fatal(err)
-		}
+		r, s := listenAndSend(t, sink, kv, WithMemory(reg))
 		return r, s
 	})
 	for _, r := range regions {

@@ -39,15 +39,7 @@ func TestConformanceDeviceMemory(t *testing.T) {
 		if want := kv.Device.Pages() * kv.PageFloats() * 4; n != want {
 			t.Fatalf("device range of %d bytes, want %d", n, want)
 		}
-		r, err := Listen("127.0.0.1:0", sink, kv, WithDeviceMemory(addr, n, false))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := NewSender()
-		if err != nil {
-			_ = r.Close()
-			t.Fatal(err)
-		}
+		r, s := listenAndSend(t, sink, kv, WithDeviceMemory(addr, n, false))
 		return r, s
 	})
 }

@@ -130,11 +130,11 @@ func TestRDMADevicesUnknown(t *testing.T) {
 // real: with the receiver's progress goroutine stopped, puts into memory
 // UCX allocated on shared memory still land and flush, while puts into Go
 // memory (emulated with active messages on shm, carried by the receiver on
-// listenAndSend starts a receiver over kv and a sender, both closed with
-// t (the sender first).
-func listenAndSend(t *testing.T, sink transfer.Sink, kv kernels.PagedKV) (*Receiver, *Sender) {
+// listenAndSend starts a receiver over kv (with ropts) and a sender,
+// both closed with t (the sender first; closing again is harmless).
+func listenAndSend(t *testing.T, sink transfer.Sink, kv kernels.PagedKV, ropts ...Option) (*Receiver, *Sender) {
 	t.Helper()
-	r, err := Listen("127.0.0.1:0", sink, kv)
+	r, err := Listen("127.0.0.1:0", sink, kv, ropts...)
 	if err != nil {
 		t.Fatal(err)
 	}
