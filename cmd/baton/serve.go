@@ -1031,12 +1031,10 @@ func (le *loadedEngine) ucxArena(f *serveFlags) kernels.Arena {
 		_ = a.Close()
 		return nil
 	}
-	if _, _, hostVisible := dr.Range(); !hostVisible {
-		if cuda, err := ucx.CUDAMemory(ucxOptions(f)...); err != nil || !cuda {
-			_ = a.Close()
-			le.log.Warn("ucx has no CUDA support in this build: KV pages go from host memory, not a GPU arena")
-			return nil
-		}
+	if ok, _ := ucxReaches(f, dr); !ok {
+		_ = a.Close()
+		le.log.Warn("ucx has no CUDA support in this build: KV pages go from host memory, not a GPU arena")
+		return nil
 	}
 	return a
 }
@@ -1073,14 +1071,27 @@ func ucxDeviceMemory(f *serveFlags, dev kernels.DeviceKV) (ucx.Option, string) {
 	if !ok {
 		return nil, ""
 	}
-	addr, n, hostVisible := dr.Range()
-	if hostVisible {
-		return ucx.WithDeviceMemory(addr, n, false), "host memory (emulated device memory)"
-	}
-	if cuda, err := ucx.CUDAMemory(ucxOptions(f)...); err != nil || !cuda {
+	ok, asCUDA := ucxReaches(f, dr)
+	if !ok {
 		return nil, ""
 	}
+	addr, n, _ := dr.Range()
+	if !asCUDA {
+		return ucx.WithDeviceMemory(addr, n, false), "host memory (emulated device memory)"
+	}
 	return ucx.WithDeviceMemory(addr, n, true), "CUDA memory"
+}
+
+// ucxReaches says whether UCX can register the device memory dr names,
+// and whether as CUDA memory: the emulated driver's is host memory, which
+// any UCX registers; a GPU's only a UCX with CUDA support does. Decode's
+// pool and prefill's arena are both decided here.
+func ucxReaches(f *serveFlags, dr kernels.DeviceRange) (ok, asCUDA bool) {
+	if _, _, hostVisible := dr.Range(); hostVisible {
+		return true, false
+	}
+	cuda, err := ucx.CUDAMemory(ucxOptions(f)...)
+	return err == nil && cuda, true
 }
 
 // transferPath says which memory a worker's KV pages pass through on the
