@@ -25,6 +25,8 @@ func TestSGLangFlagNames(t *testing.T) {
 		{args: []string{"--role", "prefill", "--disaggregation-transfer-backend", "cuda-ipc", "--device", "cuda"}, out: "prefill configuration is valid"},
 		{args: []string{"--role", "decode", "--transport", "cuda-ipc", "--device", "cpu"}, err: "needs --device cuda"},
 		{args: []string{"--role", "prefill", "--transport", "cuda-ipc", "--device", "cuda", "--cuda-ipc-arena", "lots"}, err: "--cuda-ipc-arena"},
+		{args: []string{"--role", "decode", "--ucx-kv-buffer", "gpu"}, err: `--ucx-kv-buffer "gpu": auto or host`},
+		{args: []string{"--role", "decode", "--ucx-kv-buffer", "host"}, out: "decode configuration is valid"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			for k, v := range c.env {
