@@ -223,6 +223,19 @@ func testArenaStagedSession(t *testing.T, be *cuda.Backend) {
 			if got := staged.Srcs != nil; got != c.staged {
 				t.Fatalf("staged %v, want %v", got, c.staged)
 			}
+			if c.staged {
+				// Another session may not put this session's staged
+				// page: its arena span is released with this session,
+				// and would then hand the next request's rows to it.
+				other, err := snd.Open(t.Context(), r.Addr(), transfer.Key{Room: 2, Epoch: 1, Cap: transfer.NewCapability()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := other.Write(staged.Write(0, 0, into[0], tokens[0])); err == nil {
+					t.Error("a page staged by one session was put by another")
+				}
+				_ = other.Close()
+			}
 			// Written before anyone waited for the staging: Write must.
 			for i := range pages {
 				if err := sess.Write(staged.Write(i, i, into[i], tokens[i])); err != nil {
