@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"path/filepath"
 	"testing"
@@ -112,4 +113,39 @@ func TestDeferredGraphCUBLAS(t *testing.T) {
 	bOn.SetGraphs(DefaultGraphMaxBS, nil)
 	bOff.SetGraphs(0, nil)
 	graphCUBLASSteps(t, newGraphRun(t, bOn, c, w, 24), newGraphRun(t, bOff, c, w, 24))
+}
+
+// TestDeferredGraphReplayInFlight: two decode steps replayed through one
+// graph back to back, nothing read back between them. The first launch is
+// still queued when the second step's tables go into the graph's pinned
+// buffer, and its copy nodes read that buffer only when they run (as a
+// GPU's do), so unless the replay waits for it the first launch runs with
+// the second step's tokens, positions and slots, and the first step's K/V
+// rows are never stored. The second step reads those rows, and a third,
+// read back, both steps' rows: their logits equal direct launches'.
+func TestDeferredGraphReplayInFlight(t *testing.T) {
+	c := graphConfig
+	w, err := model.DummyWeights(&c, kernels.F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bOn, bOff := deferredBackend(t), fakeBackend(t)
+	bOn.SetGraphs(4, nil)
+	bOff.SetGraphs(0, nil)
+	on, off := newGraphRun(t, bOn, c, w, 3), newGraphRun(t, bOff, c, w, 3)
+	// The bucket's first step runs directly, the second is captured.
+	for i := range 2 {
+		sameLogits(t, fmt.Sprintf("step %d", i), on.step(3), off.step(3), c.Vocab)
+	}
+	before := bOn.g
+	on.queue(3)
+	off.step(3)
+	got := on.queue(3)
+	kernels.Host(bOn, got)
+	sameLogits(t, "the second of two queued replays", got, off.step(3), c.Vocab)
+	sameLogits(t, "the step after them", on.step(3), off.step(3), c.Vocab)
+	if g := bOn.g; g.replays != before.replays+3 || g.captured != before.captured {
+		t.Errorf("%d graph launches and %d captures in the last 3 steps, want 3 and 0", g.replays-before.replays,
+			g.captured-before.captured)
+	}
 }

@@ -70,6 +70,15 @@ func (r *graphRun) slot(seq, pos int) int32 {
 // ForwardDevice, as the engine does) and returns their logits.
 func (r *graphRun) step(n int) []float32 {
 	r.t.Helper()
+	logits := r.queue(n)
+	kernels.Host(r.b, logits)
+	return append([]float32(nil), logits...)
+}
+
+// queue is step without the read back: the step may still be queued on
+// the device when it returns, its logits there.
+func (r *graphRun) queue(n int) []float32 {
+	r.t.Helper()
 	bt := &model.Batch{}
 	for i := range n {
 		p := r.lens[i]
@@ -83,8 +92,7 @@ func (r *graphRun) step(n int) []float32 {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	kernels.Host(r.b, logits)
-	return append([]float32(nil), logits...)
+	return logits
 }
 
 func argmax(row []float32) int {
