@@ -29,6 +29,8 @@ const (
 	Q6_K
 	Q3_K
 	Q2_K
+	// F8E4M3 is fp8 e4m3 (fp8.go): a KV dtype only, never a weight's.
+	F8E4M3
 )
 
 func (d DType) String() string {
@@ -54,7 +56,7 @@ func (d DType) BlockSize() int { return dtypeInfo[d].block }
 
 // Quantized says whether d is one of the block formats with integer
 // quants (Q8_0 and the ggml types after it), as opposed to a float type.
-func (d DType) Quantized() bool { return d == Q8_0 || d >= Q4_0 }
+func (d DType) Quantized() bool { return d == Q8_0 || d >= Q4_0 && d <= Q2_K }
 
 // Matrix is a weight matrix of Rows rows, each Cols elements long, stored
 // row-major. A GGUF tensor of shape [in, out] is a Matrix with Rows=out and
@@ -70,8 +72,8 @@ func (m *Matrix) Validate() error {
 	if m.Rows <= 0 || m.Cols <= 0 {
 		return fmt.Errorf("kernels: bad matrix shape %dx%d", m.Rows, m.Cols)
 	}
-	if int(m.DType) < 0 || int(m.DType) >= len(dtypeInfo) {
-		return fmt.Errorf("kernels: unknown dtype %s", m.DType)
+	if m.DType < 0 || m.DType > Q2_K {
+		return fmt.Errorf("kernels: unknown weight dtype %s", m.DType)
 	}
 	if bs := m.DType.BlockSize(); m.Cols%bs != 0 {
 		return fmt.Errorf("kernels: %s matrix with %d columns (not a multiple of %d)", m.DType, m.Cols, bs)
@@ -213,13 +215,14 @@ func F32ToF16(f float32) uint16 {
 
 // PagedKV describes KV pool memory. Page p holds, for every layer l, a K
 // block then a V block, each [PageSize][KVHeads][HeadDim] elements of
-// DType (F32, F16 or BF16); so one page is one contiguous range (what a
+// DType (F32, F16, BF16 or F8E4M3); so one page is one contiguous range (what a
 // transfer moves), and a token's K for one layer is one contiguous row of
 // KVHeads*HeadDim.
 //
 // Data is the storage as 4-byte words whatever the dtype: a page of F16 or
 // BF16 takes half the words of an F32 one, and its elements are the
-// little-endian halves of those words (see Halves). Keeping one slice type
+// little-endian halves of those words (see Halves); an F8E4M3 page takes a
+// quarter, its elements the words' bytes (see Bytes). Keeping one slice type
 // lets every owner of pool memory (the pool, UCX registration, tests)
 // allocate and address it without caring what it holds.
 //
@@ -231,17 +234,19 @@ type PagedKV struct {
 	Device                             DeviceKV
 	PageSize, Layers, KVHeads, HeadDim int
 	// DType is the element type of the stored K and V: F32 (the zero
-	// value), F16 or BF16. Attention converts on load; StoreKV rounds.
+	// value), F16, BF16 or F8E4M3. Attention converts on load; StoreKV
+	// rounds.
 	DType DType
 }
 
 // KVNaN is a float32 whose bits are also a quiet NaN read as two F16 or
-// two BF16 halves, so filling Data's words with it poisons a pool of any
-// KV dtype.
-var KVNaN = math.Float32frombits(0x7fc07fc0)
+// two BF16 halves and as four e4m3 bytes (0x7f and 0xff are e4m3's NaNs),
+// so filling Data's words with it poisons a pool of any KV dtype.
+var KVNaN = math.Float32frombits(0x7fff7fff)
 
-// ValidKVDType says whether d is a dtype KV can be stored in.
-func ValidKVDType(d DType) bool { return d == F32 || d == F16 || d == BF16 }
+// ValidKVDType says whether d is a dtype KV can be stored in (on some
+// backend: see SupportsKVDType).
+func ValidKVDType(d DType) bool { return d == F32 || d == F16 || d == BF16 || d == F8E4M3 }
 
 // ElemBytes is the size of one stored K or V element.
 func (kv PagedKV) ElemBytes() int {
@@ -250,6 +255,8 @@ func (kv PagedKV) ElemBytes() int {
 		return 4
 	case F16, BF16:
 		return 2
+	case F8E4M3:
+		return 1
 	}
 	panic(fmt.Sprintf("kernels: KV dtype %s", kv.DType))
 }
@@ -261,6 +268,16 @@ func (kv PagedKV) Halves() []uint16 {
 		return nil
 	}
 	return unsafe.Slice((*uint16)(unsafe.Pointer(&kv.Data[0])), 2*len(kv.Data))
+}
+
+// Bytes is Data seen as bytes: an F8E4M3 pool's elements, with the
+// offsets of KOffset (and any pool's packed rows, byte for byte, on a
+// little-endian host).
+func (kv PagedKV) Bytes() []byte {
+	if len(kv.Data) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&kv.Data[0])), 4*len(kv.Data))
 }
 
 // PackedBytes is the size of the first tokens slots of one page in the
@@ -321,11 +338,13 @@ func (kv PagedKV) RowFloats() int { return kv.KVHeads * kv.HeadDim }
 func (kv PagedKV) PageElems() int { return kv.Layers * 2 * kv.PageSize * kv.RowFloats() }
 
 // PageFloats is the size of one page in Data's 4-byte words: PageElems
-// for F32, half that for F16 and BF16.
+// for F32, half that for F16 and BF16, a quarter for F8E4M3 (whose pages
+// hold a multiple of 4 elements: an even head dim makes them so).
 func (kv PagedKV) PageFloats() int { return kv.PageElems() * kv.ElemBytes() / 4 }
 
 // KOffset is the element index of the K row of (page, layer,
-// slot-in-page): into Data for F32, into Halves for F16 and BF16.
+// slot-in-page): into Data for F32, into Halves for F16 and BF16, into
+// Bytes for F8E4M3.
 func (kv PagedKV) KOffset(page, layer, slot int) int {
 	return page*kv.PageElems() + (layer*2*kv.PageSize+slot)*kv.RowFloats()
 }
@@ -352,6 +371,11 @@ func (kv PagedKV) StoreRow(off int, row []float32) {
 		for i, v := range row {
 			h[i] = F32ToBF16(v)
 		}
+	case F8E4M3:
+		e := kv.Bytes()[off : off+len(row)]
+		for i, v := range row {
+			e[i] = F32ToE4M3(v)
+		}
 	default:
 		panic(fmt.Sprintf("kernels: KV dtype %s", kv.DType))
 	}
@@ -369,6 +393,10 @@ func (kv PagedKV) LoadRow(off int, dst []float32) {
 	case BF16:
 		for i, h := range kv.Halves()[off : off+len(dst)] {
 			dst[i] = math.Float32frombits(uint32(h) << 16)
+		}
+	case F8E4M3:
+		for i, e := range kv.Bytes()[off : off+len(dst)] {
+			dst[i] = E4M3ToF32(e)
 		}
 	default:
 		panic(fmt.Sprintf("kernels: KV dtype %s", kv.DType))
@@ -534,6 +562,22 @@ func AutoKVDType(be Backend) DType {
 		return k.AutoKVDType()
 	}
 	return F16
+}
+
+// KVDTypeSupporter is a backend whose kernels store and read KV in a set
+// of dtypes of its own; one that is not serves F32, F16 and BF16.
+type KVDTypeSupporter interface {
+	SupportsKVDType(DType) bool
+}
+
+// SupportsKVDType says whether be's kernels store and read KV of dtype d,
+// so a worker refuses at start-up a --kv-cache-dtype its backend would
+// fail on mid-request.
+func SupportsKVDType(be Backend, d DType) bool {
+	if s, ok := be.(KVDTypeSupporter); ok {
+		return s.SupportsKVDType(d)
+	}
+	return d == F32 || d == F16 || d == BF16
 }
 
 // Paralleler is a backend whose threads host code may borrow between its

@@ -61,6 +61,8 @@ var dtypeInfo = [...]dtypeDesc{
 	Q6_K: {"q6_k", 256, 210},
 	Q3_K: {"q3_k", 256, 110},
 	Q2_K: {"q2_k", 256, 84},
+
+	F8E4M3: {"fp8_e4m3", 1, 1},
 }
 
 // QuantDTypes are the block formats beyond Q8_0, in declaration order.

@@ -9,23 +9,25 @@ import (
 )
 
 // TestKVDTypePool: an F16/BF16 pool's pages take half the bytes of an F32
-// one, its KV view says the dtype, a write through it survives a
-// pack/unpack round trip into a second pool, and a freed page reads as
-// NaN in that dtype when poisoned.
+// one (an F8E4M3 pool's a quarter), its KV view says the dtype, a write
+// through it survives a pack/unpack round trip into a second pool, and
+// every element of a fresh or freed page reads as NaN in that dtype when
+// poisoned.
 func TestKVDTypePool(t *testing.T) {
 	base := Config{NumPages: 3, PageSize: 4, Layers: 2, KVHeads: 2, HeadDim: 8, Poison: true}
 	f32, err := New(base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16} {
+	for _, dt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
 		cfg := base
 		cfg.KVDType = dt
 		p, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if 2*p.PageBytes() != f32.PageBytes() || len(p.KV().Data) != len(f32.KV().Data)/2 {
+		eb := kernels.PagedKV{DType: dt}.ElemBytes()
+		if p.PageBytes()*4/eb != f32.PageBytes() || len(p.KV().Data)*4/eb != len(f32.KV().Data) {
 			t.Fatalf("%s page is %d bytes, f32 %d", dt, p.PageBytes(), f32.PageBytes())
 		}
 		kv := p.KV()
@@ -33,9 +35,11 @@ func TestKVDTypePool(t *testing.T) {
 			t.Fatalf("KV() says %s, pool holds %s", kv.DType, dt)
 		}
 		row := make([]float32, kv.RowFloats())
-		for _, h := range kv.Halves() {
-			if !math.IsNaN(float64(kernels.F16ToF32(h))) || h&0x7fc0 != 0x7fc0 {
-				t.Fatalf("%s fresh poisoned pool holds %#x", dt, h)
+		all := make([]float32, cfg.NumPages*kv.PageElems())
+		kv.LoadRow(0, all)
+		for i, v := range all {
+			if !math.IsNaN(float64(v)) {
+				t.Fatalf("%s fresh poisoned pool: element %d is %v", dt, i, v)
 			}
 		}
 		a := mustAlloc(t, p, 1, 1)
@@ -64,8 +68,10 @@ func TestKVDTypePool(t *testing.T) {
 			t.Fatalf("%s: page differs after the round trip", dt)
 		}
 		q.KV().LoadRow(q.KV().VOffset(2, 1, 3), row)
-		if row[5] != 7+5.0/4 {
-			t.Fatalf("%s: V layer 1 slot 3 [5] = %v after the round trip", dt, row[5])
+		stored := make([]float32, len(row))
+		kv.LoadRow(kv.VOffset(int(pg), 1, 3), stored)
+		if row[5] != stored[5] || math.Abs(float64(row[5])-(7+5.0/4)) > 0.25 {
+			t.Fatalf("%s: V layer 1 slot 3 [5] = %v after the round trip, stored %v", dt, row[5], stored[5])
 		}
 		if err := p.Release(a.Owner, a.Pages); err != nil {
 			t.Fatal(err)

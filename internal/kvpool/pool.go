@@ -282,13 +282,16 @@ func New(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("%w: config %+v: page ids and counts are int32", ErrBadArg, cfg)
 	}
 	if !kernels.ValidKVDType(cfg.KVDType) {
-		return nil, fmt.Errorf("%w: config %+v: KV dtype %s (want f32, f16 or bf16)", ErrBadArg, cfg, cfg.KVDType)
+		return nil, fmt.Errorf("%w: config %+v: KV dtype %s (want f32, f16, bf16 or fp8_e4m3)", ErrBadArg, cfg, cfg.KVDType)
 	}
 	kv := kernels.PagedKV{PageSize: cfg.PageSize, Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim, DType: cfg.KVDType}
 	pe, ok := mulOK(cfg.Layers, 2, cfg.PageSize, cfg.KVHeads, cfg.HeadDim)
 	pf := pe * kv.ElemBytes() / 4
 	if !ok || pe != kv.PageElems() {
 		return nil, fmt.Errorf("%w: config %+v: page size overflows", ErrBadArg, cfg)
+	}
+	if pe*kv.ElemBytes()%4 != 0 {
+		return nil, fmt.Errorf("%w: config %+v: a page of %d %s elements is not a whole number of words (an odd head dim)", ErrBadArg, cfg, pe, cfg.KVDType)
 	}
 	total, ok := mulOK(pf, cfg.NumPages)
 	if !ok || total > math.MaxInt/4 {

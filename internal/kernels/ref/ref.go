@@ -17,6 +17,10 @@ func New() *Backend { return &Backend{} }
 // Name implements kernels.Backend.
 func (*Backend) Name() string { return "ref" }
 
+// SupportsKVDType implements kernels.KVDTypeSupporter: StoreRow and LoadRow
+// define every KV dtype, and they are all this backend uses.
+func (*Backend) SupportsKVDType(d kernels.DType) bool { return kernels.ValidKVDType(d) }
+
 // MatMul implements kernels.Backend.
 func (*Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 	row := make([]float32, w.Cols)

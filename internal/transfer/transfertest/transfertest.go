@@ -433,13 +433,13 @@ func smallLayout(ps int) kernels.PagedKV {
 }
 
 // testExact runs every KV dtype: a half-width pool's rows are half the
-// bytes at half the offsets, which a transport that addresses pages
-// itself (one-sided puts) must get right.
+// bytes at half the offsets (an fp8 pool's a quarter), which a transport
+// that addresses pages itself (one-sided puts) must get right.
 func testExact(t *testing.T, mk suite) {
 	for _, c := range []struct {
 		ps int
 		dt kernels.DType
-	}{{1, kernels.F32}, {4, kernels.F32}, {16, kernels.F32}, {1, kernels.F16}, {4, kernels.F16}, {16, kernels.BF16}} {
+	}{{1, kernels.F32}, {4, kernels.F32}, {16, kernels.F32}, {1, kernels.F16}, {4, kernels.F16}, {16, kernels.BF16}, {4, kernels.F8E4M3}} {
 		ps := c.ps
 		t.Run(fmt.Sprintf("page%d/%s", ps, c.dt), func(t *testing.T) {
 			layout := smallLayout(ps)
