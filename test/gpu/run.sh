@@ -31,9 +31,9 @@
 #   5. serve       the baton binary as router + prefill + decode with
 #                  --device cuda on loopback: KV pools in GPU memory, pages
 #                  over tcp through pinned buffers and GPU to GPU over
-#                  cuda-ipc (every page shipped from the device), the
-#                  greedy reference; a cuda prefill (bf16 KV) paired with a
-#                  cpu decode (~30 s)
+#                  cuda-ipc (every page shipped from the device; once in
+#                  fp8 KV), the greedy reference; a cuda prefill (bf16 KV)
+#                  paired with a cpu decode (~40 s)
 #   6. served      `baton bench serve` against the binary on the GPU
 #                  (test/gpu/serve-bench.sh, ~2 min: six server starts of a
 #                  few seconds each, every run a few seconds):
@@ -104,7 +104,7 @@ step device 60 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^(TestO
 step kernels 240 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^TestGPU' -test.v -test.timeout 230s
 step bandwidth 120 "$ROOT/internal/kernels/cuda" "$BIN/cuda.test" -test.run '^$' -test.bench 'GPU' -test.benchtime 20x -test.v -test.timeout 110s
 step model 240 "$ROOT/test/gpu" "$BIN/gpu.test" -test.run '^$' -test.bench 'GPUModel' -test.benchtime 3x -test.v -test.timeout 230s
-step serve 120 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^(TestPDOnCUDA|TestPDOverCUDAIPC|TestPDCUDAPrefillHalfKV)$' -test.v -test.timeout 110s
+step serve 120 "$ROOT/test/e2e" env BATON_TEST_BINARY="$BIN/baton" "$BIN/e2e.test" -test.run '^(TestPDOnCUDA|TestPDOverCUDAIPC|TestPDOverCUDAIPCFP8|TestPDCUDAPrefillHalfKV)$' -test.v -test.timeout 110s
 step served 240 "$ROOT" env PROMPTS=32 test/gpu/serve-bench.sh "$BIN/baton" "$OUT"
 
 {

@@ -19,7 +19,7 @@ import (
 // mmaTol is the attention bound |err| <= tol*5 of the tensor-core kernel
 // over a pool of dt. The kernel rounds q and the softmax weights P to the
 // pool's half type before the products (K and V are stored in it
-// already): a relative error of up to 2^-11 (f16) or 2^-8 (bf16) on each
+// already; an fp8 pool's tiles are f16, exactly its values): a relative error of up to 2^-11 (f16) or 2^-8 (bf16) on each
 // term of q·k and of Σ P·V. Over random unit-range data the scores move
 // by at most a few times that (scale 1/√hd, sums of hd terms with random
 // signs), and an output, a weighted mean of V values in [-1, 1], by about
@@ -39,6 +39,15 @@ func mmaLaunches(b *Backend) int {
 	for k := kAttnMMAF16HD64; k <= kAttnMMABF16HD256; k++ {
 		n += b.launches[k]
 	}
+	return n + b.launches[kAttnMMAE4M3HD64] + b.launches[kAttnMMAE4M3HD128] + b.launches[kAttnMMAE4M3HD256]
+}
+
+// narrowAttnLaunches counts attention.cuh's launches over narrow pools.
+func narrowAttnLaunches(b *Backend) int {
+	n := 0
+	for _, k := range []int{kAttnF16M4, kAttnBF16M4, kAttnF16M8, kAttnBF16M8, kAttnE4M3M4, kAttnE4M3M8} {
+		n += b.launches[k]
+	}
 	return n
 }
 
@@ -46,7 +55,7 @@ func mmaLaunches(b *Backend) int {
 // positions are in pages already (chunked prefill, a prefix-cache hit),
 // row tiles cut short by QLen, several sequences in one call, with a
 // decode row and a short chunk that go to attention.cuh in the same call;
-// f16 and bf16 pools, head dims 64, 128 and 256 (whose position tiles
+// f16, bf16 and fp8 pools, head dims 64, 128 and 256 (whose position tiles
 // are 32, not 64), GQA groups of 1, 4 and 8, page sizes 1, 16, 24 (a
 // page boundary inside a position tile that moves from tile to tile) and
 // 64.
@@ -57,7 +66,7 @@ func testAttentionMMA(t *testing.T, b *Backend) {
 	type geo struct{ heads, kvh int }
 	geos := []geo{{2, 2}, {4, 1}, {8, 1}}
 	worst := map[kernels.DType]float64{}
-	for _, dt := range halfKV {
+	for _, dt := range narrowKV {
 		for hi, hd := range []int{64, 128, 256} {
 			for gi, g := range geos {
 				for _, ps := range []int{1, 16, 24, 64} {
@@ -70,15 +79,14 @@ func testAttentionMMA(t *testing.T, b *Backend) {
 					c.KV = kernelstest.NarrowKV(c.KV, dt)
 					scale := float32(1 / math.Sqrt(float64(hd)))
 					name := fmt.Sprintf("AttentionMMA %s hd=%d heads=%d/%d ps=%d", dt, hd, g.heads, g.kvh, ps)
-					mma, old := mmaLaunches(b), b.launches[kAttnF16M4]+b.launches[kAttnBF16M4]+
-						b.launches[kAttnF16M8]+b.launches[kAttnBF16M8]
+					mma, old := mmaLaunches(b), narrowAttnLaunches(b)
 					w := worst[dt]
 					checkAttentionTol(t, b, name, c, scale, mmaTol(dt), &w)
 					worst[dt] = w
 					if mmaLaunches(b) != mma+1 {
 						t.Fatalf("%s: the tensor-core kernel ran %d times, want once", name, mmaLaunches(b)-mma)
 					}
-					if b.launches[kAttnF16M4]+b.launches[kAttnBF16M4]+b.launches[kAttnF16M8]+b.launches[kAttnBF16M8] != old+1 {
+					if narrowAttnLaunches(b) != old+1 {
 						t.Fatalf("%s: the decode row and short chunk did not go to attention.cuh", name)
 					}
 					if ps == 16 && gi == 0 {
@@ -103,7 +111,7 @@ func testAttentionMMA(t *testing.T, b *Backend) {
 			t.Fatalf("only chunks: %s ran %d times", kernelNames[k], d)
 		}
 	}
-	t.Logf("worst |err|/5: f16 %.2g, bf16 %.2g", worst[kernels.F16], worst[kernels.BF16])
+	t.Logf("worst |err|/5: f16 %.2g, bf16 %.2g, fp8 %.2g", worst[kernels.F16], worst[kernels.BF16], worst[kernels.F8E4M3])
 }
 
 // testAttentionMMANaN: a NaN in V reaches the rows that read its position
@@ -112,7 +120,7 @@ func testAttentionMMA(t *testing.T, b *Backend) {
 // that read it NaN; all as in ref.
 func testAttentionMMANaN(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(63, 64))
-	for _, dt := range halfKV {
+	for _, dt := range narrowKV {
 		c := kernelstest.NewAttnCase(rng, 4, 2, 64, 16, [][2]int{{40, 60}}).InOrder()
 		c.KV = kernelstest.NarrowKV(c.KV, dt)
 		s := c.Seqs[0]

@@ -206,7 +206,7 @@ func BenchmarkGPUExperts(b *testing.B) {
 func BenchmarkGPUAttentionDecode(b *testing.B) {
 	be := gpuBackend(b)
 	cp := copyGBs(be, 1<<30, 20)
-	for _, dt := range []kernels.DType{kernels.BF16, kernels.F32} {
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F8E4M3, kernels.F32} {
 		for _, c := range []struct{ seqs, kvlen int }{{64, 4096}, {1, 32768}, {1, 512}, {256, 1024}} {
 			b.Run(fmt.Sprintf("%s/seqs%d/ctx%d/heads32-8/hd128", dt, c.seqs, c.kvlen), func(b *testing.B) {
 				gbs, splits := attnDecodeGBs(be, dt, c.seqs, c.kvlen, 32, 8, 128, 16, b.N)
@@ -335,7 +335,7 @@ func TestFakeBenchHelpers(t *testing.T) {
 	if g := copyGBs(be, 1<<16, 2); g <= 0 {
 		t.Fatalf("copy %g GB/s", g)
 	}
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F8E4M3} {
 		if g, s := attnDecodeGBs(be, dt, 2, 300, 8, 2, 16, 16, 2); g <= 0 || s < 1 {
 			t.Fatalf("%s attention %g GB/s, %d splits", dt, g, s)
 		}

@@ -12,8 +12,9 @@
 // what lives long and copies the rest per call:
 //   - weights: each *kernels.Matrix is uploaded once and cached by
 //     pointer (freed when the Matrix is garbage collected);
-//   - KV: the pool lives in GPU memory only (AllocKV, kv.go), as f32, f16
-//     or bf16 (bf16 for --kv-cache-dtype auto); StoreKV and Attention take
+//   - KV: the pool lives in GPU memory only (AllocKV, kv.go), as f32, f16,
+//     bf16 (bf16 for --kv-cache-dtype auto) or fp8 e4m3 (converted in
+//     software, kernels.F32ToE4M3's rounding); StoreKV and Attention take
 //     PagedKV values whose Device is such a pool, and transfers reach its
 //     pages through pinned staging buffers;
 //   - activations: buffers handed to Keep (kernels.Resident, resident.go;
@@ -206,6 +207,11 @@ const (
 	kAttnMMAF16HD256
 	kAttnMMABF16HD256
 	kDequantRowsF16
+	kAttnE4M3M4
+	kAttnE4M3M8
+	kAttnMMAE4M3HD64
+	kAttnMMAE4M3HD128
+	kAttnMMAE4M3HD256
 	numKernels
 )
 
@@ -218,7 +224,8 @@ var kernelNames = [numKernels]string{
 	"bk_gemv_q4_0", "bk_gemv_q4_1", "bk_gemv_q5_0", "bk_gemv_q5_1", "bk_gemv_q4_k", "bk_gemv_q5_k", "bk_gemv_q6_k",
 	"bk_gemv_q3_k", "bk_gemv_q2_k",
 	"bk_sample", "bk_attn_mma_f16_hd64", "bk_attn_mma_bf16_hd64", "bk_attn_mma_f16_hd128", "bk_attn_mma_bf16_hd128",
-	"bk_attn_mma_f16_hd256", "bk_attn_mma_bf16_hd256", "bk_dequant_rows_f16",
+	"bk_attn_mma_f16_hd256", "bk_attn_mma_bf16_hd256", "bk_dequant_rows_f16", "bk_attn_e4m3_m4", "bk_attn_e4m3_m8",
+	"bk_attn_mma_e4m3_hd64", "bk_attn_mma_e4m3_hd128", "bk_attn_mma_e4m3_hd256",
 }
 
 // gemvKernel is the gemv kernel of each weight dtype (SupportsDType).
@@ -822,6 +829,11 @@ func (b *Backend) launchNow(k, gx, gy, bx, smem int, args []uint64) {
 // on, sm_80 and newer, converts bf16 in hardware).
 func (*Backend) AutoKVDType() kernels.DType { return kernels.BF16 }
 
+// SupportsKVDType implements kernels.KVDTypeSupporter: f32, f16, bf16
+// and fp8 e4m3, which the kernels convert in software (so every GPU they
+// run on serves it, sm_80 as well as sm_89 and newer).
+func (*Backend) SupportsKVDType(d kernels.DType) bool { return kernels.ValidKVDType(d) }
+
 // SupportsDType implements kernels.DTypeSupporter: the kernels cover the
 // float types and every ggml block format the CPU backend serves.
 func (*Backend) SupportsDType(dt kernels.DType) bool {
@@ -1298,11 +1310,11 @@ type attnPlan struct {
 }
 
 // mmaAttention reports whether the tensor-core kernel serves a pool:
-// f16 or bf16 KV, head dim 64, 128 or 256. Its sequences of at least
+// f16, bf16 or fp8 KV, head dim 64, 128 or 256. Its sequences of at least
 // mmaMinQLen rows go there.
 func mmaAttention(kv kernels.PagedKV) bool {
 	hd := kv.HeadDim
-	return (kv.DType == kernels.F16 || kv.DType == kernels.BF16) && (hd == 64 || hd == 128 || hd == 256)
+	return kv.DType != kernels.F32 && (hd == 64 || hd == 128 || hd == 256)
 }
 
 // planAttention cuts a call into work: with mma, the sequences the
@@ -1470,46 +1482,51 @@ func (b *Backend) attnUpload(kv kernels.PagedKV, pl *attnPlan, heads int, scale 
 }
 
 // attnKernel chooses the attention kernel for a KV dtype and the most
-// members of an item, and how its lanes read a row: 16-byte vectors (4
-// floats or 8 halves) a lane, on as many lanes (a power of two, at most a
-// warp) as cover the head; vec16 when every row is 16-byte aligned so a
-// vector is one load.
+// members of an item, and how its lanes read a row: vectors of 16 bytes
+// (4 floats or 8 halves) or 8 (8 fp8 elements) a lane, on as many lanes
+// (a power of two, at most a warp) as cover the head; vec16 when every
+// row is aligned to the vector so a vector is one load.
 func attnKernel(dt kernels.DType, hd, members int) (kernel, lanes int, vec16 bool) {
-	eb, vec := 4, 4
+	m4, m8, vec := kAttnF32M4, kAttnF32M8, 4
 	switch dt {
 	case kernels.F32:
-		kernel = kAttnF32M4
 	case kernels.F16:
-		kernel, eb, vec = kAttnF16M4, 2, 8
+		m4, m8, vec = kAttnF16M4, kAttnF16M8, 8
 	case kernels.BF16:
-		kernel, eb, vec = kAttnBF16M4, 2, 8
+		m4, m8, vec = kAttnBF16M4, kAttnBF16M8, 8
+	case kernels.F8E4M3:
+		m4, m8, vec = kAttnE4M3M4, kAttnE4M3M8, 8
 	default:
 		panic(fmt.Sprintf("cuda: KV dtype %s", dt))
 	}
+	kernel = m4
 	if members > 4 {
-		kernel += kAttnF32M8 - kAttnF32M4
+		kernel = m8
 	}
 	lanes = 1
 	for lanes < 32 && lanes*vec < hd {
 		lanes *= 2
 	}
-	return kernel, lanes, hd*eb%16 == 0
+	return kernel, lanes, hd%vec == 0
 }
 
-// attnMMAKernel is the tensor-core kernel of a half KV dtype and head
-// dim (mmaAttention).
+// attnMMAKernel is the tensor-core kernel of a KV dtype and head dim
+// (mmaAttention).
 func attnMMAKernel(dt kernels.DType, hd int) int {
-	k := kAttnMMAF16HD64
-	if dt == kernels.BF16 {
-		k++
-	}
+	i := 0
 	switch hd {
 	case 128:
-		k += kAttnMMAF16HD128 - kAttnMMAF16HD64
+		i = 1
 	case 256:
-		k += kAttnMMAF16HD256 - kAttnMMAF16HD64
+		i = 2
 	}
-	return k
+	switch dt {
+	case kernels.F16:
+		return [...]int{kAttnMMAF16HD64, kAttnMMAF16HD128, kAttnMMAF16HD256}[i]
+	case kernels.BF16:
+		return [...]int{kAttnMMABF16HD64, kAttnMMABF16HD128, kAttnMMABF16HD256}[i]
+	}
+	return [...]int{kAttnMMAE4M3HD64, kAttnMMAE4M3HD128, kAttnMMAE4M3HD256}[i]
 }
 
 // mmaSmem is the dynamic shared memory of the tensor-core kernel at a

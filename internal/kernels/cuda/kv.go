@@ -93,7 +93,10 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 		return nil, fmt.Errorf("cuda: head dim %d > %d is not supported", layout.HeadDim, attnMaxHD)
 	}
 	if !kernels.ValidKVDType(layout.DType) {
-		return nil, fmt.Errorf("cuda: KV cache dtype %s is not supported (f32, f16 and bf16 are)", layout.DType)
+		return nil, fmt.Errorf("cuda: KV cache dtype %s is not supported (f32, f16, bf16 and fp8_e4m3 are)", layout.DType)
+	}
+	if layout.PageElems()*layout.ElemBytes()%4 != 0 || layout.RowFloats()*layout.ElemBytes()%2 != 0 {
+		return nil, fmt.Errorf("cuda: a page of %s KV with head dim %d is not a whole number of words", layout.DType, layout.HeadDim)
 	}
 	bytes := int64(pages) * int64(layout.PageFloats()) * 4
 	if bytes/int64(pages) != int64(layout.PageFloats())*4 || bytes > math.MaxInt/2 {
@@ -234,19 +237,32 @@ func (kp *KVPool) launch(k, gx, bx int, args ...uint64) error {
 		C.uint(bx), 0, C.uintptr_t(kp.stream), (*C.uint64_t)(unsafe.Pointer(&kp.args[0])), C.int(len(args))))
 }
 
+// unitShape is what the page kernels (pack, unpack, sum), which move
+// 2-byte units, take for l: a page's and a row's elements and the units
+// of an element. An fp8 pool's pairs of elements are its units (a page
+// and a row hold an even number of them: kernels.PagedKV.PageFloats).
+func unitShape(l kernels.PagedKV) (pe, rf, eu int) {
+	if l.ElemBytes() == 1 {
+		return l.PageElems() / 2, l.RowFloats() / 2, 1
+	}
+	return l.PageElems(), l.RowFloats(), l.ElemBytes() / 2
+}
+
 // pack queues bk_page_pack: the first tokens slots of page, packed, to
 // dst (device memory of PackedBytes(tokens)) on the pool's stream.
 func (kp *KVPool) pack(dst dptr, page int32, tokens int) error {
 	l := kp.layout
+	pe, rf, eu := unitShape(l)
 	return kp.launch(kPagePack, blocks(l.PackedBytes(tokens)/2, elemThreads), elemThreads, dst, kp.ptr, argI(int(page)),
-		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2))
+		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(pe), argI(rf), argI(eu))
 }
 
 // unpack queues bk_page_unpack, pack's inverse, from src.
 func (kp *KVPool) unpack(page int32, tokens int, src dptr) error {
 	l := kp.layout
+	pe, rf, eu := unitShape(l)
 	return kp.launch(kPageUnpack, blocks(l.PackedBytes(tokens)/2, elemThreads), elemThreads, kp.ptr, src, argI(int(page)),
-		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2))
+		argI(tokens), argI(l.Layers), argI(l.PageSize), argI(pe), argI(rf), argI(eu))
 }
 
 func (kp *KVPool) sync() error {

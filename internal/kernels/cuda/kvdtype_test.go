@@ -11,13 +11,25 @@ import (
 	"github.com/batonlm/baton/internal/kernels/ref"
 )
 
-// Half-width KV pools (f16, bf16) on the GPU: the attention kernels read
-// the stored halves, StoreKV rounds as the host does, page copies move the
-// packed bytes of transfer.Pack, and poisoning makes every element a NaN.
+// Narrow KV pools (f16, bf16, fp8 e4m3) on the GPU: the attention kernels
+// read the stored elements, StoreKV rounds as the host does, page copies
+// move the packed bytes of transfer.Pack, and poisoning makes every
+// element a NaN.
 
-var halfKV = []kernels.DType{kernels.F16, kernels.BF16}
+var narrowKV = []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3}
 
-// testAttentionKVDType: over an f16 or bf16 pool the kernels match the
+// oddRowHD is a head dim whose rows (of 3 KV heads) are an odd number of
+// elements, for the dtypes whose pools allow one: an fp8 row must be a
+// whole number of the page kernels' 2-byte units, so it gets 6 (rows of
+// 18).
+func oddRowHD(dt kernels.DType) int {
+	if dt == kernels.F8E4M3 {
+		return 6
+	}
+	return 5
+}
+
+// testAttentionKVDType: over an f16, bf16 or fp8 pool the kernels match the
 // reference reading the same stored values, as tight as over f32: head
 // dims on the 16-byte path (64, 128, 256) and off it (8, 12), GQA groups
 // of 1, 4 and 8 (the kernels of 4 and 8 members), page size 16 (and 1 at
@@ -32,7 +44,7 @@ func testAttentionKVDType(t *testing.T, b *Backend) {
 	type geo struct{ heads, kvh int }
 	geos := []geo{{8, 2}, {4, 4}, {16, 2}}
 	var worst float64
-	for _, dt := range halfKV {
+	for _, dt := range narrowKV {
 		for _, hd := range []int{8, 12, 64, 128, 256} {
 			for _, g := range geos {
 				for _, ps := range []int{1, 16} {
@@ -54,22 +66,22 @@ func testAttentionKVDType(t *testing.T, b *Backend) {
 	t.Logf("worst |err|/5 %.2g", worst)
 }
 
-// testAttentionLongKVDType: long decodes over a bf16 pool, split by the
+// testAttentionLongKVDType: long decodes over a narrow pool, split by the
 // backend itself, and one sequence of 1 position per page.
 func testAttentionLongKVDType(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(45, 46))
-	for _, dt := range halfKV {
+	for _, dt := range narrowKV {
 		c := kernelstest.NewAttnCase(rng, 8, 2, 128, 16, [][2]int{{1, 2500}, {1, 700}})
 		c.KV = kernelstest.NarrowKV(c.KV, dt)
 		checkAttention(t, b, fmt.Sprintf("long decode %s", dt), c.InOrder(), 0.09, nil)
 	}
 }
 
-// testStoreKVDType: StoreKV into a half pool writes each element rounded
+// testStoreKVDType: StoreKV into a narrow pool writes each element rounded
 // as kernels.PagedKV.StoreRow does (bit for bit) and touches nothing else.
 func testStoreKVDType(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(47, 48))
-	for _, dt := range halfKV {
+	for _, dt := range narrowKV {
 		for _, hd := range []int{8, 3} { // rows of an odd number of halves too
 			want := kernels.PagedKV{PageSize: 16, Layers: 3, KVHeads: 2, HeadDim: hd, DType: dt}
 			want.Data = randVec(rng, 5*want.PageFloats(), 1)
@@ -78,7 +90,9 @@ func testStoreKVDType(t *testing.T, b *Backend) {
 			k := randVec(rng, len(slots)*kv.RowFloats(), 1)
 			v := randVec(rng, len(slots)*kv.RowFloats(), 1)
 			k[3] = float32(math.Inf(1))
-			v[5] = 1e-7 // a subnormal half, or a bf16 of f32's range
+			k[4] = 1000    // past fp8's 448: saturates
+			v[5] = 1e-7    // a subnormal half, or a bf16 of f32's range
+			v[6] = 0x3p-10 // an fp8 subnormal's tie: to even
 			ref.New().StoreKV(want, 2, slots, k, v)
 			b.StoreKV(kv, 2, slots, k, v)
 			got := fromDevice(t, kv)
@@ -92,14 +106,14 @@ func testStoreKVDType(t *testing.T, b *Backend) {
 	}
 }
 
-// testKVPoolDType: page copies of a half pool are transfer.Pack's bytes
+// testKVPoolDType: page copies of a narrow pool are transfer.Pack's bytes
 // (odd token counts and rows of an odd number of halves included), and a
 // fill with kernels.KVNaN makes every element of the pages named a NaN
 // that attention then returns.
 func testKVPoolDType(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(49, 50))
-	for _, dt := range halfKV {
-		host := kernels.PagedKV{PageSize: 8, Layers: 2, KVHeads: 3, HeadDim: 5, DType: dt}
+	for _, dt := range narrowKV {
+		host := kernels.PagedKV{PageSize: 8, Layers: 2, KVHeads: 3, HeadDim: oddRowHD(dt), DType: dt}
 		host.Data = randVec(rng, 4*host.PageFloats(), 1)
 		kv := toDevice(t, b, host)
 		for _, tokens := range []int{1, 5, 8} {
@@ -164,8 +178,8 @@ func testKVPoolDType(t *testing.T, b *Backend) {
 // outside the pool is refused.
 func testReadPages(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(59, 60))
-	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16} {
-		host := kernels.PagedKV{PageSize: 8, Layers: 2, KVHeads: 3, HeadDim: 5, DType: dt}
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.BF16, kernels.F8E4M3} {
+		host := kernels.PagedKV{PageSize: 8, Layers: 2, KVHeads: 3, HeadDim: oddRowHD(dt), DType: dt}
 		host.Data = randVec(rng, 5*host.PageFloats(), 1)
 		kv := toDevice(t, b, host)
 		slots := []int32{17, 18}

@@ -350,7 +350,7 @@ func TestKernelNames(t *testing.T) {
 		"BK_ATTN_SEQ_FIELDS": attnSeqFields, "BK_ATTN_MAX_HD": attnMaxHD, "BK_F32": int(kernels.F32), "BK_F16": int(kernels.F16),
 		"BK_Q8_0": int(kernels.Q8_0), "BK_BF16": int(kernels.BF16), "BK_MOE_SEG_FIELDS": moeSegFields, "BK_Q4_0": int(kernels.Q4_0),
 		"BK_Q4_1": int(kernels.Q4_1), "BK_Q5_0": int(kernels.Q5_0), "BK_Q5_1": int(kernels.Q5_1), "BK_Q4_K": int(kernels.Q4_K),
-		"BK_Q5_K": int(kernels.Q5_K), "BK_Q6_K": int(kernels.Q6_K), "BK_Q3_K": int(kernels.Q3_K), "BK_Q2_K": int(kernels.Q2_K)} {
+		"BK_Q5_K": int(kernels.Q5_K), "BK_Q6_K": int(kernels.Q6_K), "BK_Q3_K": int(kernels.Q3_K), "BK_Q2_K": int(kernels.Q2_K), "BK_E4M3": int(kernels.F8E4M3)} {
 		m := regexp.MustCompile(`(?m)^#define ` + name + ` (\d+)`).FindSubmatch(all)
 		if m == nil || string(m[1]) != fmt.Sprint(v) {
 			t.Errorf("#define %s: %q in the kernels, %d in Go", name, m, v)

@@ -85,11 +85,12 @@ func (kp *KVPool) queueSums(s *pageSums, pages []int32, tokens []int) error {
 		pg[i], tk[i] = pages[i], int32(tokens[i])
 	}
 	d, l := kp.b.drv, kp.layout
+	pe, rf, eu := unitShape(l)
 	if err := d.check("cuMemcpyHtoDAsync", C.bk_htod(d.c, C.bk_dptr(s.dev), s.host, C.size_t(16*n), C.uintptr_t(kp.stream))); err != nil {
 		return err
 	}
 	kp.args = append(kp.args[:0], s.dev, kp.ptr, s.dev+uint64(8*n), s.dev+uint64(12*n), argI(l.Layers), argI(l.PageSize),
-		argI(l.PageElems()), argI(l.RowFloats()), argI(l.ElemBytes()/2))
+		argI(pe), argI(rf), argI(eu))
 	if err := d.check("cuLaunchKernel bk_page_sum", C.bk_launch(d.c, C.uintptr_t(kp.b.fn[kPageSum]), C.uint(sumBlocksPerPage),
 		C.uint(n), C.uint(sumThreads), 0, C.uintptr_t(kp.stream), (*C.uint64_t)(unsafe.Pointer(&kp.args[0])), C.int(len(kp.args)))); err != nil {
 		return err

@@ -46,28 +46,36 @@
 #define BK_ATTN_ITEM_FIELDS 6  // int32: seq, kv head, first row, rows, first head, heads
 #define BK_ATTN_SEQ_FIELDS 4   // int64: page-table offset, first q row, QLen, KVLen
 
-// KV element types: the pool's dtype, BK_F32, BK_F16 or BK_BF16.
+// KV element types: the pool's dtype, BK_F32, BK_F16, BK_BF16 or BK_E4M3.
+// vec is the elements of a lane's vector: 16 bytes of the wider types, 8
+// of fp8 (so a lane's dimensions stay at most BK_ATTN_LANE_DIMS).
 template <int KT>
 struct bk_kv_elem {
   typedef uint16_t type;
-  enum { vec = 8 };  // elements in a 16-byte vector
+  enum { vec = 8 };
 };
 template <>
 struct bk_kv_elem<BK_F32> {
   typedef float type;
   enum { vec = 4 };
 };
+template <>
+struct bk_kv_elem<BK_E4M3> {
+  typedef uint8_t type;
+  enum { vec = 8 };
+};
 
 template <int KT>
 __device__ __forceinline__ float bk_kv_load1(const typename bk_kv_elem<KT>::type* p) {
   if (KT == BK_F32) return (float)p[0];
   if (KT == BK_F16) return bk_h2f((uint32_t)p[0]);
+  if (KT == BK_E4M3) return bk_e4m32f((uint32_t)p[0]);
   return bk_bf2f((uint32_t)p[0]);
 }
 
 // bk_kv_vec loads the elements [j, j+vec) of a row into d (zeros past hd).
-// vec16: the row is 16-byte aligned and hd a multiple of vec, so the vector
-// is one 16-byte load (or wholly past the row).
+// vec16: the row is aligned to the vector's bytes and hd a multiple of
+// vec, so the vector is one load (or wholly past the row).
 template <int KT>
 __device__ __forceinline__ void bk_kv_vec(float* d, const typename bk_kv_elem<KT>::type* row, int64_t j, int64_t hd,
                                           bool vec16) {
@@ -84,6 +92,13 @@ __device__ __forceinline__ void bk_kv_vec(float* d, const typename bk_kv_elem<KT
       d[1] = f.y;
       d[2] = f.z;
       d[3] = f.w;
+    } else if (KT == BK_E4M3) {
+      const uint2 u = *reinterpret_cast<const uint2*>(row + j);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        d[e] = bk_e4m32f((u.x >> (8 * e)) & 0xffu);
+        d[4 + e] = bk_e4m32f((u.y >> (8 * e)) & 0xffu);
+      }
     } else {
       const uint4 u = *reinterpret_cast<const uint4*>(row + j);
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
@@ -341,6 +356,8 @@ BK_ATTN_KERNEL(bk_attn_bf16_m4, BK_BF16, 4)
 BK_ATTN_KERNEL(bk_attn_f32_m8, BK_F32, 8)
 BK_ATTN_KERNEL(bk_attn_f16_m8, BK_F16, 8)
 BK_ATTN_KERNEL(bk_attn_bf16_m8, BK_BF16, 8)
+BK_ATTN_KERNEL(bk_attn_e4m3_m4, BK_E4M3, 4)
+BK_ATTN_KERNEL(bk_attn_e4m3_m8, BK_E4M3, 8)
 
 // bk_attn_combine merges the splits of each (row, head): out = Σ acc·e^(m-M)
 // / Σ l·e^(m-M), a split with no position weighing zero. Launch: grid

@@ -1,6 +1,7 @@
 // attn_mma.cuh: causal attention for prompt chunks on the tensor cores
-// (FlashAttention-2 style), over KV stored as f16 or bf16, head dims 64,
-// 128 and 256. The host sends here the sequences of a call with QLen >= 16;
+// (FlashAttention-2 style), over KV stored as f16 or bf16 (or fp8 e4m3,
+// converted to f16 as its tiles are gathered), head dims 64, 128 and 256.
+// The host sends here the sequences of a call with QLen >= 16;
 // decode rows, short chunks, f32 pools and other head dims use
 // attention.cuh.
 //
@@ -103,8 +104,24 @@ __device__ __forceinline__ float bk_half2f(uint16_t h) {
 // attention.cuh's tables; q and out are [nrows][heads][HD], half out's
 // rounded copy by half_kind (bk_half_out, for the output projection);
 // group is heads per KV head.
+// bk_mma_row8 reads elements [c, c+8) of a K or V row as 8 halves of the
+// tile's type: as stored for f16 and bf16; an fp8 pool's, converted to f16
+// (exact: every e4m3 value is an f16 one), so its tiles multiply as f16.
+template <int KT>
+__device__ __forceinline__ uint4 bk_mma_row8(const typename bk_kv_elem<KT>::type* row) {
+  if (KT != BK_E4M3) return *reinterpret_cast<const uint4*>(row);
+  const uint2 u = *reinterpret_cast<const uint2*>(row);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t b = i < 2 ? u.x >> (16 * i) : u.y >> (16 * (i - 2));
+    w[i] = (uint32_t)bk_f2h(bk_e4m32f(b & 0xffu)) | (uint32_t)bk_f2h(bk_e4m32f((b >> 8) & 0xffu)) << 16;
+  }
+  return uint4{w[0], w[1], w[2], w[3]};
+}
+
 template <int KT, int HD, int POS>
-__device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv, const int32_t* pages,
+__device__ void bk_attn_mma_body(float* out, const float* q, const void* kvp, const int32_t* pages,
                                  const int64_t* seqs, const int32_t* tiles, int64_t heads, int64_t group, int64_t ps,
                                  int64_t pe, int64_t rf, int64_t layer, float scale, uint16_t* half,
                                  int64_t half_kind) {
@@ -151,7 +168,8 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
   float m0 = BK_NEG_INF, m1 = BK_NEG_INF, l0 = 0.f, l1 = 0.f;
 
   // K row of (page, slot): kvl + page*pe + slot*rf; its V row is ps*rf further.
-  const uint16_t* kvl = kv + layer * 2 * ps * rf + kh * HD;
+  typedef typename bk_kv_elem<KT>::type T;
+  const T* kvl = static_cast<const T*>(kvp) + layer * 2 * ps * rf + kh * HD;
   for (int64_t pt = 0; pt < pend; pt += POS) {
     __syncthreads();  // the last tile's readers are done
     for (int e = tid; e < POS * (HD / 8); e += BK_MMA_THREADS) {
@@ -159,9 +177,9 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
       const int64_t p = pt + pi;
       uint4 kx = {0u, 0u, 0u, 0u}, vx = {0u, 0u, 0u, 0u};
       if (p < pend) {
-        const uint16_t* row = kvl + (int64_t)pages[pageOff + p / ps] * pe + (p % ps) * rf + c;
-        kx = *reinterpret_cast<const uint4*>(row);
-        vx = *reinterpret_cast<const uint4*>(row + ps * rf);
+        const T* row = kvl + (int64_t)pages[pageOff + p / ps] * pe + (p % ps) * rf + c;
+        kx = bk_mma_row8<KT>(row);
+        vx = bk_mma_row8<KT>(row + ps * rf);
       }
       *reinterpret_cast<uint4*>(Ks + pi * KS + c) = kx;
       const uint32_t vw[4] = {vx.x, vx.y, vx.z, vx.w};
@@ -304,11 +322,11 @@ __device__ void bk_attn_mma_body(float* out, const float* q, const uint16_t* kv,
   }
 }
 
-// One kernel per half type and head dim (the fragments are registers
+// One kernel per KV dtype and head dim (the fragments are registers
 // sized by the head dim and the position tile).
 #define BK_ATTN_MMA_KERNEL(name, KT, HD, POS)                                                                       \
   extern "C" __global__ void __launch_bounds__(BK_MMA_THREADS)                                                      \
-      name(float* out, const float* q, const uint16_t* kv, const int32_t* pages, const int64_t* seqs,               \
+      name(float* out, const float* q, const void* kv, const int32_t* pages, const int64_t* seqs,                   \
            const int32_t* tiles, int64_t heads, int64_t group, int64_t ps, int64_t pe, int64_t rf, int64_t layer,   \
            float scale, uint16_t* half, int64_t half_kind) {                                                       \
     bk_attn_mma_body<KT, HD, POS>(out, q, kv, pages, seqs, tiles, heads, group, ps, pe, rf, layer, scale, half,     \
@@ -321,3 +339,6 @@ BK_ATTN_MMA_KERNEL(bk_attn_mma_f16_hd128, BK_F16, 128, BK_MMA_POS)
 BK_ATTN_MMA_KERNEL(bk_attn_mma_bf16_hd128, BK_BF16, 128, BK_MMA_POS)
 BK_ATTN_MMA_KERNEL(bk_attn_mma_f16_hd256, BK_F16, 256, BK_MMA_POS_HD256)
 BK_ATTN_MMA_KERNEL(bk_attn_mma_bf16_hd256, BK_BF16, 256, BK_MMA_POS_HD256)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_e4m3_hd64, BK_E4M3, 64, BK_MMA_POS)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_e4m3_hd128, BK_E4M3, 128, BK_MMA_POS)
+BK_ATTN_MMA_KERNEL(bk_attn_mma_e4m3_hd256, BK_E4M3, 256, BK_MMA_POS_HD256)

@@ -57,4 +57,9 @@
   X(bk_attn_mma_bf16_hd128) \
   X(bk_attn_mma_f16_hd256)  \
   X(bk_attn_mma_bf16_hd256) \
-  X(bk_dequant_rows_f16)
+  X(bk_dequant_rows_f16)    \
+  X(bk_attn_e4m3_m4)        \
+  X(bk_attn_e4m3_m8)        \
+  X(bk_attn_mma_e4m3_hd64)  \
+  X(bk_attn_mma_e4m3_hd128) \
+  X(bk_attn_mma_e4m3_hd256)

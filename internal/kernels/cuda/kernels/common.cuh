@@ -40,6 +40,9 @@
 #define BK_Q6_K 10
 #define BK_Q3_K 11
 #define BK_Q2_K 12
+// KV-only dtype (kernels.F8E4M3): never a weight's, so never given to
+// bk_qk or bk_qbytes.
+#define BK_E4M3 13
 
 // Elements per block (kernels.DType.BlockSize: 1 for the float types).
 __host__ __device__ constexpr int bk_qk(int dt) {
@@ -88,6 +91,28 @@ __device__ __forceinline__ float bk_h2f(uint32_t h) {
 
 // bfloat16 to float: the top half of the float's bits.
 __device__ __forceinline__ float bk_bf2f(uint32_t h) { return __uint_as_float((h & 0xffffu) << 16); }
+
+// fp8 e4m3 to float (kernels.E4M3ToF32): exact; S.1111.111 is NaN. The
+// code's bits in a half's place are the value over 2^8 (biases 7 and 15),
+// subnormals included.
+__device__ __forceinline__ float bk_e4m32f(uint32_t u) {
+  if ((u & 0x7fu) == 0x7fu) return __uint_as_float(0x7fffffffu);
+  return bk_h2f(((u & 0x80u) << 8) | ((u & 0x7fu) << 7)) * 256.f;
+}
+
+// float to fp8 e4m3, round to nearest even, saturating at ±448; NaN stays
+// NaN (kernels.F32ToE4M3, the hardware's satfinite conversion).
+__device__ __forceinline__ uint8_t bk_f2e4m3(float f) {
+  const uint32_t b = __float_as_uint(f), a = b & 0x7fffffffu;
+  const uint8_t sign = (uint8_t)((b >> 24) & 0x80u);
+  if (a > 0x7f800000u) return sign | 0x7f;
+  if (a >= 0x43e00000u) return sign | 0x7e;  // 448
+  if (a < 0x3c800000u) return sign | (uint8_t)rintf(__uint_as_float(a) * 512.f);  // subnormal: steps of 2^-9
+  uint32_t r = ((a >> 23) - 127 + 7) << 3 | ((a >> 20) & 7);
+  const uint32_t rem = a & 0xfffffu;
+  if (rem > 0x80000u || (rem == 0x80000u && (r & 1))) r++;
+  return sign | (uint8_t)r;
+}
 
 // float to IEEE half, round to nearest even (kernels.F32ToF16).
 __device__ __forceinline__ uint16_t bk_f2h(float f) {

@@ -1,8 +1,9 @@
 // kv.cuh: the paged KV pool on the device (kernels.PagedKV's layout).
 //
 // Page p holds, for every layer l, a K block then a V block, each
-// [ps][rf] elements (rf = KVHeads*HeadDim) of the pool's dtype: f32, f16
-// or bf16 (BK_F32, BK_F16, BK_BF16). pe is one page in elements.
+// [ps][rf] elements (rf = KVHeads*HeadDim) of the pool's dtype: f32, f16,
+// bf16 or fp8 e4m3 (BK_F32, BK_F16, BK_BF16, BK_E4M3). pe is one page in
+// elements.
 #pragma once
 #include "common.cuh"
 #include "elementwise.cuh"
@@ -12,14 +13,16 @@ __device__ __forceinline__ int64_t bk_k_off(int64_t page, int64_t layer, int64_t
 }
 
 // bk_kv_put stores v at element off of a pool of dtype dt, rounded to
-// nearest even for a half-width pool (kernels.PagedKV.StoreRow).
+// nearest even for a narrower pool (kernels.PagedKV.StoreRow).
 __device__ __forceinline__ void bk_kv_put(void* kv, int64_t off, float v, int64_t dt) {
   if (dt == BK_F32) {
     static_cast<float*>(kv)[off] = v;
   } else if (dt == BK_F16) {
     static_cast<uint16_t*>(kv)[off] = bk_f2h(v);
-  } else {
+  } else if (dt == BK_BF16) {
     static_cast<uint16_t*>(kv)[off] = bk_f2bf(v);
+  } else {
+    static_cast<uint8_t*>(kv)[off] = bk_f2e4m3(v);
   }
 }
 
@@ -78,8 +81,10 @@ extern "C" __global__ void bk_rope_store_kv(float* q, float* k, const float* v, 
 // its K rows then its V rows, to dst: internal/transfer.Pack's layout
 // (little-endian elements on the host). bk_page_unpack is the inverse.
 // They move 2-byte units, so one kernel serves every dtype: eu is the
-// units of an element (2 for f32, 1 for f16 and bf16). Launch: one thread
-// per unit of layers*2*tokens*rf*eu.
+// units of an element (2 for f32, 1 for f16 and bf16); an fp8 pool comes
+// as a pool of half the elements a row and a page, each one unit (an
+// even head dim makes both whole). Launch: one thread per unit of
+// layers*2*tokens*rf*eu.
 extern "C" __global__ void bk_page_pack(uint16_t* dst, const uint16_t* kv, int64_t page, int64_t tokens, int64_t layers,
                                         int64_t ps, int64_t pe, int64_t rf, int64_t eu) {
   const int64_t blk = tokens * rf * eu, total = layers * 2 * blk;

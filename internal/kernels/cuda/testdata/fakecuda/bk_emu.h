@@ -29,6 +29,9 @@ struct float4 {
 struct uint4 {
   unsigned x, y, z, w;
 };
+struct uint2 {
+  unsigned x, y;
+};
 
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 
