@@ -228,7 +228,7 @@ BATON_<FLAG_NAME>, e.g. BATON_PAGE_SIZE=32; the command line wins.`,
 	fs.BoolVar(&f.mmapWeights, "mmap", false, "cpu: serve the weights from the model file's mapping instead of a copy in huge pages (less memory where processes share a file; decode reads them through 4 KiB pages, up to 2x slower)")
 	fs.StringVar(&f.dummyDType, "dummy-dtype", "f32", "weight dtype of dummy models: f32 | f16 | bf16 | q8_0 | q4_k | q4_k_m (Q4_K, with attn_v, ffn_down and output in Q6_K)")
 	fs.BoolVar(&f.kvPoison, "kv-poison", false, "fill freed KV pages with NaN so reads of unwritten KV show up")
-	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f16 on cpu, f32 on cuda) | f32 | f16 | bf16; f16/bf16 halve the KV memory and the handoff bytes (cpu backend only); prefill and decode must agree")
+	fs.StringVar(&f.kvCacheDType, "kv-cache-dtype", "auto", "element type of stored KV: auto (f16 on cpu, bf16 on cuda) | f32 | f16 | bf16 | fp8_e4m3 (fp8, cuda only); f16/bf16 halve the KV memory and the handoff bytes, fp8 quarters them; prefill and decode must agree")
 	fs.IntVar(&f.cudaGraphMaxBS, "cuda-graph-max-bs", cuda.DefaultGraphMaxBS, "cuda: decode steps of up to this many sequences run as CUDA graphs, one per batch-size bucket (1, 2, 4, 8, then multiples of 8), captured at a bucket's first step")
 	fs.BoolVar(&f.noCUDAGraph, "disable-cuda-graph", false, "cuda: launch every decode step's kernels one by one (no CUDA graphs)")
 	fs.BoolVar(&f.strictCapacity, "strict-capacity", false, "refuse to start when the context length exceeds the KV pool")
@@ -446,9 +446,11 @@ func parseDType(s string) (dummyDType, error) {
 }
 
 // parseKVDType reads --kv-cache-dtype for a pool on be: auto is the
-// backend's choice (kernels.AutoKVDType: f16 on the cpu backend, f32 on
-// cuda). be may be nil to check the flag alone.
+// backend's choice (kernels.AutoKVDType: f16 on the cpu backend, bf16 on
+// cuda), and a dtype be's kernels do not serve is refused here, before
+// any request. be may be nil to check the flag alone.
 func parseKVDType(s string, be kernels.Backend) (kernels.DType, error) {
+	var dt kernels.DType
 	switch strings.ToLower(s) {
 	case "auto":
 		if be == nil {
@@ -456,13 +458,20 @@ func parseKVDType(s string, be kernels.Backend) (kernels.DType, error) {
 		}
 		return kernels.AutoKVDType(be), nil
 	case "f32":
-		return kernels.F32, nil
+		dt = kernels.F32
 	case "f16":
-		return kernels.F16, nil
+		dt = kernels.F16
 	case "bf16":
-		return kernels.BF16, nil
+		dt = kernels.BF16
+	case "fp8", "fp8_e4m3":
+		dt = kernels.F8E4M3
+	default:
+		return 0, fmt.Errorf("unknown --kv-cache-dtype %q (auto, f32, f16, bf16, fp8_e4m3)", s)
 	}
-	return 0, fmt.Errorf("unknown --kv-cache-dtype %q (auto, f32, f16, bf16)", s)
+	if be != nil && !kernels.SupportsKVDType(be, dt) {
+		return 0, fmt.Errorf("--kv-cache-dtype %s is not served by the %s backend (use --device cuda, or f16/bf16)", dt, be.Name())
+	}
+	return dt, nil
 }
 
 // samplingDefaults are what a request leaves out, taken from the model's

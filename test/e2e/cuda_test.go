@@ -74,6 +74,42 @@ func TestPDOverCUDAIPC(t *testing.T) {
 	}
 }
 
+// Prefill and decode on cuda over cuda-ipc with fp8 KV: the pages are a
+// quarter of f32's bytes, packed, summed and copied through the arena in
+// the page kernels' 2-byte units, and attention reads the e4m3 values.
+// Both workers report the dtype, the greedy output still equals the
+// public reference (fp8 keeps the bundled model's greedy tokens), every
+// page went the device way, and no NaN was read.
+func TestPDOverCUDAIPCFP8(t *testing.T) {
+	ref := loadReference(t)
+	env := cudaEnv(t)
+	c := harness.StartCluster(t, harness.ClusterOptions{Prefill: 1, Decode: 1, PrefillEnv: env, DecodeEnv: env,
+		WorkerArgs: []string{"--device", "cuda", "--transport", "cuda-ipc", "--kv-cache-dtype", "fp8_e4m3",
+			"--max-total-tokens", "1024", "--page-size", "4", "--chunked-prefill-size", "8"}})
+	for _, w := range c.Workers() {
+		checkOnCUDA(t, w, "memory=cuda")
+		var info struct {
+			DType string `json:"kv_cache_dtype"`
+		}
+		if code, b := harness.Get(t, w.URL+"/server_info"); code != 200 || json.Unmarshal(b, &info) != nil || info.DType != "fp8_e4m3" {
+			t.Fatalf("%s /server_info: %d %s; want kv_cache_dtype fp8_e4m3", w.URL, code, b)
+		}
+	}
+	code, _, b := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
+	var got completion
+	if code != 200 || json.Unmarshal(b, &got) != nil || len(got.Choices) != 1 || got.Choices[0].Text != ref.GeneratedText {
+		t.Fatalf("fp8 KV over cuda-ipc: %d %s\nwant text %q", code, b, ref.GeneratedText)
+	}
+	c.WaitClean(t)
+	pm, dm := metricsOf(t, c.Prefill[0]), metricsOf(t, c.Decode[0])
+	if dev, host := pm[`baton_kv_pages_shipped_total{from="device",role="prefill"}`], pm[`baton_kv_pages_shipped_total{from="host",role="prefill"}`]; dev == 0 || host != 0 {
+		t.Fatalf("prefill shipped %v pages from the device and %v from the host; want all from the device", dev, host)
+	}
+	if dm["baton_handoff_failures_total"] != 0 || dm["baton_nan_logits_total"] != 0 {
+		t.Fatalf("decode: %v handoff failures, %v NaN logits", dm["baton_handoff_failures_total"], dm["baton_nan_logits_total"])
+	}
+}
+
 // A prefill worker on cuda leaves the KV dtype to auto (bf16 there) and a
 // decode worker on the cpu backend stores bf16 too: they pair (the
 // dtypes match), the prompt's bf16 pages cross from the GPU pool to host
