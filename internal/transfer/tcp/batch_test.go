@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -357,9 +358,11 @@ func TestStagedBatchRefusedPageInTheMiddle(t *testing.T) {
 	if !strings.Contains(text, "index 2") {
 		t.Fatalf("ack %q; want the refusal of index 2", text)
 	}
+	// What a poisoned page packs to: kernels.KVNaN's bits in every word
+	// (its two halves are alike, so any bf16 row reads them).
 	poison := make([]byte, sp.dst.PackedBytes(4))
-	for i := 0; i < len(poison); i += 2 {
-		binary.LittleEndian.PutUint16(poison[i:], 0x7fc0)
+	for i := 0; i < len(poison); i += 4 {
+		binary.LittleEndian.PutUint32(poison[i:], math.Float32bits(kernels.KVNaN))
 	}
 	for i, p := range into {
 		got := page(t, sp.dst, p)
