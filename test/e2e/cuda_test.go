@@ -31,6 +31,29 @@ func checkOnCUDA(t *testing.T, s *server, memory string) {
 	}
 }
 
+// checkKVDType fails unless the worker reports storing KV as dt.
+func checkKVDType(t *testing.T, w *server, dt string) {
+	t.Helper()
+	var info struct {
+		DType string `json:"kv_cache_dtype"`
+	}
+	if code, b := harness.Get(t, w.URL+"/server_info"); code != 200 || json.Unmarshal(b, &info) != nil || info.DType != dt {
+		t.Fatalf("%s /server_info: %d %s; want kv_cache_dtype %s", w.URL, code, b, dt)
+	}
+}
+
+// greedyText fails unless the greedy completion of the reference's prompt
+// is the reference's text, token for token (its logprobs are not
+// compared: narrow KV moves them).
+func greedyText(t *testing.T, url string, ref reference, what string) {
+	t.Helper()
+	code, _, b := post(t, url+"/v1/completions", greedyBody(ref))
+	var got completion
+	if code != 200 || json.Unmarshal(b, &got) != nil || len(got.Choices) != 1 || got.Choices[0].Text != ref.GeneratedText {
+		t.Fatalf("%s: %d %s\nwant text %q", what, code, b, ref.GeneratedText)
+	}
+}
+
 // Prefill and decode on the cuda backend over tcp: the prompt's pages go
 // from one GPU pool through pinned staging and the network into the
 // other, and the greedy output equals the public reference.
@@ -88,18 +111,9 @@ func TestPDOverCUDAIPCFP8(t *testing.T) {
 			"--max-total-tokens", "1024", "--page-size", "4", "--chunked-prefill-size", "8"}})
 	for _, w := range c.Workers() {
 		checkOnCUDA(t, w, "memory=cuda")
-		var info struct {
-			DType string `json:"kv_cache_dtype"`
-		}
-		if code, b := harness.Get(t, w.URL+"/server_info"); code != 200 || json.Unmarshal(b, &info) != nil || info.DType != "fp8_e4m3" {
-			t.Fatalf("%s /server_info: %d %s; want kv_cache_dtype fp8_e4m3", w.URL, code, b)
-		}
+		checkKVDType(t, w, "fp8_e4m3")
 	}
-	code, _, b := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
-	var got completion
-	if code != 200 || json.Unmarshal(b, &got) != nil || len(got.Choices) != 1 || got.Choices[0].Text != ref.GeneratedText {
-		t.Fatalf("fp8 KV over cuda-ipc: %d %s\nwant text %q", code, b, ref.GeneratedText)
-	}
+	greedyText(t, c.Router.URL, ref, "fp8 KV over cuda-ipc")
 	c.WaitClean(t)
 	pm, dm := metricsOf(t, c.Prefill[0]), metricsOf(t, c.Decode[0])
 	if dev, host := pm[`baton_kv_pages_shipped_total{from="device",role="prefill"}`], pm[`baton_kv_pages_shipped_total{from="host",role="prefill"}`]; dev == 0 || host != 0 {
@@ -123,18 +137,9 @@ func TestPDCUDAPrefillHalfKV(t *testing.T) {
 		PrefillArgs: []string{"--device", "cuda"}, DecodeArgs: []string{"--kv-cache-dtype", "bf16"}})
 	checkOnCUDA(t, c.Prefill[0], "memory=cuda")
 	for _, w := range c.Workers() {
-		var info struct {
-			DType string `json:"kv_cache_dtype"`
-		}
-		if code, b := harness.Get(t, w.URL+"/server_info"); code != 200 || json.Unmarshal(b, &info) != nil || info.DType != "bf16" {
-			t.Fatalf("%s /server_info: %d %s; want kv_cache_dtype bf16", w.URL, code, b)
-		}
+		checkKVDType(t, w, "bf16")
 	}
-	code, _, b := post(t, c.Router.URL+"/v1/completions", greedyBody(ref))
-	var got completion
-	if code != 200 || json.Unmarshal(b, &got) != nil || len(got.Choices) != 1 || got.Choices[0].Text != ref.GeneratedText {
-		t.Fatalf("bf16 KV from cuda: %d %s\nwant text %q", code, b, ref.GeneratedText)
-	}
+	greedyText(t, c.Router.URL, ref, "bf16 KV from cuda")
 	c.WaitClean(t)
 	if m := metricsOf(t, c.Decode[0]); m["baton_handoff_failures_total"] != 0 || m["baton_nan_logits_total"] != 0 {
 		t.Fatalf("decode: %v handoff failures, %v NaN logits", m["baton_handoff_failures_total"], m["baton_nan_logits_total"])
