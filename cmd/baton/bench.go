@@ -91,6 +91,7 @@ none succeeded).`,
 	fs.StringVar(&cfg.Model, "model", "", "model name to request (default: the first of the server's /v1/models)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 1, "most requests in flight at once")
 	fs.IntVar(&cfg.NumPrompts, "num-prompts", 100, "requests to send in all")
+	fs.IntVar(&cfg.WarmupRequests, "warmup-requests", 1, "requests sent first, of the same lengths, and left out of the figures (a server's first requests carry one-time work); 0: none")
 	fs.IntVar(&cfg.InputLen, "input-len", 128, "prompt length in tokens, as the server's /tokenize counts them (a server without it: words, about one token each)")
 	fs.IntVar(&cfg.OutputLen, "output-len", 128, "tokens to generate per request (max_tokens, with ignore_eos)")
 	fs.Float64Var(&cfg.RequestRate, "request-rate", 0, "mean requests per second, Poisson arrivals (0: all at once)")

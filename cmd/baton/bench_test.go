@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -74,7 +75,9 @@ func TestBenchServeCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if calls.Load() != 6 || !strings.Contains(out, "Successful requests:") || !strings.Contains(out, "P99 ITL (ms):") {
+	// One warm-up request (the default) and the 6 measured.
+	if calls.Load() != 7 || !regexp.MustCompile(`Successful requests: +6\n`).MatchString(out) || !strings.Contains(out, "P99 ITL (ms):") ||
+		!regexp.MustCompile(`Warm-up requests \(not counted\): +1\n`).MatchString(out) {
 		t.Errorf("%d calls; output:\n%s", calls.Load(), out)
 	}
 	// Not a terminal: no progress bar in the output.
@@ -82,7 +85,7 @@ func TestBenchServeCommand(t *testing.T) {
 		t.Errorf("progress bar drawn into a non-terminal:\n%s", out)
 	}
 
-	out, err = runBench("serve", "--url", s.URL+"/v1", "--model", "m", "--api-key", "k", "--num-prompts", "2", "--output-len", "4", "--request-rate", "100", "--json")
+	out, err = runBench("serve", "--url", s.URL+"/v1", "--model", "m", "--api-key", "k", "--num-prompts", "2", "--output-len", "4", "--request-rate", "100", "--json", "--warmup-requests", "0")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -90,14 +93,18 @@ func TestBenchServeCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("--json output is not one JSON report: %v\n%s", err, out)
 	}
-	if rep.Completed != 2 || rep.TotalOutputTokens != 8 || rep.RequestRate != 100 || rep.Model != "m" {
+	if rep.Completed != 2 || rep.TotalOutputTokens != 8 || rep.RequestRate != 100 || rep.Model != "m" || rep.WarmupRequests != 0 || calls.Load() != 9 {
 		t.Errorf("report %+v", rep)
 	}
 }
 
 func TestBenchServeFailures(t *testing.T) {
 	s, _ := sseServer(t, true)
-	out, err := runBench("serve", "--url", s.URL, "--model", "m", "--api-key", "k", "--num-prompts", "2", "--output-len", "2")
+	// A server that fails every request fails the warm-up: no run, no figures.
+	if out, err := runBench("serve", "--url", s.URL, "--model", "m", "--api-key", "k", "--num-prompts", "2", "--output-len", "2"); err == nil || !strings.Contains(err.Error(), "warm-up request failed") || strings.Contains(out, "Successful requests:") {
+		t.Errorf("a failing warm-up: %v\n%s", err, out)
+	}
+	out, err := runBench("serve", "--url", s.URL, "--model", "m", "--api-key", "k", "--num-prompts", "2", "--output-len", "2", "--warmup-requests", "0")
 	if err == nil || !strings.Contains(err.Error(), "overloaded") {
 		t.Errorf("every request failed, yet err = %v", err)
 	}
@@ -107,14 +114,14 @@ func TestBenchServeFailures(t *testing.T) {
 	// Some failed: the run still fails, unless --allow-failures says the
 	// figures of the rest are wanted anyway.
 	some, _ := sseServerFailing(t, 2)
-	out, err = runBench("serve", "--url", some.URL, "--model", "m", "--api-key", "k", "--num-prompts", "4", "--output-len", "2")
+	out, err = runBench("serve", "--url", some.URL, "--model", "m", "--api-key", "k", "--num-prompts", "4", "--output-len", "2", "--warmup-requests", "0")
 	if err == nil || !strings.Contains(err.Error(), "2 of 4 requests failed") {
 		t.Errorf("half the requests failed, yet err = %v", err)
 	}
 	if !strings.Contains(out, "Failed requests:") {
 		t.Errorf("the report of a partly failed run is not printed:\n%s", out)
 	}
-	if _, err := runBench("serve", "--url", some.URL, "--model", "m", "--api-key", "k", "--num-prompts", "4", "--output-len", "2", "--allow-failures"); err != nil {
+	if _, err := runBench("serve", "--url", some.URL, "--model", "m", "--api-key", "k", "--num-prompts", "4", "--output-len", "2", "--allow-failures", "--warmup-requests", "0"); err != nil {
 		t.Errorf("--allow-failures: %v", err)
 	}
 	if _, err := runBench("serve", "--url", s.URL, "--no-such-flag"); err == nil || !strings.Contains(err.Error(), "unknown flag") {

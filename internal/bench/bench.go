@@ -65,6 +65,14 @@ type Config struct {
 	// SGLang's and vLLM's serving benchmarks send); unset leaves it to the
 	// server's default.
 	Temperature *float64
+	// WarmupRequests are sent, at most Concurrency at once, before the
+	// measured ones and left out of the report (SGLang's bench_serving
+	// sends one): a server's first requests carry one-time work (weights
+	// paged in or uploaded, kernels chosen, graphs captured) that a run of
+	// a few prompts would otherwise count as serving. Their prompts are
+	// drawn apart from the measured ones, which stay the same with or
+	// without them and hit no prefix a warm-up left in the cache.
+	WarmupRequests int
 	// Progress, when set, is called after each request ends.
 	Progress func(done, total int)
 	// Client sends the requests; nil makes one sized for Concurrency.
@@ -79,6 +87,8 @@ type Report struct {
 	RequestRate float64 `json:"request_rate"` // 0: all at once
 	InputLen    int     `json:"input_len"`
 	OutputLen   int     `json:"output_len"`
+	// WarmupRequests were sent before the run and are not in its figures.
+	WarmupRequests int `json:"warmup_requests"`
 	// PromptsMeasured says each prompt was cut to InputLen tokens with the
 	// server's /tokenize; false: InputLen words (the server has no such
 	// route).
@@ -234,6 +244,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			prompts[i] = echoPrompt(prompts[i])
 		}
 	}
+	if err := warmUp(ctx, client, base, endpoint, cfg, runID); err != nil {
+		return nil, err
+	}
 	d0, a0, spec := specCounters(ctx, client, base, cfg.APIKey)
 	m0, migr := migrationCounters(ctx, client, base, cfg.APIKey)
 
@@ -286,6 +299,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep := summarise(cfg, results, elapsed)
 	rep.MaxConcurrentRequests = peak
+	rep.WarmupRequests = cfg.WarmupRequests
 	if d1, a1, ok := specCounters(ctx, client, base, cfg.APIKey); spec && ok && d1 > d0 {
 		rep.SpecDraftTokens, rep.SpecAcceptedTokens = d1-d0, a1-a0
 		rep.SpecAcceptRate = rep.SpecAcceptedTokens / rep.SpecDraftTokens
@@ -325,6 +339,45 @@ func (c *Config) check() error {
 		return errors.New("temperature must not be negative")
 	case c.SharedPrefixLen < 0 || c.NumPrefixes < 0:
 		return errors.New("shared-prefix-len and num-prefixes must not be negative")
+	case c.WarmupRequests < 0:
+		return errors.New("warmup-requests must not be negative")
+	}
+	return nil
+}
+
+// warmUp sends cfg.WarmupRequests completions of the run's lengths, at
+// most cfg.Concurrency at once, and waits for them; one that fails fails
+// the run (the measured requests would fail alike). Their prompts come
+// from a generator of their own, so the measured prompts do not depend on
+// them.
+func warmUp(ctx context.Context, client *http.Client, base, endpoint string, cfg Config, runID uint64) error {
+	if cfg.WarmupRequests == 0 {
+		return nil
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x77_61_72_6d)) // "warm"
+	drawn := make([][]string, cfg.WarmupRequests)
+	for i := range drawn {
+		drawn[i] = strings.Fields(Prompt(rng, cfg.InputLen))
+	}
+	prompts, _, err := fitPrompts(ctx, client, base, cfg, drawn)
+	if err != nil {
+		return err
+	}
+	errs := make([]error, len(prompts))
+	slots := make(chan struct{}, cfg.Concurrency)
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			errs[i] = stream(ctx, client, endpoint, cfg, p, fmt.Sprintf("baton-bench-%x-warmup-%d", runID, i)).err
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return fmt.Errorf("warm-up request failed (the run was not started): %w", err)
+		}
 	}
 	return nil
 }

@@ -372,6 +372,51 @@ func TestSeedMakesPromptsRepeatable(t *testing.T) {
 	}
 }
 
+// Warm-up requests go first, all of them done before the first measured
+// one starts, and stay out of the figures; the measured prompts are the
+// ones a run without warm-up sends, and no warm-up prompt is one of them.
+// A warm-up that fails fails the run before it starts.
+func TestWarmupRequests(t *testing.T) {
+	run := func(warm int) (*Report, []string, *fakeServer) {
+		f := &fakeServer{t: t, gap: time.Millisecond}
+		s := f.start()
+		rep, err := Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 2, NumPrompts: 5, InputLen: 8, OutputLen: 3, Seed: 4, WarmupRequests: warm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		var prompts []string
+		for _, r := range f.reqs {
+			prompts = append(prompts, r.Prompt)
+		}
+		return rep, prompts, f
+	}
+	rep0, cold, _ := run(0)
+	rep, all, _ := run(3)
+	if len(all) != 8 || rep.Completed != 5 || rep.TotalOutputTokens != 15 || rep.TTFT.N != 5 || rep.WarmupRequests != 3 || rep0.WarmupRequests != 0 {
+		t.Fatalf("%d requests, report %+v; want 3 warm-up and 5 measured", len(all), rep)
+	}
+	// Up to Concurrency warm-ups are in flight together, then the run's.
+	warm, measured := slices.Clone(all[:3]), slices.Clone(all[3:])
+	slices.Sort(cold)
+	slices.Sort(measured)
+	if !slices.Equal(measured, cold) {
+		t.Errorf("the measured prompts changed with warm-up:\n%q\n%q", measured, cold)
+	}
+	for _, w := range warm {
+		if slices.Contains(cold, w) {
+			t.Errorf("warm-up prompt %q is also measured", w)
+		}
+	}
+
+	f := &fakeServer{t: t, failEvery: 1}
+	s := f.start()
+	if rep, err := Run(context.Background(), Config{URL: s.URL, Model: "m", NumPrompts: 2, InputLen: 4, OutputLen: 1, WarmupRequests: 1}); err == nil || rep != nil || !strings.Contains(err.Error(), "warm-up") {
+		t.Errorf("a failing warm-up: report %v, err %v", rep, err)
+	}
+}
+
 func TestRequestRateSpacesArrivals(t *testing.T) {
 	f := &fakeServer{t: t}
 	s := f.start()
@@ -555,6 +600,7 @@ func TestConfigChecks(t *testing.T) {
 		{URL: "x", NumPrompts: 1, InputLen: 1, OutputLen: 0},
 		{URL: "x", NumPrompts: 1, InputLen: 1, OutputLen: 1, Concurrency: -1},
 		{URL: "x", NumPrompts: 1, InputLen: 1, OutputLen: 1, RequestRate: -1},
+		{URL: "x", NumPrompts: 1, InputLen: 1, OutputLen: 1, WarmupRequests: -1},
 	} {
 		if _, err := Run(context.Background(), c); err == nil {
 			t.Errorf("Run(%+v) accepted", c)

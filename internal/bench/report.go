@@ -26,6 +26,9 @@ func (r *Report) WriteText(w io.Writer) error {
 	} else {
 		line("Request rate (req/s)", "%s", "inf")
 	}
+	if r.WarmupRequests > 0 {
+		line("Warm-up requests (not counted)", "%d", r.WarmupRequests)
+	}
 	line("Successful requests", "%d", r.Completed)
 	line("Failed requests", "%d", r.Failed)
 	line("Benchmark duration (s)", "%.2f", r.DurationS)
