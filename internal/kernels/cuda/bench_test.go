@@ -65,7 +65,8 @@ func attnDecodeGBs(be *Backend, dt kernels.DType, seqs, kvlen, heads, kvHeads, h
 	for i := range q {
 		q[i] = float32(i%13) * 0.01
 	}
-	pl := planAttention(kv, 0, ss, heads, len(q), len(q), false)
+	var pl attnPlan
+	pl.plan(kv, 0, ss, heads, len(q), len(q), false)
 	be.lock()
 	defer be.unlock()
 	a := be.attnUpload(kv, &pl, heads, 0.1)
@@ -274,7 +275,8 @@ func attnPrefillTFLOPs(be *Backend, dt kernels.DType, plen, heads, kvHeads, hd, 
 	for i := range q {
 		q[i] = float32(i%13) * 0.01
 	}
-	pl := planAttention(kv, 0, ss, heads, len(q), len(q), true)
+	var pl attnPlan
+	pl.plan(kv, 0, ss, heads, len(q), len(q), true)
 	be.lock()
 	defer be.unlock()
 	before := be.launches

@@ -109,6 +109,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -214,6 +215,15 @@ const (
 	kAttnMMAE4M3HD256
 	numKernels
 )
+
+// launchOp names each kernel's launch in errors, made once: a launch
+// must not allocate.
+var launchOp = func() (ops [numKernels]string) {
+	for k, n := range kernelNames {
+		ops[k] = "cuLaunchKernel " + n
+	}
+	return ops
+}()
 
 var kernelNames = [numKernels]string{
 	"bk_gemv_f32", "bk_gemv_f16", "bk_gemv_bf16", "bk_gemv_q8_0", "bk_dequant_rows", "bk_f32_to_f16",
@@ -335,6 +345,8 @@ type Backend struct {
 	stores, storesDone atomic.Uint64
 	kept               map[uintptr]*keptBuf // by the host slice's address
 	hostQ              []float32            // Attention: gathered q rows / compact output
+	attnPlan           attnPlan             // Attention: the call's plan, its slices reused
+	rope               ropeFreqs            // ropeArgs: the last rotation's frequencies
 	args               []uint64
 
 	freeMu  sync.Mutex
@@ -818,7 +830,7 @@ func (b *Backend) launch(k, gx, gy, bx, smem int, args ...uint64) {
 
 func (b *Backend) launchNow(k, gx, gy, bx, smem int, args []uint64) {
 	b.args = append(b.args[:0], args...)
-	b.must("cuLaunchKernel "+kernelNames[k], C.bk_launch(b.drv.c, C.uintptr_t(b.fn[k]), C.uint(gx), C.uint(gy),
+	b.must(launchOp[k], C.bk_launch(b.drv.c, C.uintptr_t(b.fn[k]), C.uint(gx), C.uint(gy),
 		C.uint(bx), C.uint(smem), C.uintptr_t(b.stream), (*C.uint64_t)(unsafe.Pointer(&b.args[0])), C.int(len(args))))
 }
 
@@ -931,7 +943,7 @@ func (b *Backend) MatMul(out, x []float32, n int, w *kernels.Matrix) {
 	dx := b.in(sX, x[:n*w.Cols])
 	do, done := b.out(sOut, out, n*w.Rows)
 	b.matmul(do, dx, n, m)
-	done()
+	b.wrote(done)
 }
 
 // matmul: out[n, rows] = x[n, cols] · wᵀ on the device.
@@ -1108,7 +1120,7 @@ func (b *Backend) RMSNorm(out, x, weight []float32, n int, eps float32) {
 	half, kind := b.halfShadow(n, n*d)
 	b.launch(kRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dw, argI(n), argI(d), argF(eps), half, argI(kind))
 	b.shadowed(do, n*d, kind)
-	done()
+	b.wrote(done)
 }
 
 // AddRMSNorm implements kernels.AddRMSNormer: one kernel adds the
@@ -1130,8 +1142,8 @@ func (b *Backend) AddRMSNorm(out, x, delta, weight []float32, n int, eps float32
 	b.launch(kAddRMSNorm, n, 1, min(256, roundUp(d, 32)), 0, do, dx, dd, dw, argI(n), argI(d), argF(eps), half,
 		argI(kind))
 	b.shadowed(do, n*d, kind)
-	xDone()
-	done()
+	b.wrote(xDone)
+	b.wrote(done)
 }
 
 // ropeArgs are the rotation's arguments shared by ApplyRoPE and
@@ -1141,7 +1153,26 @@ func (b *Backend) ropeArgs(r kernels.RoPE) (half, neox int, scale float64, freq 
 	if r.NeoX {
 		neox = 1
 	}
-	return r.Dim / 2, neox, r.PositionScale(), uploadSame(b, sFreq, r.Frequencies())
+	return r.Dim / 2, neox, r.PositionScale(), uploadSame(b, sFreq, b.frequencies(r))
+}
+
+// ropeFreqs are the frequencies of the last rotation asked for: a forward
+// pass asks every layer for the same ones, and math.Pow over a head's
+// pairs each time showed in a served profile.
+type ropeFreqs struct {
+	dim     int
+	theta   float32
+	factors []float32
+	freq    []float64
+}
+
+// frequencies is r.Frequencies(), computed again only when r's change.
+func (b *Backend) frequencies(r kernels.RoPE) []float64 {
+	c := &b.rope
+	if c.freq == nil || c.dim != r.Dim || c.theta != r.Theta || !slices.Equal(c.factors, r.Factors) {
+		*c = ropeFreqs{dim: r.Dim, theta: r.Theta, factors: slices.Clone(r.Factors), freq: r.Frequencies()}
+	}
+	return c.freq
 }
 
 // ApplyRoPE implements kernels.Backend.
@@ -1158,7 +1189,7 @@ func (b *Backend) ApplyRoPE(x []float32, positions []int32, heads, headDim int, 
 	half, neox, scale, df := b.ropeArgs(r)
 	b.launch(kRoPE, blocks(len(positions)*half*heads, elemThreads), 1, elemThreads, 0, dx, dp, argI(len(positions)),
 		argI(heads), argI(headDim), argI(half), argI(neox), argD(scale), df)
-	done()
+	b.wrote(done)
 }
 
 // RoPEStoreKV implements kernels.RoPEStorer: one kernel rotates q and k
@@ -1189,8 +1220,8 @@ func (b *Backend) RoPEStoreKV(q, k, v []float32, positions []int32, heads int, r
 		argI(ntok), argI(heads), argI(kv.KVHeads), argI(hd), argI(half), argI(neox), argD(scale), df, pool, ds,
 		argI(layer), argI(kv.PageSize), argI(kv.PageElems()), argI(int(kv.DType)))
 	b.noteStores(kv, slots)
-	qDone()
-	kDone()
+	b.wrote(qDone)
+	b.wrote(kDone)
 }
 
 // SwiGLU implements kernels.Backend.
@@ -1208,7 +1239,7 @@ func (b *Backend) SwiGLU(out, gate, up []float32) {
 	half, kind := b.halfShadow(b.lastRows, n) // the rows of up, the product before
 	b.launch(kSwiGLU, blocks(n, elemThreads), 1, elemThreads, 0, do, dg, du, argI(n), half, argI(kind))
 	b.shadowed(do, n, kind)
-	done()
+	b.wrote(done)
 }
 
 // Add implements kernels.Backend.
@@ -1224,7 +1255,7 @@ func (b *Backend) Add(out, a, bb []float32) {
 	db := b.in(sX2, bb[:n])
 	do, done := b.out(sOut, out, n)
 	b.launch(kAdd, blocks(n, elemThreads), 1, elemThreads, 0, do, da, db, argI(n))
-	done()
+	b.wrote(done)
 }
 
 // GatherRows implements kernels.RowGatherer.
@@ -1245,7 +1276,7 @@ func (b *Backend) GatherRows(dst, src []float32, width int, rows []int32) {
 	dr := upload(b, sIdx1, rows)
 	do, done := b.out(sOut, dst, len(rows)*width)
 	b.launch(kGatherRows, blocks(len(rows)*width, elemThreads), 1, elemThreads, 0, do, ds, dr, argI(len(rows)), argI(width))
-	done()
+	b.wrote(done)
 }
 
 // Embed implements kernels.Backend.
@@ -1262,7 +1293,7 @@ func (b *Backend) Embed(out []float32, table *kernels.Matrix, ids []int32) {
 	do, done := b.out(sOut, out, n)
 	b.launch(kDequantRows, blocks(dequantThreads(m.dtype, n), elemThreads), 1, elemThreads, 0, do, m.ptr,
 		argI(int(m.dtype)), argI(m.cols), di, 0, argI(len(ids)))
-	done()
+	b.wrote(done)
 }
 
 // StoreKV implements kernels.Backend: kv must be this backend's GPU pool.
@@ -1317,11 +1348,11 @@ func mmaAttention(kv kernels.PagedKV) bool {
 	return kv.DType != kernels.F32 && (hd == 64 || hd == 128 || hd == 256)
 }
 
-// planAttention cuts a call into work: with mma, the sequences the
+// plan cuts a call into work, in pl's slices: with mma, the sequences the
 // tensor-core kernel takes (mmaAttention) become tiles, the rest items.
 // Both read the same sequence and page tables and write rows of one
 // output.
-func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads, qlen, outlen int, mma bool) attnPlan {
+func (pl *attnPlan) plan(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads, qlen, outlen int, mma bool) {
 	kernels.CheckAttention(outlen, qlen, kv, layer, seqs, heads)
 	hd := kv.HeadDim
 	if hd > attnMaxHD {
@@ -1330,7 +1361,8 @@ func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads,
 	group := heads / kv.KVHeads
 	nh := min(group, attnMaxMembers)
 	rowsPer := max(1, attnMaxMembers/nh)
-	pl := attnPlan{contiguous: true, layer: layer}
+	*pl = attnPlan{pages: pl.pages[:0], seqs: pl.seqs[:0], items: pl.items[:0], tiles: pl.tiles[:0], spans: pl.spans[:0],
+		contiguous: true, layer: layer}
 	mma = mma && mmaAttention(kv)
 	toMMA := func(s kernels.AttnSeq) bool { return mma && s.QLen >= mmaMinQLen }
 	for _, s := range seqs {
@@ -1368,7 +1400,6 @@ func planAttention(kv kernels.PagedKV, layer int, seqs []kernels.AttnSeq, heads,
 		}
 		pl.maxLen = max(pl.maxLen, s.KVLen)
 	}
-	return pl
 }
 
 // splits picks how many parts each item's positions are cut into
@@ -1391,13 +1422,15 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 	if len(seqs) == 0 {
 		return
 	}
-	pl := planAttention(kv, layer, seqs, heads, len(q), len(out), !b.noAttnMMA)
+	b.lock()
+	defer b.unlock()
+	// One plan's slices serve every call (a step plans once a layer).
+	pl := &b.attnPlan
+	pl.plan(kv, layer, seqs, heads, len(q), len(out), !b.noAttnMMA)
 	if len(pl.items) == 0 && len(pl.tiles) == 0 {
 		return
 	}
 	rowSize := heads * kv.HeadDim
-	b.lock()
-	defer b.unlock()
 	var dq dptr
 	if pl.contiguous {
 		dq = b.in(sX, q[:pl.rows*rowSize])
@@ -1409,7 +1442,7 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 		}
 		dq = upload(b, sX, b.hostQ)
 	}
-	a := b.attnUpload(kv, &pl, heads, scale)
+	a := b.attnUpload(kv, pl, heads, scale)
 	if pl.contiguous {
 		do, done := b.out(sOut, out, pl.rows*rowSize)
 		if a.nitems == 0 { // only the tensor-core kernel writes out
@@ -1417,7 +1450,7 @@ func (b *Backend) Attention(out, q []float32, kv kernels.PagedKV, layer int, seq
 		}
 		b.attnLaunch(a, dq, do)
 		b.shadowed(do, pl.rows*rowSize, a.halfKind)
-		done()
+		b.wrote(done)
 		return
 	}
 	do := b.buf(sOut, 4*pl.rows*rowSize)

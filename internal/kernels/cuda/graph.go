@@ -455,7 +455,7 @@ func (b *Backend) capture(rec *stepRec) (_ *stepGraph, err error) {
 		o := &rec.ops[i]
 		switch o.kind {
 		case opLaunch:
-			note("cuLaunchKernel "+kernelNames[o.k], C.bk_launch(d, C.uintptr_t(b.fn[o.k]), C.uint(o.gx), C.uint(o.gy),
+			note(launchOp[o.k], C.bk_launch(d, C.uintptr_t(b.fn[o.k]), C.uint(o.gx), C.uint(o.gy),
 				C.uint(o.bx), C.uint(o.smem), C.uintptr_t(b.stream), (*C.uint64_t)(unsafe.Pointer(&o.args[0])), C.int(len(o.args))))
 		case opCopy:
 			note("cuMemcpyHtoDAsync", C.bk_htod(d, C.bk_dptr(o.dst), unsafe.Add(g.host, o.off), C.size_t(o.bytes), C.uintptr_t(b.stream)))

@@ -233,7 +233,7 @@ func (kp *KVPool) check(page int32, tokens int) error {
 func (kp *KVPool) launch(k, gx, bx int, args ...uint64) error {
 	kp.args = append(kp.args[:0], args...)
 	d := kp.b.drv
-	return d.check("cuLaunchKernel "+kernelNames[k], C.bk_launch(d.c, C.uintptr_t(kp.b.fn[k]), C.uint(gx), 1,
+	return d.check(launchOp[k], C.bk_launch(d.c, C.uintptr_t(kp.b.fn[k]), C.uint(gx), 1,
 		C.uint(bx), 0, C.uintptr_t(kp.stream), (*C.uint64_t)(unsafe.Pointer(&kp.args[0])), C.int(len(args))))
 }
 

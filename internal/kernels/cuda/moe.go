@@ -110,7 +110,7 @@ func (b *Backend) Experts(out, x []float32, n int, experts []kernels.Expert, pic
 	b.moeProduct(experts, p, seg, moeDown, y, gate, d, ff)
 	do, done := b.out(sOut, out, n*d)
 	b.launch(kMoEScatter, blocks(n*d, elemThreads), 1, elemThreads, 0, do, y, slots, ws, argI(n), argI(k), argI(d))
-	done()
+	b.wrote(done)
 }
 
 // The products of an expert, in the order of their pairs in a segment.

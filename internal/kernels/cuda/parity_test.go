@@ -434,7 +434,9 @@ func testAttention(t *testing.T, b *Backend) {
 func testAttentionLong(t *testing.T, b *Backend) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	c := kernelstest.NewAttnCase(rng, 4, 1, 64, 16, [][2]int{{1, 3000}, {1, 1200}, {3, 2049}})
-	if s := b.splits(len(planAttention(c.KV, 1, c.Seqs, 4, len(c.Q), len(c.Q), false).items)/attnItemFields, 3000); s < 2 {
+	var pl attnPlan
+	pl.plan(c.KV, 1, c.Seqs, 4, len(c.Q), len(c.Q), false)
+	if s := b.splits(len(pl.items)/attnItemFields, 3000); s < 2 {
 		t.Fatalf("a long decode is not split (%d)", s)
 	}
 	checkAttention(t, b, "long decode", c.InOrder(), 0.125, nil)

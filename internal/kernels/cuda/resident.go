@@ -147,27 +147,47 @@ func (b *Backend) toDevice(e *keptBuf, s []float32) {
 	}
 }
 
-// out is where a call writes its n-float result for s, and done, which the
-// call runs after queueing its kernels: a kept buffer keeps the result on
-// the device (the host copy is stale from then on); anything else goes
-// through scratch buffer i and is copied to s.
-func (b *Backend) out(i int, s []float32, n int) (dptr, func()) {
+// out is where a call writes its n-float result for s, and what the call
+// hands to wrote after queueing its kernels: a kept buffer keeps the
+// result on the device (the host copy is stale from then on); anything
+// else goes through scratch buffer i and is copied to s.
+func (b *Backend) out(i int, s []float32, n int) (dptr, written) {
 	if e := b.keptOf(s); e != nil {
 		b.toDevice(e, s) // the part the call does not write stays current
-		return e.dev, func() { e.hostOK, e.stale = false, max(e.stale, n) }
+		return e.dev, written{kept: e, n: n}
 	}
 	p := b.buf(i, 4*n)
-	return p, func() { download(b, s[:n], p) }
+	return p, written{n: n, s: s, p: p}
 }
 
 // inOut is in and out for a call that rewrites s in place.
-func (b *Backend) inOut(i int, s []float32) (dptr, func()) {
+func (b *Backend) inOut(i int, s []float32) (dptr, written) {
 	if e := b.keptOf(s); e != nil {
 		b.toDevice(e, s)
-		return e.dev, func() { e.hostOK, e.stale = false, max(e.stale, len(s)) }
+		return e.dev, written{kept: e, n: len(s)}
 	}
 	p := upload(b, i, s)
-	return p, func() { download(b, s, p) }
+	return p, written{n: len(s), s: s, p: p}
+}
+
+// written is what out and inOut leave for after a call's kernels are
+// queued (wrote). A value, where a closure would be an allocation in
+// every operation of a step.
+type written struct {
+	kept *keptBuf // its device copy is now the newer, up to n floats
+	n    int
+	s    []float32 // not kept: s[:n] comes back from p
+	p    dptr
+}
+
+// wrote finishes what out or inOut began: a kept buffer's host copy is
+// marked stale, anything else copied back from its scratch buffer.
+func (b *Backend) wrote(w written) {
+	if e := w.kept; e != nil {
+		e.hostOK, e.stale = false, max(e.stale, w.n)
+		return
+	}
+	download(b, w.s[:w.n], w.p)
 }
 
 // toHost brings the host copy of a kept s up to date.
