@@ -3,7 +3,7 @@ BIN     := bin/baton
 PKGS    := ./...
 PORT    ?= 8000
 
-.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-spec-echo bench-peer bench-models bench-profile lint proto clean deps-run deps-test
+.PHONY: build run run-standalone test test-ucx bench-ucx chaos bench bench-prefix bench-hicache bench-spec bench-spec-echo bench-peer bench-models bench-profile host-ceiling lint proto clean deps-run deps-test
 
 # What the machine needs beyond Go: installed from Debian's packages when
 # run as root, else the command to run is printed (deploy/local/deps.sh).
@@ -92,6 +92,11 @@ bench-models: build
 #   make bench-profile MODEL=model.gguf [THREADS=2] [STREAMS=32]   (the last of STREAMS)
 bench-profile: build
 	./deploy/bench/profile.sh -t $(THREADS) -s $(lastword $(STREAMS)) $(MODEL)
+
+# the host's side of serving on the cuda backend, without a GPU: the binary on
+# the emulated driver with its kernels made no-ops (test/gpu/host-ceiling.sh)
+host-ceiling: build
+	./test/gpu/host-ceiling.sh
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -10,7 +10,11 @@
 // Environment knobs for the error paths: FAKE_CUDA_DRIVER_VERSION (default
 // 12040), FAKE_CUDA_INIT_ERROR (a CUresult cuInit returns), FAKE_CUDA_DEVICES
 // (default 1), FAKE_CUDA_CC (default "9.0"), FAKE_CUDA_SMS (default 4),
-// FAKE_CUDA_LAUNCH_ERROR (a CUresult every launch returns). Built with
+// FAKE_CUDA_LAUNCH_ERROR (a CUresult every launch returns). With
+// FAKE_CUDA_NULL_KERNELS=1 launches and cuBLAS products do nothing and
+// allocations start zeroed: what is left of a step is the host's side of
+// it, the ceiling a GPU's speed cannot lift (test/gpu/host-ceiling.sh;
+// its outputs are zeros, not the model's). Built with
 // -DFAKE_NO_PRIMARY it lacks the primary-context calls (an old or odd driver),
 // with -DFAKE_NO_IPC the CUDA IPC calls, with -DFAKE_NO_GRAPHS the graph entry points.
 //
@@ -221,8 +225,18 @@ Kernel makeKernel(const char* name, void (*f)(A...)) {
   return Kernel{name, [f](void** p) { return bindArgs(f, p, std::index_sequence_for<A...>{}); }};
 }
 
+// nullKernels: FAKE_CUDA_NULL_KERNELS=1 (see the top).
+bool nullKernels() {
+  static const bool on = [] {
+    const char* v = getenv("FAKE_CUDA_NULL_KERNELS");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
 // runGrid runs a bound kernel body on a grid (mu held).
 void runGrid(Kernel* k, std::function<void()> b, dim3 grid, dim3 block, unsigned smem) {
+  if (nullKernels()) return;
   body = std::move(b);
   gridDim = grid;
   blockDim = block;
@@ -420,6 +434,7 @@ CUresult captureCopy(Graph* g, void* dst, const void* src, size_t n, const void*
 // bkfake_enqueue and streamCapturing are every fake stream's hooks for
 // the fake cuBLAS (fakeabi.h).
 int bkfake_enqueue(void* stream, void (*fn)(const void*), const void* arg, size_t argBytes) {
+  if (nullKernels()) return 0;
   if (Graph* g = capturing(stream)) {
     std::vector<unsigned char> bytes(static_cast<const unsigned char*>(arg),
                                      static_cast<const unsigned char*>(arg) + argBytes);
@@ -569,7 +584,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t n) {
   char* guard = static_cast<char*>(m) + len - page;
   mprotect(guard, page, PROT_NONE);
   char* start = guard - body;
-  memset(start, 0xff, body);
+  memset(start, nullKernels() ? 0 : 0xff, body);
   allocs[reinterpret_cast<CUdeviceptr>(start)] = Alloc{m, len, n, -1, {0}};
   *p = reinterpret_cast<CUdeviceptr>(start);
   return 0;
