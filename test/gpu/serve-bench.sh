@@ -82,7 +82,10 @@ ready() {
 
 # bench NAME PORT CONCURRENCY [INPUT_LEN OUTPUT_LEN PROMPTS]: one report,
 # OUT/served-NAME-cCONCURRENCY.json. One stream sends at most 8 prompts
-# unless PROMPTS is given. The seed follows the lengths and concurrency:
+# unless PROMPTS is given. CONCURRENCY warm-up requests go first, left
+# out of the figures: the decode batch sizes they pass through have their
+# graphs captured before the measured run, as a server that captures at
+# start-up would. The seed follows the lengths and concurrency:
 # each server sees new prompts in every call, and the modes the same ones.
 bench() {
   local in=${4:-$INPUT_LEN} out=${5:-$OUTPUT_LEN} n=${6:-}
@@ -90,7 +93,7 @@ bench() {
     n=$PROMPTS
     [ "$3" = 1 ] && n=$((PROMPTS < 8 ? PROMPTS : 8))
   fi
-  "$BATON" bench serve --url "http://127.0.0.1:$2" --concurrency "$3" --num-prompts "$n" \
+  "$BATON" bench serve --url "http://127.0.0.1:$2" --concurrency "$3" --num-prompts "$n" --warmup-requests "$3" \
     --input-len "$in" --output-len "$out" --temperature 0 --seed "$((in * 1000 + out * 100 + $3))" --json --progress=false \
     >"$OUT/served-$1-c$3.json"
   echo "served $1 c=$3: $(tr -d '\n' <"$OUT/served-$1-c$3.json" | head -c 400)"
