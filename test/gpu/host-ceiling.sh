@@ -8,7 +8,8 @@
 # backend's planning, uploads and launches, HTTP and streaming). The model
 # is the dummy Qwen3-1.7B shape test/gpu/serve-bench.sh serves on a GPU,
 # the load `baton bench serve` at 1 and 32 streams, 512 tokens in and 128
-# out. The figures are the ceiling a GPU's speed cannot lift on this host;
+# out, each after as many warm-up requests as streams (as serve-bench.sh
+# does). The figures are the ceiling a GPU's speed cannot lift on this host;
 # the text the server returns is not the model's (its outputs are zeros).
 #
 # BATON (default bin/baton, `make build`), PROMPTS (64) and PORT (18490)
@@ -41,7 +42,7 @@ done
 for c in 1 32; do
   n=$PROMPTS
   [ "$c" = 1 ] && n=8
-  "$BATON" bench serve --url "http://127.0.0.1:$PORT" --concurrency "$c" --num-prompts "$n" --input-len 512 \
+  "$BATON" bench serve --url "http://127.0.0.1:$PORT" --concurrency "$c" --num-prompts "$n" --warmup-requests "$c" --input-len 512 \
     --output-len 128 --temperature 0 --seed "$((c + 40))" --json --progress=false >"$OUT/ceiling-c$c.json"
   python3 - "$OUT/ceiling-c$c.json" "$c" <<'PY'
 import json, sys
