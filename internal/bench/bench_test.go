@@ -62,6 +62,17 @@ type completionBody struct {
 	} `json:"stream_options"`
 }
 
+// prompts are the prompts of the completions received, in arrival order.
+func (f *fakeServer) prompts() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, r := range f.reqs {
+		out = append(out, r.Prompt)
+	}
+	return out
+}
+
 func (f *fakeServer) start() *httptest.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
@@ -350,12 +361,7 @@ func TestSeedMakesPromptsRepeatable(t *testing.T) {
 		if _, err := Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 3, NumPrompts: 6, InputLen: 8, OutputLen: 1, Seed: seed}); err != nil {
 			t.Fatal(err)
 		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		var out []string
-		for _, r := range f.reqs {
-			out = append(out, r.Prompt)
-		}
+		out := f.prompts()
 		// Requests in flight together arrive in any order.
 		slices.Sort(out)
 		return out
@@ -372,28 +378,22 @@ func TestSeedMakesPromptsRepeatable(t *testing.T) {
 	}
 }
 
-// Warm-up requests go first, all of them done before the first measured
-// one starts, and stay out of the figures; the measured prompts are the
-// ones a run without warm-up sends, and no warm-up prompt is one of them.
-// A warm-up that fails fails the run before it starts.
+// Warm-up requests arrive before any measured one and stay out of the
+// figures; the measured prompts are the ones a run without warm-up sends,
+// and no warm-up prompt is one of them. A warm-up that fails fails the
+// run before it starts.
 func TestWarmupRequests(t *testing.T) {
-	run := func(warm int) (*Report, []string, *fakeServer) {
+	run := func(warm int) (*Report, []string) {
 		f := &fakeServer{t: t, gap: time.Millisecond}
 		s := f.start()
 		rep, err := Run(context.Background(), Config{URL: s.URL, Model: "m", Concurrency: 2, NumPrompts: 5, InputLen: 8, OutputLen: 3, Seed: 4, WarmupRequests: warm})
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		var prompts []string
-		for _, r := range f.reqs {
-			prompts = append(prompts, r.Prompt)
-		}
-		return rep, prompts, f
+		return rep, f.prompts()
 	}
-	rep0, cold, _ := run(0)
-	rep, all, _ := run(3)
+	rep0, cold := run(0)
+	rep, all := run(3)
 	if len(all) != 8 || rep.Completed != 5 || rep.TotalOutputTokens != 15 || rep.TTFT.N != 5 || rep.WarmupRequests != 3 || rep0.WarmupRequests != 0 {
 		t.Fatalf("%d requests, report %+v; want 3 warm-up and 5 measured", len(all), rep)
 	}
