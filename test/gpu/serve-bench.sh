@@ -113,7 +113,8 @@ counters() {
 
 # ttft NAME PORT [DECODE_PORT]: the one-stream TTFT runs; with a decode
 # port, the handoffs' figures from decode's /metrics around each run to
-# OUT/served-NAME-ttftLEN.kv (bytes, transfer seconds, handoffs).
+# OUT/served-NAME-ttftLEN.kv (bytes, transfer seconds, handoffs; the
+# warm-up request's handoff among them, a prompt of the same length).
 ttft() {
   local l before after
   for l in $TTFT_LENS; do
