@@ -86,4 +86,8 @@ func TestKVDTypePool(t *testing.T) {
 	if _, err := New(Config{NumPages: 1, PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 8, KVDType: kernels.Q8_0}); !errors.Is(err, ErrBadArg) {
 		t.Fatalf("a q8_0 KV pool: %v", err)
 	}
+	// An fp8 page of 6 elements is not a whole number of Data's words.
+	if _, err := New(Config{NumPages: 2, PageSize: 1, Layers: 1, KVHeads: 1, HeadDim: 3, KVDType: kernels.F8E4M3}); !errors.Is(err, ErrBadArg) {
+		t.Fatalf("an fp8 pool of 6-byte pages: %v", err)
+	}
 }

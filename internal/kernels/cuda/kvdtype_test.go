@@ -140,6 +140,18 @@ func testKVPoolDType(t *testing.T, b *Backend) {
 			}
 		}
 
+		// An odd row of fp8 is not a whole number of the page kernels'
+		// 2-byte units.
+		odd, err := b.AllocKV(kernels.PagedKV{PageSize: 4, Layers: 1, KVHeads: 1, HeadDim: 3, DType: dt}, 2)
+		if (err == nil) != (dt != kernels.F8E4M3) {
+			t.Fatalf("%s: a pool of rows of 3 elements: %v", dt, err)
+		}
+		if err == nil {
+			if err := odd.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+
 		c := kernelstest.NewAttnCase(rng, 4, 2, 64, 4, [][2]int{{1, 10}})
 		c.KV = kernelstest.NarrowKV(c.KV, dt)
 		dev := toDevice(t, b, c.KV)
