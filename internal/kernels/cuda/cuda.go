@@ -1558,8 +1558,10 @@ func attnMMAKernel(dt kernels.DType, hd int) int {
 		return [...]int{kAttnMMAF16HD64, kAttnMMAF16HD128, kAttnMMAF16HD256}[i]
 	case kernels.BF16:
 		return [...]int{kAttnMMABF16HD64, kAttnMMABF16HD128, kAttnMMABF16HD256}[i]
+	case kernels.F8E4M3:
+		return [...]int{kAttnMMAE4M3HD64, kAttnMMAE4M3HD128, kAttnMMAE4M3HD256}[i]
 	}
-	return [...]int{kAttnMMAE4M3HD64, kAttnMMAE4M3HD128, kAttnMMAE4M3HD256}[i]
+	panic(fmt.Sprintf("cuda: no tensor-core attention over %s KV", dt))
 }
 
 // mmaSmem is the dynamic shared memory of the tensor-core kernel at a

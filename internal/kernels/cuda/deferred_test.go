@@ -104,15 +104,23 @@ func TestDeferredIPCPageRuns(t *testing.T) {
 // queued on the stream like any launch): the logits equal direct
 // launches' on synchronous streams.
 func TestDeferredGraphCUBLAS(t *testing.T) {
+	on, off := deferredGraphRuns(t, DefaultGraphMaxBS, 24)
+	graphCUBLASSteps(t, on, off)
+}
+
+// deferredGraphRuns are graphConfig's dummy f16 model, seqs sequences, on
+// the deferred backend with graphs of up to maxBS rows and on the
+// synchronous one launching directly.
+func deferredGraphRuns(t *testing.T, maxBS, seqs int) (on, off *graphRun) {
 	c := graphConfig
 	w, err := model.DummyWeights(&c, kernels.F16)
 	if err != nil {
 		t.Fatal(err)
 	}
 	bOn, bOff := deferredBackend(t), fakeBackend(t)
-	bOn.SetGraphs(DefaultGraphMaxBS, nil)
+	bOn.SetGraphs(maxBS, nil)
 	bOff.SetGraphs(0, nil)
-	graphCUBLASSteps(t, newGraphRun(t, bOn, c, w, 24), newGraphRun(t, bOff, c, w, 24))
+	return newGraphRun(t, bOn, c, w, seqs), newGraphRun(t, bOff, c, w, seqs)
 }
 
 // TestDeferredGraphReplayInFlight: two decode steps replayed through one
@@ -124,26 +132,19 @@ func TestDeferredGraphCUBLAS(t *testing.T) {
 // rows are never stored. The second step reads those rows, and a third,
 // read back, both steps' rows: their logits equal direct launches'.
 func TestDeferredGraphReplayInFlight(t *testing.T) {
-	c := graphConfig
-	w, err := model.DummyWeights(&c, kernels.F16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bOn, bOff := deferredBackend(t), fakeBackend(t)
-	bOn.SetGraphs(4, nil)
-	bOff.SetGraphs(0, nil)
-	on, off := newGraphRun(t, bOn, c, w, 3), newGraphRun(t, bOff, c, w, 3)
+	on, off := deferredGraphRuns(t, 4, 3)
+	bOn, vocab := on.b, graphConfig.Vocab
 	// The bucket's first step runs directly, the second is captured.
 	for i := range 2 {
-		sameLogits(t, fmt.Sprintf("step %d", i), on.step(3), off.step(3), c.Vocab)
+		sameLogits(t, fmt.Sprintf("step %d", i), on.step(3), off.step(3), vocab)
 	}
 	before := bOn.g
 	on.queue(3)
 	off.step(3)
 	got := on.queue(3)
 	kernels.Host(bOn, got)
-	sameLogits(t, "the second of two queued replays", got, off.step(3), c.Vocab)
-	sameLogits(t, "the step after them", on.step(3), off.step(3), c.Vocab)
+	sameLogits(t, "the second of two queued replays", got, off.step(3), vocab)
+	sameLogits(t, "the step after them", on.step(3), off.step(3), vocab)
 	if g := bOn.g; g.replays != before.replays+3 || g.captured != before.captured {
 		t.Errorf("%d graph launches and %d captures in the last 3 steps, want 3 and 0", g.replays-before.replays,
 			g.captured-before.captured)

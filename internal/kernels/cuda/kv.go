@@ -95,7 +95,9 @@ func (b *Backend) AllocKV(layout kernels.PagedKV, pages int) (_ kernels.DeviceKV
 	if !kernels.ValidKVDType(layout.DType) {
 		return nil, fmt.Errorf("cuda: KV cache dtype %s is not supported (f32, f16, bf16 and fp8_e4m3 are)", layout.DType)
 	}
-	if layout.PageElems()*layout.ElemBytes()%4 != 0 || layout.RowFloats()*layout.ElemBytes()%2 != 0 {
+	// The page kernels move 2-byte units: an fp8 row of an odd number of
+	// elements is not whole units (a page of whole-unit rows is whole words).
+	if layout.RowFloats()*layout.ElemBytes()%2 != 0 {
 		return nil, fmt.Errorf("cuda: a page of %s KV with head dim %d is not a whole number of words", layout.DType, layout.HeadDim)
 	}
 	bytes := int64(pages) * int64(layout.PageFloats()) * 4
